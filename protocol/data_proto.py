@@ -1,0 +1,478 @@
+"""DataProto: the batch container passed between the driver and Ray worker groups.
+
+Same names and meanings as verl's DataProto, with safer semantics:
+  * Every operation returns a new DataProto and leaves its inputs untouched, except
+    `pop` (documented) and explicit assignment into `batch` / `non_tensor_batch` /
+    `meta_info`.
+  * Memory sharing is explicit. Slicing-style operations (slice indexing, `select`
+    without deepcopy, `chunk`, `split`, `to` for tensors already on the device) return
+    views like torch does. All other operations (index lists/masks, `reorder`, `union`,
+    `rename`, `concat`, `repeat`, padding) return tensors and arrays that do not share
+    memory with their inputs. Containers (TensorDict, dicts) are never shared; the
+    Python objects held by object arrays and the values in meta_info are (copy.deepcopy
+    or `select(deepcopy=True)` copies them too).
+  * Bad keys, lengths and index kinds raise errors that name the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from protocol import disk, padding, transport
+from protocol._indexing import Index, normalize_index
+from protocol._keys import BatchKey, as_key_list, format_key, normalize_batch_key, require_keys
+from protocol._tensordict_utils import flatten_tensordict, td_key
+from protocol.arrays import arrays_equal, as_non_tensor_array, copy_array, tensors_equal, values_equal
+
+KeyArg = str | tuple[str, ...] | Iterable[BatchKey] | None
+
+
+@dataclass(eq=False)
+class DataProtoItem:
+    """One sample: a TensorDict row (batch_size []), its non-tensor values, and meta_info."""
+
+    batch: TensorDictBase
+    non_tensor_batch: dict[str, Any] = field(default_factory=dict)
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return transport.reduce_dataproto_item(self)
+
+
+@dataclass(eq=False)
+class DataProto:
+    """A batch of N samples.
+
+    batch: TensorDict with batch_size [N] (always present, possibly without keys; pass
+        None to get an empty one whose length is taken from non_tensor_batch).
+    non_tensor_batch: dict of numpy arrays of length N (object dtype allowed).
+    meta_info: free-form dict.
+    """
+
+    batch: TensorDictBase = None  # type: ignore[assignment]  # None -> empty batch of length N
+    non_tensor_batch: dict[str, np.ndarray] = field(default_factory=dict)
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.non_tensor_batch is None:
+            self.non_tensor_batch = {}
+        if self.meta_info is None:
+            self.meta_info = {}
+        if self.batch is None:
+            first = next(iter(self.non_tensor_batch.values()), None)
+            length = len(first) if isinstance(first, np.ndarray) and first.ndim > 0 else 0
+            self.batch = TensorDict({}, batch_size=[length])
+        self.check_consistency()
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_dict(
+        cls,
+        tensors: dict[str, torch.Tensor] | None = None,
+        non_tensors: dict[str, Any] | None = None,
+        meta_info: dict[str, Any] | None = None,
+    ) -> DataProto:
+        """Build from tensors (-> batch) and numpy arrays / lists (-> non_tensor_batch).
+
+        Lists become 1-D object arrays (one element per sample, never a 2-D array).
+        """
+        tensors = dict(tensors or {})
+        non_tensor_batch = {k: as_non_tensor_array(k, v) for k, v in (non_tensors or {}).items()}
+        length = _common_length(tensors, non_tensor_batch)
+        batch = TensorDict(tensors, batch_size=[length]) if tensors else TensorDict({}, batch_size=[length])
+        return cls(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=dict(meta_info or {}))
+
+    @classmethod
+    def from_single_dict(cls, data: dict[str, Any], meta_info: dict[str, Any] | None = None) -> DataProto:
+        """Split one dict by value type: tensors -> batch, numpy arrays / lists / tuples -> non_tensor_batch."""
+        tensors: dict[str, Any] = {}
+        non_tensors: dict[str, Any] = {}
+        for key, value in data.items():
+            if isinstance(value, (torch.Tensor, TensorDictBase)):
+                tensors[key] = value
+            elif isinstance(value, (np.ndarray, list, tuple)):
+                non_tensors[key] = value
+            else:
+                raise TypeError(
+                    f"from_single_dict: value for {key!r} is {type(value).__name__}; expected a torch "
+                    "tensor, numpy array, list or tuple (put scalars in meta_info)"
+                )
+        return cls.from_dict(tensors, non_tensors, meta_info)
+
+    def check_consistency(self) -> None:
+        """Check types and that every field has N = len(batch) samples."""
+        if not isinstance(self.batch, TensorDictBase):
+            raise TypeError(f"DataProto.batch must be a TensorDict, got {type(self.batch).__name__}")
+        if self.batch.batch_dims != 1:
+            raise ValueError(f"DataProto.batch must have exactly one batch dimension, got batch_size {list(self.batch.batch_size)}")
+        if not isinstance(self.non_tensor_batch, dict):
+            raise TypeError(f"DataProto.non_tensor_batch must be a dict, got {type(self.non_tensor_batch).__name__}")
+        if not isinstance(self.meta_info, dict):
+            raise TypeError(f"DataProto.meta_info must be a dict, got {type(self.meta_info).__name__}")
+        length = self.batch.batch_size[0]
+        for key, value in self.non_tensor_batch.items():
+            if not isinstance(key, str):
+                raise TypeError(f"non_tensor_batch keys must be str, got {key!r}")
+            if not isinstance(value, np.ndarray):
+                raise TypeError(
+                    f"non_tensor_batch[{key!r}] is {type(value).__name__}, not a numpy array "
+                    "(DataProto.from_dict converts lists)"
+                )
+            if value.ndim == 0:
+                raise ValueError(f"non_tensor_batch[{key!r}] is a 0-d array but the batch has {length} samples")
+            if len(value) != length:
+                raise ValueError(f"non_tensor_batch[{key!r}] has length {len(value)} but the batch has {length} samples")
+
+    # ------------------------------------------------------------------ basics
+
+    def __len__(self) -> int:
+        return int(self.batch.batch_size[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by batch tensors (their elements, not whole underlying storages)."""
+        return sum(t.numel() * t.element_size() for _, t in flatten_tensordict(self.batch)[1])
+
+    def __repr__(self) -> str:
+        fields = []
+        for path, tensor in flatten_tensordict(self.batch)[1]:
+            device = "" if tensor.device.type == "cpu" else f"@{tensor.device}"
+            fields.append(f"{'.'.join(path)}: {str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}{device}")
+        arrays = [f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.non_tensor_batch.items()]
+        return (
+            f"DataProto(len={len(self)}, batch={{{', '.join(fields)}}}, "
+            f"non_tensor_batch={{{', '.join(arrays)}}}, meta_info_keys={list(self.meta_info)})"
+        )
+
+    def __copy__(self) -> DataProto:
+        """New containers, same tensors/arrays."""
+        return DataProto(self.batch.clone(recurse=False), dict(self.non_tensor_batch), dict(self.meta_info))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DataProto:
+        return DataProto(
+            self.batch.clone(),
+            {k: copy_array(v, deep=True) for k, v in self.non_tensor_batch.items()},
+            copy.deepcopy(self.meta_info, memo),
+        )
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Tensors travel as numpy views of exactly their bytes; see protocol/transport.py.
+        return transport.reduce_dataproto(self)
+
+    # ------------------------------------------------------------------ indexing
+
+    def __getitem__(self, index: Index) -> DataProto | DataProtoItem:
+        """int -> DataProtoItem (views); slice -> DataProto of views; index list/array/tensor
+        or bool mask -> DataProto of copies. Other kinds raise TypeError."""
+        position = normalize_index(index, len(self))
+        if isinstance(position, int):
+            return DataProtoItem(
+                batch=self.batch[position],
+                non_tensor_batch={k: v[position] for k, v in self.non_tensor_batch.items()},
+                meta_info=dict(self.meta_info),
+            )
+        if isinstance(position, slice):
+            if position.step is not None and position.step < 0:  # torch views cannot step backwards
+                return self._take(torch.tensor(range(*position.indices(len(self))), dtype=torch.int64))
+            return DataProto(
+                batch=self.batch[position],
+                non_tensor_batch={k: v[position] for k, v in self.non_tensor_batch.items()},
+                meta_info=dict(self.meta_info),
+            )
+        return self._take(position)
+
+    def _take(self, positions: torch.Tensor) -> DataProto:
+        """Rows at `positions` (1-D int64, in range), copied."""
+        numpy_positions = positions.numpy()
+        return DataProto(
+            batch=self.batch[positions],
+            non_tensor_batch={k: v[numpy_positions] for k, v in self.non_tensor_batch.items()},
+            meta_info=dict(self.meta_info),
+        )
+
+    # ------------------------------------------------------------------ key operations
+
+    def _batch_keys(self) -> list[BatchKey]:
+        return list(self.batch.keys(include_nested=True))
+
+    def select(
+        self,
+        batch_keys: KeyArg = None,
+        non_tensor_batch_keys: Iterable[str] | str | None = None,
+        meta_info_keys: Iterable[str] | str | None = None,
+        deepcopy: bool = False,
+    ) -> DataProto:
+        """New DataProto with only the given keys (None = all keys of that field).
+
+        Without deepcopy the tensors/arrays are shared with self (like verl); with
+        deepcopy=True everything, including meta_info values, is copied.
+        """
+        wanted_batch = _batch_key_list(batch_keys)
+        wanted_non_tensor = as_key_list(non_tensor_batch_keys)
+        wanted_meta = as_key_list(meta_info_keys)
+        if wanted_batch is not None:
+            require_keys("batch", wanted_batch, self._batch_keys())
+        if wanted_non_tensor is not None:
+            require_keys("non_tensor_batch", wanted_non_tensor, self.non_tensor_batch)
+        if wanted_meta is not None:
+            require_keys("meta_info", wanted_meta, self.meta_info)
+
+        batch = self.batch if wanted_batch is None else self.batch.select(*wanted_batch)
+        non_tensor = {k: self.non_tensor_batch[k] for k in (self.non_tensor_batch if wanted_non_tensor is None else wanted_non_tensor)}
+        meta = {k: self.meta_info[k] for k in (self.meta_info if wanted_meta is None else wanted_meta)}
+        if deepcopy:
+            return DataProto(batch.clone(), {k: copy_array(v, deep=True) for k, v in non_tensor.items()}, copy.deepcopy(meta))
+        return DataProto(batch.clone(recurse=False), non_tensor, meta)
+
+    def pop(
+        self,
+        batch_keys: KeyArg = None,
+        non_tensor_batch_keys: Iterable[str] | str | None = None,
+        meta_info_keys: Iterable[str] | str | None = None,
+    ) -> DataProto:
+        """MUTATES self: removes the given keys from self and returns them as a new DataProto.
+
+        None means "pop nothing" for that field. All keys are checked before anything is
+        removed, so a KeyError leaves self unchanged.
+        """
+        pop_batch = _dedupe(_batch_key_list(batch_keys) or [])
+        pop_non_tensor = _dedupe(as_key_list(non_tensor_batch_keys) or [])
+        pop_meta = _dedupe(as_key_list(meta_info_keys) or [])
+        require_keys("batch", pop_batch, self._batch_keys())
+        require_keys("non_tensor_batch", pop_non_tensor, self.non_tensor_batch)
+        require_keys("meta_info", pop_meta, self.meta_info)
+
+        batch = TensorDict({}, batch_size=self.batch.batch_size, device=self.batch.device)
+        for key in pop_batch:
+            batch.set(key, self.batch.pop(key))
+        non_tensor = {k: self.non_tensor_batch.pop(k) for k in pop_non_tensor}
+        meta = {k: self.meta_info.pop(k) for k in pop_meta}
+        return DataProto(batch, non_tensor, meta)
+
+    def rename(self, old_keys: str | Sequence[str], new_keys: str | Sequence[str]) -> DataProto:
+        """New DataProto with batch keys renamed (copied tensors; self unchanged)."""
+        old = _batch_key_list(old_keys) or []
+        new = _batch_key_list(new_keys) or []
+        if len(old) != len(new):
+            raise ValueError(f"rename needs as many new keys as old keys, got {len(old)} old and {len(new)} new")
+        existing = self._batch_keys()
+        require_keys("batch", old, existing)
+        if len(set(new)) != len(new):
+            raise ValueError(f"rename: new keys contain duplicates: {[format_key(k) for k in new]}")
+        clash = [format_key(k) for k in new if k in existing and k not in old]
+        if clash:
+            raise ValueError(f"rename: batch key(s) {clash} already exist")
+        batch = self.batch.clone()
+        values = [batch.pop(k) for k in old]
+        for key, value in zip(new, values):
+            batch.set(key, value)
+        return DataProto(batch, _copied_arrays(self.non_tensor_batch), dict(self.meta_info))
+
+    def union(self, other: DataProto) -> DataProto:
+        """New DataProto with the keys of both (copied). Keys present in both must hold equal values."""
+        if not isinstance(other, DataProto):
+            raise TypeError(f"union expects a DataProto, got {type(other).__name__}")
+        if len(self) != len(other):
+            raise ValueError(f"cannot union a DataProto of length {len(self)} with one of length {len(other)}")
+        own_layout, own_leaves = flatten_tensordict(self.batch)
+        other_layout, other_leaves = flatten_tensordict(other.batch)
+        own = dict(own_leaves)
+        own_nested = {p for p, _ in own_layout.nested}
+        for path, tensor in other_leaves:
+            if path in own_nested:
+                raise ValueError(f"union: batch key {'.'.join(path)!r} is a tensor in one DataProto and nested in the other")
+            if path in own and not tensors_equal(own[path], tensor):
+                raise ValueError(f"union: batch key {'.'.join(path)!r} is in both DataProtos with different values")
+        for path, _ in other_layout.nested:
+            if path in own:
+                raise ValueError(f"union: batch key {'.'.join(path)!r} is a tensor in one DataProto and nested in the other")
+        for key, array in other.non_tensor_batch.items():
+            if key in self.non_tensor_batch and not arrays_equal(self.non_tensor_batch[key], array):
+                raise ValueError(f"union: non_tensor_batch key {key!r} is in both DataProtos with different values")
+        for key, value in other.meta_info.items():
+            if key in self.meta_info and not values_equal(self.meta_info[key], value):
+                raise ValueError(f"union: meta_info key {key!r} is in both DataProtos with different values")
+
+        batch = self.batch.clone()
+        for path, batch_size in other_layout.nested:  # keep extra batch dims of nested TensorDicts
+            if path not in own_nested:
+                batch.set(td_key(path), TensorDict({}, batch_size=batch_size, device=batch.device))
+        for path, tensor in other_leaves:
+            if path not in own:
+                batch.set(td_key(path), tensor.clone())
+        non_tensor = _copied_arrays(self.non_tensor_batch)
+        non_tensor.update({k: copy_array(v) for k, v in other.non_tensor_batch.items() if k not in non_tensor})
+        meta = {**self.meta_info, **{k: v for k, v in other.meta_info.items() if k not in self.meta_info}}
+        return DataProto(batch, non_tensor, meta)
+
+    # ------------------------------------------------------------------ row operations
+
+    @staticmethod
+    def concat(items: Sequence[DataProto]) -> DataProto:
+        """Concatenate along the batch dimension (copies). meta_info is taken from items[0]."""
+        items = list(items)
+        if not items:
+            raise ValueError("concat needs at least one DataProto")
+        for i, item in enumerate(items):
+            if not isinstance(item, DataProto):
+                raise TypeError(f"concat: item {i} is {type(item).__name__}, not a DataProto")
+        first_batch = sorted(map(format_key, items[0]._batch_keys()))
+        first_non_tensor = sorted(items[0].non_tensor_batch)
+        for i, item in enumerate(items[1:], start=1):
+            batch_keys = sorted(map(format_key, item._batch_keys()))
+            if batch_keys != first_batch:
+                raise ValueError(f"concat: item 0 has batch keys {first_batch} but item {i} has {batch_keys}")
+            non_tensor_keys = sorted(item.non_tensor_batch)
+            if non_tensor_keys != first_non_tensor:
+                raise ValueError(
+                    f"concat: item 0 has non_tensor_batch keys {first_non_tensor} but item {i} has {non_tensor_keys}"
+                )
+        batch = torch.cat([item.batch for item in items], dim=0)
+        non_tensor = {k: np.concatenate([item.non_tensor_batch[k] for item in items]) for k in items[0].non_tensor_batch}
+        return DataProto(batch, non_tensor, dict(items[0].meta_info))
+
+    def chunk(self, chunks: int) -> list[DataProto]:
+        """Split into `chunks` equal parts (views). len(self) must be divisible by chunks."""
+        _require_positive_int("chunks", chunks)
+        length = len(self)
+        if length % chunks:
+            raise ValueError(
+                f"cannot chunk a DataProto of length {length} into {chunks} equal chunks; pad it first with "
+                f"data.pad_to_divisor({chunks}) / pad_dataproto_to_divisor(data, {chunks}), or use split() "
+                "for uneven pieces"
+            )
+        size = length // chunks
+        return [self[i * size : (i + 1) * size] for i in range(chunks)]
+
+    def split(self, split_size: int) -> list[DataProto]:
+        """Consecutive parts of split_size samples (views); the last may be smaller; [] if empty."""
+        _require_positive_int("split_size", split_size)
+        return [self[start : start + split_size] for start in range(0, len(self), split_size)]
+
+    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
+        """Each sample repeat_times times: [a, a, b, b] if interleave else [a, b, a, b] (copies)."""
+        if isinstance(repeat_times, bool) or not isinstance(repeat_times, int) or repeat_times < 0:
+            raise ValueError(f"repeat_times must be a non-negative int, got {repeat_times!r}")
+        positions = torch.arange(len(self))
+        positions = positions.repeat_interleave(repeat_times) if interleave else positions.repeat(repeat_times)
+        return self._take(positions)
+
+    def reorder(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
+        """New DataProto with rows in the order of `indices`, a permutation of range(len(self))
+        (verl reorders in place; this does not)."""
+        if isinstance(indices, (int, np.integer, slice)) or (isinstance(indices, torch.Tensor) and indices.ndim == 0):
+            raise TypeError(f"reorder needs a sequence of {len(self)} indices, got {type(indices).__name__}")
+        positions = normalize_index(indices, len(self))
+        assert isinstance(positions, torch.Tensor)
+        if positions.numel() != len(self) or not torch.equal(positions.sort().values, torch.arange(len(self))):
+            raise ValueError(f"reorder needs a permutation of range({len(self)}), got {list(positions.tolist())[:20]}")
+        return self._take(positions)
+
+    def to(self, device: str | torch.device) -> DataProto:
+        """New DataProto with tensors on `device` (tensors already there are shared, like torch)."""
+        batch = self.batch.to(device)
+        if batch is self.batch:
+            batch = batch.clone(recurse=False)
+        return DataProto(batch, dict(self.non_tensor_batch), dict(self.meta_info))
+
+    def make_iterator(
+        self, mini_batch_size: int, epochs: int, seed: int | None = None, shuffle: bool = True
+    ) -> Iterator[DataProto]:
+        """Yield mini-batches (copies) of mini_batch_size, covering every sample once per epoch.
+
+        With shuffle, epoch e uses a permutation from torch.Generator seeded with seed + e
+        (a random seed when seed is None). len(self) must be divisible by mini_batch_size.
+        """
+        _require_positive_int("mini_batch_size", mini_batch_size)
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+            raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
+        length = len(self)
+        if length % mini_batch_size:
+            raise ValueError(
+                f"make_iterator: length {length} is not divisible by mini_batch_size {mini_batch_size}; "
+                "pad first (pad_to_divisor) or pick another mini_batch_size"
+            )
+        base_seed = seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+
+        def generate() -> Iterator[DataProto]:
+            for epoch in range(epochs):
+                if shuffle:
+                    generator = torch.Generator().manual_seed(base_seed + epoch)
+                    order = torch.randperm(length, generator=generator)
+                else:
+                    order = torch.arange(length)
+                for start in range(0, length, mini_batch_size):
+                    yield self._take(order[start : start + mini_batch_size])
+
+        return generate()
+
+    # ------------------------------------------------------------------ padding / disk
+
+    def pad_to_divisor(self, size_divisor: int) -> tuple[DataProto, int]:
+        """See protocol.padding.pad_dataproto_to_divisor."""
+        return padding.pad_dataproto_to_divisor(self, size_divisor)
+
+    def unpad(self, pad_size: int) -> DataProto:
+        """See protocol.padding.unpad_dataproto."""
+        return padding.unpad_dataproto(self, pad_size)
+
+    def save_to_disk(self, path: str | os.PathLike[str]) -> None:
+        """Write one safetensors file (no pickle); see protocol/disk.py for the format."""
+        disk.save_dataproto(self, path)
+
+    @staticmethod
+    def load_from_disk(path: str | os.PathLike[str]) -> DataProto:
+        """Read a file written by save_to_disk (tensors on CPU)."""
+        return disk.load_dataproto(path)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _common_length(tensors: dict[str, Any], non_tensors: dict[str, np.ndarray]) -> int:
+    """The shared first dimension of all values; errors name the disagreeing key."""
+    reference: tuple[str, int] | None = None
+    for kind, values in (("tensor", tensors), ("non_tensor", non_tensors)):
+        for key, value in values.items():
+            if kind == "tensor" and not isinstance(value, (torch.Tensor, TensorDictBase)):
+                raise TypeError(f"tensors[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
+            shape = value.batch_size if isinstance(value, TensorDictBase) else value.shape
+            if len(shape) == 0:
+                raise ValueError(f"{kind}s[{key!r}] is 0-dimensional; values need a leading batch dimension")
+            if reference is None:
+                reference = (key, int(shape[0]))
+            elif shape[0] != reference[1]:
+                raise ValueError(
+                    f"{kind}s[{key!r}] has length {shape[0]} but {reference[0]!r} has length {reference[1]}"
+                )
+    return reference[1] if reference else 0
+
+
+def _batch_key_list(keys: KeyArg) -> list[BatchKey] | None:
+    listed = as_key_list(keys)
+    return None if listed is None else [normalize_batch_key(k) for k in listed]
+
+
+def _dedupe(keys: list[Any]) -> list[Any]:
+    return list(dict.fromkeys(keys))
+
+
+def _copied_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: copy_array(v) for k, v in arrays.items()}
+
+
+def _require_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+__all__ = ["DataProto", "DataProtoItem"]

@@ -1,0 +1,19 @@
+"""Errors a driver sees when a worker-group call goes wrong; each names the group, method and ranks."""
+
+from __future__ import annotations
+
+
+class WorkerGroupError(RuntimeError):
+    """A worker method raised: the message holds the group, method, failing ranks and remote tracebacks."""
+
+    def __init__(self, group: str, method: str, ranks: list[int], details: str) -> None:
+        self.group, self.method, self.ranks = group, method, ranks
+        super().__init__(f"worker group {group!r}, method {method!r} failed on rank(s) {ranks}:\n{details}")
+
+
+class WorkerDiedError(WorkerGroupError):
+    """A worker actor died (killed, OOM-killed, its node lost) before or during a call."""
+
+
+class WorkerCallTimeout(WorkerGroupError):
+    """A call did not finish within the timeout given to the worker group."""

@@ -1,0 +1,127 @@
+"""`RayResourcePool`: processes reserved on nodes as Ray placement groups (one STRICT_PACK group per node)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+
+PG_READY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    """Where one rank of a worker group goes."""
+
+    placement_group: PlacementGroup
+    bundle_index: int
+    local_rank: int
+    local_world_size: int
+
+
+class RayResourcePool:
+    """Reserve `process_on_nodes[i]` processes on node i.
+
+    Each process slot is a bundle of `cpus_per_process` CPUs (and one GPU when `use_gpu`); up to
+    `max_colocate_count` worker groups can share the pool, each actor taking that fraction of its slot.
+    """
+
+    def __init__(
+        self,
+        process_on_nodes: list[int],
+        use_gpu: bool = True,
+        max_colocate_count: int = 10,
+        name_prefix: str = "",
+        cpus_per_process: float = 1.0,
+        detached: bool = False,
+    ) -> None:
+        if not process_on_nodes or any(not isinstance(n, int) or n < 1 for n in process_on_nodes):
+            raise ValueError(f"process_on_nodes must be a non-empty list of positive ints, got {process_on_nodes!r}")
+        if max_colocate_count < 1:
+            raise ValueError(f"max_colocate_count must be >= 1, got {max_colocate_count}")
+        self.process_on_nodes = list(process_on_nodes)
+        self.use_gpu = use_gpu
+        self.max_colocate_count = max_colocate_count
+        self.name_prefix = name_prefix
+        self.cpus_per_process = cpus_per_process
+        self.detached = detached
+        self._placement_groups: list[PlacementGroup] | None = None
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.process_on_nodes)
+
+    def actor_resources(self) -> dict[str, float]:
+        """Resources one actor of one colocated group takes from its slot."""
+        share = 1.0 / self.max_colocate_count
+        return {"num_cpus": self.cpus_per_process * share, "num_gpus": share if self.use_gpu else 0.0}
+
+    def _bundle(self) -> dict[str, float]:
+        bundle = {"CPU": self.cpus_per_process}
+        if self.use_gpu:
+            bundle["GPU"] = 1.0
+        return bundle
+
+    def _target_nodes(self) -> list[str | None]:
+        # Steer each node's group to a different node that can hold it; Ray treats this as a hint.
+        if len(self.process_on_nodes) == 1:
+            return [None]
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        targets: list[str | None] = []
+        used: set[str] = set()
+        for count in self.process_on_nodes:
+            need = {k: v * count for k, v in self._bundle().items()}
+            fits = [
+                n["NodeID"]
+                for n in alive
+                if n["NodeID"] not in used and all(n["Resources"].get(k, 0.0) >= v for k, v in need.items())
+            ]
+            choice = fits[0] if fits else None
+            if choice:
+                used.add(choice)
+            targets.append(choice)
+        return targets
+
+    def placement_groups(self) -> list[PlacementGroup]:
+        """Create (once) and return the placement groups, waiting until they are reserved."""
+        if self._placement_groups is not None:
+            return self._placement_groups
+        groups = []
+        for index, (count, target) in enumerate(zip(self.process_on_nodes, self._target_nodes())):
+            groups.append(
+                placement_group(
+                    [self._bundle() for _ in range(count)],
+                    strategy="STRICT_PACK",
+                    name=f"{self.name_prefix}pool_{index}" if self.name_prefix else "",
+                    lifetime="detached" if self.detached else None,
+                    _soft_target_node_id=target,
+                )
+            )
+        deadline = time.monotonic() + PG_READY_TIMEOUT_S
+        for index, pg in enumerate(groups):
+            try:
+                ray.get(pg.ready(), timeout=max(1.0, deadline - time.monotonic()))
+            except ray.exceptions.GetTimeoutError:
+                for g in groups:
+                    remove_placement_group(g)
+                raise RuntimeError(
+                    f"could not reserve {self.process_on_nodes[index]} x {self._bundle()} on one node (pool node "
+                    f"{index}) within {PG_READY_TIMEOUT_S:.0f}s; cluster resources available: "
+                    f"{ray.available_resources()}. Use fewer processes, cpus_per_process, or use_gpu=False."
+                ) from None
+        self._placement_groups = groups
+        return groups
+
+    def rank_slots(self) -> list[RankSlot]:
+        slots = []
+        for pg, count in zip(self.placement_groups(), self.process_on_nodes):
+            slots.extend(RankSlot(pg, i, i, count) for i in range(count))
+        return slots
+
+    def release(self) -> None:
+        """Give the reserved resources back (actors placed in them are killed by Ray)."""
+        for pg in self._placement_groups or []:
+            remove_placement_group(pg)
+        self._placement_groups = None

@@ -1,0 +1,315 @@
+"""`RayWorkerGroup`: one Ray actor per rank, with every registered method bound as a driver method."""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import ray
+import torch
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from single_controller import worker as worker_env
+from single_controller.decorator import Execute, MethodSpec, get_method_spec
+from single_controller.dispatch import DispatchEntry, resolve_dispatch
+from single_controller.errors import WorkerGroupError
+from single_controller.mesh import MeshPlacement
+from single_controller.ray.class_with_args import RayClassWithInitArgs, plain_class
+from single_controller.ray.resource_pool import RayResourcePool
+from single_controller.ray.waiting import wait_for_outputs
+from single_controller.shards import JoinablePart, PaddedShard
+from single_controller.worker import NodeInfo
+
+DETACHED_NAMESPACE = "single_controller"
+INIT_TIMEOUT_S = 180.0
+LOOPBACK = "127.0.0.1"
+
+
+def _actor_name(name_prefix: str, rank: int) -> str:
+    return f"{name_prefix}_{rank}"
+
+
+class RayWorkerGroup:
+    """A group of `world_size` workers of one class, placed on a resource pool.
+
+    Every method of the worker class decorated with `@register` becomes a method of the group: calling it
+    splits the arguments with the method's dispatch mode, runs it on the ranks its execute mode names, and
+    collects the outputs (or returns a `DataProtoFuture` when registered with `blocking=False`).
+    """
+
+    def __init__(
+        self,
+        resource_pool: RayResourcePool | None = None,
+        ray_cls_with_init: RayClassWithInitArgs | None = None,
+        name_prefix: str | None = None,
+        detached: bool = False,
+        call_timeout_s: float | None = None,
+    ) -> None:
+        if ray_cls_with_init is None:
+            raise ValueError("RayWorkerGroup needs ray_cls_with_init=RayClassWithInitArgs(WorkerClass, ...)")
+        if resource_pool is None:
+            raise ValueError(
+                "RayWorkerGroup needs a resource_pool to create workers; to attach to a detached group "
+                "use RayWorkerGroup.from_detached(name_prefix, worker_class)"
+            )
+        self.name = name_prefix or f"{ray_cls_with_init.cls.__name__}_{uuid.uuid4().hex[:8]}"
+        self.detached = detached
+        self.call_timeout_s = call_timeout_s
+        self._method_prefix = ""
+        self._mesh_cache: dict[str, list[MeshPlacement]] = {}
+        if detached and not resource_pool.detached:
+            raise ValueError(
+                "a detached worker group must live on a detached pool (RayResourcePool(..., detached=True)), "
+                "otherwise its placement groups vanish with this driver"
+            )
+        self.worker_class = ray_cls_with_init.cls
+        self._workers = self._create_workers(resource_pool, ray_cls_with_init)
+        self._node_info = self._fetch_node_info()
+        self._bind_registered_methods(ray_cls_with_init.cls)
+
+    # ---- construction ----------------------------------------------------------------------------------
+    @classmethod
+    def _from_handles(
+        cls,
+        name: str,
+        workers: list[Any],
+        worker_cls: type,
+        method_prefix: str = "",
+        node_info: list[NodeInfo] | None = None,
+        call_timeout_s: float | None = None,
+    ) -> "RayWorkerGroup":
+        group = cls.__new__(cls)
+        group.name, group.detached, group.call_timeout_s = name, False, call_timeout_s
+        group._method_prefix = method_prefix
+        group.worker_class = worker_cls
+        group._mesh_cache = {}
+        group._workers = list(workers)
+        group._node_info = node_info if node_info is not None else group._fetch_node_info()
+        group._bind_registered_methods(worker_cls)
+        return group
+
+    @classmethod
+    def from_detached(
+        cls, name_prefix: str, worker_cls: Any, call_timeout_s: float | None = None
+    ) -> "RayWorkerGroup":
+        """Attach to a detached group created (by any driver) with `detached=True, name_prefix=...`."""
+        worker_cls = plain_class(worker_cls.cls if isinstance(worker_cls, RayClassWithInitArgs) else worker_cls)
+        try:
+            rank0 = ray.get_actor(_actor_name(name_prefix, 0), namespace=DETACHED_NAMESPACE)
+        except ValueError:
+            raise LookupError(
+                f"no detached worker group named {name_prefix!r} is alive (looked for actor "
+                f"{_actor_name(name_prefix, 0)!r} in namespace {DETACHED_NAMESPACE!r})"
+            ) from None
+        world_size = ray.get(rank0.sc_world_size.remote())
+        workers = [rank0] + [
+            ray.get_actor(_actor_name(name_prefix, r), namespace=DETACHED_NAMESPACE) for r in range(1, world_size)
+        ]
+        group = cls._from_handles(name_prefix, workers, worker_cls, call_timeout_s=call_timeout_s)
+        group.detached = True
+        return group
+
+    def _create_workers(self, pool: RayResourcePool, cia: RayClassWithInitArgs) -> list[Any]:
+        remote_cls = ray.remote(cia.cls)
+        slots = pool.rank_slots()
+        world_size = len(slots)
+        workers: list[Any] = []
+        master: tuple[str, int] | None = None
+        for rank, slot in enumerate(slots):
+            env = {
+                worker_env.ENV_RANK: str(rank),
+                worker_env.ENV_WORLD_SIZE: str(world_size),
+                worker_env.ENV_LOCAL_RANK: str(slot.local_rank),
+                worker_env.ENV_LOCAL_WORLD_SIZE: str(slot.local_world_size),
+                worker_env.ENV_GROUP_NAME: self.name,
+            }
+            if master is None:
+                env[worker_env.ENV_RESERVE_MASTER_PORT] = "1"
+                if len(pool.process_on_nodes) == 1:
+                    env[worker_env.ENV_MASTER_ADDR] = LOOPBACK  # one node: keep the rendezvous off the network
+            else:
+                env[worker_env.ENV_MASTER_ADDR], env[worker_env.ENV_MASTER_PORT] = master[0], str(master[1])
+            options: dict[str, Any] = {**pool.actor_resources(), **cia.actor_options}
+            runtime_env = dict(options.pop("runtime_env", {}) or {})
+            runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
+            options.update(
+                runtime_env=runtime_env,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(slot.placement_group, slot.bundle_index),
+            )
+            if self.detached:
+                options.update(
+                    name=_actor_name(self.name, rank), namespace=DETACHED_NAMESPACE, lifetime="detached"
+                )
+            worker = remote_cls.options(**options).remote(*cia.args, **cia.kwargs)
+            workers.append(worker)
+            if master is None:
+                master = self._rank0_master_address(worker)
+        return workers
+
+    def _rank0_master_address(self, rank0: Any) -> tuple[str, int]:
+        try:
+            return ray.get(rank0.sc_master_address.remote(), timeout=INIT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise WorkerGroupError(
+                self.name, "__init__", [0],
+                f"rank 0 did not finish __init__ within {INIT_TIMEOUT_S:.0f}s. If __init__ calls "
+                "torch.distributed.init_process_group, move that into a registered method (e.g. init_model): "
+                "the other ranks are started only after rank 0 reports its master port.",
+            ) from None
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
+            raise WorkerGroupError(self.name, "__init__", [0], f"rank 0 failed to start:\n{error}") from None
+
+    def _fetch_node_info(self) -> list[NodeInfo]:
+        refs = [w.sc_node_info.remote() for w in self._workers]
+        return wait_for_outputs(
+            refs, list(range(len(refs))), self.name, "__init__", lambda r: f"rank {r}", INIT_TIMEOUT_S
+        )
+
+    def _bind_registered_methods(self, worker_cls: type) -> None:
+        for attr in dir(worker_cls):
+            spec = get_method_spec(getattr(worker_cls, attr, None))
+            if spec is None:
+                continue
+            if hasattr(type(self), attr):
+                raise ValueError(
+                    f"registered method {worker_cls.__name__}.{attr} has the name of a RayWorkerGroup attribute; "
+                    "rename the method"
+                )
+            setattr(self, attr, self._make_driver_method(attr, spec))
+
+    def _make_driver_method(self, method: str, spec: MethodSpec) -> Callable[..., Any]:
+        entry = resolve_dispatch(spec.dispatch_mode)
+
+        def driver_method(*args: Any, **kwargs: Any) -> Any:
+            return self._call(method, entry, spec.execute_mode, spec.blocking, args, kwargs)
+
+        driver_method.__name__ = method
+        return driver_method
+
+    # ---- calling ---------------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return len(self._workers)
+
+    @property
+    def workers(self) -> list[Any]:
+        return list(self._workers)
+
+    @property
+    def node_info(self) -> list[NodeInfo]:
+        return list(self._node_info)
+
+    def describe_rank(self, rank: int) -> str:
+        info = self._node_info[rank] if rank < len(self._node_info) else None
+        where = f" (node {info.node_id[:12]} {info.ip}, pid {info.pid})" if info else ""
+        return f"rank {rank}{where}"
+
+    def mesh_placements(self, mesh_name: str) -> list[MeshPlacement]:
+        """Each rank's place in the mesh it declared at run time (queried once, then cached)."""
+        if mesh_name not in self._mesh_cache:
+            refs = [getattr(w, self._method_prefix + "sc_mesh_placement").remote(mesh_name) for w in self._workers]
+            self._mesh_cache[mesh_name] = self._wait(refs, list(range(self.world_size)), "sc_mesh_placement")
+        return self._mesh_cache[mesh_name]
+
+    def _wait(self, refs: list[ray.ObjectRef], ranks: list[int], method: str) -> list[Any]:
+        return wait_for_outputs(refs, ranks, self.name, method, self.describe_rank, self.call_timeout_s)
+
+    def _call(
+        self, method: str, entry: DispatchEntry, execute: Execute, blocking: bool, args: tuple, kwargs: dict
+    ) -> Any:
+        from protocol import DataProtoFuture
+
+        per_rank_args, per_rank_kwargs = entry.dispatch_fn(self, *args, **kwargs)
+        self._check_dispatched(method, per_rank_args, per_rank_kwargs)
+        ranks = list(range(self.world_size)) if execute == Execute.ALL else [0]
+        refs = self._submit(method, ranks, per_rank_args, per_rank_kwargs)
+
+        def collect(outputs: list[Any]) -> Any:
+            if not entry.joins_parts:
+                outputs = [o.value if isinstance(o, JoinablePart) else o for o in outputs]
+            return entry.collect_fn(self, outputs)
+
+        chunk_refs = entry.chunk_refs(self, refs) if entry.chunk_refs is not None and execute == Execute.ALL else None
+        future = DataProtoFuture(
+            refs,
+            collect_fn=collect,
+            fetch_fn=functools.partial(self._wait, ranks=ranks, method=method),
+            chunk_refs=chunk_refs,
+            description=f"{self.name}.{method}",
+        )
+        return future.get() if blocking else future
+
+    def _check_dispatched(self, method: str, args: Any, kwargs: Any) -> None:
+        for name, value in [*enumerate(args), *kwargs.items()]:
+            if not isinstance(value, list) or len(value) != self.world_size:
+                raise ValueError(
+                    f"the dispatch function of {self.name}.{method} returned {type(value).__name__} for argument "
+                    f"{name!r}; it must return one list entry per worker (a list of length {self.world_size})"
+                )
+
+    def _submit(self, method: str, ranks: list[int], args: tuple, kwargs: dict) -> list[ray.ObjectRef]:
+        shared = _SharedObjects()
+        refs = []
+        for rank in ranks:
+            rank_args = [shared.place(a[rank], a) for a in args]
+            rank_kwargs = {k: shared.place(v[rank], v) for k, v in kwargs.items()}
+            refs.append(getattr(self._workers[rank], self._method_prefix + method).remote(*rank_args, **rank_kwargs))
+        return refs
+
+    # ---- generic execution (verl-style helpers) ---------------------------------------------------------
+    def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
+        """Call `method` on every rank; list arguments of length world_size are split, others broadcast."""
+        n = self.world_size
+
+        def for_rank(value: Any, rank: int) -> Any:
+            return value[rank] if isinstance(value, list) and len(value) == n else value
+
+        return [
+            getattr(w, self._method_prefix + method).remote(
+                *[for_rank(a, r) for a in args], **{k: for_rank(v, r) for k, v in kwargs.items()}
+            )
+            for r, w in enumerate(self._workers)
+        ]
+
+    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return self._wait(self.execute_all_async(method, *args, **kwargs), list(range(self.world_size)), method)
+
+    def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        ref = getattr(self._workers[0], self._method_prefix + method).remote(*args, **kwargs)
+        return self._wait([ref], [0], method)[0]
+
+    def spawn(self, prefix_set: Iterable[str] | None = None) -> dict[str, "RayWorkerGroup"]:
+        """Per-role views of a group made from `create_colocated_worker_cls` (all roles by default)."""
+        from single_controller.ray.colocated import spawn_roles
+
+        return spawn_roles(self, prefix_set)
+
+    # ---- lifetime --------------------------------------------------------------------------------------
+    def kill(self) -> None:
+        """Kill every actor of the group (needed for detached groups, which outlive their driver)."""
+        for worker in self._workers:
+            ray.kill(worker, no_restart=True)
+
+    def __repr__(self) -> str:
+        return f"RayWorkerGroup({self.name!r}, world_size={self.world_size})"
+
+
+class _SharedObjects:
+    """Puts a large value sent to several ranks into the object store once, instead of once per rank."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, ray.ObjectRef] = {}
+
+    def place(self, value: Any, all_ranks: list[Any]) -> Any:
+        from protocol import DataProto
+
+        if not isinstance(value, (DataProto, PaddedShard, torch.Tensor, np.ndarray)):
+            return value
+        if sum(1 for v in all_ranks if v is value) < 2:
+            return value
+        key = id(value)
+        if key not in self._refs:
+            self._refs[key] = ray.put(value)
+        return self._refs[key]

@@ -1,0 +1,156 @@
+"""`Worker`: the base class of everything a worker group runs; knows its rank and sets up torch.distributed."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from single_controller.mesh import MeshPlacement, placement_from_axes
+
+# Environment variables the worker group sets on each actor (read by torch.distributed's env:// init).
+ENV_RANK = "RANK"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_LOCAL_RANK = "LOCAL_RANK"
+ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+# Set by the worker group on rank 0 only: reserve a master port in this process and report it.
+ENV_RESERVE_MASTER_PORT = "SINGLE_CONTROLLER_RESERVE_MASTER_PORT"
+ENV_GROUP_NAME = "SINGLE_CONTROLLER_GROUP_NAME"
+
+# The reserved socket stays open for the life of the process: it is bound with SO_REUSEADDR but never
+# listens, so torch's TCPStore (which also sets SO_REUSEADDR) can bind the same port, while no other
+# process on the node can be handed that port in the meantime. This is what makes the choice race-free.
+_reserved_master_socket: socket.socket | None = None
+
+
+def _node_ip_address() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+
+
+def _reserve_master_port() -> None:
+    global _reserved_master_socket
+    if _reserved_master_socket is not None or os.environ.get(ENV_MASTER_PORT):
+        return
+    # The worker group presets MASTER_ADDR to loopback when all ranks share a node.
+    address = os.environ.get(ENV_MASTER_ADDR) or _node_ip_address()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((address, 0))
+    _reserved_master_socket = sock
+    os.environ[ENV_MASTER_ADDR] = address
+    os.environ[ENV_MASTER_PORT] = str(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """Where a worker runs, reported to the driver for placement checks and error messages."""
+
+    rank: int
+    node_id: str
+    ip: str
+    pid: int
+    gpu_ids: tuple[str, ...]
+
+
+class Worker:
+    """Base class for worker-group members.
+
+    Rank, world size and local rank come from the environment the worker group sets, so they are valid
+    in `__init__` already. Call `torch.distributed.init_process_group()` (or `self.init_process_group()`)
+    in a registered method, not in `__init__`: rank 0 must finish `__init__` and report its master port
+    before the other ranks are started.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Worker":
+        instance = super().__new__(cls)
+        instance._declared_meshes: dict[str, MeshPlacement] = {}
+        if os.environ.get(ENV_RESERVE_MASTER_PORT) == "1" and int(os.environ.get(ENV_RANK, "0")) == 0:
+            _reserve_master_port()
+        return instance
+
+    # ---- identity --------------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return int(os.environ.get(ENV_RANK, "0"))
+
+    @property
+    def world_size(self) -> int:
+        return int(os.environ.get(ENV_WORLD_SIZE, "1"))
+
+    @property
+    def local_rank(self) -> int:
+        return int(os.environ.get(ENV_LOCAL_RANK, "0"))
+
+    @property
+    def local_world_size(self) -> int:
+        return int(os.environ.get(ENV_LOCAL_WORLD_SIZE, "1"))
+
+    @property
+    def group_name(self) -> str:
+        return os.environ.get(ENV_GROUP_NAME, "")
+
+    # ---- torch.distributed ------------------------------------------------------------------------------
+    def init_process_group(self, backend: str | None = None, **kwargs: Any) -> None:
+        """Join the group's default process group: nccl when a GPU is visible, gloo otherwise."""
+        import torch
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return
+        if backend is None:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(self.local_rank if torch.cuda.device_count() > 1 else 0)
+        dist.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size, **kwargs)
+
+    # ---- meshes -----------------------------------------------------------------------------------------
+    def declare_mesh(
+        self,
+        name: str,
+        shape: Mapping[str, int],
+        dp_axis: str = "dp",
+        collect_from: Mapping[str, int] | None = None,
+    ) -> MeshPlacement:
+        """Declare this rank's place in a named mesh (e.g. {"pp": 2, "dp": 2, "tp": 2}, row-major).
+
+        Methods registered with `MeshDispatch(name)` then split data over `dp_axis` only and collect one
+        output per DP group (see `placement_from_axes` for `collect_from`).
+        """
+        import math
+
+        if math.prod(shape.values()) != self.world_size:
+            raise ValueError(
+                f"mesh {name!r} with axes {dict(shape)} has {math.prod(shape.values())} ranks but the group has "
+                f"{self.world_size} workers"
+            )
+        placement = placement_from_axes(self.rank, shape, dp_axis, collect_from)
+        self._declared_meshes[name] = placement
+        return placement
+
+    # ---- queried by the worker group (plain actor methods, not registered) ------------------------------
+    def sc_master_address(self) -> tuple[str, int]:
+        return os.environ[ENV_MASTER_ADDR], int(os.environ[ENV_MASTER_PORT])
+
+    def sc_node_info(self) -> NodeInfo:
+        import ray
+
+        context = ray.get_runtime_context()
+        gpu_ids = tuple(str(g) for g in ray.get_gpu_ids()) if ray.is_initialized() else ()
+        return NodeInfo(self.rank, context.get_node_id(), _node_ip_address(), os.getpid(), gpu_ids)
+
+    def sc_mesh_placement(self, name: str) -> MeshPlacement:
+        meshes = self._declared_meshes
+        if name not in meshes:
+            raise LookupError(
+                f"rank {self.rank} has not declared mesh {name!r} (declared: {sorted(meshes)}); call "
+                f"self.declare_mesh({name!r}, shape) in a method that runs before this one, e.g. init_model"
+            )
+        return meshes[name]
+
+    def sc_world_size(self) -> int:
+        return self.world_size

@@ -1,0 +1,37 @@
+"""One local Ray cluster per test session, bound to 127.0.0.1, shared by every test that needs Ray."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# 8 logical CPUs on a 2-core machine: tests create several small groups side by side.
+TEST_CLUSTER_CPUS = 8
+
+
+def _start_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    ray.init(
+        num_cpus=TEST_CLUSTER_CPUS,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        object_store_memory=2 << 30,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT), "RAY_AUTH_MODE": "disabled"}},
+        log_to_driver=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    _start_ray()
+    yield ray
+    ray.shutdown()

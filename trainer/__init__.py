@@ -1,0 +1,1 @@
+"""Trainer-side building blocks for RL post-training (advantages, losses, KL control)."""

@@ -1,0 +1,148 @@
+"""Per-token KL estimators, KL-in-reward shaping and KL coefficient controllers."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from .losses import agg_loss
+
+__all__ = [
+    "KL_PENALTY_NAMES",
+    "kl_penalty",
+    "apply_kl_penalty",
+    "KLController",
+    "FixedKLController",
+    "AdaptiveKLController",
+    "make_kl_controller",
+]
+
+KL_PENALTY_NAMES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+
+
+def _token_kl(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, name: str) -> torch.Tensor:
+    if name in ("kl", "k1"):
+        return log_prob - ref_log_prob
+    if name == "abs":
+        return (log_prob - ref_log_prob).abs()
+    if name in ("mse", "k2"):
+        return 0.5 * (log_prob - ref_log_prob) ** 2
+    if name in ("low_var_kl", "k3"):
+        log_ratio = torch.clamp(ref_log_prob - log_prob, min=-20.0, max=20.0)  # keep exp finite
+        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, min=-10.0, max=10.0)
+    raise ValueError(f"Unknown kl_penalty {name!r}; valid names: {list(KL_PENALTY_NAMES)}")
+
+
+def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+    """Per-token estimate of KL(policy || ref) from samples of the policy.
+
+    With ``d = log_prob - ref_log_prob``:
+        ``kl``/``k1``: ``d`` (unbiased, high variance, can be negative);
+        ``abs``: ``|d|``;
+        ``mse``/``k2``: ``0.5 * d^2``;
+        ``low_var_kl``/``k3``: ``exp(-d) + d - 1`` (unbiased, >= 0), clamped to [-10, 10].
+
+    Args:
+        log_prob, ref_log_prob: ``[batch, len]`` (any equal shapes).
+
+    Returns:
+        Same shape as the inputs.
+    """
+    return _token_kl(log_prob, ref_log_prob, kl_penalty)
+
+
+class KLController(Protocol):
+    """Anything that exposes a KL coefficient and can be told the observed KL."""
+
+    value: float
+
+    def update(self, current_kl: float, n_steps: int) -> None: ...
+
+
+class FixedKLController:
+    """Constant KL coefficient; ``update`` is a no-op."""
+
+    def __init__(self, kl_coef: float) -> None:
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Ignore the observation: the coefficient stays fixed."""
+
+
+class AdaptiveKLController:
+    """Proportional controller steering the observed KL towards ``target_kl``.
+
+    ``error = clip(current_kl / target_kl - 1, -0.2, 0.2)`` and
+    ``value *= 1 + error * n_steps / horizon``, so the coefficient changes by at
+    most 20% per ``horizon`` samples.
+    """
+
+    def __init__(self, init_kl_coef: float, target_kl: float, horizon: int) -> None:
+        if target_kl <= 0:
+            raise ValueError(f"target_kl must be > 0, got {target_kl}")
+        if horizon <= 0:
+            raise ValueError(f"horizon must be > 0, got {horizon}")
+        self.value = float(init_kl_coef)
+        self.target = float(target_kl)
+        self.horizon = horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Adjust ``value`` after observing ``current_kl`` over ``n_steps`` samples."""
+        error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon
+
+
+def make_kl_controller(
+    kind: str,
+    kl_coef: float,
+    target_kl: float | None = None,
+    horizon: int | None = None,
+) -> FixedKLController | AdaptiveKLController:
+    """Build a controller: ``"fixed"`` uses ``kl_coef``; ``"adaptive"`` starts at
+    ``kl_coef`` and also needs ``target_kl`` and ``horizon``."""
+    if kind == "fixed":
+        return FixedKLController(kl_coef)
+    if kind == "adaptive":
+        if target_kl is None or horizon is None:
+            raise ValueError("adaptive KL controller needs target_kl and horizon")
+        return AdaptiveKLController(kl_coef, target_kl, horizon)
+    raise ValueError(f"Unknown KL controller kind {kind!r}; valid kinds: ['fixed', 'adaptive']")
+
+
+def apply_kl_penalty(
+    token_level_scores: torch.Tensor,
+    log_prob: torch.Tensor,
+    ref_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_ctrl: KLController,
+    kl_penalty: str = "kl",
+    update_controller: bool = True,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """KL-in-reward: ``rewards = scores - beta * KL_t`` on real tokens.
+
+    ``beta`` is ``kl_ctrl.value`` *before* this call's update. The batch KL
+    reported (and fed to the controller with ``n_steps = batch``) is the
+    per-sequence mean of ``KL_t``, averaged over non-empty sequences.
+
+    Args:
+        token_level_scores, log_prob, ref_log_prob, response_mask: ``[batch, len]``.
+        kl_ctrl: e.g. from :func:`make_kl_controller`.
+        kl_penalty: estimator name, see :func:`kl_penalty`.
+        update_controller: set False to leave ``kl_ctrl`` untouched.
+
+    Returns:
+        ``token_level_rewards`` ``[batch, len]`` (padding keeps its score) and
+        metrics ``{"actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"}``.
+    """
+    kld = _token_kl(log_prob, ref_log_prob, kl_penalty)
+    kld = torch.where(response_mask.bool(), kld, torch.zeros_like(kld))
+    beta = kl_ctrl.value
+    token_level_rewards = token_level_scores - beta * kld
+    current_kl = float(agg_loss(kld, response_mask, "seq-mean-token-mean"))
+    if update_controller:
+        kl_ctrl.update(current_kl=current_kl, n_steps=token_level_scores.shape[0])
+    return token_level_rewards, {
+        "actor/reward_kl_penalty": current_kl,
+        "actor/reward_kl_penalty_coeff": beta,
+    }

@@ -1,0 +1,132 @@
+"""Loss aggregation, the PPO (dual-clip) policy loss and the clipped value loss."""
+
+from __future__ import annotations
+
+import torch
+
+from .masked import masked_mean, masked_sum
+
+__all__ = ["LOSS_AGG_MODES", "agg_loss", "compute_policy_loss", "compute_value_loss"]
+
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+
+
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+    """Reduce a per-token loss ``[batch, len]`` to a scalar ``[]``.
+
+    Modes:
+        ``token-mean``: mean over every real token of the batch.
+        ``seq-mean-token-sum``: per-sequence token sum, then mean over sequences.
+        ``seq-mean-token-mean``: per-sequence token mean, then mean over sequences.
+        ``seq-mean-token-sum-norm``: per-sequence token sum divided by the
+            padded length ``len`` (a constant, so the weight of a token does not
+            depend on its response's length), then mean over sequences.
+
+    The ``seq-mean-*`` modes average over sequences with at least one real
+    token, so fully-padded rows neither contribute nor dilute.
+    """
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"Unknown loss_agg_mode {loss_agg_mode!r}; valid modes: {list(LOSS_AGG_MODES)}")
+    if loss_agg_mode == "token-mean":
+        return masked_mean(loss_mat, loss_mask)
+
+    if loss_agg_mode == "seq-mean-token-mean":
+        per_seq = masked_mean(loss_mat, loss_mask, dim=-1)
+    else:
+        per_seq = masked_sum(loss_mat, loss_mask, dim=-1)
+        if loss_agg_mode == "seq-mean-token-sum-norm":
+            per_seq = per_seq / loss_mat.shape[-1]
+    non_empty = (loss_mask.expand_as(loss_mat) != 0).any(dim=-1)
+    return masked_mean(per_seq, non_empty)
+
+
+def compute_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+) -> dict[str, torch.Tensor]:
+    """Clipped PPO surrogate with dual clip for negative advantages.
+
+    With ``r = exp(log_prob - old_log_prob)``:
+    ``L = max(-A r, -A clip(r, 1 - low, 1 + high))`` and, where ``A < 0``,
+    additionally ``L = min(L, -A c)`` (dual clip: bounds the loss when a
+    token that became much *more* likely has a negative advantage).
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: ``[batch, len]``;
+            only ``log_prob`` carries gradient.
+
+    Returns:
+        Scalars ``[]``: ``pg_loss`` (aggregated with ``loss_agg_mode``),
+        ``pg_clipfrac`` (fraction of real tokens where the ratio clip binds),
+        ``ppo_kl`` (masked mean of ``old_log_prob - log_prob``, the k1 estimate
+        of KL(old || new) on samples from old), ``pg_clipfrac_lower``
+        (fraction where the dual clip binds).
+
+    Raises:
+        ValueError: if ``clip_ratio_c <= 1`` (the dual-clip bound must lie above the
+            unclipped ratio of 1).
+    """
+    if not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1.0 for dual-clip PPO, got {clip_ratio_c}")
+
+    log_ratio = log_prob - old_log_prob
+    # Clamp before exp: a huge ratio would overflow to inf and the clip cannot undo that.
+    ratio = torch.exp(torch.clamp(log_ratio, min=-20.0, max=20.0))
+    ppo_kl = masked_mean(-log_ratio, response_mask).detach()
+
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
+    clipfrac = masked_mean((loss_clipped > loss_unclipped).to(loss_ppo.dtype), response_mask)
+
+    loss_dual_bound = -advantages * clip_ratio_c
+    negative = advantages < 0
+    loss_mat = torch.where(negative, torch.minimum(loss_ppo, loss_dual_bound), loss_ppo)
+    dual_active = negative & (loss_ppo > loss_dual_bound)
+    clipfrac_lower = masked_mean(dual_active.to(loss_ppo.dtype), response_mask)
+
+    return {
+        "pg_loss": agg_loss(loss_mat, response_mask, loss_agg_mode),
+        "pg_clipfrac": clipfrac.detach(),
+        "ppo_kl": ppo_kl,
+        "pg_clipfrac_lower": clipfrac_lower.detach(),
+    }
+
+
+def compute_value_loss(
+    vpreds: torch.Tensor,
+    values_old: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped value loss ``0.5 * max((v - R)^2, (v_clip - R)^2)``.
+
+    ``v_clip = values_old + clamp(v - values_old, -cliprange_value, cliprange_value)``
+    keeps the critic from moving far from the values the advantages were built on.
+
+    Args:
+        vpreds, values_old, returns, response_mask: ``[batch, len]``.
+
+    Returns:
+        ``(vf_loss, vf_clipfrac)`` scalars ``[]``; ``vf_clipfrac`` is the fraction of
+        real tokens where the clipped branch is the larger one.
+    """
+    vpreds_clipped = values_old + torch.clamp(vpreds - values_old, -cliprange_value, cliprange_value)
+    err_unclipped = (vpreds - returns) ** 2
+    err_clipped = (vpreds_clipped - returns) ** 2
+    vf_loss = 0.5 * agg_loss(torch.maximum(err_unclipped, err_clipped), response_mask, loss_agg_mode)
+    vf_clipfrac = masked_mean((err_clipped > err_unclipped).to(vpreds.dtype), response_mask)
+    return vf_loss, vf_clipfrac.detach()
