@@ -60,7 +60,6 @@ def _broadcast_or_split(group: GroupView, value: Any) -> list:
 def shard_dataproto(value: Any, parts: int, where: str) -> list:
     """Split a DataProto (or a future of one) into `parts` equal chunks, padding the tail if needed."""
     from protocol import DataProto, DataProtoFuture
-    from protocol.padding import pad_dataproto_to_divisor
 
     if isinstance(value, DataProtoFuture):
         if value.chunk_refs is None:
@@ -78,13 +77,27 @@ def shard_dataproto(value: Any, parts: int, where: str) -> list:
     total = len(value)
     if total == 0:
         raise ValueError(f"{where} got an empty DataProto; there is nothing to split across {parts} workers")
-    padded, _ = pad_dataproto_to_divisor(value, parts)
-    chunks = padded.chunk(parts)
-    shards: list = []
-    for i, chunk in enumerate(chunks):
-        pad = padding_in_chunk(total, parts, i)
-        shards.append(PaddedShard(chunk, pad) if pad else chunk)
-    return shards
+    return [_padded_chunk(value, total, parts, i) for i in range(parts)]
+
+
+def _padded_chunk(value: Any, total: int, parts: int, index: int) -> Any:
+    """Chunk `index` of `value` padded to ceil(total/parts) rows; a view unless it holds padding.
+
+    Padding rows repeat rows from the start, as `pad_dataproto_to_divisor` does, but only the chunks that
+    hold padding are copied: the full chunks go out as views of the caller's tensors.
+    """
+    import torch
+
+    from protocol import DataProto
+
+    size = -(-total // parts)
+    start, end = min(index * size, total), min((index + 1) * size, total)
+    pad = padding_in_chunk(total, parts, index)
+    if not pad:
+        return value[start:end]
+    first_pad_position = max(index * size, total) - total
+    filler = value[torch.arange(first_pad_position, first_pad_position + pad) % total]
+    return PaddedShard(DataProto.concat([value[start:end], filler]) if end > start else filler, pad)
 
 
 def _check_same_length(args: tuple, kwargs: dict, where: str) -> None:
@@ -133,15 +146,19 @@ def collect_first(group: GroupView, outputs: list) -> Any:
 
 
 def concat_dataprotos(outputs: Sequence[Any], where: str) -> Any:
+    """Concatenate per-chunk outputs: DataProtos into one DataProto, tensors along the batch axis."""
+    import torch
+
     from protocol import DataProto
 
+    kind = DataProto if isinstance(outputs[0], DataProto) else torch.Tensor
     for rank, output in enumerate(outputs):
-        if not isinstance(output, DataProto):
+        if not isinstance(output, kind):
             raise TypeError(
-                f"{where} must return a DataProto from every worker to be concatenated, but output {rank} is "
-                f"{type(output).__name__}; register it with Dispatch.DP_COMPUTE_METRIC to get a list instead"
+                f"{where} must return a DataProto (or a tensor) from every worker to be concatenated, but output "
+                f"{rank} is {type(output).__name__}; register it with Dispatch.DP_COMPUTE_METRIC to get a list"
             )
-    return DataProto.concat(list(outputs))
+    return DataProto.concat(list(outputs)) if kind is DataProto else torch.cat(list(outputs), dim=0)
 
 
 def collect_dp_proto(group: GroupView, outputs: list) -> Any:

@@ -29,6 +29,17 @@ class PaddedShard:
 
 
 @dataclass
+class ExclusiveChunk:
+    """An ObjectRef to data that only this one call reads: the worker maps it without copying.
+
+    Nothing else holds the object (the group created it for this call), so in-place writes by the worker
+    touch no one else's data. Nested in a dataclass so Ray does not resolve (and copy) it before the call.
+    """
+
+    ref: ray.ObjectRef
+
+
+@dataclass
 class RemoteReshard:
     """Chunk `index` of `parts` of the concatenation of DataProto chunks living in the object store."""
 
@@ -88,6 +99,11 @@ class _ResolvedCall:
 
 
 def _resolve(value: Any, call: _ResolvedCall) -> Any:
+    if isinstance(value, ExclusiveChunk):
+        from protocol.transport import borrow_received_buffers
+
+        with borrow_received_buffers():
+            value = ray.get(value.ref)
     if isinstance(value, PaddedShard):
         data = ray.get(value.data) if isinstance(value.data, ray.ObjectRef) else value.data
         call.padding, call.padded_length = value.num_padding, len(data)
@@ -104,14 +120,16 @@ def _resolve(value: Any, call: _ResolvedCall) -> Any:
 
 
 def _strip_padding(output: Any, call: _ResolvedCall, method_name: str) -> Any:
+    import torch
+
     from protocol import DataProto
 
-    if not isinstance(output, DataProto):
+    if not isinstance(output, (DataProto, torch.Tensor)):
         return output  # e.g. metrics: nothing row-aligned to strip
     if len(output) != call.padded_length:
         raise ValueError(
             f"{method_name} got a chunk of {call.padded_length} rows (the last {call.padding} are padding) "
-            f"but returned a DataProto of {len(output)} rows; a data-parallel method must return one row "
+            f"but returned {type(output).__name__} of {len(output)} rows; a data-parallel method must return one row "
             "per input row so padding can be removed"
         )
     return output[: len(output) - call.padding]

@@ -19,6 +19,7 @@ def _start_ray() -> None:
     if ray.is_initialized():
         return
     ray.init(
+        address="local",  # always a fresh cluster of our own, never one left running on the machine
         num_cpus=TEST_CLUSTER_CPUS,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",

@@ -19,7 +19,7 @@ from single_controller.mesh import MeshPlacement
 from single_controller.ray.class_with_args import RayClassWithInitArgs, plain_class
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.ray.waiting import wait_for_outputs
-from single_controller.shards import JoinablePart, PaddedShard
+from single_controller.shards import ExclusiveChunk, JoinablePart, PaddedShard
 from single_controller.worker import NodeInfo
 
 DETACHED_NAMESPACE = "single_controller"
@@ -296,8 +296,19 @@ class RayWorkerGroup:
         return f"RayWorkerGroup({self.name!r}, world_size={self.world_size})"
 
 
+# A DataProto chunk at least this large that goes to a single rank is read in place by that rank.
+EXCLUSIVE_CHUNK_MIN_BYTES = 1 << 20
+
+
+def _dataproto_bytes(value: Any) -> int:
+    from protocol import DataProto
+
+    data = value.data if isinstance(value, PaddedShard) else value
+    return data.nbytes if isinstance(data, DataProto) else 0
+
+
 class _SharedObjects:
-    """Puts a large value sent to several ranks into the object store once, instead of once per rank."""
+    """Stores a large value sent to several ranks once, and marks large single-rank chunks exclusive."""
 
     def __init__(self) -> None:
         self._refs: dict[int, ray.ObjectRef] = {}
@@ -308,6 +319,8 @@ class _SharedObjects:
         if not isinstance(value, (DataProto, PaddedShard, torch.Tensor, np.ndarray)):
             return value
         if sum(1 for v in all_ranks if v is value) < 2:
+            if _dataproto_bytes(value) >= EXCLUSIVE_CHUNK_MIN_BYTES:
+                return ExclusiveChunk(ray.put(value))
             return value
         key = id(value)
         if key not in self._refs:

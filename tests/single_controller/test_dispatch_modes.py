@@ -109,3 +109,13 @@ def test_value_sent_to_several_ranks_is_put_once(ray_cluster):
     assert isinstance(first, ray_cluster.ObjectRef) and first == second
     other = make_batch(4)
     assert shared.place(other, [other, data]) is other  # sent to one rank only: left to Ray
+
+
+@pytest.mark.parametrize("rows", [10, 300_001])  # small chunks travel inline, large ones are read in place
+def test_workers_may_write_to_received_chunks_without_touching_driver_data(echo, rows):
+    data = DataProto.from_dict({"x": torch.arange(rows, dtype=torch.float64)})
+    out = echo.increment_in_place(data)
+    assert torch.equal(out.batch["x"], torch.arange(rows, dtype=torch.float64) + 1)
+    assert torch.equal(data.batch["x"], torch.arange(rows, dtype=torch.float64))
+    again = echo.increment_in_place(data)  # nothing was left modified in a store the call reused
+    assert torch.equal(again.batch["x"], out.batch["x"])

@@ -49,9 +49,9 @@ _TWO_NODE_SCRIPT = textwrap.dedent(
     from ray.cluster_utils import Cluster
     from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from tests.single_controller.workers import DistributedWorker, EchoWorker
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
-                                                            "node_ip_address": "127.0.0.1"})
-    nodes = [cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1") for _ in range(2)]
+    # Two worker nodes of one CPU each (a head with no CPUs): ranks must land on different nodes.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
     ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
     pool = RayResourcePool(process_on_nodes=[1, 1], use_gpu=False, max_colocate_count=2)
     echo = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker))
@@ -66,7 +66,7 @@ _TWO_NODE_SCRIPT = textwrap.dedent(
 
 def test_two_node_placement_with_cluster_utils():
     result = subprocess.run(
-        [sys.executable, "-c", _TWO_NODE_SCRIPT], cwd=REPO_ROOT, capture_output=True, text=True, timeout=240
+        [sys.executable, "-c", _TWO_NODE_SCRIPT], cwd=REPO_ROOT, capture_output=True, text=True, timeout=180
     )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])

@@ -89,3 +89,24 @@ def test_rank_zero_dispatch_implies_rank_zero_execution():
             return 1
 
     assert get_method_spec(W.f).execute_mode == Execute.RANK_ZERO
+
+
+@pytest.mark.parametrize("total,parts", [(5, 2), (7, 3), (1, 3), (8, 4), (2, 5)])
+def test_shards_match_padding_then_chunking(total, parts):
+    from protocol import DataProto, pad_dataproto_to_divisor
+    from single_controller.dispatch import shard_dataproto
+    from single_controller.shards import PaddedShard
+
+    data = DataProto.from_dict({"x": torch.arange(total)}, {"uid": np.arange(total).astype(object)})
+    padded, _ = pad_dataproto_to_divisor(data, parts)
+    expected = padded.chunk(parts)
+    shards = shard_dataproto(data, parts, "test")
+    for i, (shard, want) in enumerate(zip(shards, expected)):
+        pad = padding_in_chunk(total, parts, i)
+        assert isinstance(shard, PaddedShard) == bool(pad)
+        chunk = shard.data if isinstance(shard, PaddedShard) else shard
+        assert torch.equal(chunk.batch["x"], want.batch["x"])
+        assert list(chunk.non_tensor_batch["uid"]) == list(want.non_tensor_batch["uid"])
+    # Full chunks are views of the caller's tensor, not copies.
+    if not padding_in_chunk(total, parts, 0):
+        assert shards[0].batch["x"].data_ptr() == data.batch["x"].data_ptr()

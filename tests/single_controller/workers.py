@@ -52,6 +52,11 @@ class EchoWorker(Worker):
         out.batch["consumer_rank"] = torch.full((len(data),), self.rank)
         return out
 
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def increment_in_place(self, data: DataProto) -> DataProto:
+        data.batch["x"] += 1  # writes into what this worker received
+        return data.select(batch_keys=["x"])
+
     @register(Dispatch.DP_COMPUTE_METRIC)
     def chunk_sizes(self, data: DataProto) -> dict:
         return {"rank": self.rank, "rows": len(data), "sum": float(data.batch["x"].sum())}
