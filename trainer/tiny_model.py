@@ -1,0 +1,138 @@
+"""Build a tiny random-init Qwen2 model with a character-level tokenizer, fully offline.
+
+    python -m trainer.tiny_model OUT_DIR [--seed N]
+
+The folder is a normal Hugging Face checkpoint (config.json, model.safetensors,
+generation_config.json, tokenizer.json, tokenizer_config.json with a chat template),
+so the same code paths that load real models (Auto classes, vLLM) load it too.
+It exists so the trainer can be exercised end to end on CPU in minutes; see
+trainer/datasets/synthetic.py for the task it can learn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import string
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+PAD_TOKEN = "<|endoftext|>"  # Qwen's pad/bos token name; never produced by the chat template
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"  # end of a chat turn, doubles as eos so generation stops after one turn
+SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
+
+# Printable ASCII plus newline/tab: everything the chat template and synthetic tasks use.
+CHARACTERS = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "")
+
+# Same split regex as transformers' Qwen2Tokenizer (see the module docstring for why it must match).
+QWEN2_SPLIT_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+# Qwen-style template: one `<|im_start|>role\ncontent<|im_end|>\n` block per message.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2 byte-level alphabet: printable bytes stay themselves, the rest move to U+0100 and up."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    mapping = {b: chr(b) for b in keep}
+    shifted = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level BPE without merges over CHARACTERS: one token per character, specials are ids 0..2."""
+    byte_chars = _byte_to_unicode()
+    symbols = [byte_chars[b] for b in CHARACTERS.encode("ascii")]
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + symbols)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(SPECIAL_TOKENS)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        bos_token=PAD_TOKEN,
+        eos_token=IM_END,
+        unk_token=PAD_TOKEN,  # what Qwen2Tokenizer defaults to; BPE itself never emits it
+        additional_special_tokens=[IM_START],
+        padding_side="left",
+        model_max_length=512,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_config(tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
+    """Qwen2 sized for CPU speed; head_dim 64 because the CPU vLLM backend only accepts some sizes."""
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        use_sliding_window=False,
+        dtype="float32",
+    )
+
+
+def build_tiny_model(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write tokenizer + random-init Qwen2ForCausalLM to `out_dir`; same seed -> same weights."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_char_tokenizer()
+    config = build_tiny_config(tokenizer)
+    # Seed right before init so the weights depend only on `seed`, not on earlier RNG use.
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = Qwen2ForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    path = build_tiny_model(args.out_dir, seed=args.seed)
+    print(f"wrote tiny model to {path}")
+
+
+if __name__ == "__main__":
+    main()
