@@ -45,8 +45,8 @@ class RoleGroups:
 
     @classmethod
     def build(cls, cfg: DictConfig) -> "RoleGroups":
-        from workers.fsdp.actor_worker import ActorRolloutRefWorker
-        from workers.fsdp.critic_worker import CriticWorker
+        from workers.fsdp.actor_rollout_ref import ActorRolloutRefWorker
+        from workers.fsdp.critic import CriticWorker
 
         algo = cfg.algorithm
         uses_reference = bool(algo.use_kl_loss or algo.use_kl_in_reward)

@@ -3,15 +3,26 @@
     python -m trainer.tiny_model OUT_DIR [--seed N]
 
 The folder is a normal Hugging Face checkpoint (config.json, model.safetensors,
-generation_config.json, tokenizer.json, tokenizer_config.json with a chat template),
-so the same code paths that load real models (Auto classes, vLLM) load it too.
-It exists so the trainer can be exercised end to end on CPU in minutes; see
+generation_config.json, tokenizer.json, tokenizer_config.json, chat_template.jinja),
+so the code paths that load real models (Auto classes, vLLM) load it too. It exists
+so the trainer can be exercised end to end on CPU in minutes; see
 trainer/datasets/synthetic.py for the task it can learn.
+
+Tokenizer design: for `model_type == "qwen2"`, transformers 5 always loads
+`Qwen2Tokenizer`, which keeps only the vocab/merges of tokenizer.json and rebuilds
+its own pipeline (NFC, Qwen split regex, byte-level). A WordLevel tokenizer would be
+silently mangled on load, so we build exactly that pipeline ourselves: a byte-level
+BPE with no merges whose vocab is one symbol per printable ASCII character. Each
+character is one token, and the tokenizer we build and the one any loader rebuilds
+encode identically. Characters outside the vocab (non-ASCII) are dropped by the
+byte-level BPE, as Qwen2Tokenizer has no unk token; every synthetic prompt is ASCII.
+Uppercase letters are in the vocab, so no lowercasing is needed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import string
 from pathlib import Path
 
@@ -29,7 +40,8 @@ CHARACTERS = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0
 
 # Same split regex as transformers' Qwen2Tokenizer (see the module docstring for why it must match).
 QWEN2_SPLIT_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
 # Qwen-style template: one `<|im_start|>role\ncontent<|im_end|>\n` block per message.
@@ -122,7 +134,23 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0) -> Path:
     )
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    _make_tokenizer_config_portable(out / "tokenizer_config.json")
     return out
+
+
+def _make_tokenizer_config_portable(config_path: Path) -> None:
+    """Write tokenizer_config.json so transformers 4.x loads it too (vLLM may pin 4.x).
+
+    Name the class every loader ends up with anyway (4.x has no `TokenizersBackend`),
+    and list <|im_start|> under the key both versions read (4.x wants a dict under
+    `extra_special_tokens`). tokenizer.json marks it special either way.
+    """
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "Qwen2Tokenizer"
+    extra = config.pop("extra_special_tokens", None)
+    if extra:
+        config["additional_special_tokens"] = list(extra)
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,76 @@
+"""Config defaults and validation (no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.config import actor_rollout_ref_config, critic_config, mini_batch_per_rank, reward_model_config
+
+
+def test_defaults_are_filled_and_values_normalised():
+    config = actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"optim": {"lr": 1}}})
+    assert config["model"] == {"path": "/m", "dtype": "auto", "enable_gradient_checkpointing": False,
+                               "attn_implementation": None}
+    assert config["actor"]["optim"]["lr"] == 1.0 and isinstance(config["actor"]["optim"]["lr"], float)
+    assert config["actor"]["ppo_epochs"] == 1 and config["actor"]["loss_agg_mode"] == "token-mean"
+    assert config["rollout"]["response_length"] == 512 and config["rollout"]["do_sample"] is True
+    assert config["ref"]["log_prob_micro_batch_size_per_gpu"] == 8
+    assert critic_config({"model": {"path": "/m"}})["cliprange_value"] == 0.5
+    assert reward_model_config({"model": {"path": "/m"}})["micro_batch_size_per_gpu"] == 8
+
+
+def test_user_dict_is_not_modified_and_omegaconf_is_accepted():
+    from omegaconf import OmegaConf
+
+    user = {"model": {"path": "/m"}}
+    actor_rollout_ref_config(user)
+    assert user == {"model": {"path": "/m"}}
+    config = actor_rollout_ref_config(OmegaConf.create({"model": {"path": "/m"}, "rollout": {"eos_token_id": [1, 2]}}))
+    assert config["rollout"]["eos_token_id"] == [1, 2]
+
+
+def test_unknown_key_lists_valid_keys():
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['lrr'\] in section 'actor.optim'.*'lr'"):
+        actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"optim": {"lrr": 1e-3}}})
+    with pytest.raises(ValueError, match=r"\['critic'\] at the top level; valid keys: \['actor', 'model', 'ref', 'rollout'\]"):
+        actor_rollout_ref_config({"model": {"path": "/m"}, "critic": {}})
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"actor": {"ppo_micro_batch_size_per_gpu": 0}}, r"actor.ppo_micro_batch_size_per_gpu' must be an int >= 1, got 0"),
+        ({"actor": {"ppo_epochs": True}}, r"actor.ppo_epochs' must be an int >= 1, got True"),
+        ({"actor": {"loss_agg_mode": "mean"}}, r"actor.loss_agg_mode' must be one of \['token-mean'"),
+        ({"actor": {"kl_loss_type": "kl2"}}, r"actor.kl_loss_type' must be one of"),
+        ({"actor": {"clip_ratio_c": 1.0}}, r"actor.clip_ratio_c' must be a float > 1"),
+        ({"actor": {"optim": {"lr_scheduler": "linear"}}}, r"lr_scheduler' must be one of \['constant', 'cosine'\]"),
+        ({"rollout": {"temperature": 0}}, r"rollout.temperature' must be a float > 0"),
+        ({"rollout": {"eos_token_id": "eos"}}, r"rollout.eos_token_id' must be None"),
+        ({"model": {"dtype": "fp16"}}, r"model.dtype' must be one of \['auto', 'float32', 'bfloat16', 'float16'\]"),
+        ({"actor": []}, r"section actor must be a dict, got list"),
+    ],
+)
+def test_bad_values_name_key_and_expectation(override, message):
+    config = {"model": {"path": "/m"}}
+    for section, values in override.items():
+        config[section] = {**config.get(section, {}), **values} if isinstance(values, dict) else values
+    with pytest.raises(ValueError, match=message):
+        actor_rollout_ref_config(config)
+
+
+def test_missing_path_and_indivisible_mini_batch():
+    with pytest.raises(ValueError, match=r"'model.path' is required"):
+        actor_rollout_ref_config({})
+    assert mini_batch_per_rank(8, 2, "actor") == 4
+    with pytest.raises(ValueError, match=r"actor.ppo_mini_batch_size=6 must be divisible by the number of workers \(4\)"):
+        mini_batch_per_rank(6, 4, "actor")
+
+
+def test_worker_rejects_unknown_role_and_bad_config_at_construction():
+    from workers.fsdp import ActorRolloutRefWorker
+
+    with pytest.raises(ValueError, match=r"unknown role 'critic'; valid roles: \['actor_rollout', 'actor_rollout_ref', 'ref'\]"):
+        ActorRolloutRefWorker({"model": {"path": "/m"}}, "critic")
+    with pytest.raises(ValueError, match="unknown config key"):
+        ActorRolloutRefWorker({"model": {"path": "/m", "tokenizer": "x"}}, "ref")

@@ -1,0 +1,49 @@
+"""Pure helpers of the FSDP workers (no Ray, no process group)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from workers.fsdp.checkpoint import rng_state, set_rng_state
+from workers.fsdp.generation import response_mask_from_eos
+from workers.fsdp.optim import lr_factor_fn
+from workers.fsdp.ppo_loop import loss_units
+
+
+def _optim(**overrides):
+    return {"warmup_steps": 0, "lr_scheduler": "constant", "total_training_steps": None, "min_lr_ratio": 0.0,
+            **overrides}
+
+
+def test_response_mask_ends_at_first_eos():
+    responses = torch.tensor([[5, 1, 0, 0], [5, 6, 7, 8], [1, 5, 1, 0], [5, 9, 6, 9]])
+    expected = [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]]
+    assert response_mask_from_eos(responses, (1, 9)).tolist() == expected
+
+
+def test_lr_schedules():
+    constant = lr_factor_fn(_optim(warmup_steps=4))
+    assert [constant(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    cosine = lr_factor_fn(_optim(warmup_steps=2, lr_scheduler="cosine", total_training_steps=12, min_lr_ratio=0.1))
+    assert cosine(0) == 0.5 and cosine(2) == pytest.approx(1.0)
+    assert cosine(7) == pytest.approx(0.55) and cosine(12) == pytest.approx(0.1) and cosine(50) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="total_training_steps"):
+        lr_factor_fn(_optim(lr_scheduler="cosine"))
+
+
+def test_loss_units_follow_aggregation_mode():
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]])
+    assert loss_units(mask, "token-mean") == 3.0
+    assert loss_units(mask, "seq-mean-token-mean") == 2.0
+
+
+def test_rng_state_round_trip_through_weights_only_load(tmp_path):
+    torch.save(rng_state(), tmp_path / "rng.pt")
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1]) and expected[2] == again[2]

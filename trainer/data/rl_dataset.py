@@ -1,0 +1,143 @@
+"""Prompt dataset for RL: verl-layout parquet -> chat-templated, left-padded prompt tensors."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import Dataset
+
+TRUNCATION_MODES = ("error", "left", "right", "filter")
+# The prompt column is required too; its name comes from `prompt_key`.
+REQUIRED_COLUMNS = ("data_source", "reward_model")
+
+
+class RLDataset(Dataset):
+    """Prompts tokenized once at load; items are padded on access.
+
+    Each prompt is rendered with the tokenizer's chat template (add_generation_prompt)
+    and left-padded to `max_prompt_length`, so all generations start at the same column.
+    Prompts longer than that follow `truncation`: "error" raises, "left" keeps the last
+    tokens (the generation prompt survives), "right" keeps the first, "filter" drops the
+    row at load (counted in `num_filtered`).
+    """
+
+    def __init__(
+        self,
+        parquet_files: str | Path | Sequence[str | Path],
+        tokenizer: Any,
+        max_prompt_length: int,
+        prompt_key: str = "prompt",
+        truncation: str = "error",
+    ) -> None:
+        if truncation not in TRUNCATION_MODES:
+            raise ValueError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
+        if max_prompt_length <= 0:
+            raise ValueError(f"max_prompt_length must be positive, got {max_prompt_length}")
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.prompt_key = prompt_key
+        self.truncation = truncation
+        self.pad_token_id = _pad_token_id(tokenizer)
+        self.num_filtered = 0
+        self._rows: list[dict[str, Any]] = []
+        self._input_ids: list[list[int]] = []
+        files = [parquet_files] if isinstance(parquet_files, (str, Path)) else list(parquet_files)
+        if not files:
+            raise ValueError("RLDataset needs at least one parquet file")
+        for file in files:
+            self._load_file(Path(file))
+        if not self._rows:
+            raise ValueError(
+                f"all {self.num_filtered} prompts are longer than max_prompt_length={max_prompt_length}; nothing left"
+            )
+
+    def _load_file(self, path: Path) -> None:
+        table = pq.read_table(path)
+        if table.num_rows == 0:
+            raise ValueError(f"parquet file {path} has no rows")
+        present = table.column_names
+        for column in (self.prompt_key, *REQUIRED_COLUMNS):
+            if column not in present:
+                raise KeyError(f"parquet file {path} has no column {column!r}; columns present: {present}")
+        prompts = table.column(self.prompt_key).to_pylist()
+        data_sources = table.column("data_source").to_pylist()
+        reward_models = table.column("reward_model").to_pylist()
+        extra_infos = table.column("extra_info").to_pylist() if "extra_info" in present else [None] * table.num_rows
+
+        texts = [self._render(messages, path, row) for row, messages in enumerate(prompts)]
+        token_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]  # template already has specials
+        for row, ids in enumerate(token_ids):
+            ids = self._fit(list(ids), path, row)
+            if ids is None:
+                self.num_filtered += 1
+                continue
+            extra_info = extra_infos[row] or {}
+            index = extra_info.get("index")
+            self._input_ids.append(ids)
+            self._rows.append(
+                {
+                    "data_source": data_sources[row],
+                    "reward_model": reward_models[row],
+                    "extra_info": extra_info,
+                    "raw_prompt": prompts[row],
+                    "index": index if index is not None else len(self._rows),
+                }
+            )
+
+    def _render(self, messages: Any, path: Path, row: int) -> str:
+        if not isinstance(messages, list) or not all(map(_is_message, messages)):
+            raise TypeError(
+                f"{path} row {row}: column {self.prompt_key!r} must hold a list of "
+                f"{{'role', 'content'}} messages, got {messages!r}"
+            )
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def _fit(self, ids: list[int], path: Path, row: int) -> list[int] | None:
+        """Apply the truncation mode; None means the row is filtered out."""
+        limit = self.max_prompt_length
+        if len(ids) <= limit:
+            return ids
+        if self.truncation == "error":
+            raise ValueError(
+                f"{path} row {row}: prompt is {len(ids)} tokens, longer than max_prompt_length={limit} "
+                "(set truncation to 'left', 'right' or 'filter')"
+            )
+        if self.truncation == "left":
+            return ids[-limit:]
+        if self.truncation == "right":
+            return ids[:limit]
+        return None
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        ids = self._input_ids[index]
+        pad = self.max_prompt_length - len(ids)
+        input_ids = torch.full((self.max_prompt_length,), self.pad_token_id, dtype=torch.long)
+        input_ids[pad:] = torch.tensor(ids, dtype=torch.long)
+        attention_mask = torch.zeros(self.max_prompt_length, dtype=torch.long)
+        attention_mask[pad:] = 1
+        # Real tokens count 0, 1, 2, ... from the first non-pad token; pads sit at 0.
+        position_ids = (attention_mask.cumsum(0) - 1).clamp(min=0)
+        item: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        # Copies, so a consumer editing a message or dict can not change the dataset.
+        item.update(copy.deepcopy(self._rows[index]))
+        return item
+
+
+def _is_message(value: Any) -> bool:
+    return isinstance(value, dict) and "role" in value and "content" in value
+
+
+def _pad_token_id(tokenizer: Any) -> int:
+    """The pad id, falling back to eos like most causal-LM setups (pads are masked anyway)."""
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if candidate is not None:
+            return int(candidate)
+    raise ValueError("tokenizer has neither a pad token nor an eos token to pad prompts with")

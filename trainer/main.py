@@ -1,0 +1,124 @@
+"""`python -m trainer.main [overrides...]`: PPO-family RL post-training of a Hugging Face causal LM.
+
+With no arguments it builds the embedded tiny model and the synthetic task if they are missing and runs
+GRPO on CPU. `--cfg job` prints the resolved configuration and exits. Overrides are hydra syntax:
+`algorithm=ppo`, `actor_rollout_ref.actor.optim.lr=1e-3`, `trainer.total_training_steps=10`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from trainer.config_loader import ConfigError, load_config
+
+DEFAULT_MODEL_PATH = "outputs/tiny_model"
+DEFAULT_DATA_DIR = "outputs/data"
+
+
+def ensure_default_assets(cfg: DictConfig) -> None:
+    """Build the embedded tiny model and the synthetic data when the config points at their absent defaults."""
+    if cfg.actor_rollout_ref.model.path == DEFAULT_MODEL_PATH and not Path(DEFAULT_MODEL_PATH, "config.json").exists():
+        from trainer.tiny_model import build_tiny_model
+
+        build_tiny_model(DEFAULT_MODEL_PATH, seed=cfg.trainer.seed)
+    defaults = (f"{DEFAULT_DATA_DIR}/train.parquet", f"{DEFAULT_DATA_DIR}/val.parquet")
+    if (cfg.data.train_files, cfg.data.val_files) == defaults and not all(Path(p).exists() for p in defaults):
+        from trainer.datasets.synthetic import write_synthetic_dataset
+
+        tasks = ("char_class", "arithmetic") if cfg.data.synthetic_tasks == "both" else (cfg.data.synthetic_tasks,)
+        write_synthetic_dataset(DEFAULT_DATA_DIR, tasks=tasks, seed=cfg.data.seed)
+
+
+def init_ray(cfg: DictConfig) -> None:
+    """Attach to RAY_ADDRESS when set; otherwise start a local cluster bound to 127.0.0.1."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        return
+    runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(runtime_env=runtime_env)
+        return
+    workers = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    ray.init(
+        address="local",
+        num_cpus=cfg.trainer.ray_num_cpus or max(os.cpu_count() or 1, 2 * workers + 2),
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        runtime_env=runtime_env,
+    )
+
+
+def run(cfg: DictConfig) -> list[dict[str, Any]]:
+    """Build data, reward, worker groups and tracker from `cfg`, then train; returns the metric history."""
+    from transformers import AutoTokenizer
+
+    from trainer.data import RLDataset, collate_to_dataproto, make_dataloader
+    from trainer.ppo_trainer import PPOTrainer
+    from trainer.rewards import RuleRewardManager, load_reward_function
+    from trainer.role_groups import RoleGroups
+    from trainer.tracking import Tracker
+
+    ensure_default_assets(cfg)
+    init_ray(cfg)
+    model_path = cfg.actor_rollout_ref.model.path
+    if not Path(model_path).is_dir():
+        raise FileNotFoundError(f"actor_rollout_ref.model.path={model_path!r} is not a folder (a Hugging Face model folder is expected)")
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    data = cfg.data
+    train_set = RLDataset(data.train_files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key, truncation=data.truncation)
+    train_loader = make_dataloader(train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=True)
+    val_batches = []
+    if data.val_files:
+        val_set = RLDataset(data.val_files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key, truncation=data.truncation)
+        items = [val_set[i] for i in range(len(val_set))]
+        val_batches = [collate_to_dataproto(items[i : i + data.val_batch_size]) for i in range(0, len(items), data.val_batch_size)]
+    reward = cfg.reward.custom_function
+    reward_fn = RuleRewardManager(tokenizer, compute_score=load_reward_function(reward.path, reward.name))
+    log_dir = Path(cfg.trainer.default_local_dir) / "logs"
+    tracker = Tracker(cfg.trainer.logger, log_dir)
+    roles = RoleGroups.build(cfg)
+    trainer = PPOTrainer(cfg, roles, train_loader, val_batches, reward_fn, tracker)
+    try:
+        history = trainer.fit()
+        curve = tracker.plot_reward_curve(log_dir / "reward_curve.png")
+        if curve:
+            print(f"reward curve: {curve}")
+        if cfg.trainer.export_hf_at_end:
+            roles.actor.export_hf(str(Path(cfg.trainer.default_local_dir) / "hf_export"))
+    finally:
+        tracker.close()
+        roles.shutdown()
+    return history
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    print_cfg = "--cfg" in args
+    if print_cfg:
+        at = args.index("--cfg")
+        what = args[at + 1] if at + 1 < len(args) else "job"
+        if what != "job":
+            print(f"--cfg supports 'job' (the resolved trainer config), got {what!r}", file=sys.stderr)
+            return 2
+        del args[at : at + 2]
+    try:
+        cfg = load_config(args)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if print_cfg:
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    run(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Load the reward function named in the config: a dotted module path or a .py file.
+
+Only importlib is used, never eval. A file is executed as a fresh module that is NOT
+registered in sys.modules: Ray's cloudpickle then ships its functions to workers by
+value, whereas a registered name would be pickled by reference and fail to import there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .registry import compute_score
+
+
+def _is_file_path(path: str) -> bool:
+    return path.endswith(".py") or "/" in path or os.sep in path
+
+
+def _load_file(path: str) -> ModuleType:
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise FileNotFoundError(f"reward function file {path!r} does not exist (resolved to {file})")
+    # Unique per file so two reward files with the same stem never clash in tracebacks/logs.
+    digest = hashlib.sha1(str(file).encode()).hexdigest()[:8]
+    spec = importlib.util.spec_from_file_location(f"_reward_{file.stem}_{digest}", file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load reward function file {file} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load_module(path: str) -> ModuleType:
+    try:
+        return importlib.import_module(path)
+    except ModuleNotFoundError as exc:
+        # Only rephrase when the named module itself is missing, not one of its imports.
+        if exc.name is not None and (path == exc.name or path.startswith(exc.name + ".")):
+            raise ModuleNotFoundError(
+                f"reward function module {path!r} not found (no module named {exc.name!r}); "
+                "give an importable dotted path or a path to a .py file"
+            ) from exc
+        raise
+
+
+def load_reward_function(path: str | None, name: str = "compute_score") -> Callable[..., Any]:
+    """Return function `name` from module/file `path`; None -> the built-in `compute_score`."""
+    if path is None:
+        return compute_score
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"reward function path must be a non-empty string or None, got {path!r}")
+    module = _load_file(path) if _is_file_path(path) else _load_module(path)
+    function = getattr(module, name, None)
+    if function is None:
+        available = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise AttributeError(f"reward function {name!r} not found in {path!r}; callables there: {available}")
+    if not callable(function):
+        raise TypeError(f"{name!r} in {path!r} is a {type(function).__name__}, not a function")
+    return function

@@ -1,0 +1,230 @@
+"""Defaults and validation of the worker configs (plain nested dicts, verl-like key names).
+
+Each `*_config(user)` function returns a new, complete dict: every key the worker reads is present, user
+values replace defaults, unknown keys and bad values raise ValueError naming the dotted key and what is
+allowed. The trainer passes `OmegaConf.to_container(cfg.actor_rollout_ref)`; DictConfigs are accepted too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from trainer.algorithms import KL_PENALTY_NAMES, LOSS_AGG_MODES
+
+REQUIRED = object()  # default of keys the user must set
+
+
+@dataclass(frozen=True)
+class Field:
+    """One leaf key: its default and a check returning the normalised value or raising ValueError."""
+
+    default: Any
+    check: Callable[[Any], Any]
+    expected: str  # shown in errors, e.g. "an int >= 1"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _float(low: float | None = None, high: float | None = None, low_open: bool = False) -> Callable[[Any], Any]:
+    def check(value: Any) -> float:
+        ok = _is_number(value)
+        ok = ok and (low is None or (value > low if low_open else value >= low)) and (high is None or value <= high)
+        if not ok:
+            raise ValueError
+        return float(value)
+
+    return check
+
+
+def _int(low: int) -> Callable[[Any], Any]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError
+        return value
+
+    return check
+
+
+def _optional(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else inner(value)
+
+
+def _one_of(*choices: Any) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value not in choices:
+            raise ValueError
+        return value
+
+    return check
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError
+    return value
+
+
+def _non_empty_str(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError
+    return value
+
+
+def _token_ids(value: Any) -> int | list[int]:
+    if isinstance(value, (list, tuple)) and value and all(_int(0)(v) is not None for v in value):
+        return [int(v) for v in value]
+    return _int(0)(value)
+
+
+def _betas(value: Any) -> list[float]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ValueError
+    return [_float(0.0, 1.0)(v) for v in value]
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LR_SCHEDULERS = ("constant", "cosine")
+
+MODEL_SPEC: dict[str, Any] = {
+    "path": Field(REQUIRED, _non_empty_str, "a local directory or hub id (string)"),
+    "dtype": Field("auto", _one_of(*DTYPES), f"one of {list(DTYPES)} (auto: bfloat16 on GPU, float32 on CPU)"),
+    "enable_gradient_checkpointing": Field(False, _bool, "a bool"),
+    "attn_implementation": Field(None, _optional(_non_empty_str), "None (HF default) or e.g. 'sdpa', 'eager'"),
+}
+
+
+def optim_spec(default_lr: float) -> dict[str, Any]:
+    return {
+        "lr": Field(default_lr, _float(0.0), "a float >= 0"),
+        "weight_decay": Field(0.01, _float(0.0), "a float >= 0"),
+        "betas": Field([0.9, 0.999], _betas, "two floats in [0, 1]"),
+        "eps": Field(1e-8, _float(0.0, low_open=True), "a float > 0"),
+        "warmup_steps": Field(0, _int(0), "an int >= 0"),
+        "lr_scheduler": Field("constant", _one_of(*LR_SCHEDULERS), f"one of {list(LR_SCHEDULERS)}"),
+        "min_lr_ratio": Field(0.0, _float(0.0, 1.0), "a float in [0, 1] (cosine floor, as a fraction of lr)"),
+        "total_training_steps": Field(None, _optional(_int(1)), "None or an int >= 1 (set by the trainer)"),
+    }
+
+
+def _ppo_spec() -> dict[str, Any]:
+    """Keys shared by the actor and the critic updates."""
+    return {
+        "ppo_epochs": Field(1, _int(1), "an int >= 1"),
+        "ppo_mini_batch_size": Field(256, _int(1), "an int >= 1 (samples, global over all ranks)"),
+        "ppo_micro_batch_size_per_gpu": Field(4, _int(1), "an int >= 1"),
+        "grad_clip": Field(1.0, _float(0.0, low_open=True), "a float > 0"),
+        "loss_agg_mode": Field("token-mean", _one_of(*LOSS_AGG_MODES), f"one of {list(LOSS_AGG_MODES)}"),
+        "shuffle": Field(True, _bool, "a bool"),
+        "seed": Field(0, _int(0), "an int >= 0 (mini-batch shuffling)"),
+    }
+
+
+ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
+    "model": MODEL_SPEC,
+    "actor": {
+        "optim": optim_spec(1e-6),
+        **_ppo_spec(),
+        "clip_ratio_low": Field(0.2, _float(0.0), "a float >= 0"),
+        "clip_ratio_high": Field(0.2, _float(0.0), "a float >= 0"),
+        "clip_ratio_c": Field(3.0, _float(1.0, low_open=True), "a float > 1 (dual-clip bound)"),
+        "entropy_coeff": Field(0.0, _float(), "a float"),
+        "use_kl_loss": Field(False, _bool, "a bool"),
+        "kl_loss_coef": Field(0.001, _float(0.0), "a float >= 0"),
+        "kl_loss_type": Field("low_var_kl", _one_of(*KL_PENALTY_NAMES), f"one of {list(KL_PENALTY_NAMES)}"),
+    },
+    "rollout": {
+        "temperature": Field(1.0, _float(0.0, low_open=True), "a float > 0"),
+        "top_p": Field(1.0, _float(0.0, 1.0, low_open=True), "a float in (0, 1]"),
+        "top_k": Field(0, _int(0), "an int >= 0 (0 = off)"),
+        "response_length": Field(512, _int(1), "an int >= 1 (max new tokens)"),
+        "do_sample": Field(True, _bool, "a bool"),
+        "eos_token_id": Field(None, _optional(_token_ids), "None (from the model) or an int / list of ints"),
+        "pad_token_id": Field(None, _optional(_int(0)), "None (from the model) or an int"),
+        "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
+        "seed": Field(0, _int(0), "an int >= 0 (sampling; each rank adds its rank)"),
+    },
+    "ref": {
+        "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
+    },
+}
+
+CRITIC_SPEC: dict[str, Any] = {
+    "model": MODEL_SPEC,
+    "optim": optim_spec(1e-5),
+    **_ppo_spec(),
+    "forward_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
+    "cliprange_value": Field(0.5, _float(0.0), "a float >= 0"),
+    "seed": Field(0, _int(0), "an int >= 0 (value-head init and mini-batch shuffling)"),
+}
+
+REWARD_MODEL_SPEC: dict[str, Any] = {
+    "model": MODEL_SPEC,
+    "micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
+    "seed": Field(0, _int(0), "an int >= 0 (init of a score head missing from the checkpoint)"),
+}
+
+
+def _as_plain_mapping(config: Any, where: str) -> Mapping[str, Any]:
+    if config is None:
+        return {}
+    if type(config).__name__ in ("DictConfig", "ListConfig"):
+        from omegaconf import OmegaConf
+
+        config = OmegaConf.to_container(config, resolve=True)
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config section {where or '<root>'} must be a dict, got {type(config).__name__}")
+    return config
+
+
+def fill_config(spec: Mapping[str, Any], user: Any, where: str = "") -> dict[str, Any]:
+    """Merge `user` over the defaults of `spec`, checking every key and value."""
+    user = _as_plain_mapping(user, where)
+    unknown = sorted(str(k) for k in user if k not in spec)
+    if unknown:
+        place = f"in section {where!r}" if where else "at the top level"
+        raise ValueError(f"unknown config key(s) {unknown} {place}; valid keys: {sorted(spec)}")
+    filled: dict[str, Any] = {}
+    for key, entry in spec.items():
+        dotted = f"{where}.{key}" if where else key
+        if isinstance(entry, Mapping):
+            filled[key] = fill_config(entry, user.get(key), dotted)
+            continue
+        if key not in user:
+            if entry.default is REQUIRED:
+                raise ValueError(f"config key {dotted!r} is required: {entry.expected}")
+            filled[key] = list(entry.default) if isinstance(entry.default, list) else entry.default
+            continue
+        try:
+            filled[key] = entry.check(user[key])
+        except (ValueError, TypeError):
+            raise ValueError(f"config key {dotted!r} must be {entry.expected}, got {user[key]!r}") from None
+    return filled
+
+
+def actor_rollout_ref_config(user: Any) -> dict[str, Any]:
+    """Complete, validated config of `ActorRolloutRefWorker` (sections model, actor, rollout, ref)."""
+    return fill_config(ACTOR_ROLLOUT_REF_SPEC, user)
+
+
+def critic_config(user: Any) -> dict[str, Any]:
+    """Complete, validated config of `CriticWorker`."""
+    return fill_config(CRITIC_SPEC, user)
+
+
+def reward_model_config(user: Any) -> dict[str, Any]:
+    """Complete, validated config of `RewardModelWorker`."""
+    return fill_config(REWARD_MODEL_SPEC, user)
+
+
+def mini_batch_per_rank(global_mini_batch: int, world_size: int, where: str) -> int:
+    """`ppo_mini_batch_size` is global (in samples); each rank takes an equal share."""
+    if global_mini_batch % world_size:
+        raise ValueError(
+            f"{where}.ppo_mini_batch_size={global_mini_batch} must be divisible by the number of workers "
+            f"({world_size}); each worker takes ppo_mini_batch_size / world_size samples per optimizer step"
+        )
+    return global_mini_batch // world_size

@@ -1,0 +1,53 @@
+"""The actor's loss on one micro-batch: clipped PPO surrogate, entropy bonus and KL-to-reference loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from protocol import DataProto
+from trainer.algorithms import agg_loss, compute_policy_loss, entropy_from_logits, kl_penalty, log_probs_from_logits
+from workers.fsdp.sequences import response_logits, response_mask
+
+
+def required_update_keys(actor_cfg: dict[str, Any]) -> list[str]:
+    keys = ["input_ids", "attention_mask", "position_ids", "responses", "old_log_probs", "advantages"]
+    return keys + (["ref_log_prob"] if actor_cfg["use_kl_loss"] else [])
+
+
+def actor_micro_loss(
+    model: nn.Module, micro: DataProto, device: torch.device, temperature: float, actor_cfg: dict[str, Any]
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss = pg_loss - entropy_coeff * entropy (+ kl_loss_coef * kl_loss), each aggregated with
+    `loss_agg_mode` over this micro-batch's response tokens."""
+    mode = actor_cfg["loss_agg_mode"]
+    mask = response_mask(micro).to(device)
+    logits = response_logits(model, micro, device, temperature)
+    log_probs = log_probs_from_logits(logits, micro.batch["responses"].to(device))
+    entropy_coeff = actor_cfg["entropy_coeff"]
+    # Without an entropy bonus the entropy is only reported: no graph is kept for it.
+    entropy = entropy_from_logits(logits if entropy_coeff != 0 else logits.detach())
+    entropy_loss = agg_loss(entropy, mask, mode)
+
+    policy = compute_policy_loss(
+        old_log_prob=micro.batch["old_log_probs"].to(device),
+        log_prob=log_probs,
+        advantages=micro.batch["advantages"].to(device),
+        response_mask=mask,
+        clip_ratio_low=actor_cfg["clip_ratio_low"],
+        clip_ratio_high=actor_cfg["clip_ratio_high"],
+        clip_ratio_c=actor_cfg["clip_ratio_c"],
+        loss_agg_mode=mode,
+    )
+    loss = policy["pg_loss"] - entropy_coeff * entropy_loss
+    metrics = {name: float(value.detach()) for name, value in policy.items()}
+    metrics["entropy"] = float(entropy_loss.detach())
+    if actor_cfg["use_kl_loss"]:
+        kl = kl_penalty(log_probs, micro.batch["ref_log_prob"].to(device), actor_cfg["kl_loss_type"])
+        kl_loss = agg_loss(kl, mask, mode)
+        loss = loss + actor_cfg["kl_loss_coef"] * kl_loss
+        metrics["kl_loss"] = float(kl_loss.detach())
+        metrics["kl_coef"] = actor_cfg["kl_loss_coef"]
+    return loss, metrics

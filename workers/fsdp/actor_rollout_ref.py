@@ -1,0 +1,175 @@
+"""`ActorRolloutRefWorker`: the policy (trained with PPO), its HF-generate rollout and the frozen reference.
+
+Roles:
+    "actor_rollout"      the trainable policy; generates and computes its own log-probs
+    "actor_rollout_ref"  the same, plus a separate frozen copy of the initial policy for ref log-probs
+    "ref"                only the frozen reference policy
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from protocol import DataProto
+from single_controller import Dispatch, Worker, register
+from workers.config import actor_rollout_ref_config, mini_batch_per_rank
+from workers.fsdp.actor_loss import actor_micro_loss, required_update_keys
+from workers.fsdp.dist_utils import check_same_length
+from workers.fsdp.engine import FSDPEngine
+from workers.fsdp.generation import SamplingParams, generate_responses, model_token_ids
+from workers.fsdp.ppo_loop import run_ppo_updates
+from workers.fsdp.sequences import micro_batches, require_batch_keys, response_log_probs_and_entropy
+
+ROLES = ("actor_rollout", "actor_rollout_ref", "ref")
+PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+# meta_info keys a generate_sequences call may set to override the rollout config (e.g. greedy validation).
+GENERATION_OVERRIDES = ("do_sample", "temperature", "top_p", "top_k")
+
+
+class ActorRolloutRefWorker(Worker):
+    def __init__(self, config: dict[str, Any], role: str) -> None:
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; valid roles: {list(ROLES)}")
+        self.role = role
+        self.config = actor_rollout_ref_config(config)
+        self.actor: FSDPEngine | None = None
+        self.ref: FSDPEngine | None = None
+        self.update_calls = 0  # part of the checkpoint: seeds the mini-batch shuffles
+
+    # ---- setup ----------------------------------------------------------------------------------------
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        self.init_process_group()
+        cfg = self.config
+        if self.role != "ref":
+            mini_batch_per_rank(cfg["actor"]["ppo_mini_batch_size"], self.world_size, "actor")
+            self.actor = FSDPEngine(
+                AutoModelForCausalLM, cfg["model"], self.rank, optim_cfg=cfg["actor"]["optim"]
+            )
+        if self.role in ("actor_rollout_ref", "ref"):
+            self.ref = FSDPEngine(AutoModelForCausalLM, cfg["model"], self.rank)
+        # Each rank samples from its own stream, reproducibly.
+        torch.manual_seed(cfg["rollout"]["seed"] + self.rank)
+
+    def _engine(self, which: str, method: str) -> FSDPEngine:
+        engine = self.actor if which == "actor" else self.ref
+        if engine is None:
+            if self.actor is None and self.ref is None:
+                raise RuntimeError(f"{method}: call init_model() first")
+            raise RuntimeError(f"{method} needs the {which} model, which role {self.role!r} does not have")
+        return engine
+
+    # ---- rollout --------------------------------------------------------------------------------------
+    def _sampling_params(self, meta_info: dict[str, Any], model: torch.nn.Module) -> SamplingParams:
+        rollout = {**self.config["rollout"], **{k: meta_info[k] for k in GENERATION_OVERRIDES if k in meta_info}}
+        model_eos, model_pad = model_token_ids(model)
+        eos = rollout["eos_token_id"]
+        eos_ids = model_eos if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
+        pad = rollout["pad_token_id"] if rollout["pad_token_id"] is not None else model_pad
+        return SamplingParams(
+            do_sample=bool(rollout["do_sample"]),
+            temperature=float(rollout["temperature"]),
+            top_p=float(rollout["top_p"]),
+            top_k=int(rollout["top_k"]),
+            response_length=self.config["rollout"]["response_length"],
+            eos_token_ids=eos_ids,
+            pad_token_id=eos_ids[0] if pad is None else int(pad),
+        )
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Left-padded prompts [B, P] -> prompts, responses [B, R], input_ids / attention_mask /
+        position_ids [B, P+R], response_mask [B, R]; other keys and meta_info of the input carried over."""
+        engine = self._engine("actor", "generate_sequences")
+        require_batch_keys(prompts, PROMPT_KEYS, "generate_sequences")
+        params = self._sampling_params(prompts.meta_info, engine.module)
+        check_same_length(len(prompts), engine.device, "generate_sequences")
+        engine.module.eval()
+        inputs = {k: prompts.batch[k].to(engine.device) for k in PROMPT_KEYS}
+        result = generate_responses(engine.module, inputs, params, synced=self.world_size > 1)
+        generated = DataProto.from_dict({k: v.cpu() for k, v in result.items()})
+        carried = prompts.select(batch_keys=[k for k in prompts.batch.keys() if k not in result])
+        return carried.union(generated)
+
+    # ---- log-probs ------------------------------------------------------------------------------------
+    def _log_probs(
+        self, engine: FSDPEngine, data: DataProto, micro_size: int, with_entropy: bool, method: str
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        require_batch_keys(data, LOG_PROB_KEYS, method)
+        check_same_length(len(data), engine.device, method)
+        temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
+        micro_size = int(data.meta_info.get("micro_batch_size", micro_size))
+        engine.module.eval()
+        log_probs, entropies = [], []
+        with torch.no_grad():
+            for micro in micro_batches(data, micro_size):
+                lp, ent = response_log_probs_and_entropy(engine.module, micro, engine.device, temperature, with_entropy)
+                log_probs.append(lp.float().cpu())
+                if ent is not None:
+                    entropies.append(ent.float().cpu())
+        return torch.cat(log_probs), torch.cat(entropies) if with_entropy else None
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """Actor log-probs of the responses: `old_log_probs` [B, R] and `entropys` [B, R]."""
+        engine = self._engine("actor", "compute_log_prob")
+        micro = self.config["rollout"]["log_prob_micro_batch_size_per_gpu"]
+        log_probs, entropy = self._log_probs(engine, data, micro, True, "compute_log_prob")
+        return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy})
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """Reference-policy log-probs of the responses: `ref_log_prob` [B, R]."""
+        engine = self._engine("ref", "compute_ref_log_prob")
+        micro = self.config["ref"]["log_prob_micro_batch_size_per_gpu"]
+        log_probs, _ = self._log_probs(engine, data, micro, False, "compute_ref_log_prob")
+        return DataProto.from_dict({"ref_log_prob": log_probs})
+
+    # ---- training -------------------------------------------------------------------------------------
+    @register(Dispatch.DP_COMPUTE_METRIC)
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        """PPO update on this rank's share; returns metrics averaged over micro-batches and ranks."""
+        engine = self._engine("actor", "update_actor")
+        actor_cfg = self.config["actor"]
+        require_batch_keys(data, required_update_keys(actor_cfg), "update_actor")
+        temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
+
+        def loss_fn(micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+            return actor_micro_loss(engine.module, micro, engine.device, temperature, actor_cfg)
+
+        metrics = run_ppo_updates(
+            engine,
+            data,
+            loss_fn,
+            epochs=actor_cfg["ppo_epochs"],
+            mini_batch_size=mini_batch_per_rank(actor_cfg["ppo_mini_batch_size"], self.world_size, "actor"),
+            micro_batch_size=actor_cfg["ppo_micro_batch_size_per_gpu"],
+            grad_clip=actor_cfg["grad_clip"],
+            loss_agg_mode=actor_cfg["loss_agg_mode"],
+            shuffle=actor_cfg["shuffle"],
+            seed=actor_cfg["seed"] + self.update_calls * actor_cfg["ppo_epochs"],
+            method="update_actor",
+        )
+        self.update_calls += 1
+        return metrics
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        """Sharded actor model + optimizer, LR schedule, RNG states and update counter (the ref is frozen)."""
+        self._engine("actor", "save_checkpoint").save_checkpoint(path, {"update_calls": self.update_calls})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        extra = self._engine("actor", "load_checkpoint").load_checkpoint(path)
+        self.update_calls = int(extra["update_calls"])
+
+    @register(Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str) -> None:
+        """Write the actor (the ref for role "ref") as an HF checkpoint; rank 0 writes, all ranks gather."""
+        self._engine("actor" if self.actor is not None else "ref", "export_hf").export_hf(path)

@@ -1,0 +1,119 @@
+"""`CriticWorker`: a token-level value model (HF token classification, one label) trained on returns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AutoModelForTokenClassification
+
+from protocol import DataProto
+from single_controller import Dispatch, Worker, register
+from trainer.algorithms import compute_value_loss, masked_mean
+from workers.config import critic_config, mini_batch_per_rank
+from workers.fsdp.dist_utils import check_same_length
+from workers.fsdp.engine import FSDPEngine
+from workers.fsdp.ppo_loop import run_ppo_updates
+from workers.fsdp.sequences import micro_batches, require_batch_keys, response_mask, response_values
+
+VALUE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+UPDATE_KEYS = (*VALUE_KEYS, "values", "returns")
+
+
+class CriticWorker(Worker):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = critic_config(config)
+        self.critic: FSDPEngine | None = None
+        self.update_calls = 0
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        self.init_process_group()
+        cfg = self.config
+        mini_batch_per_rank(cfg["ppo_mini_batch_size"], self.world_size, "critic")
+        # num_labels=1: one value per token. The head is new (seeded, so equal on all ranks); no dropout
+        # on it, or values in training would not match the values the advantages were computed from.
+        self.critic = FSDPEngine(
+            AutoModelForTokenClassification,
+            cfg["model"],
+            self.rank,
+            optim_cfg=cfg["optim"],
+            config_overrides={"num_labels": 1, "classifier_dropout": 0.0},
+            seed=cfg["seed"],
+        )
+
+    def _engine(self, method: str) -> FSDPEngine:
+        if self.critic is None:
+            raise RuntimeError(f"{method}: call init_model() first")
+        return self.critic
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """`values` [B, R]: the value of the state before each response token, 0 outside the response."""
+        engine = self._engine("compute_values")
+        require_batch_keys(data, VALUE_KEYS, "compute_values")
+        check_same_length(len(data), engine.device, "compute_values")
+        micro_size = int(data.meta_info.get("micro_batch_size", self.config["forward_micro_batch_size_per_gpu"]))
+        engine.module.eval()
+        values = []
+        with torch.no_grad():
+            for micro in micro_batches(data, micro_size):
+                v = response_values(engine.module, micro, engine.device).cpu()
+                values.append(v * response_mask(micro).to(v.dtype))
+        return DataProto.from_dict({"values": torch.cat(values)})
+
+    @register(Dispatch.DP_COMPUTE_METRIC)
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """Clipped value-loss updates toward `returns`; metrics averaged over micro-batches and ranks."""
+        engine = self._engine("update_critic")
+        cfg = self.config
+        require_batch_keys(data, UPDATE_KEYS, "update_critic")
+
+        def loss_fn(micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+            mask = response_mask(micro).to(engine.device)
+            vpreds = response_values(engine.module, micro, engine.device)
+            loss, clipfrac = compute_value_loss(
+                vpreds,
+                micro.batch["values"].to(engine.device),
+                micro.batch["returns"].to(engine.device),
+                mask,
+                cliprange_value=cfg["cliprange_value"],
+                loss_agg_mode=cfg["loss_agg_mode"],
+            )
+            metrics = {
+                "vf_loss": float(loss.detach()),
+                "vf_clipfrac": float(clipfrac),
+                "vpred_mean": float(masked_mean(vpreds.detach(), mask)),
+            }
+            return loss, metrics
+
+        metrics = run_ppo_updates(
+            engine,
+            data,
+            loss_fn,
+            epochs=cfg["ppo_epochs"],
+            mini_batch_size=mini_batch_per_rank(cfg["ppo_mini_batch_size"], self.world_size, "critic"),
+            micro_batch_size=cfg["ppo_micro_batch_size_per_gpu"],
+            grad_clip=cfg["grad_clip"],
+            loss_agg_mode=cfg["loss_agg_mode"],
+            shuffle=cfg["shuffle"],
+            seed=cfg["seed"] + self.update_calls * cfg["ppo_epochs"],
+            method="update_critic",
+        )
+        self.update_calls += 1
+        return metrics
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self._engine("save_checkpoint").save_checkpoint(path, {"update_calls": self.update_calls})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        extra = self._engine("load_checkpoint").load_checkpoint(path)
+        self.update_calls = int(extra["update_calls"])
+
+    @register(Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str) -> None:
+        """Write the value model as an HF token-classification checkpoint (rank 0 writes)."""
+        self._engine("export_hf").export_hf(path)

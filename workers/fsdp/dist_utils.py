@@ -1,0 +1,36 @@
+"""Small collectives the workers need: equal work on every rank, and metrics averaged over ranks."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def check_same_length(length: int, device: torch.device, method: str) -> None:
+    """Fail on every rank (instead of hanging in an FSDP all-gather) when ranks got different row counts.
+
+    The DP dispatch pads chunks to equal length, so this only fires for callers that bypass it; every
+    rank runs the same number of forward passes only if every rank holds the same number of rows.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    bounds = torch.tensor([length, -length], dtype=torch.int64, device=device)
+    dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
+    longest, shortest = int(bounds[0]), -int(bounds[1])
+    if longest != shortest:
+        raise ValueError(
+            f"{method}: ranks received between {shortest} and {longest} rows; FSDP needs the same number of "
+            "rows (hence forward passes) on every rank. Call it through the worker group's DP dispatch, which "
+            "pads the chunks to equal length"
+        )
+
+
+def mean_over_ranks(metrics: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Average each metric over all ranks (one all-reduce), so every rank returns the global value."""
+    if not metrics or not dist.is_initialized() or dist.get_world_size() == 1:
+        return dict(metrics)
+    keys = sorted(metrics)
+    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    values /= dist.get_world_size()
+    return {k: float(v) for k, v in zip(keys, values.tolist())}

@@ -1,0 +1,86 @@
+"""Device and dtype choice, and loading an HF model sharded with FSDP2 (`fully_shard`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import AutoConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def worker_device() -> torch.device:
+    """cuda:<current device> when a GPU is visible (the process group set it from local_rank), else cpu."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def compute_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The dtype forward passes run in; "auto" is bfloat16 on GPU and float32 on CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def device_mesh(device: torch.device) -> DeviceMesh:
+    """1-D mesh over every rank of the default process group (pure data parallel / ZeRO-3)."""
+    return init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+
+
+def transformer_layers(model: nn.Module) -> list[nn.Module]:
+    """Decoder layers of an HF model: the units sharded (and all-gathered) one at a time."""
+    for base in (getattr(model, getattr(model, "base_model_prefix", ""), None), getattr(model, "model", None), model):
+        layers = getattr(base, "layers", None)
+        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+            return list(layers)
+    raise ValueError(f"cannot find the decoder layers (a `layers` ModuleList) of {type(model).__name__}")
+
+
+def load_sharded_model(
+    auto_class: Any,
+    model_cfg: dict[str, Any],
+    device: torch.device,
+    trainable: bool,
+    config_overrides: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> nn.Module:
+    """`auto_class.from_pretrained(path)` sharded over all ranks with FSDP2.
+
+    Trainable models keep float32 master parameters and run forward/backward in the compute dtype through
+    `MixedPrecisionPolicy` (gradients reduced in float32). Frozen models are simply loaded in the compute
+    dtype. `seed` is set before loading so heads missing from the checkpoint (a new value or score head)
+    get the same initial values on every rank.
+    """
+    dtype = compute_dtype(model_cfg["dtype"], device)
+    load_dtype = torch.float32 if trainable else dtype
+    # Overrides go onto the config object: from_pretrained would hand unknown config keys to __init__.
+    config = AutoConfig.from_pretrained(model_cfg["path"])
+    for key, value in (config_overrides or {}).items():
+        setattr(config, key, value)
+    kwargs: dict[str, Any] = {"dtype": load_dtype, "config": config}
+    if model_cfg["attn_implementation"] is not None:
+        kwargs["attn_implementation"] = model_cfg["attn_implementation"]
+    torch.manual_seed(seed)
+    model = auto_class.from_pretrained(model_cfg["path"], **kwargs)
+    if trainable and model_cfg["enable_gradient_checkpointing"]:
+        # Non-reentrant checkpointing works with FSDP2's per-layer all-gathers in recomputation.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if model.config.pad_token_id is None and getattr(model.config, "eos_token_id", None) is not None:
+        eos = model.config.eos_token_id
+        model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
+    model.requires_grad_(trainable)
+
+    mesh = device_mesh(device)
+    shard_kwargs: dict[str, Any] = {"mesh": mesh}
+    if trainable and dtype != torch.float32:
+        shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    for layer in transformer_layers(model):
+        fully_shard(layer, **shard_kwargs)
+    fully_shard(model, **shard_kwargs)  # also moves parameters and buffers to the mesh's device
+    model.train(trainable)
+    return model

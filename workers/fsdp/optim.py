@@ -1,0 +1,59 @@
+"""AdamW, the warmup + constant/cosine LR schedule, and gradient clipping over sharded parameters."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def build_optimizer(model: nn.Module, optim_cfg: dict[str, Any]) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=optim_cfg["lr"],
+        betas=tuple(optim_cfg["betas"]),
+        eps=optim_cfg["eps"],
+        weight_decay=optim_cfg["weight_decay"],
+    )
+
+
+def lr_factor_fn(optim_cfg: dict[str, Any]) -> Callable[[int], float]:
+    """Multiplier of the base lr at scheduler step `step` (0 = first optimizer call).
+
+    Warmup ramps linearly to 1 over `warmup_steps` calls, starting at 1/warmup_steps so the first update
+    is not wasted; then the lr stays constant, or follows a cosine from 1 down to `min_lr_ratio` at
+    `total_training_steps`.
+    """
+    warmup = optim_cfg["warmup_steps"]
+    kind = optim_cfg["lr_scheduler"]
+    total = optim_cfg["total_training_steps"]
+    floor = optim_cfg["min_lr_ratio"]
+    if kind == "cosine" and total is None:
+        raise ValueError("optim.lr_scheduler='cosine' needs optim.total_training_steps (the trainer sets it)")
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: dict[str, Any]) -> LambdaLR:
+    return LambdaLR(optimizer, lr_factor_fn(optim_cfg))
+
+
+def clip_gradients(model: nn.Module, max_norm: float) -> float:
+    """Clip the global gradient norm (over all shards on all ranks) and return it before clipping."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)

@@ -1,0 +1,78 @@
+"""The PPO update schedule shared by the actor and the critic: epochs x mini-batches x micro-batches.
+
+Gradients of the micro-batches of one mini-batch are accumulated, then one clipped optimizer step is
+taken. Each micro-batch loss is weighted by its share of the mini-batch's aggregation units (tokens for
+"token-mean", non-empty sequences for the "seq-mean-*" modes), so accumulating over micro-batches gives
+the same gradient as one pass over the whole mini-batch (for equal-length rows this is micro/mini size).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+import torch
+
+from protocol import DataProto
+from workers.fsdp.dist_utils import check_same_length, mean_over_ranks
+from workers.fsdp.engine import FSDPEngine
+from workers.fsdp.sequences import response_mask
+
+# loss_fn(micro_batch) -> (scalar loss aggregated over the micro-batch, float metrics)
+MicroLossFn = Callable[[DataProto], tuple[torch.Tensor, dict[str, float]]]
+
+
+def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> float:
+    """How many units `agg_loss` averages over in a batch with this response mask."""
+    if loss_agg_mode == "token-mean":
+        return float(mask.sum())
+    return float((mask.sum(dim=-1) > 0).sum())
+
+
+def shuffled(data: DataProto, shuffle: bool, seed: int) -> DataProto:
+    if not shuffle:
+        return data
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))
+    return data[order]
+
+
+def run_ppo_updates(
+    engine: FSDPEngine,
+    data: DataProto,
+    loss_fn: MicroLossFn,
+    *,
+    epochs: int,
+    mini_batch_size: int,
+    micro_batch_size: int,
+    grad_clip: float,
+    loss_agg_mode: str,
+    shuffle: bool,
+    seed: int,
+    method: str,
+) -> dict[str, float]:
+    """Run the updates and return metrics averaged over micro-batches (grad_norm over steps) and ranks.
+
+    Every rank holds the same number of rows (checked), hence runs the same number of forward/backward
+    passes and optimizer steps, which FSDP's collectives need. The LR scheduler steps once per call.
+    """
+    check_same_length(len(data), engine.device, method)
+    engine.module.train()
+    collected: dict[str, list[float]] = defaultdict(list)
+    lr = engine.current_lr()
+    for epoch in range(epochs):
+        for mini in shuffled(data, shuffle, seed + epoch).split(mini_batch_size):
+            micros = mini.split(micro_batch_size)
+            units = [loss_units(response_mask(m), loss_agg_mode) for m in micros]
+            total = sum(units)
+            engine.zero_grad()
+            for micro, unit in zip(micros, units):
+                loss, metrics = loss_fn(micro)
+                scale = unit / total if total > 0 else len(micro) / len(mini)
+                (loss * scale).backward()
+                for key, value in metrics.items():
+                    collected[key].append(value)
+            collected["grad_norm"].append(engine.optimizer_step(grad_clip))
+    engine.lr_scheduler_step()
+    averaged = {key: sum(values) / len(values) for key, values in collected.items()}
+    averaged["lr"] = lr
+    return mean_over_ranks(averaged, engine.device)

@@ -1,0 +1,83 @@
+"""`RewardModelWorker`: a sequence-classification reward model scoring prompt+response token ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForSequenceClassification
+
+from protocol import DataProto
+from single_controller import Dispatch, Worker, register
+from workers.config import reward_model_config
+from workers.fsdp.dist_utils import check_same_length
+from workers.fsdp.engine import FSDPEngine
+from workers.fsdp.sequences import SEQUENCE_KEYS, micro_batches, require_batch_keys, response_mask
+
+SCORE_KEYS = (*SEQUENCE_KEYS, "responses")
+
+
+def score_head(model: nn.Module) -> nn.Module:
+    for name in ("score", "classifier"):
+        head = getattr(model, name, None)
+        if isinstance(head, nn.Module):
+            return head
+    raise ValueError(f"cannot find the score head (`score` or `classifier`) of {type(model).__name__}")
+
+
+def per_token_scores(model: nn.Module, micro: DataProto, device: torch.device) -> torch.Tensor:
+    """Score head output at every position [b, T].
+
+    HF pools at the rightmost token that differs from the pad id, which is wrong when a real token equals
+    the pad id; reading the head's per-token output (a hook inside the FSDP root forward, where the
+    parameters are gathered) lets us pick the position ourselves.
+    """
+    captured: list[torch.Tensor] = []
+    handle = score_head(model).register_forward_hook(lambda _m, _i, out: captured.append(out))
+    try:
+        model(**{k: micro.batch[k].to(device) for k in SEQUENCE_KEYS}, use_cache=False)
+    finally:
+        handle.remove()
+    return captured[0][..., 0].float()
+
+
+class RewardModelWorker(Worker):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = reward_model_config(config)
+        self.reward_model: FSDPEngine | None = None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        self.init_process_group()
+        self.reward_model = FSDPEngine(
+            AutoModelForSequenceClassification,
+            self.config["model"],
+            self.rank,
+            config_overrides={"num_labels": 1},
+            seed=self.config["seed"],
+        )
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """`rm_scores` [B, R]: the model's score at the last valid response token, 0 elsewhere."""
+        if self.reward_model is None:
+            raise RuntimeError("compute_rm_score: call init_model() first")
+        engine = self.reward_model
+        require_batch_keys(data, SCORE_KEYS, "compute_rm_score")
+        check_same_length(len(data), engine.device, "compute_rm_score")
+        micro_size = int(data.meta_info.get("micro_batch_size", self.config["micro_batch_size_per_gpu"]))
+        engine.module.eval()
+        outputs = []
+        with torch.no_grad():
+            for micro in micro_batches(data, micro_size):
+                scores = per_token_scores(engine.module, micro, engine.device).cpu()
+                mask = response_mask(micro)
+                length = mask.shape[1]
+                last = (mask.sum(dim=1) - 1).clamp(min=0)  # index of the last valid response token
+                rows = torch.arange(len(micro))
+                token_scores = torch.zeros(len(micro), length, dtype=torch.float32)
+                token_scores[rows, last] = scores[:, -length:][rows, last]
+                outputs.append(token_scores)
+        return DataProto.from_dict({"rm_scores": torch.cat(outputs)})

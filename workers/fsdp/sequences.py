@@ -1,0 +1,67 @@
+"""Forward passes over prompt+response batches, aligned to the response tokens.
+
+A row is `input_ids` = prompt (P, left-padded) + response (R, right-padded). The output at position t
+predicts token t+1, so the R response tokens are scored by the outputs at positions P-1 .. P+R-2, i.e.
+`out[:, -R-1:-1]`. Log-probs, entropies and values all use that alignment.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from protocol import DataProto
+from trainer.algorithms import entropy_from_logits, log_probs_from_logits
+
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+def require_batch_keys(data: DataProto, keys: tuple[str, ...] | list[str], method: str) -> None:
+    present = set(data.batch.keys())
+    missing = [k for k in keys if k not in present]
+    if missing:
+        raise KeyError(f"{method} needs batch keys {list(keys)}; missing {missing} (batch has {sorted(present)})")
+
+
+def response_mask(data: DataProto) -> torch.Tensor:
+    """`response_mask` if the batch has one, else the response part of `attention_mask`."""
+    if "response_mask" in data.batch.keys():
+        return data.batch["response_mask"]
+    length = data.batch["responses"].shape[1]
+    return data.batch["attention_mask"][:, -length:]
+
+
+def micro_batches(data: DataProto, size: int) -> Iterator[DataProto]:
+    yield from data.split(size)
+
+
+def _sequence_inputs(micro: DataProto, device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: micro.batch[k].to(device) for k in SEQUENCE_KEYS}
+
+
+def response_logits(model: nn.Module, micro: DataProto, device: torch.device, temperature: float) -> torch.Tensor:
+    """Logits [b, R, vocab] predicting each response token, divided by the sampling temperature."""
+    length = micro.batch["responses"].shape[1]
+    # logits_to_keep: the LM head runs on the last R+1 positions only, not on the prompt.
+    out = model(**_sequence_inputs(micro, device), use_cache=False, logits_to_keep=length + 1)
+    return out.logits[:, :-1] / temperature
+
+
+def response_log_probs_and_entropy(
+    model: nn.Module, micro: DataProto, device: torch.device, temperature: float, with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(response token) [b, R] (float32 for half-precision logits) and the entropy [b, R] or None."""
+    logits = response_logits(model, micro, device, temperature)
+    responses = micro.batch["responses"].to(device)
+    log_probs = log_probs_from_logits(logits, responses)
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return log_probs, entropy
+
+
+def response_values(model: nn.Module, micro: DataProto, device: torch.device) -> torch.Tensor:
+    """Value head output [b, R] for the state before each response token (a token-classification model)."""
+    length = micro.batch["responses"].shape[1]
+    out = model(**_sequence_inputs(micro, device), use_cache=False)
+    return out.logits[:, -length - 1 : -1, 0].float()
