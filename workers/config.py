@@ -119,11 +119,11 @@ def _ppo_spec() -> dict[str, Any]:
         "grad_clip": Field(1.0, _float(0.0, low_open=True), "a float > 0"),
         "loss_agg_mode": Field("token-mean", _one_of(*LOSS_AGG_MODES), f"one of {list(LOSS_AGG_MODES)}"),
         "shuffle": Field(True, _bool, "a bool"),
-        "seed": Field(0, _int(0), "an int >= 0 (mini-batch shuffling)"),
     }
 
 
 ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
+    "seed": Field(0, _int(0), "an int >= 0 (mini-batch shuffling; sampling adds the rank)"),
     "model": MODEL_SPEC,
     "actor": {
         "optim": optim_spec(1e-6),
@@ -137,6 +137,8 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "kl_loss_type": Field("low_var_kl", _one_of(*KL_PENALTY_NAMES), f"one of {list(KL_PENALTY_NAMES)}"),
     },
     "rollout": {
+        "name": Field("hf", _one_of("hf"), "'hf' (HF generate on the FSDP model)"),
+        "n": Field(1, _int(1), "an int >= 1 (responses per prompt; the driver repeats the prompts)"),
         "temperature": Field(1.0, _float(0.0, low_open=True), "a float > 0"),
         "top_p": Field(1.0, _float(0.0, 1.0, low_open=True), "a float in (0, 1]"),
         "top_k": Field(0, _int(0), "an int >= 0 (0 = off)"),
@@ -145,7 +147,6 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "eos_token_id": Field(None, _optional(_token_ids), "None (from the model) or an int / list of ints"),
         "pad_token_id": Field(None, _optional(_int(0)), "None (from the model) or an int"),
         "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
-        "seed": Field(0, _int(0), "an int >= 0 (sampling; each rank adds its rank)"),
     },
     "ref": {
         "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
@@ -153,18 +154,18 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
 }
 
 CRITIC_SPEC: dict[str, Any] = {
+    "seed": Field(0, _int(0), "an int >= 0 (value-head init and mini-batch shuffling)"),
     "model": MODEL_SPEC,
     "optim": optim_spec(1e-5),
     **_ppo_spec(),
     "forward_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
     "cliprange_value": Field(0.5, _float(0.0), "a float >= 0"),
-    "seed": Field(0, _int(0), "an int >= 0 (value-head init and mini-batch shuffling)"),
 }
 
 REWARD_MODEL_SPEC: dict[str, Any] = {
+    "seed": Field(0, _int(0), "an int >= 0 (init of a score head missing from the checkpoint)"),
     "model": MODEL_SPEC,
     "micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
-    "seed": Field(0, _int(0), "an int >= 0 (init of a score head missing from the checkpoint)"),
 }
 
 

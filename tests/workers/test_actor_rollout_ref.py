@@ -99,6 +99,18 @@ def test_uneven_eos_across_ranks_does_not_hang(actor_group):
     pytest.fail("no call had ranks finishing at different steps; raise the temperature or the length")
 
 
+def test_meta_info_seed_makes_sampling_reproducible(actor_group):
+    def sample(seed: int) -> torch.Tensor:
+        prompts = random_prompts(4, [3, 5], seed=8)
+        prompts.meta_info["seed"] = seed
+        return actor_group.generate_sequences(prompts).batch["responses"]
+
+    first = sample(11)
+    actor_group.generate_sequences(random_prompts(2, [4], seed=9))  # moves the workers' global RNG
+    assert torch.equal(sample(11), first)
+    assert not torch.equal(sample(12), first)
+
+
 def test_log_probs_match_plain_hf_model_and_ref(actor_group, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 

@@ -14,6 +14,7 @@ def test_defaults_are_filled_and_values_normalised():
     assert config["actor"]["optim"]["lr"] == 1.0 and isinstance(config["actor"]["optim"]["lr"], float)
     assert config["actor"]["ppo_epochs"] == 1 and config["actor"]["loss_agg_mode"] == "token-mean"
     assert config["rollout"]["response_length"] == 512 and config["rollout"]["do_sample"] is True
+    assert config["seed"] == 0 and config["rollout"]["name"] == "hf" and config["rollout"]["n"] == 1
     assert config["ref"]["log_prob_micro_batch_size_per_gpu"] == 8
     assert critic_config({"model": {"path": "/m"}})["cliprange_value"] == 0.5
     assert reward_model_config({"model": {"path": "/m"}})["micro_batch_size_per_gpu"] == 8
@@ -32,7 +33,7 @@ def test_user_dict_is_not_modified_and_omegaconf_is_accepted():
 def test_unknown_key_lists_valid_keys():
     with pytest.raises(ValueError, match=r"unknown config key\(s\) \['lrr'\] in section 'actor.optim'.*'lr'"):
         actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"optim": {"lrr": 1e-3}}})
-    with pytest.raises(ValueError, match=r"\['critic'\] at the top level; valid keys: \['actor', 'model', 'ref', 'rollout'\]"):
+    with pytest.raises(ValueError, match=r"\['critic'\] at the top level; valid keys: \['actor', 'model', 'ref', 'rollout', 'seed'\]"):
         actor_rollout_ref_config({"model": {"path": "/m"}, "critic": {}})
 
 

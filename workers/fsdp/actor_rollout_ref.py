@@ -19,14 +19,15 @@ from workers.config import actor_rollout_ref_config, mini_batch_per_rank
 from workers.fsdp.actor_loss import actor_micro_loss, required_update_keys
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.generation import SamplingParams, generate_responses, model_token_ids
+from workers.fsdp.generation import SamplingParams, generate_responses, model_token_ids, seeded_sampling
 from workers.fsdp.ppo_loop import run_ppo_updates
 from workers.fsdp.sequences import micro_batches, require_batch_keys, response_log_probs_and_entropy
 
 ROLES = ("actor_rollout", "actor_rollout_ref", "ref")
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-# meta_info keys a generate_sequences call may set to override the rollout config (e.g. greedy validation).
+# meta_info keys a generate_sequences call may set to override the rollout config (e.g. greedy validation);
+# meta_info["seed"] (optional) makes the call's sampling depend only on (seed, rank).
 GENERATION_OVERRIDES = ("do_sample", "temperature", "top_p", "top_k")
 
 
@@ -54,7 +55,7 @@ class ActorRolloutRefWorker(Worker):
         if self.role in ("actor_rollout_ref", "ref"):
             self.ref = FSDPEngine(AutoModelForCausalLM, cfg["model"], self.rank)
         # Each rank samples from its own stream, reproducibly.
-        torch.manual_seed(cfg["rollout"]["seed"] + self.rank)
+        torch.manual_seed(cfg["seed"] + self.rank)
 
     def _engine(self, which: str, method: str) -> FSDPEngine:
         engine = self.actor if which == "actor" else self.ref
@@ -91,7 +92,8 @@ class ActorRolloutRefWorker(Worker):
         check_same_length(len(prompts), engine.device, "generate_sequences")
         engine.module.eval()
         inputs = {k: prompts.batch[k].to(engine.device) for k in PROMPT_KEYS}
-        result = generate_responses(engine.module, inputs, params, synced=self.world_size > 1)
+        with seeded_sampling(prompts.meta_info.get("seed"), self.rank, engine.device):
+            result = generate_responses(engine.module, inputs, params, synced=self.world_size > 1)
         generated = DataProto.from_dict({k: v.cpu() for k, v in result.items()})
         carried = prompts.select(batch_keys=[k for k in prompts.batch.keys() if k not in result])
         return carried.union(generated)
@@ -152,7 +154,7 @@ class ActorRolloutRefWorker(Worker):
             grad_clip=actor_cfg["grad_clip"],
             loss_agg_mode=actor_cfg["loss_agg_mode"],
             shuffle=actor_cfg["shuffle"],
-            seed=actor_cfg["seed"] + self.update_calls * actor_cfg["ppo_epochs"],
+            seed=self.config["seed"] + self.update_calls * actor_cfg["ppo_epochs"],
             method="update_actor",
         )
         self.update_calls += 1

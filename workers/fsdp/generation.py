@@ -25,7 +25,7 @@ class SamplingParams:
     def generation_config(self) -> GenerationConfig:
         # A fresh config: nothing from the checkpoint's generation_config.json (top_k=50, repetition
         # penalties, ...) changes the distribution that the PPO log-probs assume.
-        sampling = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k} if self.do_sample else {}
+        sampling = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
         return GenerationConfig(
             do_sample=self.do_sample,
             max_new_tokens=self.response_length,
@@ -33,7 +33,7 @@ class SamplingParams:
             pad_token_id=self.pad_token_id,
             num_beams=1,
             use_cache=True,
-            **sampling,
+            **(sampling if self.do_sample else {}),
         )
 
 
@@ -62,6 +62,18 @@ def gathered_parameters(model: nn.Module) -> Iterator[None]:
         for unit in units:
             unit.reshard()
             unit.set_reshard_after_forward(True, recurse=False)
+
+
+@contextlib.contextmanager
+def seeded_sampling(seed: int | None, rank: int, device: torch.device) -> Iterator[None]:
+    """With a per-call seed, sample from a private RNG stream that depends only on (seed, rank), so a
+    step's rollout is reproducible whatever ran before; the global RNG streams are left as they were."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
+        torch.manual_seed((int(seed) * 1_000_003 + rank) % (2**63))
+        yield
 
 
 def response_mask_from_eos(responses: torch.Tensor, eos_token_ids: tuple[int, ...]) -> torch.Tensor:

@@ -1,0 +1,24 @@
+import pytest
+
+from trainer.datasets.synthetic import write_synthetic_dataset
+from trainer.tiny_model import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory):
+    """The embedded tiny model and the learnable synthetic task, built once per session."""
+    root = tmp_path_factory.mktemp("assets")
+    model = build_tiny_model(root / "model", seed=0)
+    train, val = write_synthetic_dataset(root / "data", train_size=512, val_size=32, seed=0)
+    return {"model": str(model), "train": str(train), "val": str(val)}
+
+
+def run_overrides(assets: dict, out_dir, *extra: str) -> list[str]:
+    return [
+        f"actor_rollout_ref.model.path={assets['model']}",
+        f"data.train_files={assets['train']}",
+        f"data.val_files={assets['val']}",
+        f"trainer.default_local_dir={out_dir}",
+        "trainer.logger=[jsonl]",
+        *extra,
+    ]
