@@ -1,4 +1,4 @@
-"""`ActorRolloutRefWorker`: the policy (trained with PPO), its HF-generate rollout and the frozen reference.
+"""`ActorRolloutRefWorker`: the policy (trained with PPO or DPO), its HF-generate rollout and the frozen reference.
 
 Roles:
     "actor_rollout"      the trainable policy; generates and computes its own log-probs
@@ -18,6 +18,7 @@ from single_controller import Dispatch, Worker, register
 from workers.config import actor_rollout_ref_config, mini_batch_per_rank
 from workers.fsdp.actor_loss import actor_micro_loss, required_update_keys
 from workers.fsdp.dist_utils import check_same_length
+from workers.fsdp.dpo_update import PAIR_KEYS, DPOSettings, run_dpo_update
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.generation import SamplingParams, generate_responses, model_token_ids, seeded_sampling
 from workers.fsdp.ppo_loop import run_ppo_updates
@@ -159,6 +160,24 @@ class ActorRolloutRefWorker(Worker):
         )
         self.update_calls += 1
         return metrics
+
+    @register(Dispatch.DP_COMPUTE_METRIC)
+    def update_actor_dpo(self, pairs: DataProto) -> dict[str, float]:
+        """DPO update on preference pairs packed one per row (layout in `workers/fsdp/dpo_update.py`); the
+        loss settings come in `meta_info["dpo"]` ({beta, loss_type, label_smoothing, epochs}). Log-probs use
+        the same temperature rule as `compute_ref_log_prob`, so policy and reference are comparable.
+        Generation runs on this same model, so the next `generate_sequences` samples from the new weights."""
+        engine = self._engine("actor", "update_actor_dpo")
+        require_batch_keys(pairs, PAIR_KEYS, "update_actor_dpo")
+        temperature = float(pairs.meta_info.get("temperature", self.config["rollout"]["temperature"]))
+        return run_dpo_update(
+            engine,
+            pairs,
+            DPOSettings.from_meta(pairs.meta_info.get("dpo")),
+            micro_batch_size=int(pairs.meta_info.get("micro_batch_size", self.config["actor"]["ppo_micro_batch_size_per_gpu"])),
+            grad_clip=self.config["actor"]["grad_clip"],
+            temperature=temperature,
+        )
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)
