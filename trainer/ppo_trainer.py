@@ -51,6 +51,10 @@ class PPOTrainer:
                 rollout = self._add_greedy_baseline(batch, rollout, n)
         with timer("reward"):
             scores, reward_metrics = self.reward_fn(rollout)
+            if self.roles.reward_model is not None:
+                rm_scores = self.roles.reward_model.compute_rm_score(rollout).batch["rm_scores"]
+                reward_metrics["reward_model_mean"] = float(rm_scores.sum(-1).mean())
+                scores = scores + rm_scores
             rollout.batch["token_level_scores"] = scores
         with timer("old_log_prob"):
             rollout = rollout.union(actor.compute_log_prob(rollout))

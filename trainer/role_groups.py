@@ -36,17 +36,28 @@ def critic_worker_config(cfg: DictConfig) -> dict[str, Any]:
     return section
 
 
+def reward_model_worker_config(cfg: DictConfig) -> dict[str, Any]:
+    section = OmegaConf.to_container(cfg.reward.reward_model, resolve=True)
+    section.pop("enable")
+    if not section["model"]["path"]:
+        raise ValueError("reward.reward_model.enable=true needs reward.reward_model.model.path (a Hugging Face model folder)")
+    section["seed"] = cfg.trainer.seed
+    return section
+
+
 @dataclass
 class RoleGroups:
     actor: RayWorkerGroup
     critic: RayWorkerGroup | None
     uses_reference: bool
     pools: list[RayResourcePool]
+    reward_model: RayWorkerGroup | None = None
 
     @classmethod
     def build(cls, cfg: DictConfig) -> "RoleGroups":
         from workers.fsdp.actor_rollout_ref import ActorRolloutRefWorker
         from workers.fsdp.critic import CriticWorker
+        from workers.fsdp.reward_model import RewardModelWorker
 
         algo = cfg.algorithm
         uses_reference = bool(algo.use_kl_loss or algo.use_kl_in_reward)
@@ -55,26 +66,31 @@ class RoleGroups:
             ActorRolloutRefWorker, config=actor_worker_config(cfg), role="actor_rollout_ref" if uses_reference else "actor_rollout"
         )
         critic_cls = RayClassWithInitArgs(CriticWorker, config=critic_worker_config(cfg)) if uses_critic else None
+        rm_cls = (
+            RayClassWithInitArgs(RewardModelWorker, config=reward_model_worker_config(cfg))
+            if cfg.reward.reward_model.enable
+            else None
+        )
+        extra_roles = {name: c for name, c in (("critic", critic_cls), ("reward_model", rm_cls)) if c is not None}
 
         def new_pool(name: str) -> RayResourcePool:
             return RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=use_gpu(cfg), name_prefix=name)
 
         if cfg.trainer.placement == "colocated":
             pool = new_pool("all_roles_")
-            role_classes = {"actor": actor_cls, **({"critic": critic_cls} if critic_cls else {})}
+            role_classes = {"actor": actor_cls, **extra_roles}
             views = RayWorkerGroup(pool, create_colocated_worker_cls(role_classes), name_prefix="roles").spawn()
-            groups = cls(views["actor"], views.get("critic"), uses_reference, [pool])
+            groups = cls(views["actor"], views.get("critic"), uses_reference, [pool], views.get("reward_model"))
         else:
             pools = [new_pool("actor_")]
-            actor = RayWorkerGroup(pools[0], actor_cls, name_prefix="actor")
-            critic = None
-            if critic_cls:
-                pools.append(new_pool("critic_"))
-                critic = RayWorkerGroup(pools[1], critic_cls, name_prefix="critic")
-            groups = cls(actor, critic, uses_reference, pools)
-        groups.actor.init_model()
-        if groups.critic is not None:
-            groups.critic.init_model()
+            separate = {"actor": RayWorkerGroup(pools[0], actor_cls, name_prefix="actor")}
+            for name, role_cls in extra_roles.items():
+                pools.append(new_pool(f"{name}_"))
+                separate[name] = RayWorkerGroup(pools[-1], role_cls, name_prefix=name)
+            groups = cls(separate["actor"], separate.get("critic"), uses_reference, pools, separate.get("reward_model"))
+        for group in (groups.actor, groups.critic, groups.reward_model):
+            if group is not None:
+                group.init_model()
         return groups
 
     def save(self, folder: Path) -> None:

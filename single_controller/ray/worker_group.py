@@ -20,7 +20,7 @@ from single_controller.ray.class_with_args import RayClassWithInitArgs, plain_cl
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.ray.waiting import wait_for_outputs
 from single_controller.shards import ExclusiveChunk, JoinablePart, PaddedShard
-from single_controller.worker import NodeInfo
+from single_controller.worker import NodeInfo, Worker
 
 DETACHED_NAMESPACE = "single_controller"
 INIT_TIMEOUT_S = 180.0
@@ -53,6 +53,10 @@ class RayWorkerGroup:
             raise ValueError(
                 "RayWorkerGroup needs a resource_pool to create workers; to attach to a detached group "
                 "use RayWorkerGroup.from_detached(name_prefix, worker_class)"
+            )
+        if not issubclass(ray_cls_with_init.cls, Worker):
+            raise TypeError(
+                f"{ray_cls_with_init.cls.__qualname__} must subclass single_controller.Worker to run in a worker group"
             )
         self.name = name_prefix or f"{ray_cls_with_init.cls.__name__}_{uuid.uuid4().hex[:8]}"
         self.detached = detached

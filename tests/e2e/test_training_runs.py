@@ -59,3 +59,16 @@ def test_resume_reproduces_a_straight_run(ray_cluster, tiny_assets, tmp_path):
     assert _comparable(first + second) == _comparable(straight)
     logged = [json.loads(l)["step"] for l in (tmp_path / "resumed" / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert logged == [1, 2, 3, 4]
+
+
+def test_reward_model_group_scores_beside_rule_rewards(ray_cluster, tiny_assets, tmp_path):
+    cfg = load_config(run_overrides(
+        tiny_assets, tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=-1",
+        "trainer.val_before_train=false", "trainer.save_at_end=false",
+        "reward.reward_model.enable=true", f"reward.reward_model.model.path={tiny_assets['model']}",
+    ))
+    history = run(cfg)
+    assert len(history) == 2
+    for record in history:
+        assert np.isfinite(record["reward/reward_model_mean"]) and record["reward/reward_model_mean"] != 0.0
+        assert np.isfinite(record["reward/mean"])

@@ -88,3 +88,11 @@ def test_attach_to_missing_detached_group_is_clear(ray_cluster):
 def test_detached_group_requires_detached_pool(cpu_pool_2):
     with pytest.raises(ValueError, match="detached pool"):
         RayWorkerGroup(cpu_pool_2, RayClassWithInitArgs(EchoWorker), name_prefix="x", detached=True)
+
+
+def test_worker_class_must_subclass_worker(cpu_pool_2):
+    class NotAWorker:
+        pass
+
+    with pytest.raises(TypeError, match="must subclass single_controller.Worker"):
+        RayWorkerGroup(cpu_pool_2, RayClassWithInitArgs(NotAWorker))
