@@ -72,3 +72,17 @@ def test_reward_model_group_scores_beside_rule_rewards(ray_cluster, tiny_assets,
     for record in history:
         assert np.isfinite(record["reward/reward_model_mean"]) and record["reward/reward_model_mean"] != 0.0
         assert np.isfinite(record["reward/mean"])
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "reinforce_pp", "remax"])
+def test_other_estimators_run_a_step(ray_cluster, tiny_assets, tmp_path, algorithm):
+    cfg = load_config(run_overrides(
+        tiny_assets, tmp_path, f"algorithm={algorithm}", "trainer.total_training_steps=1", "trainer.test_freq=-1",
+        "trainer.val_before_train=false", "trainer.save_at_end=false",
+    ))
+    (record,) = run(cfg)
+    assert np.isfinite(record["actor/pg_loss"]) and np.isfinite(record["advantage/mean"])
+    if algorithm == "remax":
+        assert record["timing/generate_baseline_s"] > 0
+    if cfg.algorithm.use_kl_in_reward:
+        assert "actor/reward_kl_penalty" in record
