@@ -124,7 +124,7 @@ class PPOTrainer:
     # ---- checkpoints -----------------------------------------------------------------------------------
     def save(self) -> Path:
         state = {"global_step": self.global_step, "dataloader": self.train_loader.state_dict(), "kl_coef": self.kl_ctrl.value}
-        return checkpointing.save_checkpoint(self.checkpoint_root, self.global_step, state, self.roles.save, self.cfg.trainer.get("max_ckpt_to_keep"))
+        return checkpointing.save_checkpoint(self.checkpoint_root, self.global_step, state, self.roles.save, self.cfg.trainer.max_ckpt_to_keep)
 
     def maybe_resume(self) -> None:
         path = checkpointing.find_resume_dir(self.checkpoint_root, str(self.cfg.trainer.resume_mode))
