@@ -287,9 +287,21 @@ class DataProto:
         other_layout, other_leaves = flatten_tensordict(other.batch)
         own = dict(own_leaves)
         own_nested = {p for p, _ in own_layout.nested}
+        own_devices = {t.device for _, t in own_leaves}
         for path, tensor in other_leaves:
             if path in own_nested:
                 raise ValueError(f"union: batch key {'.'.join(path)!r} is a tensor in one DataProto and nested in the other")
+            if path not in own and len(own_devices) == 1 and tensor.device not in own_devices:
+                (device,) = own_devices  # a mixed-device batch would fail later, far from here
+                raise ValueError(
+                    f"union: batch key {'.'.join(path)!r} is on {tensor.device} but this DataProto's tensors are on "
+                    f"{device}; move one of them first, e.g. other.to({str(device)!r})"
+                )
+            if path in own and own[path].dtype != tensor.dtype:
+                raise ValueError(
+                    f"union: batch key {'.'.join(path)!r} is in both DataProtos with different dtypes "
+                    f"({_describe_tensor(own[path])} vs {_describe_tensor(tensor)})"
+                )
             if path in own and not tensors_equal(own[path], tensor):
                 raise ValueError(f"union: batch key {'.'.join(path)!r} is in both DataProtos with different values")
         for path, _ in other_layout.nested:
@@ -336,6 +348,7 @@ class DataProto:
                 raise ValueError(
                     f"concat: item 0 has non_tensor_batch keys {first_non_tensor} but item {i} has {non_tensor_keys}"
                 )
+        _check_concat_leaves(items)
         batch = torch.cat([item.batch for item in items], dim=0)
         non_tensor = {k: np.concatenate([item.non_tensor_batch[k] for item in items]) for k in items[0].non_tensor_batch}
         return DataProto(batch, non_tensor, dict(items[0].meta_info))
@@ -455,6 +468,24 @@ def _common_length(tensors: dict[str, Any], non_tensors: dict[str, np.ndarray]) 
                     f"{kind}s[{key!r}] has length {shape[0]} but {reference[0]!r} has length {reference[1]}"
                 )
     return reference[1] if reference else 0
+
+
+def _describe_tensor(tensor: torch.Tensor) -> str:
+    return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)} on {tensor.device}"
+
+
+def _check_concat_leaves(items: list[DataProto]) -> None:
+    """Same dtype, device and per-row shape for each batch key, else an error naming the key and item
+    (torch.cat would silently promote dtypes, and its shape/device errors do not name the key)."""
+    first = dict(flatten_tensordict(items[0].batch)[1])
+    for i, item in enumerate(items[1:], start=1):
+        for path, tensor in flatten_tensordict(item.batch)[1]:
+            ref = first[path]
+            if ref.dtype != tensor.dtype or ref.device != tensor.device or ref.shape[1:] != tensor.shape[1:]:
+                raise ValueError(
+                    f"concat: batch key {'.'.join(path)!r} is {_describe_tensor(ref)} in item 0 but "
+                    f"{_describe_tensor(tensor)} in item {i}; convert one of them first (tensor.to(...), padding)"
+                )
 
 
 def _batch_key_list(keys: KeyArg) -> list[BatchKey] | None:

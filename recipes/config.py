@@ -33,6 +33,8 @@ def validate_dpo(section: DictConfig) -> None:
         problems.append(f"dpo.label_smoothing={section.label_smoothing!r} must be in [0, 0.5)")
     elif section.label_smoothing and section.loss_type != "sigmoid":
         problems.append("dpo.label_smoothing applies to dpo.loss_type=sigmoid only")
+    if section.normalize_by not in ("prompts", "pairs"):
+        problems.append(f"dpo.normalize_by={section.normalize_by!r} is not valid; choose one of ['prompts', 'pairs']")
     if isinstance(section.epochs, bool) or not isinstance(section.epochs, int) or section.epochs < 1:
         problems.append(f"dpo.epochs={section.epochs!r} must be a positive integer")
     if problems:

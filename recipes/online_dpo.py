@@ -70,7 +70,9 @@ class OnlineDPO:
                 pairs.batch["chosen_ref_logps"], pairs.batch["rejected_ref_logps"] = ref[: len(chosen)], ref[len(chosen) :]
             with timer("update_actor"):  # 5. DPO step; the generator is this same model
                 pairs = pad_for_ranks(pairs, actor.world_size)
-                pairs.meta_info["dpo"] = as_dict(self.cfg.dpo)
+                settings = as_dict(self.cfg.dpo)
+                per_prompt = settings.pop("normalize_by") == "prompts"  # dropped prompts count as zero loss
+                pairs.meta_info["dpo"] = {**settings, "loss_denominator": len(batch) if per_prompt else None}
                 metrics.update({f"dpo/{k}": v for k, v in actor.update_actor_dpo(pairs)[0].items()})
         return {**metrics, **timer.metrics(), "timing/step_s": sum(timer.seconds.values())}
 

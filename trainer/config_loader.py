@@ -83,6 +83,16 @@ _POSITIVE_INTS = (
     "trainer.nnodes",
 )
 _LOGGERS = ("console", "jsonl", "tensorboard")
+# Keys that are null (off) or a positive number of the given kind.
+_OPTIONAL_POSITIVE = {"trainer.call_timeout_s": (int, float), "trainer.max_ckpt_to_keep": (int,)}
+
+
+def _optional_positive(cfg: DictConfig, key: str, kind: tuple[type, ...]) -> str:
+    value = OmegaConf.select(cfg, key)
+    if value is None or (isinstance(value, kind) and not isinstance(value, bool) and value > 0):
+        return ""
+    what = "integer" if kind == (int,) else "number"
+    return f"{key}={value!r} must be null (off) or a positive {what}"
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -96,6 +106,8 @@ def validate_config(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             problems.append(f"{key}={value!r} must be a positive integer")
+    problems.extend(_optional_positive(cfg, key, kind) for key, kind in _OPTIONAL_POSITIVE.items())
+    problems = [p for p in problems if p]
     bad_loggers = [name for name in cfg.trainer.logger if name not in _LOGGERS]
     if bad_loggers:
         problems.append(f"trainer.logger has unknown entries {bad_loggers}; valid are {list(_LOGGERS)}")

@@ -47,6 +47,12 @@ def init_ray(cfg: DictConfig) -> None:
         ray.init(runtime_env=runtime_env)
         return
     workers = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    # On Linux Ray turns 127.0.0.1 into the machine's address and listens on every interface; in its
+    # one-machine mode (the flag below, inherited by Ray's own processes) every port stays on loopback.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] not in ("0", "false", "False")
     ray.init(
         address="local",
         num_cpus=cfg.trainer.ray_num_cpus or max(os.cpu_count() or 1, 2 * workers + 2),
@@ -58,23 +64,22 @@ def init_ray(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig) -> list[dict[str, Any]]:
     """Build data, reward, worker groups and tracker from `cfg`, then train; returns the metric history."""
-    from transformers import AutoTokenizer
-
     from trainer.data import RLDataset, collate_to_dataproto, make_dataloader
+    from trainer.data_counts import StepCountsTracker, describe, prompt_counts
     from trainer.ppo_trainer import PPOTrainer
+    from trainer.preflight import check_inputs, load_tokenizer
     from trainer.rewards import RuleRewardManager, load_reward_function
     from trainer.role_groups import RoleGroups
-    from trainer.tracking import Tracker
 
     ensure_default_assets(cfg)
+    check_inputs(cfg)  # bad paths fail here, in seconds, before Ray starts
     init_ray(cfg)
-    model_path = cfg.actor_rollout_ref.model.path
-    if not Path(model_path).is_dir():
-        raise FileNotFoundError(f"actor_rollout_ref.model.path={model_path!r} is not a folder (a Hugging Face model folder is expected)")
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
     data = cfg.data
     train_set = RLDataset(data.train_files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key, truncation=data.truncation)
     train_loader = make_dataloader(train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=True)
+    counts = prompt_counts(train_set)
+    print(describe(counts, data.max_prompt_length, data.truncation))
     val_batches = []
     if data.val_files:
         val_set = RLDataset(data.val_files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key, truncation=data.truncation)
@@ -83,16 +88,23 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
     reward = cfg.reward.custom_function
     reward_fn = RuleRewardManager(tokenizer, compute_score=load_reward_function(reward.path, reward.name))
     log_dir = Path(cfg.trainer.default_local_dir) / "logs"
-    tracker = Tracker(cfg.trainer.logger, log_dir)
-    roles = RoleGroups.build(cfg)
-    trainer = PPOTrainer(cfg, roles, train_loader, val_batches, reward_fn, tracker)
+    tracker = StepCountsTracker(cfg.trainer.logger, log_dir, counts)
     try:
+        roles = RoleGroups.build(cfg)  # gives back what it reserved when it fails
+    except BaseException:
+        tracker.close()
+        raise
+    try:
+        trainer = PPOTrainer(cfg, roles, train_loader, val_batches, reward_fn, tracker)
         history = trainer.fit()
         curve = tracker.plot_reward_curve(log_dir / "reward_curve.png")
         if curve:
             print(f"reward curve: {curve}")
         if cfg.trainer.export_hf_at_end:
             roles.actor.export_hf(str(Path(cfg.trainer.default_local_dir) / "hf_export"))
+    except KeyboardInterrupt:
+        print("interrupted: stopping the workers and releasing their placement groups", file=sys.stderr, flush=True)
+        raise
     finally:
         tracker.close()
         roles.shutdown()

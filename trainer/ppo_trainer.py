@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from protocol import DataProto
+from single_controller.errors import WorkerGroupError
 from trainer import checkpointing
 from trainer.advantage import compute_advantage, token_level_rewards
 from trainer.algorithms import make_kl_controller, masked_mean
@@ -131,7 +132,13 @@ class PPOTrainer:
         if path is None:
             return
         state = checkpointing.load_driver_state(path)
-        self.roles.load(path)
+        try:
+            self.roles.load(path)
+        except WorkerGroupError as error:
+            if type(error) is not WorkerGroupError:  # a dead or stuck worker is not the checkpoint's fault
+                raise
+            # The manifest matched, yet a worker could not read its shard: name the folder.
+            raise checkpointing.CheckpointError(f"could not load checkpoint {path}: {error}") from error
         self.train_loader.load_state_dict(state["dataloader"])
         self.kl_ctrl.value = state["kl_coef"]
         self.global_step = state["global_step"]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ class RoleGroups:
     uses_reference: bool
     pools: list[RayResourcePool]
     reward_model: RayWorkerGroup | None = None
+    groups: list[RayWorkerGroup] = field(default_factory=list)  # the groups owning actors (not role views)
 
     @classmethod
     def build(cls, cfg: DictConfig) -> "RoleGroups":
@@ -73,25 +75,37 @@ class RoleGroups:
         )
         extra_roles = {name: c for name, c in (("critic", critic_cls), ("reward_model", rm_cls)) if c is not None}
 
-        def new_pool(name: str) -> RayResourcePool:
-            return RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=use_gpu(cfg), name_prefix=name)
+        timeout = cfg.trainer.get("call_timeout_s")
+        pools: list[RayResourcePool] = []
+        groups: list[RayWorkerGroup] = []
 
-        if cfg.trainer.placement == "colocated":
-            pool = new_pool("all_roles_")
-            role_classes = {"actor": actor_cls, **extra_roles}
-            views = RayWorkerGroup(pool, create_colocated_worker_cls(role_classes), name_prefix="roles").spawn()
-            groups = cls(views["actor"], views.get("critic"), uses_reference, [pool], views.get("reward_model"))
-        else:
-            pools = [new_pool("actor_")]
-            separate = {"actor": RayWorkerGroup(pools[0], actor_cls, name_prefix="actor")}
-            for name, role_cls in extra_roles.items():
-                pools.append(new_pool(f"{name}_"))
-                separate[name] = RayWorkerGroup(pools[-1], role_cls, name_prefix=name)
-            groups = cls(separate["actor"], separate.get("critic"), uses_reference, pools, separate.get("reward_model"))
-        for group in (groups.actor, groups.critic, groups.reward_model):
-            if group is not None:
-                group.init_model()
-        return groups
+        def new_pool(name: str) -> RayResourcePool:
+            pools.append(RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=use_gpu(cfg), name_prefix=name))
+            return pools[-1]
+
+        def new_group(pool: RayResourcePool, role_cls: RayClassWithInitArgs, name: str) -> RayWorkerGroup:
+            groups.append(RayWorkerGroup(pool, role_cls, name_prefix=name, call_timeout_s=timeout))
+            return groups[-1]
+
+        try:
+            if cfg.trainer.placement == "colocated":
+                role_classes = {"actor": actor_cls, **extra_roles}
+                views = new_group(new_pool("all_roles_"), create_colocated_worker_cls(role_classes), "roles").spawn()
+                built = cls(views["actor"], views.get("critic"), uses_reference, pools, views.get("reward_model"))
+            else:
+                separate = {"actor": new_group(new_pool("actor_"), actor_cls, "actor")}
+                for name, role_cls in extra_roles.items():
+                    separate[name] = new_group(new_pool(f"{name}_"), role_cls, name)
+                built = cls(separate["actor"], separate.get("critic"), uses_reference, pools, separate.get("reward_model"))
+            built.groups = groups
+            for group in (built.actor, built.critic, built.reward_model):
+                if group is not None:
+                    group.init_model()
+        except BaseException:
+            # Whatever was reserved before the failure (or Ctrl-C) is given back before the error propagates.
+            release(groups, pools)
+            raise
+        return built
 
     def save(self, folder: Path) -> None:
         self.actor.save_checkpoint(str(folder / ACTOR_DIR))
@@ -104,5 +118,16 @@ class RoleGroups:
             self.critic.load_checkpoint(str(folder / CRITIC_DIR))
 
     def shutdown(self) -> None:
-        for pool in self.pools:
-            pool.release()
+        """Kill the workers and give their placement groups back; safe to call twice."""
+        release(self.groups, self.pools)
+        self.groups, self.pools = [], []
+
+
+def release(groups: list[RayWorkerGroup], pools: list[RayResourcePool]) -> None:
+    """Kill `groups`' actors and remove `pools`' placement groups, going on past individual failures so
+    that one error (e.g. Ray already shut down) does not keep the rest reserved."""
+    for item, stop in [*((g, g.kill) for g in groups), *((p, p.release) for p in pools)]:
+        try:
+            stop()
+        except Exception as error:  # noqa: BLE001 - cleanup must reach every item
+            print(f"warning: could not release {item!r}: {type(error).__name__}: {error}", file=sys.stderr)

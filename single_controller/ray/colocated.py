@@ -86,6 +86,7 @@ def spawn_roles(group: RayWorkerGroup, roles: Iterable[str] | None = None) -> di
             method_prefix=role_method_name(role, ""),
             node_info=group.node_info,
             call_timeout_s=group.call_timeout_s,
+            call_log=group.call_log,  # the roles share actors, so they share what was last sent to them
         )
         for role in wanted
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from typing import Any, Callable
@@ -16,7 +17,7 @@ from single_controller.errors import WorkerCallTimeout, WorkerDiedError, WorkerG
 POLL_INTERVAL_S = 0.25
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours task names in error text
 # After the first failure, how long to wait for the other ranks' failures before raising.
-FAILURE_GRACE_S = 1.0
+FAILURE_GRACE_S = 0.5
 
 
 def _failures(refs: list[ray.ObjectRef], rank_of: dict[ray.ObjectRef, int]) -> dict[int, BaseException]:
@@ -36,8 +37,14 @@ def wait_for_outputs(
     method: str,
     describe_rank: Callable[[int], str],
     timeout_s: float | None = None,
+    recent_calls: Callable[[int], list[str]] | None = None,
 ) -> list[Any]:
-    """Return the outputs of `refs` (one per rank in `ranks`), or raise naming what failed where."""
+    """Return the outputs of `refs` (one per rank in `ranks`), or raise naming what failed where.
+
+    `recent_calls(rank)` lists the methods last sent to that rank's actor (this call included); a dead
+    actor's error quotes them, since the death may have happened after the previous call finished.
+    """
+    report = functools.partial(_failure_error, recent_calls=recent_calls or (lambda rank: []))
     rank_of = dict(zip(refs, ranks))
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     checked: set[ray.ObjectRef] = set()
@@ -52,7 +59,7 @@ def wait_for_outputs(
             ray.wait(running, num_returns=len(running), timeout=FAILURE_GRACE_S)
             ready, running = ray.wait(refs, num_returns=len(refs), timeout=0)
             unfinished = sorted(rank_of[r] for r in running)
-            raise _failure_error(group, method, _failures(ready, rank_of), unfinished, describe_rank)
+            raise report(group, method, _failures(ready, rank_of), unfinished, describe_rank)
         if deadline is not None and time.monotonic() >= deadline:
             stuck = sorted(rank_of[r] for r in running)
             raise WorkerCallTimeout(
@@ -61,7 +68,7 @@ def wait_for_outputs(
     try:
         return ray.get(refs)
     except (RayTaskError, RayActorError):
-        raise _failure_error(group, method, _failures(refs, rank_of), [], describe_rank) from None
+        raise report(group, method, _failures(refs, rank_of), [], describe_rank) from None
 
 
 def _failure_error(
@@ -70,6 +77,7 @@ def _failure_error(
     failures: dict[int, BaseException],
     unfinished: list[int],
     describe_rank: Callable[[int], str],
+    recent_calls: Callable[[int], list[str]],
 ) -> WorkerGroupError:
     parts = []
     died = False
@@ -77,13 +85,31 @@ def _failure_error(
         error = failures[rank]
         if isinstance(error, RayActorError):
             died = True
-            parts.append(f"--- {describe_rank(rank)}: the worker process died during {method!r} ---\n{error}")
+            parts.append(f"--- {describe_rank(rank)}: {_death_summary(method, recent_calls(rank))} ---\n{error}")
         else:
             parts.append(f"--- {describe_rank(rank)} raised ---\n{error}")
     if unfinished:
         parts.append(
-            f"(ranks {unfinished} had not finished {FAILURE_GRACE_S:.0f}s after the first failure; they may be "
+            f"(ranks {unfinished} had not finished {FAILURE_GRACE_S:g}s after the first failure; they may be "
             "blocked in a collective with the failed rank)"
         )
+    if died:
+        parts.append(DEATH_ADVICE)
     error_type = WorkerDiedError if died else WorkerGroupError
     return error_type(group, method, sorted(failures), _ANSI_ESCAPE.sub("", "\n".join(parts)))
+
+
+DEATH_ADVICE = (
+    "A dead worker cannot be recovered within this run: the driver stops and releases the workers. Ray's "
+    "reason is quoted above (an out-of-memory kill mentions memory: lower the micro batch sizes or the "
+    "sequence lengths); the worker's own log is on that node, by default under /tmp/ray/session_latest/logs."
+)
+
+
+def _death_summary(method: str, recent: list[str]) -> str:
+    """'the worker process died during X', plus the call before it when there was one."""
+    earlier = recent[:-1] if recent and recent[-1].endswith(f".{method}") else recent
+    summary = f"the worker process died (noticed in {method!r})"
+    if earlier:
+        summary += f"; the call sent to it before was {earlier[-1]!r}"
+    return summary

@@ -31,6 +31,27 @@ def _actor_name(name_prefix: str, rank: int) -> str:
     return f"{name_prefix}_{rank}"
 
 
+class CallLog:
+    """The last methods sent to each rank's actor, shared by every view of the same actors.
+
+    When an actor dies, Ray only says the call in flight failed; the calls before it tell the user what
+    the worker was doing (it may have died after finishing the previous call, e.g. while idle).
+    """
+
+    KEEP = 2
+
+    def __init__(self, world_size: int) -> None:
+        self._calls: list[list[str]] = [[] for _ in range(world_size)]
+
+    def record(self, rank: int, method: str) -> None:
+        calls = self._calls[rank]
+        calls.append(method)
+        del calls[: -self.KEEP]
+
+    def recent(self, rank: int) -> list[str]:
+        return list(self._calls[rank]) if rank < len(self._calls) else []
+
+
 class RayWorkerGroup:
     """A group of `world_size` workers of one class, placed on a resource pool.
 
@@ -70,6 +91,7 @@ class RayWorkerGroup:
             )
         self.worker_class = ray_cls_with_init.cls
         self._workers = self._create_workers(resource_pool, ray_cls_with_init)
+        self._call_log = CallLog(len(self._workers))
         self._node_info = self._fetch_node_info()
         self._bind_registered_methods(ray_cls_with_init.cls)
 
@@ -83,6 +105,7 @@ class RayWorkerGroup:
         method_prefix: str = "",
         node_info: list[NodeInfo] | None = None,
         call_timeout_s: float | None = None,
+        call_log: CallLog | None = None,
     ) -> "RayWorkerGroup":
         group = cls.__new__(cls)
         group.name, group.detached, group.call_timeout_s = name, False, call_timeout_s
@@ -90,6 +113,7 @@ class RayWorkerGroup:
         group.worker_class = worker_cls
         group._mesh_cache = {}
         group._workers = list(workers)
+        group._call_log = call_log if call_log is not None else CallLog(len(group._workers))
         group._node_info = node_info if node_info is not None else group._fetch_node_info()
         group._bind_registered_methods(worker_cls)
         return group
@@ -205,10 +229,20 @@ class RayWorkerGroup:
     def node_info(self) -> list[NodeInfo]:
         return list(self._node_info)
 
+    @property
+    def call_log(self) -> CallLog:
+        return self._call_log
+
     def describe_rank(self, rank: int) -> str:
         info = self._node_info[rank] if rank < len(self._node_info) else None
         where = f" (node {info.node_id[:12]} {info.ip}, pid {info.pid})" if info else ""
         return f"rank {rank}{where}"
+
+    def _recent_calls(self, rank: int) -> list[str]:
+        return self._call_log.recent(rank)
+
+    def _record(self, rank: int, method: str) -> None:
+        self._call_log.record(rank, f"{self.name}.{method}")
 
     def mesh_placements(self, mesh_name: str) -> list[MeshPlacement]:
         """Each rank's place in the mesh it declared at run time (queried once, then cached)."""
@@ -218,7 +252,9 @@ class RayWorkerGroup:
         return self._mesh_cache[mesh_name]
 
     def _wait(self, refs: list[ray.ObjectRef], ranks: list[int], method: str) -> list[Any]:
-        return wait_for_outputs(refs, ranks, self.name, method, self.describe_rank, self.call_timeout_s)
+        return wait_for_outputs(
+            refs, ranks, self.name, method, self.describe_rank, self.call_timeout_s, recent_calls=self._recent_calls
+        )
 
     def _call(
         self, method: str, entry: DispatchEntry, execute: Execute, blocking: bool, args: tuple, kwargs: dict
@@ -259,6 +295,7 @@ class RayWorkerGroup:
         for rank in ranks:
             rank_args = [shared.place(a[rank], a) for a in args]
             rank_kwargs = {k: shared.place(v[rank], v) for k, v in kwargs.items()}
+            self._record(rank, method)
             refs.append(getattr(self._workers[rank], self._method_prefix + method).remote(*rank_args, **rank_kwargs))
         return refs
 
@@ -269,6 +306,9 @@ class RayWorkerGroup:
 
         def for_rank(value: Any, rank: int) -> Any:
             return value[rank] if isinstance(value, list) and len(value) == n else value
+
+        for rank in range(n):
+            self._record(rank, method)
 
         return [
             getattr(w, self._method_prefix + method).remote(
@@ -281,6 +321,7 @@ class RayWorkerGroup:
         return self._wait(self.execute_all_async(method, *args, **kwargs), list(range(self.world_size)), method)
 
     def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        self._record(0, method)
         ref = getattr(self._workers[0], self._method_prefix + method).remote(*args, **kwargs)
         return self._wait([ref], [0], method)[0]
 
@@ -294,7 +335,10 @@ class RayWorkerGroup:
     def kill(self) -> None:
         """Kill every actor of the group (needed for detached groups, which outlive their driver)."""
         for worker in self._workers:
-            ray.kill(worker, no_restart=True)
+            try:
+                ray.kill(worker, no_restart=True)
+            except ValueError:  # not an actor handle of this cluster any more
+                pass
 
     def __repr__(self) -> str:
         return f"RayWorkerGroup({self.name!r}, world_size={self.world_size})"

@@ -15,7 +15,7 @@ from recipes.config import ConfigError, load_recipe_config
 from recipes.custom_worker_example import concat_in_row_order, split_by_prompt
 from recipes.pair_batch import pack_pairs, pad_for_ranks
 from trainer.main import main as trainer_main
-from workers.fsdp.dpo_update import PAIR_KEYS
+from workers.fsdp.dpo_update import PAIR_KEYS, DPOSettings
 
 
 def test_defaults_and_overrides():
@@ -33,7 +33,10 @@ def test_unknown_dpo_key_lists_the_dpo_keys():
 
 @pytest.mark.parametrize(
     "override, match",
-    [("dpo.loss_type=kto", "choose one of"), ("dpo.beta=0", "beta"), ("dpo.epochs=0", "epochs"), ("dpo.label_smoothing=0.6", "label_smoothing")],
+    [
+        ("dpo.loss_type=kto", "choose one of"), ("dpo.beta=0", "beta"), ("dpo.epochs=0", "epochs"),
+        ("dpo.label_smoothing=0.6", "label_smoothing"), ("dpo.normalize_by=tokens", "normalize_by"),
+    ],
 )
 def test_bad_dpo_values(override, match):
     with pytest.raises(ConfigError, match=match):
@@ -77,3 +80,14 @@ def test_guide_dispatch_keeps_prompt_groups_together_and_restores_row_order():
     assert kwargs == {} and [list(c.non_tensor_batch["uid"]) for c in chunks] == [list("aabbb"), list("cc")]
     merged = concat_in_row_order(None, [chunks[1], chunks[0]])  # any rank order comes back in row order
     assert torch.equal(merged.batch["input_ids"], data.batch["input_ids"])
+
+
+def test_worker_dpo_settings_reject_unknown_and_bad_values():
+    assert DPOSettings.from_meta(None) == DPOSettings()
+    assert DPOSettings.from_meta({"beta": 0.5, "epochs": 2, "loss_denominator": 16}).loss_denominator == 16
+    with pytest.raises(ValueError, match="unknown DPO settings"):
+        DPOSettings.from_meta({"betta": 0.5})
+    with pytest.raises(ValueError, match="epochs"):
+        DPOSettings.from_meta({"epochs": 0})
+    with pytest.raises(ValueError, match="loss_denominator"):
+        DPOSettings.from_meta({"loss_denominator": 0})

@@ -23,7 +23,7 @@ class RLDataset(Dataset):
     and left-padded to `max_prompt_length`, so all generations start at the same column.
     Prompts longer than that follow `truncation`: "error" raises, "left" keeps the last
     tokens (the generation prompt survives), "right" keeps the first, "filter" drops the
-    row at load (counted in `num_filtered`).
+    row at load (counted in `num_filtered`; truncated rows in `num_truncated`).
     """
 
     def __init__(
@@ -44,6 +44,7 @@ class RLDataset(Dataset):
         self.truncation = truncation
         self.pad_token_id = _pad_token_id(tokenizer)
         self.num_filtered = 0
+        self.num_truncated = 0
         self._rows: list[dict[str, Any]] = []
         self._input_ids: list[list[int]] = []
         files = [parquet_files] if isinstance(parquet_files, (str, Path)) else list(parquet_files)
@@ -53,10 +54,13 @@ class RLDataset(Dataset):
             self._load_file(Path(file))
         if not self._rows:
             raise ValueError(
-                f"all {self.num_filtered} prompts are longer than max_prompt_length={max_prompt_length}; nothing left"
+                f"all {self.num_filtered} prompts are longer than max_prompt_length={max_prompt_length} and were "
+                "filtered (truncation='filter'); nothing left to train on"
             )
 
     def _load_file(self, path: Path) -> None:
+        if not path.is_file():
+            raise FileNotFoundError(f"parquet file {path} does not exist")
         table = pq.read_table(path)
         if table.num_rows == 0:
             raise ValueError(f"parquet file {path} has no rows")
@@ -105,13 +109,12 @@ class RLDataset(Dataset):
         if self.truncation == "error":
             raise ValueError(
                 f"{path} row {row}: prompt is {len(ids)} tokens, longer than max_prompt_length={limit} "
-                "(set truncation to 'left', 'right' or 'filter')"
+                "(set data.truncation to 'left', 'right' or 'filter', or raise data.max_prompt_length)"
             )
-        if self.truncation == "left":
-            return ids[-limit:]
-        if self.truncation == "right":
-            return ids[:limit]
-        return None
+        if self.truncation == "filter":
+            return None
+        self.num_truncated += 1
+        return ids[-limit:] if self.truncation == "left" else ids[:limit]
 
     def __len__(self) -> int:
         return len(self._rows)

@@ -36,6 +36,9 @@ class DPOSettings:
     loss_type: str = "sigmoid"
     label_smoothing: float = 0.0
     epochs: int = 1  # optimizer steps on the same pairs (full batch each)
+    # The loss is the weighted sum over pairs divided by this; None: the number of real pairs (their mean).
+    # The recipe passes the number of prompts, so a batch where few prompts gave a pair moves the policy less.
+    loss_denominator: float | None = None
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any] | None) -> "DPOSettings":
@@ -46,6 +49,8 @@ class DPOSettings:
         settings = cls(**meta)
         if isinstance(settings.epochs, bool) or not isinstance(settings.epochs, int) or settings.epochs < 1:
             raise ValueError(f"DPO epochs must be an int >= 1, got {settings.epochs!r}")
+        if settings.loss_denominator is not None and not settings.loss_denominator > 0:
+            raise ValueError(f"DPO loss_denominator must be > 0 or None, got {settings.loss_denominator!r}")
         return settings
 
 
@@ -67,12 +72,13 @@ def run_dpo_update(
     engine: FSDPEngine, pairs: DataProto, settings: DPOSettings, *, micro_batch_size: int, grad_clip: float, temperature: float
 ) -> dict[str, float]:
     """`settings.epochs` full-batch optimizer steps on the pairs of all ranks; returns weighted means over
-    all real pairs (measured before the first step) plus grad_norm and lr. The LR scheduler steps once."""
+    all real pairs (measured before the first step), their count, grad_norm and lr. The LR scheduler steps once."""
     check_same_length(len(pairs), engine.device, "update_actor_dpo")
     device, world = engine.device, dist.get_world_size() if dist.is_initialized() else 1
     total = float(_sum_over_ranks(pairs.batch["weight"].float().sum().to(device)))
     if total <= 0:
         raise ValueError("update_actor_dpo got no pair with weight > 0")
+    denominator = float(settings.loss_denominator or total)
     engine.module.train()
     sums: dict[str, float] = defaultdict(float)
     grad_norms, lr = [], engine.current_lr()
@@ -85,8 +91,8 @@ def run_dpo_update(
                 chosen, rejected, micro.batch["chosen_ref_logps"].to(device), micro.batch["rejected_ref_logps"].to(device),
                 settings.beta, settings.loss_type, settings.label_smoothing,
             )
-            # FSDP averages gradients over ranks; scaling by world / total makes that the mean over all pairs.
-            ((losses * weight).sum() * (world / total)).backward()
+            # FSDP averages gradients over ranks; scaling by world makes that the sum over all ranks.
+            ((losses * weight).sum() * (world / denominator)).backward()
             if epoch == 0:
                 for name, value in {
                     "loss": losses, "accuracy": (chosen_rewards > rejected_rewards).float(),
