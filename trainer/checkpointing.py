@@ -167,9 +167,11 @@ def _prune(root: Path, keep: int) -> None:
 
 
 # ---- resuming -------------------------------------------------------------------------------------------
-def find_resume_dir(root: str | Path, resume_mode: str) -> Path | None:
-    """`disable` → None; `auto` → the newest whole `global_step_N` (or None); otherwise the given path,
-    which must be a whole checkpoint (`CheckpointError` says what is wrong with it)."""
+def find_resume_dir(root: str | Path, resume_mode: str, warn: bool = True) -> Path | None:
+    """`disable` → None; `auto` → the newest whole `global_step_N`, None when there is no step folder at all
+    (`CheckpointError` when there are some but none is whole); otherwise the given path, which must be a
+    whole checkpoint (`CheckpointError` says what is wrong with it). `warn=False` skips the printed
+    warnings (for an early check that the real lookup repeats)."""
     if resume_mode == "disable":
         return None
     if resume_mode != "auto":
@@ -186,12 +188,19 @@ def find_resume_dir(root: str | Path, resume_mode: str) -> Path | None:
     for step, path in _step_folders(root):
         problem = checkpoint_problem(path)
         if problem is None:
-            _note_latest_file(root, step)
+            if warn:
+                _note_latest_file(root, step)
             return path
-        _warn(f"skipping checkpoint {path}: {problem}")
-        skipped.append(path.name)
+        if warn:
+            _warn(f"skipping checkpoint {path}: {problem}")
+        skipped.append(f"{path.name}: {problem}")
     if skipped:
-        _warn(f"no whole checkpoint under {root} (skipped {skipped}); starting from step 0")
+        # Starting over silently would later overwrite or prune them: let a person decide.
+        raise CheckpointError(
+            f"trainer.resume_mode=auto found checkpoints under {root} but none is whole:\n  " + "\n  ".join(skipped)
+            + "\nRemove or repair them, name one with trainer.resume_mode=<path>, or start from step 0 with "
+            "trainer.resume_mode=disable."
+        )
     return None
 
 

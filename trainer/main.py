@@ -63,52 +63,12 @@ def init_ray(cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig) -> list[dict[str, Any]]:
-    """Build data, reward, worker groups and tracker from `cfg`, then train; returns the metric history."""
-    from trainer.data import RLDataset, collate_to_dataproto, make_dataloader
-    from trainer.data_counts import StepCountsTracker, describe, prompt_counts
+    """Train the configured PPO-family algorithm; returns the metric history."""
+    from trainer.launch import run_loop
     from trainer.ppo_trainer import PPOTrainer
-    from trainer.preflight import check_inputs, load_tokenizer
-    from trainer.rewards import RuleRewardManager, load_reward_function
     from trainer.role_groups import RoleGroups
 
-    ensure_default_assets(cfg)
-    check_inputs(cfg)  # bad paths fail here, in seconds, before Ray starts
-    init_ray(cfg)
-    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
-    data = cfg.data
-    train_set = RLDataset(data.train_files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key, truncation=data.truncation)
-    train_loader = make_dataloader(train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=True)
-    counts = prompt_counts(train_set)
-    print(describe(counts, data.max_prompt_length, data.truncation))
-    val_batches = []
-    if data.val_files:
-        val_set = RLDataset(data.val_files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key, truncation=data.truncation)
-        items = [val_set[i] for i in range(len(val_set))]
-        val_batches = [collate_to_dataproto(items[i : i + data.val_batch_size]) for i in range(0, len(items), data.val_batch_size)]
-    reward = cfg.reward.custom_function
-    reward_fn = RuleRewardManager(tokenizer, compute_score=load_reward_function(reward.path, reward.name))
-    log_dir = Path(cfg.trainer.default_local_dir) / "logs"
-    tracker = StepCountsTracker(cfg.trainer.logger, log_dir, counts)
-    try:
-        roles = RoleGroups.build(cfg)  # gives back what it reserved when it fails
-    except BaseException:
-        tracker.close()
-        raise
-    try:
-        trainer = PPOTrainer(cfg, roles, train_loader, val_batches, reward_fn, tracker)
-        history = trainer.fit()
-        curve = tracker.plot_reward_curve(log_dir / "reward_curve.png")
-        if curve:
-            print(f"reward curve: {curve}")
-        if cfg.trainer.export_hf_at_end:
-            roles.actor.export_hf(str(Path(cfg.trainer.default_local_dir) / "hf_export"))
-    except KeyboardInterrupt:
-        print("interrupted: stopping the workers and releasing their placement groups", file=sys.stderr, flush=True)
-        raise
-    finally:
-        tracker.close()
-        roles.shutdown()
-    return history
+    return run_loop(cfg, RoleGroups.build, PPOTrainer)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 from omegaconf import DictConfig
-from tqdm import tqdm
 
 from protocol import DataProto
-from single_controller.errors import WorkerGroupError
-from trainer import checkpointing
 from trainer.advantage import compute_advantage, token_level_rewards
 from trainer.algorithms import make_kl_controller, masked_mean
 from trainer.role_groups import RoleGroups
+from trainer.run_data import RunData
+from trainer.step_loop import StepLoop
 from trainer.timing import PhaseTimer
 from trainer.tracking import Tracker
 
@@ -27,17 +24,16 @@ def mean_metrics(per_worker: list[dict[str, float]], prefix: str) -> dict[str, f
     return {f"{prefix}/{k}": float(np.mean([m[k] for m in per_worker])) for k in keys}
 
 
-class PPOTrainer:
-    """Runs the configured algorithm over worker groups; every phase is one line in `train_step`."""
+class PPOTrainer(StepLoop):
+    """The configured PPO-family algorithm; every phase is one line in `train_step`. Resume, validation,
+    checkpoints and tracking come from `StepLoop`."""
 
-    def __init__(self, cfg: DictConfig, roles: RoleGroups, train_loader: Any, val_batches: list[DataProto], reward_fn: RewardFn, tracker: Tracker) -> None:
-        self.cfg, self.algo = cfg, cfg.algorithm
-        self.roles, self.train_loader, self.val_batches = roles, train_loader, val_batches
-        self.reward_fn, self.tracker = reward_fn, tracker
+    def __init__(self, cfg: DictConfig, roles: RoleGroups, data: RunData, tracker: Tracker) -> None:
+        super().__init__(cfg, roles, data, tracker)
+        self.algo = cfg.algorithm
         kl = self.algo.kl_ctrl
         self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
-        self.global_step = 0
-        self.checkpoint_root = Path(cfg.trainer.default_local_dir)
+        self.reward_fn = data.reward_fn
 
     # ---- one step --------------------------------------------------------------------------------------
     def train_step(self, batch: DataProto) -> dict[str, float]:
@@ -104,68 +100,9 @@ class PPOTrainer:
             **timer.metrics(),
         }
 
-    # ---- validation ------------------------------------------------------------------------------------
-    def validate(self) -> dict[str, float]:
-        scores, sources = [], []
-        for batch in self.val_batches:
-            batch = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"], non_tensor_batch_keys=list(batch.non_tensor_batch))
-            batch.meta_info.update(do_sample=False)
-            out = self.roles.actor.generate_sequences(batch)
-            score, _ = self.reward_fn(out)
-            scores.append(score.sum(-1))
-            sources.extend(out.non_tensor_batch["data_source"])
-        if not scores:
-            return {}
-        all_scores = np.concatenate([s.numpy() for s in scores])
-        metrics = {"val/reward_mean": float(all_scores.mean())}
-        for source in sorted(set(sources)):
-            metrics[f"val/{source}/reward_mean"] = float(all_scores[np.array(sources) == source].mean())
-        return metrics
+    # ---- driver state kept in checkpoints -----------------------------------------------------------------
+    def driver_state(self) -> dict[str, Any]:
+        return {"kl_coef": self.kl_ctrl.value}
 
-    # ---- checkpoints -----------------------------------------------------------------------------------
-    def save(self) -> Path:
-        state = {"global_step": self.global_step, "dataloader": self.train_loader.state_dict(), "kl_coef": self.kl_ctrl.value}
-        return checkpointing.save_checkpoint(self.checkpoint_root, self.global_step, state, self.roles.save, self.cfg.trainer.max_ckpt_to_keep)
-
-    def maybe_resume(self) -> None:
-        path = checkpointing.find_resume_dir(self.checkpoint_root, str(self.cfg.trainer.resume_mode))
-        if path is None:
-            return
-        state = checkpointing.load_driver_state(path)
-        try:
-            self.roles.load(path)
-        except WorkerGroupError as error:
-            if type(error) is not WorkerGroupError:  # a dead or stuck worker is not the checkpoint's fault
-                raise
-            # The manifest matched, yet a worker could not read its shard: name the folder.
-            raise checkpointing.CheckpointError(f"could not load checkpoint {path}: {error}") from error
-        self.train_loader.load_state_dict(state["dataloader"])
+    def restore_driver_state(self, state: dict[str, Any]) -> None:
         self.kl_ctrl.value = state["kl_coef"]
-        self.global_step = state["global_step"]
-        print(f"resumed from {path} at step {self.global_step}")
-
-    # ---- the run ---------------------------------------------------------------------------------------
-    def fit(self) -> list[dict[str, Any]]:
-        cfg = self.cfg.trainer
-        self.maybe_resume()
-        if cfg.val_before_train and self.global_step == 0 and self.val_batches:
-            self.tracker.log(self.validate(), step=0)
-        batches = iter(self.train_loader)
-        progress = tqdm(total=cfg.total_training_steps, initial=self.global_step, desc="training", unit="step")
-        while self.global_step < cfg.total_training_steps:
-            start = time.perf_counter()
-            batch = next(batches)
-            metrics = self.train_step(batch)
-            self.global_step += 1
-            if cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0 and self.val_batches:
-                metrics.update(self.validate())
-            if cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0:
-                self.save()
-            metrics["timing/wall_step_s"] = time.perf_counter() - start
-            self.tracker.log(metrics, step=self.global_step)
-            progress.update(1)
-            progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
-        progress.close()
-        if cfg.save_at_end and (cfg.save_freq <= 0 or self.global_step % cfg.save_freq):
-            self.save()
-        return self.tracker.history

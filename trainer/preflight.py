@@ -68,6 +68,5 @@ def check_inputs(cfg: DictConfig) -> None:
         check_data_files(cfg.data.val_files, "data.val_files")
     if cfg.reward.reward_model.enable and cfg.reward.reward_model.model.path:
         check_model_folder(cfg.reward.reward_model.model.path, "reward.reward_model.model.path", tokenizer=False)
-    mode = str(cfg.trainer.resume_mode)
-    if mode not in ("auto", "disable"):
-        find_resume_dir(cfg.trainer.default_local_dir, mode)  # raises CheckpointError naming the problem
+    # Raises CheckpointError for a bad explicit path, or for `auto` when every step folder is damaged.
+    find_resume_dir(cfg.trainer.default_local_dir, str(cfg.trainer.resume_mode), warn=False)

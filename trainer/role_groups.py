@@ -56,14 +56,15 @@ class RoleGroups:
     groups: list[RayWorkerGroup] = field(default_factory=list)  # the groups owning actors (not role views)
 
     @classmethod
-    def build(cls, cfg: DictConfig) -> "RoleGroups":
+    def build(cls, cfg: DictConfig, reference: bool | None = None, critic: bool | None = None) -> "RoleGroups":
+        """Create and initialise the groups; `reference`/`critic` override what the algorithm implies."""
         from workers.fsdp.actor_rollout_ref import ActorRolloutRefWorker
         from workers.fsdp.critic import CriticWorker
         from workers.fsdp.reward_model import RewardModelWorker
 
         algo = cfg.algorithm
-        uses_reference = bool(algo.use_kl_loss or algo.use_kl_in_reward)
-        uses_critic = algo.adv_estimator == "gae"
+        uses_reference = bool(algo.use_kl_loss or algo.use_kl_in_reward) if reference is None else reference
+        uses_critic = algo.adv_estimator == "gae" if critic is None else critic
         actor_cls = RayClassWithInitArgs(
             ActorRolloutRefWorker, config=actor_worker_config(cfg), role="actor_rollout_ref" if uses_reference else "actor_rollout"
         )

@@ -100,14 +100,15 @@ def _failure_error(
 
 
 DEATH_ADVICE = (
-    "A dead worker cannot be recovered within this run: the driver stops and releases the workers. Ray's "
-    "reason is quoted above (an out-of-memory kill mentions memory: lower the micro batch sizes or the "
+    "A dead worker cannot be recovered within a run; trainer.main stops on this error, releasing its "
+    "workers and placement groups, and a new run resumes from the last checkpoint (trainer.resume_mode=auto). "
+    "Ray's reason is quoted above (an out-of-memory kill mentions memory: lower the micro batch sizes or "
     "sequence lengths); the worker's own log is on that node, by default under /tmp/ray/session_latest/logs."
 )
 
 
 def _death_summary(method: str, recent: list[str]) -> str:
-    """'the worker process died during X', plus the call before it when there was one."""
+    """'the worker process died (noticed in X)', plus the call sent before X when there was one."""
     earlier = recent[:-1] if recent and recent[-1].endswith(f".{method}") else recent
     summary = f"the worker process died (noticed in {method!r})"
     if earlier:

@@ -179,3 +179,10 @@ def test_explicit_resume_path_that_is_partial(small_assets, tmp_path):
     cfg = load_config(short_run(small_assets, tmp_path, f"trainer.resume_mode={partial}"))
     with pytest.raises(checkpointing.CheckpointError, match=r"is not a complete checkpoint folder: it has no MANIFEST.json"):
         run(cfg)
+
+
+def test_auto_resume_with_only_damaged_checkpoints_stops_before_starting(small_assets, tmp_path):
+    (tmp_path / "global_step_5" / "actor").mkdir(parents=True)  # e.g. a partial copy from another machine
+    cfg = load_config(short_run(small_assets, tmp_path))
+    with pytest.raises(checkpointing.CheckpointError, match=r"none is whole:\n  global_step_5: it has no MANIFEST.json"):
+        run(cfg)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -17,24 +16,26 @@ class RunData:
     train_loader: Any  # endless, resumable (trainer.data.RLDataLoader)
     val_batches: list[DataProto]
     reward_fn: Any  # RuleRewardManager: rollout -> ([B, R] token scores, metrics)
+    prompt_counts: dict[str, int]  # prompts, and how many were filtered / truncated for length
 
 
 def build_run_data(cfg: DictConfig) -> RunData:
-    from transformers import AutoTokenizer
-
+    """Load the tokenizer of the (pre-checked) model folder, the datasets and the reward function."""
     from trainer.data import RLDataset, collate_to_dataproto, make_dataloader
+    from trainer.data_counts import describe, prompt_counts
+    from trainer.preflight import load_tokenizer
     from trainer.rewards import RuleRewardManager, load_reward_function
 
-    model_path = cfg.actor_rollout_ref.model.path
-    if not Path(model_path).is_dir():
-        raise FileNotFoundError(f"actor_rollout_ref.model.path={model_path!r} is not a folder (a Hugging Face model folder is expected)")
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
     data = cfg.data
 
     def dataset(files: Any) -> RLDataset:
         return RLDataset(files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key, truncation=data.truncation)
 
-    train_loader = make_dataloader(dataset(data.train_files), data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=True)
+    train_set = dataset(data.train_files)
+    train_loader = make_dataloader(train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=True)
+    counts = prompt_counts(train_set)
+    print(describe(counts, data.max_prompt_length, data.truncation))
     val_batches = []
     if data.val_files:
         val_set = dataset(data.val_files)
@@ -42,4 +43,4 @@ def build_run_data(cfg: DictConfig) -> RunData:
         val_batches = [collate_to_dataproto(items[i : i + data.val_batch_size]) for i in range(0, len(items), data.val_batch_size)]
     reward = cfg.reward.custom_function
     reward_fn = RuleRewardManager(tokenizer, compute_score=load_reward_function(reward.path, reward.name))
-    return RunData(tokenizer, train_loader, val_batches, reward_fn)
+    return RunData(tokenizer, train_loader, val_batches, reward_fn, counts)

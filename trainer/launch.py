@@ -1,0 +1,49 @@
+"""Run any RL loop from its config: assets, checks, Ray, data, worker groups, the loop, clean release."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig
+
+from trainer.run_data import RunData, build_run_data
+from trainer.step_loop import StepLoop
+from trainer.tracking import Tracker
+
+BuildRoles = Callable[[DictConfig], Any]  # returns an object with .actor, .save, .load, .shutdown
+MakeLoop = Callable[[DictConfig, Any, RunData, Tracker], StepLoop]
+
+
+def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> list[dict[str, Any]]:
+    """Build everything `cfg` names, run `make_loop(...).fit()`, and always release the workers."""
+    from trainer.data_counts import StepCountsTracker
+    from trainer.main import ensure_default_assets, init_ray
+    from trainer.preflight import check_inputs
+
+    ensure_default_assets(cfg)
+    check_inputs(cfg)  # bad paths fail here, in seconds, before Ray starts
+    init_ray(cfg)
+    data = build_run_data(cfg)
+    log_dir = Path(cfg.trainer.default_local_dir) / "logs"
+    tracker = StepCountsTracker(cfg.trainer.logger, log_dir, data.prompt_counts)
+    try:
+        roles = build_roles(cfg)  # gives back what it reserved when it fails
+    except BaseException:
+        tracker.close()
+        raise
+    try:
+        history = make_loop(cfg, roles, data, tracker).fit()
+        curve = tracker.plot_reward_curve(log_dir / "reward_curve.png")
+        if curve:
+            print(f"reward curve: {curve}")
+        if cfg.trainer.export_hf_at_end:
+            roles.actor.export_hf(str(Path(cfg.trainer.default_local_dir) / "hf_export"))
+    except KeyboardInterrupt:
+        print("interrupted: stopping the workers and releasing their placement groups", file=sys.stderr, flush=True)
+        raise
+    finally:
+        tracker.close()
+        roles.shutdown()
+    return history

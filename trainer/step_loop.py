@@ -1,0 +1,95 @@
+"""What every RL loop shares: resume, the step loop with validation and checkpoints, tracking, a progress bar.
+
+A recipe subclasses `StepLoop` and writes only `train_step` (its algorithm, one line per phase); the rest
+(the trainer's checkpoint layout, `trainer.*` schedule keys, metrics to the tracker) is the same for all.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from protocol import DataProto
+from single_controller.errors import WorkerGroupError
+from trainer import checkpointing
+from trainer.run_data import RunData
+from trainer.tracking import Tracker
+from trainer.validation import validate
+
+
+class StepLoop:
+    """Subclasses set `progress_desc` and implement `train_step(batch) -> metrics`."""
+
+    progress_desc = "training"
+
+    def __init__(self, cfg: DictConfig, roles: Any, data: RunData, tracker: Tracker) -> None:
+        self.cfg, self.roles, self.data, self.tracker = cfg, roles, data, tracker
+        self.global_step = 0
+        self.checkpoint_root = Path(cfg.trainer.default_local_dir)
+
+    def train_step(self, batch: DataProto) -> dict[str, float]:
+        raise NotImplementedError
+
+    def validate(self) -> dict[str, float]:
+        """Greedy responses of the actor on the validation set, scored by the rule reward."""
+        return validate(self.roles.actor, self.data.val_batches, self.data.reward_fn)
+
+    # ---- checkpoints: extra driver state is a hook --------------------------------------------------------
+    def driver_state(self) -> dict[str, Any]:
+        return {}
+
+    def restore_driver_state(self, state: dict[str, Any]) -> None:
+        return None
+
+    def save(self) -> Path:
+        state = {"global_step": self.global_step, "dataloader": self.data.train_loader.state_dict(), **self.driver_state()}
+        return checkpointing.save_checkpoint(self.checkpoint_root, self.global_step, state, self.roles.save, self.cfg.trainer.max_ckpt_to_keep)
+
+    def maybe_resume(self) -> None:
+        path = checkpointing.find_resume_dir(self.checkpoint_root, str(self.cfg.trainer.resume_mode))
+        if path is None:
+            return
+        state = checkpointing.load_driver_state(path)
+        try:
+            self.roles.load(path)
+        except WorkerGroupError as error:
+            if type(error) is not WorkerGroupError:  # a dead or stuck worker is not the checkpoint's fault
+                raise
+            # The manifest matched, yet a worker could not read its shard: name the folder.
+            raise checkpointing.CheckpointError(f"could not load checkpoint {path}: {error}") from error
+        self.data.train_loader.load_state_dict(state["dataloader"])
+        self.restore_driver_state(state)
+        self.global_step = state["global_step"]
+        print(f"resumed from {path} at step {self.global_step}")
+
+    # ---- the run ------------------------------------------------------------------------------------------
+    def progress_postfix(self, metrics: dict[str, float]) -> dict[str, str]:
+        return {"reward": f"{metrics.get('reward/mean', float('nan')):.3f}"}
+
+    def fit(self) -> list[dict[str, Any]]:
+        cfg = self.cfg.trainer
+        self.maybe_resume()
+        if cfg.val_before_train and self.global_step == 0 and self.data.val_batches:
+            self.tracker.log(self.validate(), step=0)
+        batches = iter(self.data.train_loader)
+        progress = tqdm(total=cfg.total_training_steps, initial=self.global_step, desc=self.progress_desc, unit="step")
+        while self.global_step < cfg.total_training_steps:
+            start = time.perf_counter()
+            metrics = self.train_step(next(batches))
+            self.global_step += 1
+            if cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0 and self.data.val_batches:
+                metrics.update(self.validate())
+            if cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0:
+                self.save()
+            metrics["timing/wall_step_s"] = time.perf_counter() - start
+            self.tracker.log(metrics, step=self.global_step)
+            progress.update(1)
+            progress.set_postfix(self.progress_postfix(metrics))
+        progress.close()
+        if cfg.save_at_end and (cfg.save_freq <= 0 or self.global_step % cfg.save_freq):
+            self.save()
+        return self.tracker.history
