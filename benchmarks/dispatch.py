@@ -28,6 +28,7 @@ import torch  # noqa: E402
 from protocol import DataProto  # noqa: E402
 from single_controller import Dispatch, Worker, register  # noqa: E402
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
+from single_controller.ray.local_cluster import init_local_ray  # noqa: E402
 
 MIB = 1 << 20
 
@@ -118,7 +119,7 @@ def main() -> None:
     parser.add_argument("--out", default="results/dispatch.json")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and sizes (a smoke run)")
     args = parser.parse_args()
-    ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, object_store_memory=3 << 30)
+    init_local_ray(num_cpus=max(4, os.cpu_count() or 1), object_store_memory=3 << 30)
     repeats = 20 if args.quick else 200
     noop = bench_noop([2, 4, 8], repeats)
     bandwidth = bench_bandwidth([16] if args.quick else [16, 64, 256], 3 if args.quick else 7)

@@ -22,6 +22,7 @@ from examples.tiny_policy import NUM_PROMPTS, TinyPolicy, score  # noqa: E402
 from protocol import DataProto  # noqa: E402
 from single_controller import Dispatch, Worker, register  # noqa: E402
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
+from single_controller.ray.local_cluster import init_local_ray  # noqa: E402
 
 
 def repeat_and_split(worker_group, data: DataProto):
@@ -140,7 +141,7 @@ def main_task(config: dict) -> list[dict]:
 
 
 def main() -> None:
-    ray.init(address="local", num_cpus=4, include_dashboard=False)
+    init_local_ray(num_cpus=4)
     config = {"seed": 0, "steps": 30, "batch_size": 16, "samples_per_prompt": 4}
     history = ray.get(main_task.remote(config))
     first, last = history[:5], history[-5:]

@@ -16,13 +16,12 @@ TEST_CLUSTER_CPUS = 8
 def _start_ray() -> None:
     import ray
 
+    from single_controller.ray.local_cluster import init_local_ray
+
     if ray.is_initialized():
         return
-    ray.init(
-        address="local",  # always a fresh cluster of our own, never one left running on the machine
+    init_local_ray(  # always a fresh cluster of our own (never one left running), on loopback only
         num_cpus=TEST_CLUSTER_CPUS,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
         object_store_memory=2 << 30,
         runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT), "RAY_AUTH_MODE": "disabled"}},
         log_to_driver=True,

@@ -46,20 +46,10 @@ def init_ray(cfg: DictConfig) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env=runtime_env)
         return
-    workers = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
-    # On Linux Ray turns 127.0.0.1 into the machine's address and listens on every interface; in its
-    # one-machine mode (the flag below, inherited by Ray's own processes) every port stays on loopback.
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    from ray._private import ray_constants
+    from single_controller.ray.local_cluster import init_local_ray
 
-    ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] not in ("0", "false", "False")
-    ray.init(
-        address="local",
-        num_cpus=cfg.trainer.ray_num_cpus or max(os.cpu_count() or 1, 2 * workers + 2),
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        runtime_env=runtime_env,
-    )
+    workers = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    init_local_ray(num_cpus=cfg.trainer.ray_num_cpus or max(os.cpu_count() or 1, 2 * workers + 2), runtime_env=runtime_env)
 
 
 def run(cfg: DictConfig) -> list[dict[str, Any]]:

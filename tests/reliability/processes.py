@@ -31,16 +31,23 @@ class ChildProcess:
     def __init__(self, args: list[str], log_path: Path, cwd: Path | None = None) -> None:
         self.log_path = log_path
         self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, *args],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=str(cwd or REPO_ROOT),
-            env=child_env(),
-            start_new_session=True,  # its own session: the test's terminal signals never reach it
-            # A background launcher may leave SIGINT ignored, which would also stop Python's KeyboardInterrupt.
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
+        # A background launcher may leave SIGINT ignored, and an ignored signal stays ignored across exec
+        # (the child would then have no KeyboardInterrupt); a handled one is reset to the default.
+        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        if ignored:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, *args],
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                cwd=str(cwd or REPO_ROOT),
+                env=child_env(),
+                start_new_session=True,  # its own session: the test's terminal signals never reach it
+            )
+        finally:
+            if ignored:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.seen: dict[int, psutil.Process] = {}
 
     @property

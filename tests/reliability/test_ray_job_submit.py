@@ -12,7 +12,6 @@ import re
 import shutil
 import socket
 import subprocess
-from pathlib import Path
 
 import psutil
 import pytest
@@ -87,17 +86,20 @@ def test_ray_start_job_submit_ray_stop(small_assets, tmp_path):
     (tmp_path / "cluster.sh").write_text(script)
     # One machine: keep every port of the cluster on loopback (see docs/operations.md).
     env = child_env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    script = subprocess.Popen(
+    cluster = subprocess.Popen(
         [*(prefix or []), "bash", str(tmp_path / "cluster.sh")], cwd=REPO_ROOT, env=env, start_new_session=True,
     )
     try:
-        returncode = script.wait(timeout=240)
+        returncode = cluster.wait(timeout=240)
     finally:
-        if script.poll() is None:
-            script.kill()
-        leftovers = [p for p in cluster_processes(script.pid, gcs) if p.pid != os.getpid()]
+        if cluster.poll() is None:
+            cluster.kill()
+        leftovers = [p for p in cluster_processes(cluster.pid, gcs) if p.pid != os.getpid()]
         for process in leftovers:
-            process.kill()
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
         psutil.wait_procs(leftovers, timeout=10)
     logs = {name: (tmp_path / f"{name}.log").read_text() if (tmp_path / f"{name}.log").exists() else "" for name in ("start", "submit", "status")}
     context = f"rc={returncode}\n" + "\n".join(f"--- {k}\n{v[-3000:]}" for k, v in logs.items())

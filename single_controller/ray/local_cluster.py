@@ -1,0 +1,27 @@
+"""Start a local Ray cluster whose every port (GCS, raylet, object manager, workers) listens on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# Ray's one-machine mode; the environment variable is inherited by Ray's own processes.
+SINGLE_MACHINE_FLAG = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+LOOPBACK = "127.0.0.1"
+
+
+def init_local_ray(**kwargs: Any) -> None:
+    """`ray.init(address="local", ...)` bound to loopback, without the dashboard unless asked for.
+
+    On Linux Ray otherwise replaces 127.0.0.1 by the machine's address and listens on every interface.
+    Ray reads the flag into a module constant at import, so the constant is set here too (a private Ray
+    attribute: tests/reliability/test_security.py checks every listening socket, so a Ray change shows).
+    """
+    import ray
+    from ray._private import ray_constants
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault(SINGLE_MACHINE_FLAG, "0")
+    ray_constants.ENABLE_RAY_CLUSTER = os.environ[SINGLE_MACHINE_FLAG] not in ("0", "false", "False")
+    kwargs.setdefault("include_dashboard", False)
+    ray.init(address="local", _node_ip_address=LOOPBACK, **kwargs)
