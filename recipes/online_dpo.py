@@ -18,12 +18,13 @@ import sys
 from typing import Any, Sequence
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from protocol import DataProto
-from recipes.config import ConfigError, as_dict, load_recipe_config
+from recipes.config import as_dict, load_recipe_config
 from recipes.pair_batch import pack_pairs, pad_for_ranks, sequence_log_probs
 from trainer.algorithms.pairs import form_pairs
+from trainer.cli import run_cli
 from trainer.launch import run_loop
 from trainer.role_groups import RoleGroups
 from trainer.step_loop import StepLoop
@@ -85,20 +86,7 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    print_cfg = "--cfg" in args  # `--cfg job`: print the resolved config and exit, as trainer.main does
-    if print_cfg:
-        del args[args.index("--cfg") : args.index("--cfg") + 2]
-    try:
-        cfg = load_recipe_config("online_dpo", args)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    if print_cfg:
-        print(OmegaConf.to_yaml(cfg))
-        return 0
-    run(cfg)
-    return 0
+    return run_cli(sys.argv[1:] if argv is None else argv, lambda args: load_recipe_config("online_dpo", args), run)
 
 
 if __name__ == "__main__":

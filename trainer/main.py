@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from trainer.config_loader import ConfigError, load_config
+from trainer.cli import run_cli
+from trainer.config_loader import load_config
 
 DEFAULT_MODEL_PATH = "outputs/tiny_model"
 DEFAULT_DATA_DIR = "outputs/data"
@@ -73,24 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
         return recipe_run([a for a in args if a != recipe])
-    print_cfg = "--cfg" in args
-    if print_cfg:
-        at = args.index("--cfg")
-        what = args[at + 1] if at + 1 < len(args) else "job"
-        if what != "job":
-            print(f"--cfg supports 'job' (the resolved trainer config), got {what!r}", file=sys.stderr)
-            return 2
-        del args[at : at + 2]
-    try:
-        cfg = load_config(args)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    if print_cfg:
-        print(OmegaConf.to_yaml(cfg))
-        return 0
-    run(cfg)
-    return 0
+    return run_cli(args, load_config, run)
 
 
 if __name__ == "__main__":
