@@ -14,6 +14,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -37,6 +38,18 @@ def summarize(history: list[dict], wall_s: float, window: int = 5) -> dict:
     }
 
 
+def report(result: dict, keys: Sequence[str], out: str, header: str = "measure") -> None:
+    """Print `keys` of `result` as a two-column table and write the whole result as JSON to `out`."""
+    width = max(len(header), *(len(k) for k in keys)) + 2
+    print(f"\n{header:<{width}}value")
+    for key in keys:
+        value = result[key]
+        print(f"{key:<{width}}{value:.3f}" if isinstance(value, float) else f"{key:<{width}}{value}")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/learning.json")
@@ -46,13 +59,8 @@ def main() -> None:
     history = run(cfg)
     result = summarize(history, time.perf_counter() - start)
     result.update(overrides=overrides, machine={"cpus": os.cpu_count(), "platform": platform.platform()})
-    print("\nmeasure                         value")
-    for key in ("val_reward_baseline", "val_reward_final", "train_reward_first_steps", "train_reward_last_steps", "steps", "wall_s", "target"):
-        value = result[key]
-        print(f"{key:<30}  {value:.3f}" if isinstance(value, float) else f"{key:<30}  {value}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    keys = ("val_reward_baseline", "val_reward_final", "train_reward_first_steps", "train_reward_last_steps", "steps", "wall_s", "target")
+    report(result, keys, args.out)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,13 @@ of the first steps (at step 1 the policy equals the reference, so its accuracy i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
-from pathlib import Path
 
 import numpy as np
 
+from benchmarks.learning import report
 from recipes.config import load_recipe_config
 from recipes.online_dpo import run
 
@@ -63,13 +62,7 @@ def main() -> None:
     history = run(cfg)
     result = summarize(history, time.perf_counter() - start)
     result.update(overrides=overrides, machine={"cpus": os.cpu_count(), "platform": platform.platform()})
-    print(f"\nmeasure (first/last = mean of {result['window']} steps)   value")
-    for key in MEASURES:
-        value = result[key]
-        print(f"{key:<36}  {value:.3f}" if isinstance(value, float) else f"{key:<36}  {value}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    report(result, MEASURES, args.out, header=f"measure (first/last = mean of {result['window']} steps)")
 
 
 if __name__ == "__main__":
