@@ -66,7 +66,7 @@ def main() -> None:
     start = time.perf_counter()
     history = run(load_config(overrides))
     run_s = time.perf_counter() - start
-    phases = sorted({k for r in history for k in r if k.startswith("timing/")})
+    phases = sorted({k for r in history for k in r if k.startswith(("timing/", "rollout/", "memory/"))})
     print(f"\nQwen2 random init, {params / 1e6:.0f}M parameters, {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}")
     print("phase".ljust(28) + "".join(f"step {r['step']:>2}".rjust(10) for r in history))
     for phase in phases + ["perf/tokens", "perf/tokens_per_s", "response/length_mean", "reward/mean"]:

@@ -8,8 +8,8 @@ Each step:
   3. best vs worst response of each prompt form a pair (prompts whose responses tie are dropped and counted);
   4. the frozen reference policy gives the log-probs of the chosen and the rejected responses;
   5. the actor takes a DPO step (dpo.loss_type sigmoid | ipo | hinge, dpo.beta, dpo.label_smoothing).
-The generator IS the actor worker (HF generate on the FSDP model), so the new weights reach the generator
-with no copy: the next step samples from the updated policy. Config: trainer/config/recipe/online_dpo.yaml.
+With the default HF engine the generator IS the actor worker, so the new weights reach it with no copy;
+with `rollout.name=vllm`, `roles.generate_sequences` syncs them into the engine first. Config: trainer/config/recipe/online_dpo.yaml.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ class OnlineDPO(StepLoop):
     progress_desc = "online dpo"
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
-        timer, actor, n = PhaseTimer(), self.roles.actor, self.cfg.actor_rollout_ref.rollout.n
+        timer, roles, actor, n = PhaseTimer(), self.roles, self.roles.actor, self.cfg.actor_rollout_ref.rollout.n
         uids = np.array([f"{self.global_step}-{i}" for i in range(len(batch))], dtype=object)
         rollout = batch.union(DataProto.from_dict(non_tensors={"uid": uids})).repeat(n, interleave=True)
         rollout.meta_info.update(seed=self.cfg.trainer.seed * 100_003 + self.global_step)  # reproducible sampling
         with timer("generate"):  # 1. sample with the actor's current weights
-            rollout = actor.generate_sequences(rollout)
+            rollout = roles.generate_sequences(rollout)
         with timer("verify"):  # 2. score; the rule reward is also the task reward we report
             task_reward, reward_metrics = self.data.reward_fn(rollout)
             task_reward = task_reward.sum(-1)

@@ -6,6 +6,7 @@ output chunks by ObjectRef and the worker pulls them straight from the object st
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -140,7 +141,11 @@ def run_with_resolved_shards(func: Callable[..., Any], worker: Any, args: tuple,
     call = _ResolvedCall()
     args = tuple(_resolve(a, call) for a in args)
     kwargs = {k: _resolve(v, call) for k, v in kwargs.items()}
+    started = time.perf_counter()
     output = func(worker, *args, **kwargs)
+    exec_log = getattr(worker, "_sc_exec_seconds", None)
+    if exec_log is not None:
+        exec_log.append((func.__name__, time.perf_counter() - started))
     if call.padding:
         output = _strip_padding(output, call, func.__qualname__)
     if call.split_type is not None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from single_controller.call_timing import MAX_RECORDS
 from single_controller.mesh import MeshPlacement, placement_from_axes
 
 # Environment variables the worker group sets on each actor (read by torch.distributed's env:// init).
@@ -69,6 +71,8 @@ class Worker:
     def __new__(cls, *args: Any, **kwargs: Any) -> "Worker":
         instance = super().__new__(cls)
         instance._declared_meshes: dict[str, MeshPlacement] = {}
+        # (method, seconds inside it) per registered call, popped by the driver to measure overhead
+        instance._sc_exec_seconds = deque(maxlen=MAX_RECORDS)
         if os.environ.get(ENV_RESERVE_MASTER_PORT) == "1" and int(os.environ.get(ENV_RANK, "0")) == 0:
             _reserve_master_port()
         return instance
@@ -154,3 +158,9 @@ class Worker:
 
     def sc_world_size(self) -> int:
         return self.world_size
+
+    def sc_pop_exec_seconds(self) -> list[tuple[str, float]]:
+        """`(method, seconds)` of the registered calls since the last pop, in order."""
+        records = list(self._sc_exec_seconds)
+        self._sc_exec_seconds.clear()
+        return records

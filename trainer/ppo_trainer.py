@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -10,6 +11,7 @@ from omegaconf import DictConfig
 from protocol import DataProto
 from trainer.advantage import compute_advantage, token_level_rewards
 from trainer.algorithms import make_kl_controller, masked_mean
+from trainer.overhead import reset_call_logs, step_overhead
 from trainer.role_groups import RoleGroups
 from trainer.run_data import RunData
 from trainer.step_loop import StepLoop
@@ -37,17 +39,23 @@ class PPOTrainer(StepLoop):
 
     # ---- one step --------------------------------------------------------------------------------------
     def train_step(self, batch: DataProto) -> dict[str, float]:
+        reset_call_logs(self.roles)
+        started = time.perf_counter()
         timer, n, actor = PhaseTimer(), self.cfg.actor_rollout_ref.rollout.n, self.roles.actor
         batch = batch.union(DataProto.from_dict(non_tensors={"uid": np.array([f"{self.global_step}-{i}" for i in range(len(batch))], dtype=object)}))
         rollout = batch.repeat(n, interleave=True)
         rollout.meta_info.update(seed=self.cfg.trainer.seed * 100_003 + self.global_step)  # reproducible sampling
+        with timer("sync_weights"):
+            self.roles.sync_rollout_weights()  # the rollout engine gets the weights of the last update
         with timer("generate"):
-            rollout = actor.generate_sequences(rollout)
+            rollout = self.roles.generate_sequences(rollout)
         if self.algo.adv_estimator == "remax":
             with timer("generate_baseline"):
                 rollout = self._add_greedy_baseline(batch, rollout, n)
         with timer("reward"):
+            reward_started = time.perf_counter()
             scores, reward_metrics = self.reward_fn(rollout)
+            reward_fn_s = time.perf_counter() - reward_started
             if self.roles.reward_model is not None:
                 rm_scores = self.roles.reward_model.compute_rm_score(rollout).batch["rm_scores"]
                 reward_metrics["reward_model_mean"] = float(rm_scores.sum(-1).mean())
@@ -71,12 +79,14 @@ class PPOTrainer(StepLoop):
         with timer("update_actor"):
             metrics.update(mean_metrics(actor.update_actor(rollout), "actor"))
         metrics.update(self._batch_metrics(rollout, reward_metrics, kl_metrics, timer))
+        metrics.update(step_overhead(time.perf_counter() - started, self.roles, reward_fn_s + timer.seconds["advantage"]))
+        metrics.update(self.roles.pop_worker_metrics())
         return metrics
 
     def _add_greedy_baseline(self, batch: DataProto, rollout: DataProto, n: int) -> DataProto:
         greedy = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"], non_tensor_batch_keys=list(batch.non_tensor_batch))
         greedy.meta_info.update(do_sample=False)
-        greedy = self.roles.actor.generate_sequences(greedy)
+        greedy = self.roles.generate_sequences(greedy)
         baseline, _ = self.reward_fn(greedy)
         rollout.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
         return rollout
@@ -86,7 +96,13 @@ class PPOTrainer(StepLoop):
         scores = rollout.batch["token_level_scores"].sum(-1)
         tokens = int(rollout.batch["attention_mask"].sum())
         step_s = sum(timer.seconds.values())
+        engine_gap = {}
+        if "rollout_log_probs" in rollout.batch.keys():
+            # How far the rollout engine's log-probs are from the trainer's for the same tokens.
+            gap = (rollout.batch["rollout_log_probs"] - rollout.batch["old_log_probs"]).abs()
+            engine_gap = {"rollout/logprob_gap_mean": float(masked_mean(gap, mask)), "rollout/logprob_gap_max": float((gap * mask).max())}
         return {
+            **engine_gap,
             "reward/mean": float(scores.mean()),
             "reward/max": float(scores.max()),
             "reward/min": float(scores.min()),

@@ -10,7 +10,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from protocol import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from workers.rollout.separate_sync import SeparateWeightSync
 
 ACTOR_DIR, CRITIC_DIR = "actor", "critic"
 
@@ -26,6 +28,8 @@ def actor_worker_config(cfg: DictConfig) -> dict[str, Any]:
     section["actor"]["ppo_mini_batch_size"] = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
     section["actor"]["optim"]["total_training_steps"] = cfg.trainer.total_training_steps
     section["seed"] = cfg.trainer.seed
+    if section["rollout"]["max_model_len"] is None:
+        section["rollout"]["max_model_len"] = cfg.data.max_prompt_length + cfg.data.max_response_length
     return section
 
 
@@ -54,6 +58,9 @@ class RoleGroups:
     pools: list[RayResourcePool]
     reward_model: RayWorkerGroup | None = None
     groups: list[RayWorkerGroup] = field(default_factory=list)  # the groups owning actors (not role views)
+    rollout: RayWorkerGroup | None = None  # vLLM engines with their own pool (rollout.placement=separate)
+    weight_sync: SeparateWeightSync | None = None
+    driver_metrics: dict[str, float] = field(default_factory=dict)  # weight-sync results not yet reported
 
     @classmethod
     def build(cls, cfg: DictConfig, reference: bool | None = None, critic: bool | None = None) -> "RoleGroups":
@@ -98,15 +105,65 @@ class RoleGroups:
                 for name, role_cls in extra_roles.items():
                     separate[name] = new_group(new_pool(f"{name}_"), role_cls, name)
                 built = cls(separate["actor"], separate.get("critic"), uses_reference, pools, separate.get("reward_model"))
+            rollout_cfg = cfg.actor_rollout_ref.rollout
+            if rollout_cfg.name == "vllm" and rollout_cfg.placement == "separate":
+                built.rollout = cls._separate_rollout(cfg, new_group, pools)
             built.groups = groups
-            for group in (built.actor, built.critic, built.reward_model):
+            for group in (built.actor, built.critic, built.reward_model, built.rollout):
                 if group is not None:
                     group.init_model()
+            if built.rollout is not None:
+                built.weight_sync = SeparateWeightSync(
+                    built.actor, built.rollout, actor_worker_config(cfg)["rollout"], cfg.actor_rollout_ref.model.path, use_gpu(cfg)
+                )
+                built.weight_sync.connect()
         except BaseException:
             # Whatever was reserved before the failure (or Ctrl-C) is given back before the error propagates.
             release(groups, pools)
             raise
         return built
+
+    @staticmethod
+    def _separate_rollout(cfg: DictConfig, new_group: Any, pools: list[RayResourcePool]) -> RayWorkerGroup:
+        from workers.rollout.vllm_worker import VLLMRolloutWorker
+
+        rollout = cfg.actor_rollout_ref.rollout
+        pools.append(
+            RayResourcePool(
+                [rollout.num_engines], use_gpu=use_gpu(cfg), name_prefix="rollout_", gpus_per_process=rollout.tensor_model_parallel_size
+            )
+        )
+        return new_group(pools[-1], RayClassWithInitArgs(VLLMRolloutWorker, config=actor_worker_config(cfg)), "rollout")
+
+    # ---- rollout ----------------------------------------------------------------------------------------
+    def sync_rollout_weights(self) -> dict[str, float]:
+        """Bring the rollout engines up to the actor's current weights (a no-op when they already are, and
+        for the HF engine, which generates with the actor's own model)."""
+        if self.weight_sync is not None:
+            metrics = self.weight_sync.sync()
+        else:
+            metrics = mean_over_workers(self.actor.sync_rollout_weights())
+        self.driver_metrics.update(metrics)
+        return metrics
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Generate with the current weights on whichever group holds the rollout engine."""
+        self.sync_rollout_weights()
+        return (self.rollout or self.actor).generate_sequences(prompts)
+
+    def pop_worker_metrics(self) -> dict[str, float]:
+        """Weight-sync, engine and per-phase memory metrics the workers gathered since the last call."""
+        metrics = mean_over_workers(self.actor.pop_step_metrics())
+        metrics.update(self.driver_metrics)
+        self.driver_metrics = {}
+        if self.rollout is not None:
+            metrics.update(mean_over_workers(self.rollout.pop_step_metrics()))
+        return metrics
+
+    def pop_exec_seconds(self) -> dict[str, list[list[tuple[str, float]]]]:
+        """Per group, each rank's `(method, seconds inside it)` since the last pop (see trainer/overhead.py)."""
+        groups = [g for g in (self.actor, self.critic, self.reward_model, self.rollout) if g is not None]
+        return {group.name: group.execute_all("sc_pop_exec_seconds") for group in groups}
 
     def save(self, folder: Path) -> None:
         self.actor.save_checkpoint(str(folder / ACTOR_DIR))
@@ -122,6 +179,12 @@ class RoleGroups:
         """Kill the workers and give their placement groups back; safe to call twice."""
         release(self.groups, self.pools)
         self.groups, self.pools = [], []
+
+
+def mean_over_workers(per_worker: list[dict[str, float]]) -> dict[str, float]:
+    """Each key averaged over the workers that reported it."""
+    keys = sorted({k for metrics in per_worker for k in metrics})
+    return {k: sum(m[k] for m in per_worker if k in m) / sum(1 for m in per_worker if k in m) for k in keys}
 
 
 def release(groups: list[RayWorkerGroup], pools: list[RayResourcePool]) -> None:

@@ -36,7 +36,7 @@ class StepLoop:
 
     def validate(self) -> dict[str, float]:
         """Greedy responses of the actor on the validation set, scored by the rule reward."""
-        return validate(self.roles.actor, self.data.val_batches, self.data.reward_fn)
+        return validate(self.roles, self.data.val_batches, self.data.reward_fn)
 
     # ---- checkpoints: extra driver state is a hook --------------------------------------------------------
     def driver_state(self) -> dict[str, Any]:

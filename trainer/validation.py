@@ -7,16 +7,16 @@ from typing import Any
 import numpy as np
 
 from protocol import DataProto
-from single_controller.ray import RayWorkerGroup
 
 
-def validate(actor: RayWorkerGroup, val_batches: list[DataProto], reward_fn: Any) -> dict[str, float]:
-    """`val/reward_mean` and `val/<data_source>/reward_mean` of greedy responses; {} without batches."""
+def validate(generator: Any, val_batches: list[DataProto], reward_fn: Any) -> dict[str, float]:
+    """`val/reward_mean` and `val/<data_source>/reward_mean` of greedy responses; {} without batches.
+    `generator` has `generate_sequences(DataProto)` (the run's `RoleGroups`, or a worker group)."""
     scores, sources = [], []
     for batch in val_batches:
         batch = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"], non_tensor_batch_keys=list(batch.non_tensor_batch))
         batch.meta_info.update(do_sample=False)
-        out = actor.generate_sequences(batch)
+        out = generator.generate_sequences(batch)
         scores.append(reward_fn(out)[0].sum(-1).numpy())
         sources.extend(out.non_tensor_batch["data_source"])
     if not scores:

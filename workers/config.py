@@ -87,6 +87,8 @@ def _betas(value: Any) -> list[float]:
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+ROLLOUT_ENGINES = ("hf", "vllm")
+ROLLOUT_PLACEMENTS = ("hybrid", "separate")
 LR_SCHEDULERS = ("constant", "cosine")
 
 MODEL_SPEC: dict[str, Any] = {
@@ -135,9 +137,26 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "use_kl_loss": Field(False, _bool, "a bool"),
         "kl_loss_coef": Field(0.001, _float(0.0), "a float >= 0"),
         "kl_loss_type": Field("low_var_kl", _one_of(*KL_PENALTY_NAMES), f"one of {list(KL_PENALTY_NAMES)}"),
+        "fsdp": {
+            "param_offload": Field(False, _bool, "a bool (keep the actor's parameters on the host between phases; GPU only)"),
+            "optimizer_offload": Field(False, _bool, "a bool (keep the optimizer state on the host between updates; GPU only)"),
+        },
     },
     "rollout": {
-        "name": Field("hf", _one_of("hf"), "'hf' (HF generate on the FSDP model)"),
+        "name": Field("hf", _one_of(*ROLLOUT_ENGINES), f"one of {list(ROLLOUT_ENGINES)} (HF generate on the FSDP model, or vLLM)"),
+        "placement": Field("hybrid", _one_of(*ROLLOUT_PLACEMENTS), f"one of {list(ROLLOUT_PLACEMENTS)} (vllm: in the actor's processes, or its own pool)"),
+        "num_engines": Field(1, _int(1), "an int >= 1 (vllm separate placement: engine replicas, each on tensor_model_parallel_size devices)"),
+        "tensor_model_parallel_size": Field(1, _int(1), "an int >= 1 (vllm; > 1 needs placement=separate)"),
+        "gpu_memory_utilization": Field(0.5, _float(0.0, 1.0, low_open=True), "a float in (0, 1] (vllm on GPU)"),
+        "cpu_kv_cache_mb": Field(256, _int(1), "an int >= 1 (vllm on CPU: KV-cache size in MiB)"),
+        "enforce_eager": Field(True, _bool, "a bool (vllm: no CUDA graphs / torch.compile)"),
+        "enable_sleep": Field(True, _bool, "a bool (vllm hybrid on GPU: release weights and KV cache while the actor trains)"),
+        "free_cache_engine": Field(True, _bool, "a bool (vllm: actually sleep after each generate when enable_sleep)"),
+        "max_model_len": Field(None, _optional(_int(1)), "None (prompt + response length, set by the trainer) or an int >= 1"),
+        "dtype": Field("auto", _one_of(*DTYPES), f"one of {list(DTYPES)} (vllm; auto: the actor's compute dtype)"),
+        "weight_sync_bucket_mb": Field(512, _int(1), "an int >= 1 (MiB per weight-sync bucket)"),
+        "verify_sync": Field(False, _bool, "a bool (after each sync, compare the engine's log-probs of a probe batch with the trainer's)"),
+        "verify_tolerance": Field(None, _optional(_float(0.0, low_open=True)), "None (1e-3 fp32, 0.25 bf16) or a float > 0"),
         "n": Field(1, _int(1), "an int >= 1 (responses per prompt; the driver repeats the prompts)"),
         "temperature": Field(1.0, _float(0.0, low_open=True), "a float > 0"),
         "top_p": Field(1.0, _float(0.0, 1.0, low_open=True), "a float in (0, 1]"),
@@ -208,7 +227,16 @@ def fill_config(spec: Mapping[str, Any], user: Any, where: str = "") -> dict[str
 
 def actor_rollout_ref_config(user: Any) -> dict[str, Any]:
     """Complete, validated config of `ActorRolloutRefWorker` (sections model, actor, rollout, ref)."""
-    return fill_config(ACTOR_ROLLOUT_REF_SPEC, user)
+    config = fill_config(ACTOR_ROLLOUT_REF_SPEC, user)
+    rollout = config["rollout"]
+    if rollout["name"] == "hf" and rollout["placement"] != "hybrid":
+        raise ValueError("rollout.placement='separate' needs rollout.name='vllm' (HF generate runs on the actor's own model)")
+    if rollout["tensor_model_parallel_size"] > 1 and (rollout["name"] != "vllm" or rollout["placement"] != "separate"):
+        raise ValueError(
+            f"rollout.tensor_model_parallel_size={rollout['tensor_model_parallel_size']} needs rollout.name='vllm' and "
+            "rollout.placement='separate' (a hybrid engine shares one device with its actor rank)"
+        )
+    return config
 
 
 def critic_config(user: Any) -> dict[str, Any]:

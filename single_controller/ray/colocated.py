@@ -11,7 +11,7 @@ from single_controller.worker import Worker
 
 ROLE_SEPARATOR = "__"
 # Worker queries the group makes per role (a role's mesh is declared on the role's own instance).
-_ROLE_QUERIES = ("sc_mesh_placement",)
+_ROLE_QUERIES = ("sc_mesh_placement", "sc_pop_exec_seconds")
 
 
 def role_method_name(role: str, method: str) -> str:

@@ -24,7 +24,8 @@ class RankSlot:
 class RayResourcePool:
     """Reserve `process_on_nodes[i]` processes on node i.
 
-    Each process slot is a bundle of `cpus_per_process` CPUs (and one GPU when `use_gpu`); up to
+    Each process slot is a bundle of `cpus_per_process` CPUs (and `gpus_per_process` GPUs when `use_gpu`,
+    e.g. a tensor-parallel engine that starts its own per-GPU processes); up to
     `max_colocate_count` worker groups can share the pool, each actor taking that fraction of its slot.
     """
 
@@ -36,9 +37,12 @@ class RayResourcePool:
         name_prefix: str = "",
         cpus_per_process: float = 1.0,
         detached: bool = False,
+        gpus_per_process: int = 1,
     ) -> None:
         if not process_on_nodes or any(not isinstance(n, int) or n < 1 for n in process_on_nodes):
             raise ValueError(f"process_on_nodes must be a non-empty list of positive ints, got {process_on_nodes!r}")
+        if gpus_per_process < 1:
+            raise ValueError(f"gpus_per_process must be >= 1, got {gpus_per_process}")
         if max_colocate_count < 1:
             raise ValueError(f"max_colocate_count must be >= 1, got {max_colocate_count}")
         self.process_on_nodes = list(process_on_nodes)
@@ -47,6 +51,7 @@ class RayResourcePool:
         self.name_prefix = name_prefix
         self.cpus_per_process = cpus_per_process
         self.detached = detached
+        self.gpus_per_process = gpus_per_process
         self._placement_groups: list[PlacementGroup] | None = None
 
     @property
@@ -56,12 +61,12 @@ class RayResourcePool:
     def actor_resources(self) -> dict[str, float]:
         """Resources one actor of one colocated group takes from its slot."""
         share = 1.0 / self.max_colocate_count
-        return {"num_cpus": self.cpus_per_process * share, "num_gpus": share if self.use_gpu else 0.0}
+        return {"num_cpus": self.cpus_per_process * share, "num_gpus": self.gpus_per_process * share if self.use_gpu else 0.0}
 
     def _bundle(self) -> dict[str, float]:
         bundle = {"CPU": self.cpus_per_process}
         if self.use_gpu:
-            bundle["GPU"] = 1.0
+            bundle["GPU"] = float(self.gpus_per_process)
         return bundle
 
     def _target_nodes(self) -> list[str | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from typing import Any, Callable, Iterable
 
@@ -12,6 +13,7 @@ import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from single_controller import worker as worker_env
+from single_controller.call_timing import record_driver_call
 from single_controller.decorator import Execute, MethodSpec, get_method_spec
 from single_controller.dispatch import DispatchEntry, resolve_dispatch
 from single_controller.errors import WorkerGroupError
@@ -261,6 +263,7 @@ class RayWorkerGroup:
     ) -> Any:
         from protocol import DataProtoFuture
 
+        started = time.perf_counter()
         per_rank_args, per_rank_kwargs = entry.dispatch_fn(self, *args, **kwargs)
         self._check_dispatched(method, per_rank_args, per_rank_kwargs)
         ranks = list(range(self.world_size)) if execute == Execute.ALL else [0]
@@ -279,7 +282,11 @@ class RayWorkerGroup:
             chunk_refs=chunk_refs,
             description=f"{self.name}.{method}",
         )
-        return future.get() if blocking else future
+        if not blocking:
+            return future
+        output = future.get()
+        record_driver_call(self.name, method, ranks, started)
+        return output
 
     def _check_dispatched(self, method: str, args: Any, kwargs: Any) -> None:
         for name, value in [*enumerate(args), *kwargs.items()]:

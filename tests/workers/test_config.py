@@ -50,6 +50,13 @@ def test_unknown_key_lists_valid_keys():
         ({"rollout": {"eos_token_id": "eos"}}, r"rollout.eos_token_id' must be None"),
         ({"model": {"dtype": "fp16"}}, r"model.dtype' must be one of \['auto', 'float32', 'bfloat16', 'float16'\]"),
         ({"actor": []}, r"section actor must be a dict, got list"),
+        ({"rollout": {"name": "sglang"}}, r"rollout.name' must be one of \['hf', 'vllm'\]"),
+        ({"rollout": {"placement": "remote"}}, r"rollout.placement' must be one of \['hybrid', 'separate'\]"),
+        ({"rollout": {"gpu_memory_utilization": 1.5}}, r"rollout.gpu_memory_utilization' must be a float in \(0, 1\]"),
+        ({"rollout": {"name": "vllm", "verify_tolerance": 0}}, r"rollout.verify_tolerance' must be None"),
+        ({"rollout": {"placement": "separate"}}, r"placement='separate' needs rollout.name='vllm'"),
+        ({"rollout": {"name": "vllm", "tensor_model_parallel_size": 2}}, r"tensor_model_parallel_size=2 needs rollout.name='vllm' and rollout.placement='separate'"),
+        ({"actor": {"fsdp": {"param_offload": "yes"}}}, r"actor.fsdp.param_offload' must be a bool"),
     ],
 )
 def test_bad_values_name_key_and_expectation(override, message):

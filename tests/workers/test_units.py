@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from workers.fsdp.checkpoint import rng_state, set_rng_state
-from workers.fsdp.generation import response_mask_from_eos
+from workers.rollout.shaping import response_mask_from_eos
 from workers.fsdp.optim import lr_factor_fn
 from workers.fsdp.ppo_loop import loss_units
 

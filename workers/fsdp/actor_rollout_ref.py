@@ -20,19 +20,21 @@ from workers.fsdp.actor_loss import actor_micro_loss, required_update_keys
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.dpo_update import PAIR_KEYS, DPOSettings, run_dpo_update
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.generation import SamplingParams, generate_responses, model_token_ids, seeded_sampling
+from workers.fsdp.generation import generate_responses, seeded_sampling
+from workers.fsdp.offload import Offloader
 from workers.fsdp.ppo_loop import run_ppo_updates
 from workers.fsdp.sequences import micro_batches, require_batch_keys, response_log_probs_and_entropy
+from workers.fsdp.weight_sender import WeightSenderMixin
+from workers.memory import MemoryLog
+from workers.rollout.sampling import SamplingParams, model_token_ids, sampling_params
+from workers.rollout.shaping import rollout_output
 
 ROLES = ("actor_rollout", "actor_rollout_ref", "ref")
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-# meta_info keys a generate_sequences call may set to override the rollout config (e.g. greedy validation);
-# meta_info["seed"] (optional) makes the call's sampling depend only on (seed, rank).
-GENERATION_OVERRIDES = ("do_sample", "temperature", "top_p", "top_k")
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(WeightSenderMixin, Worker):
     def __init__(self, config: dict[str, Any], role: str) -> None:
         super().__init__()
         if role not in ROLES:
@@ -42,6 +44,11 @@ class ActorRolloutRefWorker(Worker):
         self.actor: FSDPEngine | None = None
         self.ref: FSDPEngine | None = None
         self.update_calls = 0  # part of the checkpoint: seeds the mini-batch shuffles
+        self.weights_version = 0  # bumped whenever the actor's weights change (update, checkpoint load)
+        self.hybrid_rollout = None  # a vLLM engine in this process (rollout.name=vllm, placement=hybrid)
+        self.offloader: Offloader | None = None
+        self.memory: MemoryLog | None = None
+        self.step_metrics: dict[str, float] = {}
 
     # ---- setup ----------------------------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)
@@ -53,10 +60,39 @@ class ActorRolloutRefWorker(Worker):
             self.actor = FSDPEngine(
                 AutoModelForCausalLM, cfg["model"], self.rank, optim_cfg=cfg["actor"]["optim"]
             )
+            fsdp = cfg["actor"]["fsdp"]
+            self.offloader = Offloader(
+                self.actor.module, self.actor.optimizer, self.actor.device, fsdp["param_offload"], fsdp["optimizer_offload"]
+            )
         if self.role in ("actor_rollout_ref", "ref"):
             self.ref = FSDPEngine(AutoModelForCausalLM, cfg["model"], self.rank)
+        rollout = cfg["rollout"]
+        if self.actor is not None and rollout["name"] == "vllm" and rollout["placement"] == "hybrid":
+            from workers.rollout.hybrid import HybridRollout
+
+            self.hybrid_rollout = HybridRollout(self.actor, rollout, seed=cfg["seed"] + self.rank)
+        device = (self.actor or self.ref).device
+        self.memory = MemoryLog(device)
+        self.memory.record("init")
+        if self.offloader is not None:
+            self.offloader.offload()
         # Each rank samples from its own stream, reproducibly.
         torch.manual_seed(cfg["seed"] + self.rank)
+
+    def _resident_actor(self, method: str, with_optimizer: bool = False) -> FSDPEngine:
+        """The actor engine with its parameters (and optimizer state if asked) on the device."""
+        engine = self._engine("actor", method)
+        self.offloader.load(with_optimizer)
+        return engine
+
+    def _sync_source(self) -> FSDPEngine:
+        return self._resident_actor("broadcast_weights")
+
+    def _end_phase(self, phase: str) -> None:
+        """Offload what the config keeps on the host between phases, then take the phase's memory reading."""
+        if self.offloader is not None:
+            self.offloader.offload()
+        self.memory.record(phase)
 
     def _engine(self, which: str, method: str) -> FSDPEngine:
         engine = self.actor if which == "actor" else self.ref
@@ -68,36 +104,57 @@ class ActorRolloutRefWorker(Worker):
 
     # ---- rollout --------------------------------------------------------------------------------------
     def _sampling_params(self, meta_info: dict[str, Any], model: torch.nn.Module) -> SamplingParams:
-        rollout = {**self.config["rollout"], **{k: meta_info[k] for k in GENERATION_OVERRIDES if k in meta_info}}
-        model_eos, model_pad = model_token_ids(model)
-        eos = rollout["eos_token_id"]
-        eos_ids = model_eos if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
-        pad = rollout["pad_token_id"] if rollout["pad_token_id"] is not None else model_pad
-        return SamplingParams(
-            do_sample=bool(rollout["do_sample"]),
-            temperature=float(rollout["temperature"]),
-            top_p=float(rollout["top_p"]),
-            top_k=int(rollout["top_k"]),
-            response_length=self.config["rollout"]["response_length"],
-            eos_token_ids=eos_ids,
-            pad_token_id=eos_ids[0] if pad is None else int(pad),
-        )
+        eos, pad = model_token_ids(getattr(model, "generation_config", None), model.config)
+        return sampling_params(self.config["rollout"], meta_info, eos, pad)
 
     @register(Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Left-padded prompts [B, P] -> prompts, responses [B, R], input_ids / attention_mask /
         position_ids [B, P+R], response_mask [B, R]; other keys and meta_info of the input carried over."""
-        engine = self._engine("actor", "generate_sequences")
+        if self.config["rollout"]["placement"] == "separate":
+            raise RuntimeError("rollout.placement='separate': generate_sequences runs on the rollout worker group, not the actor")
+        engine = self._resident_actor("generate_sequences")
         require_batch_keys(prompts, PROMPT_KEYS, "generate_sequences")
         params = self._sampling_params(prompts.meta_info, engine.module)
         check_same_length(len(prompts), engine.device, "generate_sequences")
-        engine.module.eval()
-        inputs = {k: prompts.batch[k].to(engine.device) for k in PROMPT_KEYS}
-        with seeded_sampling(prompts.meta_info.get("seed"), self.rank, engine.device):
-            result = generate_responses(engine.module, inputs, params, synced=self.world_size > 1)
-        generated = DataProto.from_dict({k: v.cpu() for k, v in result.items()})
-        carried = prompts.select(batch_keys=[k for k in prompts.batch.keys() if k not in result])
-        return carried.union(generated)
+        seed = prompts.meta_info.get("seed")
+        if self.hybrid_rollout is not None:
+            inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
+            result, metrics = self.hybrid_rollout.generate(
+                inputs, params, seed, self.rank, self.weights_version, after_sync=self.offloader.offload
+            )
+            self.step_metrics.update(metrics)
+        else:
+            engine.module.eval()
+            inputs = {k: prompts.batch[k].to(engine.device) for k in PROMPT_KEYS}
+            with seeded_sampling(seed, self.rank, engine.device):
+                result = generate_responses(engine.module, inputs, params, synced=self.world_size > 1)
+        self._end_phase("generate")
+        return rollout_output(prompts, result)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def sync_rollout_weights(self) -> dict[str, float]:
+        """Hybrid vLLM: load the actor's current weights into this rank's engine now (generate_sequences
+        also does it when they are stale); returns sync metrics ({} when already current)."""
+        if self.hybrid_rollout is None:
+            return {}
+        self._resident_actor("sync_rollout_weights")
+        released = self.hybrid_rollout.engine.wake_up()
+        metrics = self.hybrid_rollout.sync(self.weights_version, force=released)
+        self.hybrid_rollout.engine.sleep()
+        self._end_phase("sync")
+        return metrics
+
+    @register(Dispatch.RANK_ZERO)
+    def current_weights_version(self) -> int:
+        """Counts the changes of the actor's weights (updates, checkpoint loads): a sync is due when it moved."""
+        return self.weights_version
+
+    @register(Dispatch.ONE_TO_ALL)
+    def pop_step_metrics(self) -> dict[str, float]:
+        """Metrics gathered on this rank since the last call: weight sync, engine timings, memory per phase."""
+        metrics, self.step_metrics = {**self.step_metrics, **(self.memory.pop() if self.memory else {})}, {}
+        return metrics
 
     # ---- log-probs ------------------------------------------------------------------------------------
     def _log_probs(
@@ -120,9 +177,10 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Actor log-probs of the responses: `old_log_probs` [B, R] and `entropys` [B, R]."""
-        engine = self._engine("actor", "compute_log_prob")
+        engine = self._resident_actor("compute_log_prob")
         micro = self.config["rollout"]["log_prob_micro_batch_size_per_gpu"]
         log_probs, entropy = self._log_probs(engine, data, micro, True, "compute_log_prob")
+        self._end_phase("old_log_prob")
         return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy})
 
     @register(Dispatch.DP_COMPUTE_PROTO)
@@ -137,7 +195,7 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.DP_COMPUTE_METRIC)
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """PPO update on this rank's share; returns metrics averaged over micro-batches and ranks."""
-        engine = self._engine("actor", "update_actor")
+        engine = self._resident_actor("update_actor", with_optimizer=True)
         actor_cfg = self.config["actor"]
         require_batch_keys(data, required_update_keys(actor_cfg), "update_actor")
         temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
@@ -159,6 +217,8 @@ class ActorRolloutRefWorker(Worker):
             method="update_actor",
         )
         self.update_calls += 1
+        self.weights_version += 1
+        self._end_phase("update_actor")
         return metrics
 
     @register(Dispatch.DP_COMPUTE_METRIC)
@@ -167,10 +227,10 @@ class ActorRolloutRefWorker(Worker):
         loss settings come in `meta_info["dpo"]` ({beta, loss_type, label_smoothing, epochs}). Log-probs use
         the same temperature rule as `compute_ref_log_prob`, so policy and reference are comparable.
         Generation runs on this same model, so the next `generate_sequences` samples from the new weights."""
-        engine = self._engine("actor", "update_actor_dpo")
+        engine = self._resident_actor("update_actor_dpo", with_optimizer=True)
         require_batch_keys(pairs, PAIR_KEYS, "update_actor_dpo")
         temperature = float(pairs.meta_info.get("temperature", self.config["rollout"]["temperature"]))
-        return run_dpo_update(
+        metrics = run_dpo_update(
             engine,
             pairs,
             DPOSettings.from_meta(pairs.meta_info.get("dpo")),
@@ -178,19 +238,29 @@ class ActorRolloutRefWorker(Worker):
             grad_clip=self.config["actor"]["grad_clip"],
             temperature=temperature,
         )
+        self.weights_version += 1
+        self._end_phase("update_actor")
+        return metrics
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
         """Sharded actor model + optimizer, LR schedule, RNG states and update counter (the ref is frozen)."""
-        self._engine("actor", "save_checkpoint").save_checkpoint(path, {"update_calls": self.update_calls})
+        self._resident_actor("save_checkpoint", with_optimizer=True).save_checkpoint(path, {"update_calls": self.update_calls})
+        self._end_phase("save_checkpoint")
 
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        extra = self._engine("actor", "load_checkpoint").load_checkpoint(path)
+        extra = self._resident_actor("load_checkpoint", with_optimizer=True).load_checkpoint(path)
         self.update_calls = int(extra["update_calls"])
+        self.weights_version += 1
+        self._end_phase("load_checkpoint")
 
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
         """Write the actor (the ref for role "ref") as an HF checkpoint; rank 0 writes, all ranks gather."""
-        self._engine("actor" if self.actor is not None else "ref", "export_hf").export_hf(path)
+        if self.actor is not None:
+            self._resident_actor("export_hf").export_hf(path)
+            self._end_phase("export_hf")
+        else:
+            self._engine("ref", "export_hf").export_hf(path)

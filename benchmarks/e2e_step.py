@@ -1,0 +1,114 @@
+"""GRPO steps on one GPU end to end: time per phase, tokens/s, peak memory and the toolkit's own overhead.
+
+    python -m benchmarks.e2e_step [--sizes 0.5B,1.5B] [--steps 4] [--engine vllm|hf] [--out results/e2e_step.json] [overrides...]
+
+Random-init Qwen2 models of the Qwen2.5-0.5B / 1.5B shapes (bf16 compute, FSDP2, one worker), the
+arithmetic task, 16 prompts × 8 samples × 256 new tokens. The overhead figures are measured per step by
+`trainer/overhead.py`: the wall time of every worker-group call minus the time inside the worker method
+(dispatch, serialization, transfer, scheduling, collect), plus driver time outside calls that is not the
+algorithm's own math. Steady state = the mean over steps 2..N (step 1 includes CUDA/NCCL/vLLM warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.gpu_grpo_step import QWEN2_0_5B
+from trainer.config_loader import load_config
+from trainer.datasets.synthetic import write_synthetic_dataset
+from trainer.main import run
+from trainer.tiny_model import build_char_tokenizer
+
+SHAPES = {
+    "0.5B": QWEN2_0_5B,
+    "1.5B": dict(QWEN2_0_5B, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960),
+}
+PHASES = ("sync_weights", "generate", "reward", "old_log_prob", "ref_log_prob", "advantage", "update_actor")
+
+
+def build_model(shape: dict[str, Any], out_dir: Path) -> int:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_char_tokenizer()
+    config = Qwen2Config(**shape, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                         bos_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return sum(p.numel() for p in model.parameters())
+
+
+def engine_overrides(engine: str) -> list[str]:
+    if engine == "hf":
+        return ["actor_rollout_ref.rollout.name=hf"]
+    # Hybrid vLLM with CUDA graphs; no actor offload (the models fit), sleep mode on.
+    return ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enforce_eager=false",
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"]
+
+
+def steady(history: list[dict[str, float]], key: str) -> float:
+    values = [r[key] for r in history[1:] if key in r] or [r[key] for r in history if key in r]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def run_size(size: str, work: Path, steps: int, engine: str, extra: list[str]) -> dict[str, Any]:
+    params = build_model(SHAPES[size], work / size / "model")
+    train, val = write_synthetic_dataset(work / size / "data", train_size=256, val_size=16, tasks=("arithmetic",))
+    overrides = [
+        f"actor_rollout_ref.model.path={work / size / 'model'}", f"data.train_files={train}", f"data.val_files={val}",
+        f"trainer.default_local_dir={work / size / 'run'}", "trainer.n_gpus_per_node=1", "trainer.device=cuda",
+        f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.val_before_train=false",
+        "trainer.save_at_end=false", "trainer.logger=[jsonl]", "data.max_prompt_length=96",
+        "data.max_response_length=256", "data.train_batch_size=16", "algorithm.rollout_n=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
+        "actor_rollout_ref.actor.optim.lr=1e-6", *engine_overrides(engine), *extra,
+    ]
+    start = time.perf_counter()
+    history = run(load_config(overrides))
+    summary: dict[str, Any] = {"size": size, "params": params, "engine": engine, "run_s": time.perf_counter() - start}
+    for phase in PHASES:
+        summary[f"{phase}_s"] = steady(history, f"timing/{phase}_s")
+    for key in ("timing/step_s", "perf/tokens", "perf/tokens_per_s", "overhead/calls_s", "overhead/in_workers_s",
+                "overhead/dispatch_collect_s", "overhead/driver_s", "overhead/toolkit_s", "overhead/toolkit_share",
+                "rollout/sync_s", "rollout/generate_s"):
+        summary[key.split("/")[-1] if key.startswith("overhead") else key.replace("/", "_")] = steady(history, key)
+    peaks = [v for r in history for k, v in r.items() if k.endswith("peak_allocated_gib")]
+    summary["peak_allocated_gib"] = max(peaks) if peaks else float("nan")
+    used = [v for r in history for k, v in r.items() if k.endswith("gpu_used_gib")]
+    summary["max_gpu_used_gib"] = max(used) if used else float("nan")
+    return {"summary": summary, "history": history, "overrides": overrides}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="0.5B,1.5B")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--engine", default="vllm", choices=("vllm", "hf"))
+    parser.add_argument("--workdir", default="/tmp/e2e_step")
+    parser.add_argument("--out", default="results/e2e_step.json")
+    args, extra = parser.parse_known_args()
+    results = [run_size(size, Path(args.workdir), args.steps, args.engine, extra) for size in args.sizes.split(",")]
+    summaries = [r["summary"] for r in results]
+    print(f"\n{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}, engine {args.engine}, steady state (mean of steps 2..{args.steps})")
+    print("measure".ljust(30) + "".join(s["size"].rjust(12) for s in summaries))
+    for key in summaries[0]:
+        if key in ("size", "engine"):
+            continue
+        print(key.ljust(30) + "".join(f"{s[key]:12.3f}" if isinstance(s[key], float) else f"{s[key]:>12}" for s in summaries))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                                          "args": vars(args), "extra": extra, "results": results}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The sync checks themselves: a matching engine passes, a wrong one fails with a message saying what
+differs and by how much; the probe batch is the same in every process."""
+
+import pytest
+import torch
+from torch import nn
+
+from workers.rollout.verify import (
+    DEFAULT_TOLERANCE, WeightSyncMismatch, compare_log_probs, probe_sequences, require_changed, require_match, trainer_log_probs,
+)
+
+
+def test_probe_is_fixed_and_within_the_vocabulary():
+    first, second = probe_sequences(50), probe_sequences(50)
+    assert first.equal(second) and first.shape == (4, 24)
+    assert int(first.min()) >= 0 and int(first.max()) < 50
+
+
+def test_matching_log_probs_pass_and_report_their_gap():
+    trainer = torch.randn(4, 23)
+    check = compare_log_probs(trainer, trainer + 5e-4, DEFAULT_TOLERANCE[torch.float32])
+    assert check.ok and check.max_abs_diff == pytest.approx(5e-4, rel=1e-3)
+    require_match(check, "test")
+    assert set(check.metrics()) == {"rollout/sync_logprob_max_diff", "rollout/sync_logprob_mean_diff"}
+
+
+def test_a_wrong_engine_is_named_with_the_gap_and_the_tolerance():
+    trainer = torch.randn(4, 23)
+    engine = trainer.clone()
+    engine[2, 7] += 1.5  # one mis-loaded weight shows up as a large gap somewhere
+    check = compare_log_probs(trainer, engine, 1e-3)
+    assert not check.ok
+    with pytest.raises(WeightSyncMismatch, match=r"in-process weight sync: .* differ from the trainer's by up to 1.5 .*tolerance 0.001"):
+        require_match(check, "in-process weight sync")
+    with pytest.raises(WeightSyncMismatch, match="shapes differ"):
+        compare_log_probs(trainer, engine[:, :5], 1e-3)
+
+
+def test_unchanged_engine_weights_after_a_trainer_update_are_an_error():
+    require_changed(1.0, 2.0, trainer_changed=True, where="sync")
+    require_changed(1.0, 1.0, trainer_changed=False, where="sync")  # nothing to change: fine
+    with pytest.raises(WeightSyncMismatch, match="the sync loaded nothing"):
+        require_changed(3.0, 3.0, trainer_changed=True, where="sync")
+
+
+class _LM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(30, 8), nn.Linear(8, 30)
+
+    def forward(self, input_ids, use_cache=False):
+        return type("Out", (), {"logits": self.head(self.embed(input_ids))})()
+
+
+def test_trainer_log_probs_score_the_next_token_and_restore_the_mode():
+    model = _LM().train()
+    ids = probe_sequences(30)
+    log_probs = trainer_log_probs(model, ids, torch.device("cpu"))
+    assert model.training and log_probs.shape == (4, 23)
+    expected = torch.log_softmax(model.head(model.embed(ids)), -1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+    torch.testing.assert_close(log_probs, expected.detach())

@@ -1,0 +1,64 @@
+"""The trainer side of broadcast weight sync, as worker methods of the actor (mixed into its worker class).
+
+The driver (`workers/rollout/separate_sync.py`) asks rank 0 to host the group's store, connects rank 0
+and every engine worker at once, then per sync calls `broadcast_weights` on every actor rank (all take
+part in the FSDP gathers; rank 0 sends) while the engines receive.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from single_controller import Dispatch, register
+from workers.rollout.buckets import BucketLayout
+from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
+from workers.rollout.verify import probe_sequences, trainer_log_probs
+from workers.rollout.weight_sync import broadcast_buckets, plan_model_buckets
+
+GIB = float(1 << 30)
+
+
+class WeightSenderMixin:
+    """Needs `self.rank`, `self.config` and `self._sync_source()`, which returns the FSDP engine to send
+    with its parameters on the device."""
+
+    rank: int
+    config: dict[str, Any]
+    _sync_group: WeightSyncGroup | None = None
+
+    def _sync_dtype(self) -> torch.dtype:
+        from workers.rollout.hybrid import engine_dtype
+
+        return engine_dtype(self.config["rollout"], self._sync_source())
+
+    @register(Dispatch.RANK_ZERO)
+    def weight_sync_layouts(self) -> list[BucketLayout]:
+        """The bucket plan (names, shapes, engine dtype) both sides follow."""
+        return plan_model_buckets(self._sync_source().module, self._sync_dtype(), self.config["rollout"]["weight_sync_bucket_mb"] << 20)
+
+    @register(Dispatch.RANK_ZERO)
+    def host_weight_sync(self, world_size: int, backend: str) -> SyncGroupAddress:
+        self._sync_group = WeightSyncGroup()
+        return self._sync_group.host_store(world_size, backend)
+
+    @register(Dispatch.RANK_ZERO)
+    def connect_weight_sync(self, address: SyncGroupAddress) -> None:
+        """Rank 0 joins as group rank 0; returns once every engine worker has joined too."""
+        self._sync_group.connect(address, 0)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def broadcast_weights(self, layouts: list[BucketLayout]) -> dict[str, float]:
+        engine = self._sync_source()
+        start = time.perf_counter()
+        sent = broadcast_buckets(engine.module, layouts, self._sync_group if self.rank == 0 else None, engine.device)
+        return {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def probe_log_probs(self) -> torch.Tensor:
+        """The trainer's log-probs of the probe batch (compared with each engine's after a sync); every
+        rank runs the forward (FSDP), each returns the same values."""
+        engine = self._sync_source()
+        return trainer_log_probs(engine.module, probe_sequences(engine.module.config.vocab_size), engine.device)

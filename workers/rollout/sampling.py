@@ -1,0 +1,81 @@
+"""Sampling settings of one generate call, shared by every rollout engine."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import GenerationConfig
+
+# meta_info keys a generate_sequences call may set to override the rollout config (e.g. greedy validation);
+# meta_info["seed"] (optional) makes the call's sampling depend only on (seed, rank).
+GENERATION_OVERRIDES = ("do_sample", "temperature", "top_p", "top_k")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    do_sample: bool
+    temperature: float
+    top_p: float
+    top_k: int
+    response_length: int
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+
+    def generation_config(self) -> GenerationConfig:
+        # A fresh config: nothing from the checkpoint's generation_config.json (top_k=50, repetition
+        # penalties, ...) changes the distribution that the PPO log-probs assume.
+        sampling = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        return GenerationConfig(
+            do_sample=self.do_sample,
+            max_new_tokens=self.response_length,
+            eos_token_id=list(self.eos_token_ids),
+            pad_token_id=self.pad_token_id,
+            num_beams=1,
+            use_cache=True,
+            **(sampling if self.do_sample else {}),
+        )
+
+
+def model_token_ids(generation_config: Any, config: Any) -> tuple[tuple[int, ...], int | None]:
+    """EOS ids and pad id from a model's generation config (may be None), else its config."""
+    sources = [generation_config, config]
+    eos: Any = next((s.eos_token_id for s in sources if s is not None and s.eos_token_id is not None), None)
+    pad = next((s.pad_token_id for s in sources if s is not None and getattr(s, "pad_token_id", None) is not None), None)
+    if eos is None:
+        raise ValueError("the model config names no eos_token_id; set rollout.eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+    return eos_ids, pad
+
+
+
+def sampling_params(
+    rollout_cfg: Mapping[str, Any], meta_info: Mapping[str, Any], model_eos: tuple[int, ...], model_pad: int | None
+) -> SamplingParams:
+    """The rollout config with the call's overrides; EOS/pad from the config, else from the model."""
+    rollout = {**rollout_cfg, **{k: meta_info[k] for k in GENERATION_OVERRIDES if k in meta_info}}
+    eos = rollout["eos_token_id"]
+    eos_ids = model_eos if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
+    pad = rollout["pad_token_id"] if rollout["pad_token_id"] is not None else model_pad
+    return SamplingParams(
+        do_sample=bool(rollout["do_sample"]),
+        temperature=float(rollout["temperature"]),
+        top_p=float(rollout["top_p"]),
+        top_k=int(rollout["top_k"]),
+        response_length=int(rollout_cfg["response_length"]),
+        eos_token_ids=eos_ids,
+        pad_token_id=eos_ids[0] if pad is None else int(pad),
+    )
+
+
+def folder_token_ids(model_path: str) -> tuple[tuple[int, ...], int | None]:
+    """`model_token_ids` of an HF folder, read from its configs without loading the weights."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    try:
+        generation = GenerationConfig.from_pretrained(model_path)
+    except OSError:  # no generation_config.json
+        generation = None
+    return model_token_ids(generation, config)

@@ -1,0 +1,60 @@
+"""Driver side of the broadcast weight sync between an actor group and a separate vLLM rollout group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import AutoConfig
+
+from workers.rollout.verify import DEFAULT_TOLERANCE, compare_log_probs, require_changed, require_match
+
+
+class SeparateWeightSync:
+    """`connect()` once, then `sync()` whenever the actor's weights changed. Both groups run their side at
+    the same time: the engines' receive calls are issued first (non-blocking), then the actor's send."""
+
+    def __init__(self, actor: Any, rollout: Any, rollout_cfg: dict[str, Any], model_path: str, use_gpu: bool) -> None:
+        self.actor, self.rollout, self.cfg = actor, rollout, rollout_cfg
+        self.backend = "nccl" if use_gpu else "gloo"
+        self.vocab_size = AutoConfig.from_pretrained(model_path).vocab_size
+        self.layouts: list | None = None
+        self.synced_version = 0  # the engines loaded the folder the actor started from
+
+    def connect(self) -> None:
+        world = 1 + self.rollout.world_size * self.cfg["tensor_model_parallel_size"]
+        address = self.actor.host_weight_sync(world, self.backend)
+        joined = self.rollout.join_weight_sync(address)
+        self.actor.connect_weight_sync(address)
+        joined.get()
+        self.layouts = self.actor.weight_sync_layouts()
+
+    def sync(self) -> dict[str, float]:
+        """Broadcast the actor's weights if they changed since the last sync; verify when configured."""
+        version = self.actor.current_weights_version()
+        if version == self.synced_version:
+            return {}
+        if self.layouts is None:
+            self.connect()
+        verify = self.cfg["verify_sync"]
+        before = self.rollout.weights_fingerprint() if verify else None
+        received = self.rollout.receive_weights(self.layouts)
+        metrics = self.actor.broadcast_weights(self.layouts)[0]
+        received.get()
+        if verify:
+            metrics.update(self.verify())
+            after = self.rollout.weights_fingerprint()
+            for engine, (old, new) in enumerate(zip(before, after)):
+                require_changed(old, new, True, f"broadcast weight sync to engine {engine}")
+        self.synced_version = version
+        return metrics
+
+    def verify(self) -> dict[str, float]:
+        trainer = self.actor.probe_log_probs()[0]
+        dtype = self.layouts[0].slots[0].dtype
+        tolerance = self.cfg["verify_tolerance"] or DEFAULT_TOLERANCE[dtype]
+        worst = None
+        for engine, log_probs in enumerate(self.rollout.probe_log_probs(self.vocab_size)):
+            check = compare_log_probs(trainer, log_probs, tolerance)
+            require_match(check, f"broadcast weight sync to engine {engine}")
+            worst = check if worst is None or check.max_abs_diff > worst.max_abs_diff else worst
+        return worst.metrics()

@@ -1,0 +1,60 @@
+"""Shaping generated tokens into the fixed-size rollout batch every engine returns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from protocol import DataProto
+
+
+def response_mask_from_eos(responses: torch.Tensor, eos_token_ids: tuple[int, ...]) -> torch.Tensor:
+    """1 up to and including the first EOS of each row, 0 after it (int64 [B, R])."""
+    is_eos = torch.isin(responses, torch.tensor(eos_token_ids, device=responses.device)).long()
+    eos_before = torch.cumsum(is_eos, dim=1) - is_eos  # EOS tokens strictly before each position
+    return (eos_before == 0).long()
+
+
+def pad_token_lists(rows: Sequence[Sequence[int]], length: int, pad_token_id: int) -> torch.Tensor:
+    """Right-pad (and cut) variable-length token lists into an int64 [B, length] tensor."""
+    out = torch.full((len(rows), length), pad_token_id, dtype=torch.int64)
+    for i, row in enumerate(rows):
+        row = list(row)[:length]
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
+    return out
+
+
+def assemble_rollout(prompts: dict[str, torch.Tensor], generated: torch.Tensor, params) -> dict[str, torch.Tensor]:
+    """Left-padded prompts + generated tokens [B, <=R] -> prompts, responses [B, R] (pad after the first
+    EOS), input_ids / attention_mask / position_ids [B, P+R] and response_mask [B, R].
+
+    `params` provides response_length, eos_token_ids and pad_token_id (`SamplingParams`)."""
+    input_ids, attention_mask, position_ids = prompts["input_ids"], prompts["attention_mask"], prompts["position_ids"]
+    batch, length = input_ids.shape[0], params.response_length
+    generated = generated[:, :length].to(input_ids.device, input_ids.dtype)
+    responses = torch.full((batch, length), params.pad_token_id, dtype=input_ids.dtype, device=input_ids.device)
+    responses[:, : generated.shape[1]] = generated
+    mask = response_mask_from_eos(responses, params.eos_token_ids)
+    responses = torch.where(mask.bool(), responses, torch.full_like(responses, params.pad_token_id))
+    offsets = torch.arange(1, length + 1, dtype=position_ids.dtype, device=position_ids.device)
+    response_positions = position_ids[:, -1:] + offsets
+    return {
+        "prompts": input_ids,
+        "responses": responses,
+        "input_ids": torch.cat([input_ids, responses], dim=1),
+        "attention_mask": torch.cat([attention_mask, mask.to(attention_mask.dtype)], dim=1),
+        "position_ids": torch.cat([position_ids, response_positions], dim=1),
+        "response_mask": mask,
+    }
+
+
+def rollout_output(prompts: DataProto, result: dict[str, torch.Tensor]) -> DataProto:
+    """The engine's tensors plus every other key of the input batch (uids, ground truth, ...)."""
+    from protocol import DataProto
+
+    generated = DataProto.from_dict({k: v.cpu() for k, v in result.items()})
+    carried = prompts.select(batch_keys=[k for k in prompts.batch.keys() if k not in result])
+    return carried.union(generated)

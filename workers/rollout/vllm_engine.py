@@ -1,0 +1,164 @@
+"""`VLLMEngine`: a vLLM `LLM` used as the rollout engine, with the same batch contract as HF generate.
+
+With tensor_model_parallel_size 1 the engine runs inside the calling process (vLLM's "uni" executor and
+no engine-core subprocess), so the trainer can hand it tensors directly; with TP > 1 vLLM starts its own
+worker processes and weights reach them by broadcast. Weight loading, the broadcast group and the
+fingerprint are methods of `WeightSyncExtension`, installed in every vLLM worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from workers.rollout.buckets import BucketLayout
+from workers.rollout.shaping import assemble_rollout, pad_token_lists
+from workers.rollout.sync_group import SyncGroupAddress
+
+EXTENSION = "workers.rollout.vllm_extension.WeightSyncExtension"
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def row_seed(call_seed: int, rank: int, row: int) -> int:
+    """Each response's own sampling seed: depends only on (call seed, rank, row)."""
+    return (call_seed * 1_000_003 + rank * 65_537 + row) % (2**31 - 1)
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, rollout: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int) -> None:
+        tp = rollout["tensor_model_parallel_size"]
+        if tp == 1:
+            # Keep the engine in this process: tensors can then be passed to it without serialization.
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM logs every engine start at INFO (its full config); keep worker logs readable unless asked.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        if device.type == "cuda":
+            # The CUDA build's FlashInfer sampler needs a JIT toolchain the workers may not have.
+            os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        from vllm import LLM
+
+        self.device = device
+        self.dtype = dtype
+        self.sleep_enabled = bool(rollout["enable_sleep"]) and device.type == "cuda"
+        self.free_cache_engine = bool(rollout["free_cache_engine"])
+        self.asleep = False
+        kwargs: dict[str, Any] = dict(
+            model=model_path,
+            dtype=_DTYPE_NAMES[dtype],
+            seed=seed,
+            tensor_parallel_size=tp,
+            distributed_executor_backend="uni" if tp == 1 else "mp",
+            enforce_eager=bool(rollout["enforce_eager"]),
+            max_model_len=rollout["max_model_len"],
+            worker_extension_cls=EXTENSION,
+            # Log-probs after temperature/top-k/top-p: the distribution the tokens were sampled from,
+            # which is what the trainer's log-probs at the same temperature measure.
+            logprobs_mode="processed_logprobs",
+            # The checkpoint's generation_config.json must not change sampling defaults.
+            generation_config="vllm",
+        )
+        if device.type == "cuda":
+            kwargs.update(gpu_memory_utilization=float(rollout["gpu_memory_utilization"]), enable_sleep_mode=self.sleep_enabled)
+        else:
+            # vLLM's CPU backend sizes its KV cache from this (its GPU-memory fraction does not apply).
+            # Seeded sampling of a prompt split across steps (chunked prefill) fails there ("CPU
+            # Generator does not use offset"), so prompts are scheduled whole.
+            kwargs.update(kv_cache_memory_bytes=int(rollout["cpu_kv_cache_mb"]) << 20, enable_chunked_prefill=False)
+            if rollout["enable_sleep"]:
+                print("note: rollout.enable_sleep has no effect on CPU (vLLM's CPU backend has no sleep mode)", file=sys.stderr)
+        self.llm = LLM(**kwargs)
+
+    # ---- generation -----------------------------------------------------------------------------------
+    def generate(self, prompts: dict[str, torch.Tensor], params: Any, call_seed: int | None, rank: int) -> dict[str, torch.Tensor]:
+        """Left-padded prompts -> the rollout batch of `assemble_rollout` plus `rollout_log_probs` [B, R]
+        (the engine's log-probs of the sampled tokens, 0 after the response)."""
+        from vllm import SamplingParams, TokensPrompt
+
+        ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
+        requests = [TokensPrompt(prompt_token_ids=row[m].tolist()) for row, m in zip(ids, mask)]
+        sampling = [
+            SamplingParams(
+                n=1,
+                max_tokens=params.response_length,
+                temperature=params.temperature if params.do_sample else 0.0,
+                top_p=params.top_p if params.do_sample else 1.0,
+                top_k=params.top_k if params.do_sample else 0,
+                stop_token_ids=list(params.eos_token_ids),
+                logprobs=0,
+                detokenize=False,
+                seed=None if call_seed is None else row_seed(call_seed, rank, i),
+            )
+            for i in range(len(requests))
+        ]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        tokens = [list(o.outputs[0].token_ids) for o in outputs]
+        log_probs = [[float(step[t].logprob) for step, t in zip(o.outputs[0].logprobs or [], toks)] for o, toks in zip(outputs, tokens)]
+        cpu_prompts = {k: v.cpu() for k, v in prompts.items()}
+        batch = assemble_rollout(cpu_prompts, pad_token_lists(tokens, params.response_length, params.pad_token_id), params)
+        rollout_lp = torch.zeros(len(tokens), params.response_length, dtype=torch.float32)
+        for i, row in enumerate(log_probs):
+            row = row[: params.response_length]
+            rollout_lp[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+        batch["rollout_log_probs"] = rollout_lp * batch["response_mask"]
+        return batch
+
+    def prompt_log_probs(self, sequences: torch.Tensor) -> torch.Tensor:
+        """log p(token_t | tokens_<t) for t >= 1 of each row of `sequences` [B, L] at temperature 1."""
+        from vllm import SamplingParams, TokensPrompt
+
+        rows = [row.tolist() for row in sequences]
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
+        return torch.tensor(
+            [[float(step[t].logprob) for step, t in zip(o.prompt_logprobs[1:], r[1:])] for o, r in zip(outputs, rows)]
+        )
+
+    # ---- weights --------------------------------------------------------------------------------------
+    def load_weights(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """In-process load of `(HF name, tensor)` pairs; returns how many tensors were loaded."""
+        (count,) = self.llm.collective_rpc("sc_load_named_weights", args=(pairs,))
+        self.after_weight_update()
+        return count
+
+    def join_weight_sync_group(self, address: SyncGroupAddress, first_rank: int) -> None:
+        self.llm.collective_rpc("sc_join_weight_sync_group", args=(address, first_rank))
+
+    def receive_broadcast(self, layouts: list[BucketLayout]) -> None:
+        self.llm.collective_rpc("sc_receive_broadcast", args=(layouts,))
+        self.after_weight_update()
+
+    def open_ipc_buffers(self, handles: list[Any]) -> None:
+        self.llm.collective_rpc("sc_open_ipc_buffers", args=(handles,))
+
+    def load_ipc_bucket(self, index: int, layout: BucketLayout) -> int:
+        (loaded,) = self.llm.collective_rpc("sc_load_ipc_bucket", args=(index, layout))
+        return loaded
+
+    def after_weight_update(self) -> None:
+        # Cached prefixes hold keys/values computed with the old weights.
+        self.llm.reset_prefix_cache()
+
+    def fingerprint(self) -> float:
+        return float(sum(self.llm.collective_rpc("sc_weights_fingerprint")))
+
+    # ---- residency ------------------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Release the weights and the KV cache (GPU with enable_sleep and free_cache_engine; a no-op on
+        CPU). The weights are discarded, not kept on the host: the trainer re-sends them on wake."""
+        if self.sleep_enabled and self.free_cache_engine and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = True
+
+    def wake_up(self) -> bool:
+        """Re-allocate the weights, then the KV cache; True when the weights were discarded and must be
+        synced again."""
+        if not self.asleep:
+            return False
+        self.llm.wake_up(tags=["weights"])
+        self.llm.wake_up(tags=["kv_cache"])
+        self.asleep = False
+        return True

@@ -1,0 +1,75 @@
+"""Methods added to every vLLM worker (`worker_extension_cls`), called through `LLM.collective_rpc`.
+
+They run inside vLLM's worker, next to its model: `self` is vLLM's worker object (`model_runner`, `rank`,
+`device`). The engine loads new weights with the runner's in-place `reload_weights`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from workers.rollout.buckets import BucketLayout
+from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
+from workers.rollout.weight_sync import IpcReceiver, receive_broadcast_buckets
+
+
+class WeightSyncExtension:
+    model_runner: Any
+    rank: int
+    device: torch.device
+
+    def _reload(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> int:
+        count = 0
+
+        def counted() -> Iterable[tuple[str, torch.Tensor]]:
+            nonlocal count
+            for pair in pairs:
+                count += 1
+                yield pair
+
+        self.model_runner.reload_weights(weights_iterator=counted())
+        self._refresh_tied_head()
+        return count
+
+    def _refresh_tied_head(self) -> None:
+        # With tied embeddings the LM head shares the embedding's tensor but may keep a derived copy (the
+        # CPU backend prepacks it for its GEMM); the reload does not touch the head, so rebuild that copy.
+        model = self.model_runner.get_model()
+        head = getattr(model, "lm_head", None)
+        config = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+        method = getattr(head, "quant_method", None)
+        if config and method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)
+
+    # ---- in-process -----------------------------------------------------------------------------------
+    def sc_load_named_weights(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load `(name, tensor)` pairs (HF names); only usable when the caller shares our process."""
+        return self._reload(pairs)
+
+    # ---- broadcast ------------------------------------------------------------------------------------
+    def sc_join_weight_sync_group(self, address: SyncGroupAddress, first_rank: int) -> None:
+        """Join as rank `first_rank + self.rank` (engine workers take consecutive ranks)."""
+        self._sync_group = WeightSyncGroup()
+        self._sync_group.connect(address, first_rank + self.rank)
+
+    def sc_receive_broadcast(self, layouts: list[BucketLayout]) -> int:
+        return self._reload(receive_broadcast_buckets(layouts, self._sync_group, self.device))
+
+    # ---- CUDA IPC -------------------------------------------------------------------------------------
+    def sc_open_ipc_buffers(self, handles: list[Any]) -> None:
+        """Map the trainer's staging buffers (once; each sync then only names a buffer and a layout)."""
+        self._ipc = IpcReceiver(handles, self.device)
+
+    def sc_load_ipc_bucket(self, index: int, layout: BucketLayout) -> int:
+        loaded = self._reload(self._ipc.bucket(index, layout))
+        torch.cuda.current_stream().synchronize()  # done reading: the trainer may refill the buffer
+        return loaded
+
+    # ---- checks ---------------------------------------------------------------------------------------
+    def sc_weights_fingerprint(self) -> float:
+        """Sum of |w| over the engine's parameters: changes when any weight changes (for sync checks)."""
+        model = self.model_runner.get_model()
+        return float(sum(p.detach().double().abs().sum().item() for p in model.parameters()))

@@ -1,0 +1,84 @@
+"""`VLLMRolloutWorker`: vLLM engines in their own worker group (rollout.placement=separate).
+
+Each worker holds one engine spanning `tensor_model_parallel_size` devices; the group is data parallel
+over engines. New weights arrive by broadcast from the actor's rank 0 (see `separate_sync.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from protocol import DataProto
+from single_controller import Dispatch, Worker, register
+from workers.config import actor_rollout_ref_config
+from workers.fsdp.model_loading import compute_dtype, worker_device
+from workers.fsdp.sequences import require_batch_keys
+from workers.memory import MemoryLog
+from workers.rollout.buckets import BucketLayout
+from workers.rollout.sampling import folder_token_ids, sampling_params
+from workers.rollout.shaping import rollout_output
+from workers.rollout.sync_group import SyncGroupAddress
+from workers.rollout.verify import probe_sequences
+from workers.rollout.vllm_engine import VLLMEngine
+
+PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+class VLLMRolloutWorker(Worker):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = actor_rollout_ref_config(config)
+        self.engine: VLLMEngine | None = None
+        self.memory: MemoryLog | None = None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        rollout, model = self.config["rollout"], self.config["model"]
+        device = worker_device()
+        name = rollout["dtype"] if rollout["dtype"] != "auto" else model["dtype"]
+        self.dtype = compute_dtype(name, device)
+        self.engine = VLLMEngine(model["path"], rollout, self.dtype, device, seed=self.config["seed"] + self.rank)
+        self.token_ids = folder_token_ids(model["path"])
+        self.memory = MemoryLog(device)
+        self.memory.record("rollout_init")
+
+    def _require_engine(self, method: str) -> VLLMEngine:
+        if self.engine is None:
+            raise RuntimeError(f"{method}: call init_model() first")
+        return self.engine
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Same contract as the actor's: prompts -> rollout batch plus `rollout_log_probs`."""
+        engine = self._require_engine("generate_sequences")
+        require_batch_keys(prompts, PROMPT_KEYS, "generate_sequences")
+        params = sampling_params(self.config["rollout"], prompts.meta_info, *self.token_ids)
+        inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
+        result = engine.generate(inputs, params, prompts.meta_info.get("seed"), self.rank)
+        self.memory.record("rollout_generate")
+        return rollout_output(prompts, result)
+
+    # ---- weight sync (receiver side) ------------------------------------------------------------------
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def join_weight_sync(self, address: SyncGroupAddress) -> None:
+        """Engine `rank` takes group ranks 1 + rank * TP ... (rank 0 is the actor's rank 0)."""
+        tp = self.config["rollout"]["tensor_model_parallel_size"]
+        self._require_engine("join_weight_sync").join_weight_sync_group(address, 1 + self.rank * tp)
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def receive_weights(self, layouts: list[BucketLayout]) -> None:
+        self._require_engine("receive_weights").receive_broadcast(layouts)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def probe_log_probs(self, vocab_size: int) -> torch.Tensor:
+        return self._require_engine("probe_log_probs").prompt_log_probs(probe_sequences(vocab_size))
+
+    @register(Dispatch.ONE_TO_ALL)
+    def weights_fingerprint(self) -> float:
+        return self._require_engine("weights_fingerprint").fingerprint()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def pop_step_metrics(self) -> dict[str, float]:
+        return self.memory.pop() if self.memory else {}

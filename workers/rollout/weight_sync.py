@@ -1,0 +1,158 @@
+"""Trainer → rollout weight sync, one module for the three placements.
+
+- in-process (the engine lives in the trainer's process): full parameters, gathered one bucket at a time
+  with FSDP2's `full_tensor()`, are handed to the engine's loader as `(name, tensor)` pairs;
+- CUDA IPC (same GPU, another process): each bucket is packed into one of two staging buffers that the
+  engine mapped once; one call per bucket tells it which buffer and layout to load;
+- broadcast (other devices): trainer rank 0 broadcasts each packed bucket over a `WeightSyncGroup`
+  (NCCL on GPU, gloo on CPU) to every engine worker.
+
+Every trainer rank must run the sender side (the gathers are collectives); only rank 0 sends.
+Tensors are cast to the engine's dtype on the way. Names are the Hugging Face checkpoint names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from workers.rollout.buckets import BucketLayout, bucket_views, empty_bucket, plan_buckets
+from workers.rollout.sync_group import WeightSyncGroup
+
+SYNC_METHODS = ("in_process", "cuda_ipc", "broadcast")
+# A hook turning the trainer's named parameters into the names/tensors the engine loads (e.g. a LoRA merge).
+ExportHook = Callable[[str, torch.Tensor], torch.Tensor]
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    """The whole parameter on this rank: an FSDP2 DTensor is all-gathered, a plain tensor is returned."""
+    full_tensor = getattr(param, "full_tensor", None)
+    return full_tensor() if callable(full_tensor) else param
+
+
+def plan_model_buckets(module: nn.Module, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]:
+    """Buckets of `module`'s parameters (global shapes, cast to `dtype`), in `named_parameters` order."""
+    return plan_buckets(((name, tuple(p.shape), dtype) for name, p in module.named_parameters()), bucket_bytes)
+
+
+def gathered_buckets(
+    module: nn.Module, layouts: list[BucketLayout], export_hook: ExportHook | None = None
+) -> Iterator[tuple[BucketLayout, list[torch.Tensor]]]:
+    """Per bucket, its full parameters cast to the layout's dtypes (collective: every trainer rank runs it).
+    Only one bucket's gathered tensors are alive at a time."""
+    params = dict(module.named_parameters())
+    for layout in layouts:
+        tensors = []
+        for slot in layout.slots:
+            with torch.no_grad():
+                full = _full(params[slot.name].detach())
+                if export_hook is not None:
+                    full = export_hook(slot.name, full)
+                tensors.append(full.to(slot.dtype))
+        yield layout, tensors
+
+
+def named_full_parameters(
+    module: nn.Module, layouts: list[BucketLayout], export_hook: ExportHook | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The in-process path: `(name, full tensor)` pairs, bucket by bucket."""
+    for layout, tensors in gathered_buckets(module, layouts, export_hook):
+        yield from zip(layout.names, tensors)
+
+
+def broadcast_buckets(
+    module: nn.Module,
+    layouts: list[BucketLayout],
+    group: WeightSyncGroup | None,
+    device: torch.device,
+    export_hook: ExportHook | None = None,
+) -> int:
+    """Sender side of the broadcast path; `group` is the connected group on trainer rank 0 and None on the
+    other trainer ranks (they only take part in the gathers). Returns the bytes sent. One staging buffer
+    (the largest bucket's size) is reused for every bucket: the broadcast returns only once it was sent."""
+    sent = 0
+    staging = empty_bucket(max(layouts, key=lambda layout: layout.nbytes), device) if group is not None else None
+    for layout, tensors in gathered_buckets(module, layouts, export_hook):
+        if group is not None:
+            buffer = staging[: layout.nbytes]
+            for (_, view), tensor in zip(bucket_views(buffer, layout), tensors):
+                view.copy_(tensor)
+            group.broadcast(buffer, root=0)
+            sent += layout.nbytes
+    return sent
+
+
+def receive_broadcast_buckets(
+    layouts: list[BucketLayout], group: WeightSyncGroup, device: torch.device
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Receiver side: one buffer per bucket, filled by the broadcast, read out as views."""
+    for layout in layouts:
+        buffer = empty_bucket(layout, device)
+        group.broadcast(buffer, root=0)
+        yield from bucket_views(buffer, layout)
+
+
+# ---- CUDA IPC ---------------------------------------------------------------------------------------------
+def ipc_handle(buffer: torch.Tensor) -> tuple[Any, tuple[Any, ...]]:
+    """A picklable handle another process on the same GPU opens with `open_ipc_handle` (no copy)."""
+    if not buffer.is_cuda:
+        raise ValueError("CUDA IPC needs a CUDA tensor; on CPU use the in-process or broadcast path")
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    return reduce_tensor(buffer)
+
+
+def open_ipc_handle(handle: tuple[Any, tuple[Any, ...]], device: torch.device) -> torch.Tensor:
+    """Map the sender's buffer into this process. The device index in the handle is the sender's; it is
+    replaced by ours (both name the same physical GPU, possibly under different CUDA_VISIBLE_DEVICES)."""
+    rebuild, args = handle
+    args = list(args)
+    args[6] = device.index if device.index is not None else torch.cuda.current_device()
+    return rebuild(*args)
+
+
+class IpcStagingBuffers:
+    """Sender side: a few flat GPU buffers, each as large as the largest bucket, shared with the engine
+    once (`handles`); every sync then reuses them, so a bucket costs one copy and one call, not a new
+    IPC mapping. With two buffers the engine loads bucket i while the next one is packed."""
+
+    def __init__(self, layouts: list[BucketLayout], device: torch.device, count: int = 2) -> None:
+        capacity = max(layout.nbytes for layout in layouts)
+        self.buffers = [torch.empty(capacity, dtype=torch.uint8, device=device) for _ in range(count)]
+        self.handles = [ipc_handle(buffer) for buffer in self.buffers]
+
+    def send(
+        self,
+        buckets: Iterator[tuple[BucketLayout, list[torch.Tensor]]],
+        deliver: Callable[[int, BucketLayout], Callable[[], Any]],
+    ) -> int:
+        """Pack each bucket into a free buffer and `deliver(buffer_index, layout)`, which starts the
+        engine's load and returns a function waiting for it (the buffer is reused only after that)."""
+        pending: list[Callable[[], Any] | None] = [None] * len(self.buffers)
+        sent = 0
+        for index, (layout, tensors) in enumerate(buckets):
+            slot = index % len(self.buffers)
+            if pending[slot] is not None:
+                pending[slot]()
+            for (_, view), tensor in zip(bucket_views(self.buffers[slot], layout), tensors):
+                view.copy_(tensor)
+            torch.cuda.current_stream().synchronize()  # the bytes are in place before the engine reads
+            pending[slot] = deliver(slot, layout)
+            sent += layout.nbytes
+        for wait in pending:
+            if wait is not None:
+                wait()
+        return sent
+
+
+class IpcReceiver:
+    """Engine side: the sender's staging buffers, mapped once."""
+
+    def __init__(self, handles: list[Any], device: torch.device) -> None:
+        self.buffers = [open_ipc_handle(handle, device) for handle in handles]
+
+    def bucket(self, index: int, layout: BucketLayout) -> Iterator[tuple[str, torch.Tensor]]:
+        return bucket_views(self.buffers[index], layout)
