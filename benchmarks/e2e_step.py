@@ -1,6 +1,6 @@
 """GRPO steps on one GPU end to end: time per phase, tokens/s, peak memory and the toolkit's own overhead.
 
-    python -m benchmarks.e2e_step [--sizes 0.5B,1.5B] [--steps 4] [--engine vllm|hf] [--out results/e2e_step.json] [overrides...]
+    python -m benchmarks.e2e_step [--sizes 0.5B,1.5B] [--steps 4] [--engine vllm|hf] [--eager] [--out results/e2e_step.json] [overrides...]
 
 Random-init Qwen2 models of the Qwen2.5-0.5B / 1.5B shapes (bf16 compute, FSDP2, one worker), the
 arithmetic task, 16 prompts × 8 samples × 256 new tokens. The overhead figures are measured per step by
@@ -46,11 +46,11 @@ def build_model(shape: dict[str, Any], out_dir: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def engine_overrides(engine: str) -> list[str]:
+def engine_overrides(engine: str, eager: bool) -> list[str]:
     if engine == "hf":
         return ["actor_rollout_ref.rollout.name=hf"]
-    # Hybrid vLLM with CUDA graphs; no actor offload (the models fit), sleep mode on.
-    return ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enforce_eager=false",
+    # Hybrid vLLM (CUDA graphs unless --eager); no actor offload (the models fit), sleep mode on.
+    return ["actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.enforce_eager={str(eager).lower()}",
             "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"]
 
 
@@ -59,7 +59,7 @@ def steady(history: list[dict[str, float]], key: str) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def run_size(size: str, work: Path, steps: int, engine: str, extra: list[str]) -> dict[str, Any]:
+def run_size(size: str, work: Path, steps: int, engine: str, eager: bool, extra: list[str]) -> dict[str, Any]:
     params = build_model(SHAPES[size], work / size / "model")
     train, val = write_synthetic_dataset(work / size / "data", train_size=256, val_size=16, tasks=("arithmetic",))
     overrides = [
@@ -70,7 +70,7 @@ def run_size(size: str, work: Path, steps: int, engine: str, extra: list[str]) -
         "data.max_response_length=256", "data.train_batch_size=16", "algorithm.rollout_n=8",
         "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
-        "actor_rollout_ref.actor.optim.lr=1e-6", *engine_overrides(engine), *extra,
+        "actor_rollout_ref.actor.optim.lr=1e-6", *engine_overrides(engine, eager), *extra,
     ]
     start = time.perf_counter()
     history = run(load_config(overrides))
@@ -93,10 +93,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="0.5B,1.5B")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--engine", default="vllm", choices=("vllm", "hf"))
+    parser.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs")
     parser.add_argument("--workdir", default="/tmp/e2e_step")
     parser.add_argument("--out", default="results/e2e_step.json")
     args, extra = parser.parse_known_args()
-    results = [run_size(size, Path(args.workdir), args.steps, args.engine, extra) for size in args.sizes.split(",")]
+    results = [run_size(size, Path(args.workdir), args.steps, args.engine, args.eager, extra) for size in args.sizes.split(",")]
     summaries = [r["summary"] for r in results]
     print(f"\n{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}, engine {args.engine}, steady state (mean of steps 2..{args.steps})")
     print("measure".ljust(30) + "".join(s["size"].rjust(12) for s in summaries))
