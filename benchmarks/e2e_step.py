@@ -97,7 +97,10 @@ def main() -> None:
     parser.add_argument("--workdir", default="/tmp/e2e_step")
     parser.add_argument("--out", default="results/e2e_step.json")
     args, extra = parser.parse_known_args()
-    results = [run_size(size, Path(args.workdir), args.steps, args.engine, args.eager, extra) for size in args.sizes.split(",")]
+    results = []
+    for size in args.sizes.split(","):
+        results.append(run_size(size, Path(args.workdir), args.steps, args.engine, args.eager, extra))
+        write(args, extra, results)  # after each size, so a later failure keeps what was measured
     summaries = [r["summary"] for r in results]
     print(f"\n{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}, engine {args.engine}, steady state (mean of steps 2..{args.steps})")
     print("measure".ljust(30) + "".join(s["size"].rjust(12) for s in summaries))
@@ -105,10 +108,13 @@ def main() -> None:
         if key in ("size", "engine"):
             continue
         print(key.ljust(30) + "".join(f"{s[key]:12.3f}" if isinstance(s[key], float) else f"{s[key]:>12}" for s in summaries))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-                                          "args": vars(args), "extra": extra, "results": results}, indent=2))
     print(f"wrote {args.out}")
+
+
+def write(args: argparse.Namespace, extra: list[str], results: list[dict[str, Any]]) -> None:
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    Path(args.out).write_text(json.dumps({"device": device, "args": vars(args), "extra": extra, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

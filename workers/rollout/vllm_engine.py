@@ -158,6 +158,9 @@ class VLLMEngine:
         synced again."""
         if not self.asleep:
             return False
+        # The trainer's freed activations and gradients sit in PyTorch's cache, invisible to vLLM's
+        # allocator: return them to the device first, or waking can run out of memory.
+        torch.cuda.empty_cache()
         self.llm.wake_up(tags=["weights"])
         self.llm.wake_up(tags=["kv_cache"])
         self.asleep = False
