@@ -13,8 +13,11 @@ class SeparateWeightSync:
     """`connect()` once, then `sync()` whenever the actor's weights changed. Both groups run their side at
     the same time: the engines' receive calls are issued first (non-blocking), then the actor's send."""
 
-    def __init__(self, actor: Any, rollout: Any, rollout_cfg: dict[str, Any], model_path: str, use_gpu: bool) -> None:
+    def __init__(
+        self, actor: Any, rollout: Any, rollout_cfg: dict[str, Any], model_path: str, use_gpu: bool, check_changed: bool = True
+    ) -> None:
         self.actor, self.rollout, self.cfg = actor, rollout, rollout_cfg
+        self.check_changed = check_changed
         self.backend = "nccl" if use_gpu else "gloo"
         self.vocab_size = AutoConfig.from_pretrained(model_path).vocab_size
         self.layouts: list | None = None
@@ -36,12 +39,13 @@ class SeparateWeightSync:
         if self.layouts is None:
             self.connect()
         verify = self.cfg["verify_sync"]
-        before = self.rollout.weights_fingerprint() if verify else None
+        before = self.rollout.weights_fingerprint() if verify and self.check_changed else None
         received = self.rollout.receive_weights(self.layouts)
         metrics = self.actor.broadcast_weights(self.layouts)[0]
         received.get()
         if verify:
             metrics.update(self.verify())
+        if before is not None:
             after = self.rollout.weights_fingerprint()
             for engine, (old, new) in enumerate(zip(before, after)):
                 require_changed(old, new, True, f"broadcast weight sync to engine {engine}")

@@ -70,6 +70,7 @@ class VLLMEngine:
             kwargs.update(kv_cache_memory_bytes=int(rollout["cpu_kv_cache_mb"]) << 20, enable_chunked_prefill=False)
             if rollout["enable_sleep"]:
                 print("note: rollout.enable_sleep has no effect on CPU (vLLM's CPU backend has no sleep mode)", file=sys.stderr)
+        self._llm_kwargs = kwargs
         self.llm = LLM(**kwargs)
 
     # ---- generation -----------------------------------------------------------------------------------
@@ -117,6 +118,20 @@ class VLLMEngine:
             [[float(step[t].logprob) for step, t in zip(o.prompt_logprobs[1:], r[1:])] for o, r in zip(outputs, rows)]
         )
 
+    def generate_token_lists(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[dict[str, list]]:
+        """Plain-list interface (the engine API): per prompt, the generated `token_ids` and their `log_probs`.
+        `sampling` holds vLLM `SamplingParams` fields (temperature, max_tokens, seed, ...)."""
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(**{"max_tokens": 16, "logprobs": 0, "detokenize": False, **sampling})
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        results = []
+        for output in outputs:
+            tokens = list(output.outputs[0].token_ids)
+            steps = output.outputs[0].logprobs or []
+            results.append({"token_ids": tokens, "log_probs": [float(step[t].logprob) for step, t in zip(steps, tokens)]})
+        return results
+
     # ---- weights --------------------------------------------------------------------------------------
     def load_weights(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> int:
         """In-process load of `(HF name, tensor)` pairs; returns how many tensors were loaded."""
@@ -152,6 +167,39 @@ class VLLMEngine:
         if self.sleep_enabled and self.free_cache_engine and not self.asleep:
             self.llm.sleep(level=2)
             self.asleep = True
+
+    def release_all(self) -> None:
+        """Free the weights and the KV cache: sleep (GPU, sleep mode) or shut the engine down (it is rebuilt
+        from the model folder by `restore`, then needs a weight sync for trained weights)."""
+        if self.sleep_enabled:
+            if not self.asleep:
+                self.llm.sleep(level=2)
+                self.asleep = True
+            return
+        if self.llm is not None:
+            import gc
+
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+            self.llm = None
+            gc.collect()
+            destroy_model_parallel()
+            destroy_distributed_environment()
+
+    def restore(self, what: str = "all") -> None:
+        """Bring back "weights", "kv_cache" or "all" after `release_all` (a no-op when already there)."""
+        if what not in ("all", "weights", "kv_cache"):
+            raise ValueError(f"restore what={what!r}; valid: 'all', 'weights', 'kv_cache'")
+        if self.llm is None:
+            from vllm import LLM
+
+            self.llm = LLM(**self._llm_kwargs)
+            return
+        if self.asleep:
+            torch.cuda.empty_cache()
+            for tag in (["weights", "kv_cache"] if what == "all" else [what]):
+                self.llm.wake_up(tags=[tag])
+            self.asleep = what == "weights"
 
     def wake_up(self) -> bool:
         """Re-allocate the weights, then the KV cache; True when the weights were discarded and must be

@@ -79,6 +79,19 @@ class VLLMRolloutWorker(Worker):
     def weights_fingerprint(self) -> float:
         return self._require_engine("weights_fingerprint").fingerprint()
 
+    # ---- engine API (plain lists, residency) -----------------------------------------------------------
+    @register(Dispatch.ONE_TO_ALL)
+    def generate_tokens(self, prompts: list[list[int]], sampling: dict[str, Any] | None = None) -> list[dict[str, list]]:
+        return self._require_engine("generate").generate_token_lists(prompts, sampling or {})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def release(self) -> None:
+        self._require_engine("meta").release_all()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def restore(self, what: str = "all") -> None:
+        self._require_engine("cuda").restore(what)
+
     @register(Dispatch.ONE_TO_ALL)
     def pop_step_metrics(self) -> dict[str, float]:
         return self.memory.pop() if self.memory else {}

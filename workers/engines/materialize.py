@@ -1,0 +1,65 @@
+"""Turning a meta-device module shipped from the driver into a loaded, FSDP2-sharded module on a worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from workers.fsdp.model_loading import device_mesh
+
+
+def _allocate_meta_parameters(module: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Real (uninitialised) storage for every meta parameter; buffers, which `init_empty_weights` keeps
+    real (rotary frequencies and the like), are moved as they are."""
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None and param.is_meta:
+                sub._parameters[name] = nn.Parameter(torch.empty(param.shape, dtype=dtype, device=device), param.requires_grad)
+        for name, buffer in list(sub._buffers.items()):
+            if buffer is not None:
+                sub._buffers[name] = buffer.to(device)
+
+
+def load_source_weights(module: Any, device: torch.device) -> list[str]:
+    """Load the safetensors of `module.materialization_source()` through the input hook; returns the names
+    of parameters the source did not provide."""
+    folder = Path(module.materialization_source())
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"materialization source {folder} holds no *.safetensors files")
+    own = dict(module.named_parameters())
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for file in files:
+            for name, tensor in load_file(str(file)).items():
+                name, tensor = module.preprocess_input_named_parameters(name, tensor)
+                if name in own:
+                    own[name].copy_(tensor.to(device))
+                    loaded.add(name)
+    return sorted(set(own) - loaded)
+
+
+def shard(module: nn.Module, device: torch.device, compute_dtype: torch.dtype, unit_names: tuple[str, ...]) -> None:
+    names = set(unit_names or getattr(module, "_no_split_modules", None) or ())
+    kwargs: dict[str, Any] = {"mesh": device_mesh(device)}
+    if compute_dtype != torch.float32:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for sub in module.modules():
+        if type(sub).__name__ in names:
+            fully_shard(sub, **kwargs)
+    fully_shard(module, **kwargs)
+
+
+def materialize(module: Any, device: torch.device, compute_dtype: torch.dtype) -> list[str]:
+    """Allocate, tie, load and shard `module` (fp32 master weights); returns the missing parameter names."""
+    _allocate_meta_parameters(module, device, torch.float32)
+    if hasattr(module, "tie_weights"):
+        module.tie_weights()  # pickling dropped the embedding / LM-head tie
+    missing = load_source_weights(module, device)
+    shard(module, device, compute_dtype, tuple(module.non_split_modules))
+    return missing

@@ -1,0 +1,152 @@
+"""`ModuleWorker`: runs a user's `TrainModule` as one rank of a train engine.
+
+Any public method of the module is called through `call_module` (NeedParallel arguments split by the
+dispatcher, others sent whole). Weight export for the inference engine goes through the module's
+`postprocess_output_named_parameters` hook, so e.g. a LoRA model sends merged base weights.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from single_controller import Dispatch, Worker, register
+from workers.engines.materialize import materialize
+from workers.fsdp.model_loading import compute_dtype, worker_device
+from workers.fsdp.offload import Offloader
+from workers.rollout.buckets import BucketLayout, bucket_views, empty_bucket, plan_buckets
+from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
+from workers.rollout.verify import probe_sequences, trainer_log_probs
+
+GIB = float(1 << 30)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    full_tensor = getattr(tensor, "full_tensor", None)
+    return full_tensor() if callable(full_tensor) else tensor
+
+
+class ModuleWorker(Worker):
+    def __init__(self, sync_dtype: str = "auto", bucket_mb: int = 512) -> None:
+        super().__init__()
+        self.module: Any = None
+        self.sync_dtype_name = sync_dtype
+        self.bucket_bytes = bucket_mb << 20
+        self.calls = 0  # any user call may change the weights: counts as a new version
+        self._sync_group: WeightSyncGroup | None = None
+
+    # ---- building and calling ---------------------------------------------------------------------------
+    @register(Dispatch.ONE_TO_ALL)
+    def materialize(self, module: Any) -> list[str]:
+        self.init_process_group()
+        self.device = worker_device()
+        self.dtype = compute_dtype("auto", self.device)
+        missing = materialize(module, self.device, self.dtype)
+        module.missing_parameters = missing
+        module.on_weights_materialized()
+        self.module = module
+        self.offloader = Offloader(module, getattr(module, "optimizer", None), self.device, True, True)
+        return missing
+
+    def _require_module(self, what: str) -> Any:
+        if self.module is None:
+            raise RuntimeError(f"{what}: the train engine holds no weights (build it, or call .cuda() after .meta())")
+        return self.module
+
+    @register(Dispatch.ONE_TO_ALL)
+    def call_module(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        module = self._require_module(method)
+        self.offloader.load(with_optimizer=True)
+        self.calls += 1
+        return getattr(module, method)(*args, **kwargs)
+
+    # ---- residency ------------------------------------------------------------------------------------
+    @register(Dispatch.ONE_TO_ALL)
+    def to_host(self) -> None:
+        """Parameters and optimizer state to host memory (GPU only; on CPU nothing moves)."""
+        self._require_module("cpu")
+        self.offloader.offload()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def to_device(self) -> None:
+        self._require_module("cuda")
+        self.offloader.load(with_optimizer=True)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def release(self) -> None:
+        """Drop the module, its optimizer and every tensor they hold (the engine re-materializes on demand)."""
+        import gc
+
+        self.module, self.offloader = None, None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # ---- weight export and broadcast sync -------------------------------------------------------------
+    def _sync_dtype(self) -> torch.dtype:
+        return self.dtype if self.sync_dtype_name == "auto" else compute_dtype(self.sync_dtype_name, self.device)
+
+    def _exported(self, meta: bool) -> dict[str, torch.Tensor]:
+        """The module's state as the inference engine sees it (after the output hook). With `meta`, shapes
+        only (no gathers); otherwise full tensors (a collective over the ranks)."""
+        module = self._require_module("export")
+        params = {n: p.detach() for n, p in module.named_parameters()}
+        full = {n: torch.empty(p.shape, dtype=p.dtype, device="meta") if meta else _full(p) for n, p in params.items()}
+        out: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, tensor in full.items():
+                out.update(module.postprocess_output_named_parameters(name, tensor, full))
+        return out
+
+    @register(Dispatch.ONE_TO_ALL)
+    def full_state(self, exported: bool = False) -> dict[str, torch.Tensor] | None:
+        """Full parameters on rank 0 (None elsewhere; every rank takes part in the gathers): the module's own
+        names, or with `exported` what the inference engine receives."""
+        self.offloader.load()
+        if exported:
+            state = self._exported(meta=False)
+        else:
+            state = {n: _full(p.detach()) for n, p in self._require_module("full_state").named_parameters()}
+        return {n: t.cpu().clone() for n, t in state.items()} if self.rank == 0 else None
+
+    @register(Dispatch.RANK_ZERO)
+    def weight_sync_layouts(self) -> list[BucketLayout]:
+        dtype = self._sync_dtype()
+        return plan_buckets(((n, tuple(t.shape), dtype) for n, t in self._exported(meta=True).items()), self.bucket_bytes)
+
+    @register(Dispatch.RANK_ZERO)
+    def current_weights_version(self) -> int:
+        return self.calls
+
+    @register(Dispatch.RANK_ZERO)
+    def host_weight_sync(self, world_size: int, backend: str) -> SyncGroupAddress:
+        self._sync_group = WeightSyncGroup()
+        return self._sync_group.host_store(world_size, backend)
+
+    @register(Dispatch.RANK_ZERO)
+    def connect_weight_sync(self, address: SyncGroupAddress) -> None:
+        self._sync_group.connect(address, 0)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def broadcast_weights(self, layouts: list[BucketLayout]) -> dict[str, float]:
+        self.offloader.load()
+        start = time.perf_counter()
+        exported = self._exported(meta=False)
+        sent = 0
+        if self.rank == 0:
+            staging = empty_bucket(max(layouts, key=lambda layout: layout.nbytes), self.device)
+            for layout in layouts:
+                buffer = staging[: layout.nbytes]
+                for name, view in bucket_views(buffer, layout):
+                    view.copy_(exported[name])
+                self._sync_group.broadcast(buffer, root=0)
+                sent += layout.nbytes
+        return {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def probe_log_probs(self) -> torch.Tensor:
+        module = self._require_module("probe_log_probs")
+        self.offloader.load()
+        return trainer_log_probs(module, probe_sequences(module.config.vocab_size), self.device)
