@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +26,35 @@ def _allocate_meta_parameters(module: nn.Module, device: torch.device, dtype: to
                 sub._buffers[name] = buffer.to(device)
 
 
-def load_source_weights(module: Any, device: torch.device) -> list[str]:
-    """Load the safetensors of `module.materialization_source()` through the input hook; returns the names
-    of parameters the source did not provide."""
-    folder = Path(module.materialization_source())
+def _source_tensors(module: Any, folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """The source's tensors under the names the module's class uses. For Hugging Face models the class's
+    own loader reads the folder: it applies the renames between checkpoint and module layouts (e.g. a
+    Qwen2-VL checkpoint's `model.layers.*` are the module's `model.language_model.layers.*`)."""
+    from transformers import PreTrainedModel
+
+    if isinstance(module, PreTrainedModel):
+        base_class = next(c for c in type(module).__mro__ if issubclass(c, PreTrainedModel) and c.__module__.startswith("transformers."))
+        yield from base_class.from_pretrained(str(folder), dtype=torch.float32).state_dict().items()
+        return
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"materialization source {folder} holds no *.safetensors files")
+    for file in files:
+        yield from load_file(str(file)).items()
+
+
+def load_source_weights(module: Any, device: torch.device) -> list[str]:
+    """Load the weights of `module.materialization_source()` through the input hook; returns the names of
+    parameters the source did not provide."""
+    folder = Path(module.materialization_source())
     own = dict(module.named_parameters())
     loaded: set[str] = set()
     with torch.no_grad():
-        for file in files:
-            for name, tensor in load_file(str(file)).items():
-                name, tensor = module.preprocess_input_named_parameters(name, tensor)
-                if name in own:
-                    own[name].copy_(tensor.to(device))
-                    loaded.add(name)
+        for name, tensor in _source_tensors(module, folder):
+            name, tensor = module.preprocess_input_named_parameters(name, tensor)
+            if name in own:
+                own[name].copy_(tensor.to(device))
+                loaded.add(name)
     return sorted(set(own) - loaded)
 
 
