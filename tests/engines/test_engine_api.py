@@ -68,12 +68,38 @@ def test_lora_trains_and_the_engine_gets_merged_weights(ray_cluster, model_path)
         _shutdown(result)
 
 
+def test_hf_executor_receives_trained_weights(ray_cluster, model_path):
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig
+
+    infer = InferenceEngine(model_path, executor="hf").build()
+    with init_empty_weights():
+        policy = engine_quickstart.TinyPolicy(AutoConfig.from_pretrained(model_path))
+    train = TrainEngine(policy).build(colocate_with=infer)
+    try:
+        prompts = [[5, 6, 7, 8], [9, 10, 11, 12]]
+        greedy = {"temperature": 0.0, "max_tokens": 8}
+        before = infer.generate(prompts, greedy)[0]
+        for _ in range(4):
+            train.train_step(NeedParallel([p + [40, 41, 42, 43, 44, 45, 46, 47] for p in prompts]), 1.0)
+            train.optimizer_step()
+        infer.meta().cuda()  # released and reloaded from the folder: the sync must bring the trained weights
+        sync = train.p2p_weight_sync(infer)
+        assert sync["rollout/sync_logprob_max_diff"] <= 1e-3
+        after = infer.generate(prompts, greedy)[0]
+        assert [r["token_ids"] for r in after] != [r["token_ids"] for r in before]
+        assert all(len(r["log_probs"]) == len(r["token_ids"]) == 8 for r in after)
+    finally:
+        train.shutdown()
+        infer.shutdown()
+
+
 def test_engines_name_what_is_wrong(ray_cluster, model_path):
     with pytest.raises(TypeError, match="must subclass workers.engines.TrainModule"):
         TrainEngine(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match=r"executor 'megatron' is not available; valid: \['fsdp2'\]"):
         TrainEngine(engine_lora.lora_policy(model_path), executor="megatron")
-    with pytest.raises(ValueError, match=r"executor 'sglang' is not available; valid: \['vllm'\]"):
+    with pytest.raises(ValueError, match=r"executor 'sglang' is not available; valid: \['vllm', 'hf'\]"):
         InferenceEngine(model_path, executor="sglang")
     with pytest.raises(RuntimeError, match="call build"):
         InferenceEngine(model_path).generate([[1, 2]])

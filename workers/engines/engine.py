@@ -23,7 +23,7 @@ import torch
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
 EXECUTORS_TRAIN = ("fsdp2",)
-EXECUTORS_INFER = ("vllm",)
+EXECUTORS_INFER = ("vllm", "hf")
 
 
 def _default_use_gpu(use_gpu: bool | None) -> bool:
@@ -41,9 +41,14 @@ class InferenceEngine:
 
     def build(self, tensor_parallel_size: int = 1, num_engines: int = 1, colocate_with: Any = None,
               use_gpu: bool | None = None) -> "InferenceEngine":
-        from workers.rollout.vllm_worker import VLLMRolloutWorker
-
         use_gpu = _default_use_gpu(use_gpu)
+        if self.executor == "hf":
+            from workers.engines.hf_inference_worker import HFInferenceWorker as worker_class
+
+            if tensor_parallel_size != 1:
+                raise ValueError(f"executor 'hf' runs one whole model per engine; tensor_parallel_size must be 1, got {tensor_parallel_size}")
+        else:
+            from workers.rollout.vllm_worker import VLLMRolloutWorker as worker_class
         rollout = {"name": "vllm", "placement": "separate", "tensor_model_parallel_size": tensor_parallel_size,
                    "num_engines": num_engines, **self.options}
         config = {"model": {"path": self.model_path}, "rollout": rollout}
@@ -51,7 +56,7 @@ class InferenceEngine:
             [num_engines], use_gpu=use_gpu, name_prefix="infer_", gpus_per_process=tensor_parallel_size)
         self.use_gpu = use_gpu
         self.tensor_parallel_size = tensor_parallel_size
-        self.group = RayWorkerGroup(self.pool, RayClassWithInitArgs(VLLMRolloutWorker, config=config), name_prefix="infer")
+        self.group = RayWorkerGroup(self.pool, RayClassWithInitArgs(worker_class, config=config), name_prefix="infer")
         self.group.init_model()
         return self
 
@@ -69,7 +74,7 @@ class InferenceEngine:
 
     # ---- residency ------------------------------------------------------------------------------------
     def meta(self) -> "InferenceEngine":
-        """Release the weights and the KV cache (GPU: sleep; CPU: the engine is shut down)."""
+        """Release the weights and the KV cache (vLLM on GPU: sleep; otherwise the engine is shut down)."""
         self._require_group().release()
         self.incarnation += 1
         return self

@@ -1,0 +1,92 @@
+"""`HFInferenceWorker`: an inference engine on plain Hugging Face `generate` (`InferenceEngine(executor="hf")`).
+
+Same methods as the vLLM rollout worker, so the engine API and the broadcast weight sync drive either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from single_controller import Dispatch, Worker, register
+from workers.fsdp.model_loading import compute_dtype, worker_device
+from workers.rollout.buckets import BucketLayout
+from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
+from workers.rollout.verify import probe_sequences, trainer_log_probs
+from workers.rollout.weight_sync import receive_broadcast_buckets
+
+
+class HFInferenceWorker(Worker):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.model_path = config["model"]["path"]
+        self.model: Any = None
+
+    def _load(self) -> None:
+        self.device = worker_device()
+        self.dtype = compute_dtype("auto", self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
+
+    def _require_model(self, what: str) -> Any:
+        if self.model is None:
+            raise RuntimeError(f"{what}: the engine was released with .meta(); call .cuda() first")
+        return self.model
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        self._load()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def generate_tokens(self, prompts: list[list[int]], sampling: dict[str, Any] | None = None) -> list[dict[str, list]]:
+        """Per prompt: generated `token_ids` and their `log_probs` (temperature 0 = greedy; `max_tokens`)."""
+        model, sampling = self._require_model("generate"), dict(sampling or {})
+        temperature = float(sampling.get("temperature", 1.0))
+        results = []
+        with torch.no_grad():
+            for prompt in prompts:
+                ids = torch.tensor([prompt], device=self.device)
+                out = model.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(sampling.get("max_tokens", 16)),
+                    do_sample=temperature > 0, temperature=temperature if temperature > 0 else None, top_k=None, top_p=None,
+                    output_scores=True, return_dict_in_generate=True, pad_token_id=model.config.pad_token_id,
+                )
+                tokens = out.sequences[0, len(prompt):].tolist()
+                steps = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
+                results.append({"token_ids": tokens, "log_probs": steps})
+        return results
+
+    # ---- residency ------------------------------------------------------------------------------------
+    @register(Dispatch.ONE_TO_ALL)
+    def release(self) -> None:
+        self.model = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def restore(self, what: str = "all") -> None:
+        if self.model is None:
+            self._load()  # from the folder; a weight sync brings trained weights
+
+    # ---- weight sync (receiver side) ------------------------------------------------------------------
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def join_weight_sync(self, address: SyncGroupAddress) -> None:
+        self._sync_group = WeightSyncGroup()
+        self._sync_group.connect(address, 1 + self.rank)
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def receive_weights(self, layouts: list[BucketLayout]) -> None:
+        params = dict(self._require_model("receive_weights").named_parameters())
+        with torch.no_grad():
+            for name, tensor in receive_broadcast_buckets(layouts, self._sync_group, self.device):
+                params[name].copy_(tensor)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def probe_log_probs(self, vocab_size: int) -> torch.Tensor:
+        return trainer_log_probs(self._require_model("probe_log_probs"), probe_sequences(vocab_size), self.device)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def weights_fingerprint(self) -> float:
+        model = self._require_model("weights_fingerprint")
+        return float(sum(p.detach().double().abs().sum().item() for p in model.parameters()))
