@@ -1,0 +1,77 @@
+"""HF <-> Megatron GPT layouts: exact round trips through every TP/PP split, the fused layouts mean what
+Megatron computes with them, and sizes that cannot be split are named."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from workers.megatron.convert import gather_tp, hf_to_megatron, megatron_to_hf, merge_pp, shard_tp, split_pp
+from workers.megatron.layout import layout_from_hf_config
+
+SMALL = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=32, vocab_size=100, max_position_embeddings=64)
+
+
+def _model(kind: str, tied: bool):
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**SMALL, tie_word_embeddings=tied))
+    return LlamaForCausalLM(LlamaConfig(**SMALL, tie_word_embeddings=tied))
+
+
+@pytest.mark.parametrize("kind, tied", [("qwen2", False), ("qwen2", True), ("llama", False)])
+@pytest.mark.parametrize("tp, pp", [(1, 1), (2, 1), (1, 2), (2, 2), (2, 4)])
+def test_round_trip_through_tp_and_pp_splits_is_exact(kind, tied, tp, pp):
+    model = _model(kind, tied)
+    hf = {n: p.detach().clone() for n, p in model.named_parameters()}
+    layout = layout_from_hf_config(model.config, tp=tp, pp=pp)
+    mc = hf_to_megatron(hf, layout)
+    assert mc["embedding.word_embeddings.weight"].shape[0] == layout.padded_vocab_size == 128 * tp
+    stages_per_rank = [split_pp(shard, layout, pp) for shard in shard_tp(mc, tp)]
+    for rank_stages in stages_per_rank:
+        assert all(f"decoder.layers.{4 // pp - 1}.mlp.linear_fc2.weight" in stage for stage in rank_stages)
+    merged = [merge_pp(rank_stages, layout) for rank_stages in stages_per_rank]
+    back = megatron_to_hf(gather_tp(merged), layout)
+    assert sorted(back) == sorted(hf)
+    for name, tensor in hf.items():
+        assert torch.equal(back[name], tensor), name
+
+
+def test_fused_layouts_compute_what_the_hf_projections_compute():
+    model = _model("qwen2", False)
+    layout = layout_from_hf_config(model.config, tp=2)
+    mc = hf_to_megatron({n: p.detach() for n, p in model.named_parameters()}, layout)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    x = torch.randn(5, layout.hidden_size)
+    heads, hd, groups, per = layout.num_heads, layout.head_dim, layout.num_kv_heads, layout.heads_per_group
+    with torch.no_grad():
+        q_hf, k_hf, v_hf = attn.q_proj(x).view(5, heads, hd), attn.k_proj(x).view(5, groups, hd), attn.v_proj(x).view(5, groups, hd)
+        for rank, shard in enumerate(shard_tp(mc, 2)):
+            # As Megatron does on a TP rank: [tokens, local groups, (per + 2) * hd] -> q, k, v per group.
+            w, b = shard["decoder.layers.0.self_attention.linear_qkv.weight"], shard["decoder.layers.0.self_attention.linear_qkv.bias"]
+            local_groups = groups // 2
+            mixed = (x @ w.T + b).view(5, local_groups, (per + 2) * hd)
+            q, k, v = torch.split(mixed, [per * hd, hd, hd], dim=2)
+            first = rank * local_groups
+            torch.testing.assert_close(q.reshape(5, local_groups * per, hd), q_hf[:, first * per : (first + local_groups) * per])
+            torch.testing.assert_close(k, k_hf[:, first : first + local_groups])
+            torch.testing.assert_close(v, v_hf[:, first : first + local_groups])
+            # SwiGLU on the rank's fc1 output: its first half is its gate slice, the second its up slice.
+            inter = layout.ffn_hidden_size // 2
+            gate, up = torch.chunk(x @ shard["decoder.layers.0.mlp.linear_fc1.weight"].T, 2, dim=-1)
+            torch.testing.assert_close(gate, mlp.gate_proj(x)[:, rank * inter : (rank + 1) * inter])
+            torch.testing.assert_close(up, mlp.up_proj(x)[:, rank * inter : (rank + 1) * inter])
+
+
+def test_sizes_that_cannot_be_split_are_named_with_the_valid_choices():
+    config = _model("qwen2", False).config
+    with pytest.raises(ValueError, match=r"tensor parallel size 3 must divide the number of attention heads \(4\)") as error:
+        layout_from_hf_config(config, tp=3)
+    assert "valid TP sizes for this model: [1, 2]" in str(error.value)
+    with pytest.raises(ValueError, match=r"pipeline parallel size 3 must divide the number of layers \(4\)"):
+        layout_from_hf_config(config, pp=3)
+    with pytest.raises(ValueError, match=r"must divide the number of key/value heads \(2\)"):
+        layout_from_hf_config(config, tp=4)
+    config.model_type = "gpt2"
+    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported .* \['qwen2', 'llama'\]"):
+        layout_from_hf_config(config)

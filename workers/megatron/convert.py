@@ -1,0 +1,167 @@
+"""Hugging Face <-> megatron-core GPT state dicts (local layer spec names), and their TP/PP splits.
+
+Megatron fuses what HF keeps apart: `linear_qkv` holds, per key/value group, that group's query heads then
+its key head then its value head; `linear_fc1` is [gate; up] (on each TP rank: that rank's gate rows, then
+its up rows). Column-parallel weights (qkv, fc1, output layer, embedding rows) split along dim 0,
+row-parallel ones (proj, fc2) along dim 1; norms are replicated. Pipeline stages number their layers from 0;
+the first stage holds the embedding, the last the final norm and the output layer.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from workers.megatron.layout import GPTLayout
+
+State = dict[str, torch.Tensor]
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+
+
+# ---- HF <-> Megatron (whole model, TP = PP = 1) ---------------------------------------------------------
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: GPTLayout) -> torch.Tensor:
+    groups, per, hd = layout.num_kv_heads, layout.heads_per_group, layout.head_dim
+    rest = q.shape[1:]
+    q = q.reshape(groups, per * hd, *rest)
+    k = k.reshape(groups, hd, *rest)
+    v = v.reshape(groups, hd, *rest)
+    return torch.cat([q, k, v], dim=1).reshape(groups * (per + 2) * hd, *rest)
+
+
+def _split_qkv(qkv: torch.Tensor, layout: GPTLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    groups, per, hd = layout.num_kv_heads, layout.heads_per_group, layout.head_dim
+    rest = qkv.shape[1:]
+    grouped = qkv.reshape(groups, (per + 2) * hd, *rest)
+    q, k, v = torch.split(grouped, [per * hd, hd, hd], dim=1)
+    return q.reshape(groups * per * hd, *rest), k.reshape(groups * hd, *rest), v.reshape(groups * hd, *rest)
+
+
+def _pad_vocab(weight: torch.Tensor, layout: GPTLayout) -> torch.Tensor:
+    pad = layout.padded_vocab_size - weight.shape[0]
+    return torch.cat([weight, weight.new_zeros(pad, *weight.shape[1:])]) if pad else weight
+
+
+def hf_to_megatron(hf: State, layout: GPTLayout) -> State:
+    out: State = {"embedding.word_embeddings.weight": _pad_vocab(hf["model.embed_tokens.weight"], layout)}
+    for i in range(layout.num_layers):
+        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
+        out[dst + "input_layernorm.weight"] = hf[src + "input_layernorm.weight"]
+        for kind in ("weight",) + (("bias",) if layout.qkv_bias else ()):
+            out[dst + f"self_attention.linear_qkv.{kind}"] = _fuse_qkv(
+                *(hf[src + f"self_attn.{p}_proj.{kind}"] for p in "qkv"), layout
+            )
+        out[dst + "self_attention.linear_proj.weight"] = hf[src + "self_attn.o_proj.weight"]
+        out[dst + "pre_mlp_layernorm.weight"] = hf[src + "post_attention_layernorm.weight"]
+        out[dst + "mlp.linear_fc1.weight"] = torch.cat([hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]])
+        out[dst + "mlp.linear_fc2.weight"] = hf[src + "mlp.down_proj.weight"]
+    out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+    if not layout.tied_embeddings:
+        out["output_layer.weight"] = _pad_vocab(hf["lm_head.weight"], layout)
+    return out
+
+
+def megatron_to_hf(mc: State, layout: GPTLayout) -> State:
+    vocab = layout.vocab_size
+    out: State = {"model.embed_tokens.weight": mc["embedding.word_embeddings.weight"][:vocab]}
+    for i in range(layout.num_layers):
+        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
+        out[dst + "input_layernorm.weight"] = mc[src + "input_layernorm.weight"]
+        for kind in ("weight",) + (("bias",) if layout.qkv_bias else ()):
+            q, k, v = _split_qkv(mc[src + f"self_attention.linear_qkv.{kind}"], layout)
+            out[dst + f"self_attn.q_proj.{kind}"], out[dst + f"self_attn.k_proj.{kind}"], out[dst + f"self_attn.v_proj.{kind}"] = q, k, v
+        out[dst + "self_attn.o_proj.weight"] = mc[src + "self_attention.linear_proj.weight"]
+        out[dst + "post_attention_layernorm.weight"] = mc[src + "pre_mlp_layernorm.weight"]
+        gate, up = torch.chunk(mc[src + "mlp.linear_fc1.weight"], 2, dim=0)
+        out[dst + "mlp.gate_proj.weight"], out[dst + "mlp.up_proj.weight"] = gate, up
+        out[dst + "mlp.down_proj.weight"] = mc[src + "mlp.linear_fc2.weight"]
+    out["model.norm.weight"] = mc["decoder.final_layernorm.weight"]
+    if not layout.tied_embeddings:
+        out["lm_head.weight"] = mc["output_layer.weight"][:vocab]
+    return out
+
+
+# ---- tensor parallel --------------------------------------------------------------------------------------
+_COLUMN = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias", "embedding.word_embeddings.weight", "output_layer.weight")
+_ROW = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+_FC1 = "mlp.linear_fc1.weight"
+
+
+def _tp_kind(name: str) -> str:
+    if name.endswith(_FC1):
+        return "fc1"
+    if name.endswith(_COLUMN):
+        return "column"
+    if name.endswith(_ROW):
+        return "row"
+    return "replicated"
+
+
+def shard_tp(mc: State, tp: int) -> list[State]:
+    """Per TP rank, its slice of every tensor (qkv slices hold whole key/value groups: TP divides them)."""
+    shards: list[State] = [{} for _ in range(tp)]
+    for name, tensor in mc.items():
+        kind = _tp_kind(name)
+        if kind == "fc1":
+            gate, up = torch.chunk(tensor, 2, dim=0)
+            pieces = [torch.cat([g, u]) for g, u in zip(torch.chunk(gate, tp), torch.chunk(up, tp))]
+        elif kind == "column":
+            pieces = list(torch.chunk(tensor, tp, dim=0))
+        elif kind == "row":
+            pieces = list(torch.chunk(tensor, tp, dim=1))
+        else:
+            pieces = [tensor] * tp
+        for rank, piece in enumerate(pieces):
+            shards[rank][name] = piece.clone()
+    return shards
+
+
+def gather_tp(shards: list[State]) -> State:
+    """Inverse of `shard_tp` (what a TP group all-gathers before a sync or an HF export)."""
+    out: State = {}
+    for name in shards[0]:
+        pieces = [shard[name] for shard in shards]
+        kind = _tp_kind(name)
+        if kind == "fc1":
+            halves = [torch.chunk(p, 2, dim=0) for p in pieces]
+            out[name] = torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])
+        elif kind == "column":
+            out[name] = torch.cat(pieces, dim=0)
+        elif kind == "row":
+            out[name] = torch.cat(pieces, dim=1)
+        else:
+            out[name] = pieces[0]
+    return out
+
+
+# ---- pipeline parallel ------------------------------------------------------------------------------------
+def split_pp(mc: State, layout: GPTLayout, pp: int) -> list[State]:
+    """Per pipeline stage, its layers renumbered from 0; embedding on stage 0, final norm and output layer
+    on the last stage (with tied embeddings the last stage also needs the embedding for its output)."""
+    per_stage = layout.num_layers // pp
+    stages: list[State] = [{} for _ in range(pp)]
+    for name, tensor in mc.items():
+        match = _LAYER.match(name)
+        if match:
+            layer = int(match.group(1))
+            stages[layer // per_stage][f"decoder.layers.{layer % per_stage}.{match.group(2)}"] = tensor
+        elif name.startswith("embedding."):
+            stages[0][name] = tensor
+            if layout.tied_embeddings and pp > 1:
+                stages[-1][name] = tensor
+        else:
+            stages[-1][name] = tensor
+    return stages
+
+
+def merge_pp(stages: list[State], layout: GPTLayout) -> State:
+    per_stage = layout.num_layers // len(stages)
+    out: State = {}
+    for index, stage in enumerate(stages):
+        for name, tensor in stage.items():
+            match = _LAYER.match(name)
+            if match:
+                out[f"decoder.layers.{index * per_stage + int(match.group(1))}.{match.group(2)}"] = tensor
+            elif name not in out:
+                out[name] = tensor
+    return out

@@ -1,0 +1,72 @@
+"""The shape of a Qwen2/Llama-style model in Megatron terms, and the parallel sizes it allows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+
+
+@dataclass(frozen=True)
+class GPTLayout:
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    padded_vocab_size: int  # Megatron pads the vocabulary so every TP rank holds an equal slice
+    tied_embeddings: bool
+    qkv_bias: bool
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def _ceil_to(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+def layout_from_hf_config(config: Any, tp: int = 1, pp: int = 1, make_vocab_size_divisible_by: int = 128) -> GPTLayout:
+    """Read an HF config (Qwen2 or Llama family) and check that TP `tp` and PP `pp` can split it; every
+    problem is listed in one error naming the sizes involved."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} is not supported by the Megatron converter; supported: {list(SUPPORTED_MODEL_TYPES)}")
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    problems = []
+    if tp < 1 or pp < 1:
+        problems.append(f"tensor and pipeline parallel sizes must be >= 1, got tp={tp}, pp={pp}")
+    else:
+        if heads % tp:
+            problems.append(f"tensor parallel size {tp} must divide the number of attention heads ({heads})")
+        if kv_heads % tp:
+            problems.append(
+                f"tensor parallel size {tp} must divide the number of key/value heads ({kv_heads}); "
+                f"valid TP sizes for this model: {[t for t in range(1, kv_heads + 1) if kv_heads % t == 0 and heads % t == 0]}"
+            )
+        if config.intermediate_size % tp:
+            problems.append(f"tensor parallel size {tp} must divide the MLP size ({config.intermediate_size})")
+        if config.num_hidden_layers % pp:
+            problems.append(f"pipeline parallel size {pp} must divide the number of layers ({config.num_hidden_layers})")
+    if heads % kv_heads:
+        problems.append(f"attention heads ({heads}) must be a multiple of key/value heads ({kv_heads})")
+    if problems:
+        raise ValueError("cannot lay this model out for Megatron:\n  " + "\n  ".join(problems))
+    return GPTLayout(
+        num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        ffn_hidden_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        padded_vocab_size=_ceil_to(config.vocab_size, make_vocab_size_divisible_by * tp),
+        tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+    )

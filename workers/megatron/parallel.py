@@ -1,0 +1,42 @@
+"""Megatron's process groups inside a worker group, lined up with the group's mesh dispatch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from single_controller.mesh import MeshPlacement
+
+MEGATRON_MESH = "megatron"
+
+
+def megatron_mesh_shape(world_size: int, tp: int, pp: int) -> dict[str, int]:
+    """Megatron orders ranks TP fastest, then DP, then PP: row-major {pp, dp, tp}."""
+    if tp < 1 or pp < 1 or world_size % (tp * pp):
+        raise ValueError(
+            f"{world_size} workers cannot hold tensor parallel {tp} x pipeline parallel {pp}; the product must "
+            f"divide the worker count (data parallel = workers / (tp * pp))"
+        )
+    return {"pp": pp, "dp": world_size // (tp * pp), "tp": tp}
+
+
+def init_megatron_parallel(worker: Any, tp: int, pp: int) -> MeshPlacement:
+    """Create Megatron's TP/PP/DP groups over the worker group's default process group and declare the same
+    layout as the worker's mesh `MEGATRON_MESH`, so `MeshDispatch(MEGATRON_MESH)` methods get their data
+    split over DP only and are collected from TP rank 0 of the last PP stage. Returns this rank's placement."""
+    from megatron.core import parallel_state
+
+    shape = megatron_mesh_shape(worker.world_size, tp, pp)
+    worker.init_process_group()
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    placement = worker.declare_mesh(MEGATRON_MESH, shape)
+    ours = (worker.rank // (shape["dp"] * tp), placement.dp_rank, worker.rank % tp)
+    megatron = (
+        parallel_state.get_pipeline_model_parallel_rank(),
+        parallel_state.get_data_parallel_rank(),
+        parallel_state.get_tensor_model_parallel_rank(),
+    )
+    if ours != megatron:
+        # A different rank order would hand a DP group's chunk to ranks of another group.
+        raise RuntimeError(f"rank {worker.rank}: mesh (pp, dp, tp) = {ours} but Megatron placed it at {megatron}")
+    return placement
