@@ -19,11 +19,10 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu_grpo_step import QWEN2_0_5B
+from benchmarks.gpu_grpo_step import QWEN2_0_5B, build_model
 from trainer.config_loader import load_config
 from trainer.datasets.synthetic import write_synthetic_dataset
 from trainer.main import run
-from trainer.tiny_model import build_char_tokenizer
 
 SHAPES = {
     "0.5B": QWEN2_0_5B,
@@ -31,19 +30,6 @@ SHAPES = {
                  intermediate_size=8960),
 }
 PHASES = ("sync_weights", "generate", "reward", "old_log_prob", "ref_log_prob", "advantage", "update_actor")
-
-
-def build_model(shape: dict[str, Any], out_dir: Path) -> int:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    tokenizer = build_char_tokenizer()
-    config = Qwen2Config(**shape, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    return sum(p.numel() for p in model.parameters())
 
 
 def engine_overrides(engine: str, eager: bool) -> list[str]:
@@ -60,7 +46,7 @@ def steady(history: list[dict[str, float]], key: str) -> float:
 
 
 def run_size(size: str, work: Path, steps: int, engine: str, eager: bool, extra: list[str]) -> dict[str, Any]:
-    params = build_model(SHAPES[size], work / size / "model")
+    params = build_model(work / size / "model", SHAPES[size])
     train, val = write_synthetic_dataset(work / size / "data", train_size=256, val_size=16, tasks=("arithmetic",))
     overrides = [
         f"actor_rollout_ref.model.path={work / size / 'model'}", f"data.train_files={train}", f"data.val_files={val}",

@@ -28,12 +28,13 @@ QWEN2_0_5B = dict(
 )
 
 
-def build_model(out_dir: Path) -> int:
-    """Write a random-init Qwen2 (bf16 safetensors) plus the local character tokenizer; returns #params."""
+def build_model(out_dir: Path, shape: dict | None = None) -> int:
+    """Write a random-init Qwen2 of `shape` (default the 0.5B one; bf16 safetensors) plus the local
+    character tokenizer; returns #params."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = build_char_tokenizer()
-    config = Qwen2Config(**QWEN2_0_5B, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    config = Qwen2Config(**(shape or QWEN2_0_5B), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                          bos_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)

@@ -16,9 +16,10 @@ from single_controller import Dispatch, Worker, register
 from workers.engines.materialize import materialize
 from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.fsdp.offload import Offloader
-from workers.rollout.buckets import BucketLayout, bucket_views, empty_bucket, plan_buckets
-from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
+from workers.fsdp.weight_sender import SyncGroupHostMixin
+from workers.rollout.buckets import BucketLayout, plan_buckets
 from workers.rollout.verify import probe_sequences, trainer_log_probs
+from workers.rollout.weight_sync import send_broadcast
 
 GIB = float(1 << 30)
 
@@ -28,14 +29,13 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return full_tensor() if callable(full_tensor) else tensor
 
 
-class ModuleWorker(Worker):
+class ModuleWorker(SyncGroupHostMixin, Worker):
     def __init__(self, sync_dtype: str = "auto", bucket_mb: int = 512) -> None:
         super().__init__()
         self.module: Any = None
         self.sync_dtype_name = sync_dtype
         self.bucket_bytes = bucket_mb << 20
         self.calls = 0  # any user call may change the weights: counts as a new version
-        self._sync_group: WeightSyncGroup | None = None
 
     # ---- building and calling ---------------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)
@@ -120,29 +120,13 @@ class ModuleWorker(Worker):
     def current_weights_version(self) -> int:
         return self.calls
 
-    @register(Dispatch.RANK_ZERO)
-    def host_weight_sync(self, world_size: int, backend: str) -> SyncGroupAddress:
-        self._sync_group = WeightSyncGroup()
-        return self._sync_group.host_store(world_size, backend)
-
-    @register(Dispatch.RANK_ZERO)
-    def connect_weight_sync(self, address: SyncGroupAddress) -> None:
-        self._sync_group.connect(address, 0)
-
     @register(Dispatch.ONE_TO_ALL)
     def broadcast_weights(self, layouts: list[BucketLayout]) -> dict[str, float]:
         self.offloader.load()
         start = time.perf_counter()
         exported = self._exported(meta=False)
-        sent = 0
-        if self.rank == 0:
-            staging = empty_bucket(max(layouts, key=lambda layout: layout.nbytes), self.device)
-            for layout in layouts:
-                buffer = staging[: layout.nbytes]
-                for name, view in bucket_views(buffer, layout):
-                    view.copy_(exported[name])
-                self._sync_group.broadcast(buffer, root=0)
-                sent += layout.nbytes
+        buckets = ((layout, [exported[name] for name in layout.names]) for layout in layouts)
+        sent = send_broadcast(buckets, self._sync_group if self.rank == 0 else None, self.device)
         return {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
 
     @register(Dispatch.ONE_TO_ALL)

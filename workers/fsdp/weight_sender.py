@@ -21,23 +21,10 @@ from workers.rollout.weight_sync import broadcast_buckets, plan_model_buckets
 GIB = float(1 << 30)
 
 
-class WeightSenderMixin:
-    """Needs `self.rank`, `self.config` and `self._sync_source()`, which returns the FSDP engine to send
-    with its parameters on the device."""
+class SyncGroupHostMixin:
+    """Rank 0's part in setting up the broadcast group with the engines."""
 
-    rank: int
-    config: dict[str, Any]
     _sync_group: WeightSyncGroup | None = None
-
-    def _sync_dtype(self) -> torch.dtype:
-        from workers.rollout.hybrid import engine_dtype
-
-        return engine_dtype(self.config["rollout"], self._sync_source())
-
-    @register(Dispatch.RANK_ZERO)
-    def weight_sync_layouts(self) -> list[BucketLayout]:
-        """The bucket plan (names, shapes, engine dtype) both sides follow."""
-        return plan_model_buckets(self._sync_source().module, self._sync_dtype(), self.config["rollout"]["weight_sync_bucket_mb"] << 20)
 
     @register(Dispatch.RANK_ZERO)
     def host_weight_sync(self, world_size: int, backend: str) -> SyncGroupAddress:
@@ -48,6 +35,24 @@ class WeightSenderMixin:
     def connect_weight_sync(self, address: SyncGroupAddress) -> None:
         """Rank 0 joins as group rank 0; returns once every engine worker has joined too."""
         self._sync_group.connect(address, 0)
+
+
+class WeightSenderMixin(SyncGroupHostMixin):
+    """Needs `self.rank`, `self.config` and `self._sync_source()`, which returns the FSDP engine to send
+    with its parameters on the device."""
+
+    rank: int
+    config: dict[str, Any]
+
+    def _sync_dtype(self) -> torch.dtype:
+        from workers.rollout.hybrid import engine_dtype
+
+        return engine_dtype(self.config["rollout"], self._sync_source())
+
+    @register(Dispatch.RANK_ZERO)
+    def weight_sync_layouts(self) -> list[BucketLayout]:
+        """The bucket plan (names, shapes, engine dtype) both sides follow."""
+        return plan_model_buckets(self._sync_source().module, self._sync_dtype(), self.config["rollout"]["weight_sync_bucket_mb"] << 20)
 
     @register(Dispatch.ONE_TO_ALL)
     def broadcast_weights(self, layouts: list[BucketLayout]) -> dict[str, float]:

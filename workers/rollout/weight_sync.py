@@ -63,6 +63,28 @@ def named_full_parameters(
         yield from zip(layout.names, tensors)
 
 
+def send_broadcast(
+    buckets: Iterator[tuple[BucketLayout, list[torch.Tensor]]], group: WeightSyncGroup | None, device: torch.device
+) -> int:
+    """Sender side of the broadcast path over `(layout, tensors)` buckets; `group` is the connected group on
+    trainer rank 0 and None on the other ranks (they only take part in producing the buckets, e.g. FSDP
+    gathers). One staging buffer (the largest bucket's size) is reused: a broadcast returns once sent.
+    Returns the bytes sent."""
+    sent = 0
+    staging: torch.Tensor | None = None
+    for layout, tensors in buckets:
+        if group is None:
+            continue
+        if staging is None or staging.numel() < layout.nbytes:
+            staging = empty_bucket(layout, device)
+        buffer = staging[: layout.nbytes]
+        for (_, view), tensor in zip(bucket_views(buffer, layout), tensors):
+            view.copy_(tensor)
+        group.broadcast(buffer, root=0)
+        sent += layout.nbytes
+    return sent
+
+
 def broadcast_buckets(
     module: nn.Module,
     layouts: list[BucketLayout],
@@ -70,19 +92,8 @@ def broadcast_buckets(
     device: torch.device,
     export_hook: ExportHook | None = None,
 ) -> int:
-    """Sender side of the broadcast path; `group` is the connected group on trainer rank 0 and None on the
-    other trainer ranks (they only take part in the gathers). Returns the bytes sent. One staging buffer
-    (the largest bucket's size) is reused for every bucket: the broadcast returns only once it was sent."""
-    sent = 0
-    staging = empty_bucket(max(layouts, key=lambda layout: layout.nbytes), device) if group is not None else None
-    for layout, tensors in gathered_buckets(module, layouts, export_hook):
-        if group is not None:
-            buffer = staging[: layout.nbytes]
-            for (_, view), tensor in zip(bucket_views(buffer, layout), tensors):
-                view.copy_(tensor)
-            group.broadcast(buffer, root=0)
-            sent += layout.nbytes
-    return sent
+    """`send_broadcast` of a module's full parameters, gathered bucket by bucket."""
+    return send_broadcast(gathered_buckets(module, layouts, export_hook), group, device)
 
 
 def receive_broadcast_buckets(
