@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu_grpo_step import QWEN2_0_5B, build_model
+from benchmarks.gpu_grpo_step import QWEN2_0_5B, build_model, grpo_overrides
 from trainer.config_loader import load_config
 from trainer.datasets.synthetic import write_synthetic_dataset
 from trainer.main import run
@@ -48,16 +48,7 @@ def steady(history: list[dict[str, float]], key: str) -> float:
 def run_size(size: str, work: Path, steps: int, engine: str, eager: bool, extra: list[str]) -> dict[str, Any]:
     params = build_model(work / size / "model", SHAPES[size])
     train, val = write_synthetic_dataset(work / size / "data", train_size=256, val_size=16, tasks=("arithmetic",))
-    overrides = [
-        f"actor_rollout_ref.model.path={work / size / 'model'}", f"data.train_files={train}", f"data.val_files={val}",
-        f"trainer.default_local_dir={work / size / 'run'}", "trainer.n_gpus_per_node=1", "trainer.device=cuda",
-        f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.val_before_train=false",
-        "trainer.save_at_end=false", "trainer.logger=[jsonl]", "data.max_prompt_length=96",
-        "data.max_response_length=256", "data.train_batch_size=16", "algorithm.rollout_n=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
-        "actor_rollout_ref.actor.optim.lr=1e-6", *engine_overrides(engine, eager), *extra,
-    ]
+    overrides = grpo_overrides(work / size, train, val, steps, "[jsonl]") + [*engine_overrides(engine, eager), *extra]
     start = time.perf_counter()
     history = run(load_config(overrides))
     summary: dict[str, Any] = {"size": size, "params": params, "engine": engine, "run_s": time.perf_counter() - start}

@@ -43,6 +43,21 @@ def build_model(out_dir: Path, shape: dict | None = None) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def grpo_overrides(work: Path, train: Path, val: Path, steps: int, logger: str) -> list[str]:
+    """The GPU GRPO benchmark setup (one worker, 16 prompts x 8 samples x 256 new tokens) for the model in
+    `work/model`; shared with `benchmarks/e2e_step.py` so their figures compare."""
+    return [
+        f"actor_rollout_ref.model.path={work / 'model'}", f"data.train_files={train}", f"data.val_files={val}",
+        f"trainer.default_local_dir={work / 'run'}", "trainer.n_gpus_per_node=1", "trainer.device=cuda",
+        f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.val_before_train=false",
+        "trainer.save_at_end=false", f"trainer.logger={logger}", "data.max_prompt_length=96",
+        "data.max_response_length=256", "data.train_batch_size=16", "algorithm.rollout_n=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default="/tmp/gpu_grpo")
@@ -54,16 +69,7 @@ def main() -> None:
     params = build_model(work / "model")
     train, val = write_synthetic_dataset(work / "data", train_size=256, val_size=16, tasks=("arithmetic",))
     build_s = time.perf_counter() - start
-    overrides = [
-        f"actor_rollout_ref.model.path={work / 'model'}", f"data.train_files={train}", f"data.val_files={val}",
-        f"trainer.default_local_dir={work / 'run'}", "trainer.n_gpus_per_node=1", "trainer.device=cuda",
-        f"trainer.total_training_steps={args.steps}", "trainer.test_freq=-1", "trainer.val_before_train=false",
-        "trainer.save_at_end=false", "trainer.logger=[console,jsonl]", "data.max_prompt_length=96",
-        "data.max_response_length=256", "data.train_batch_size=16", "algorithm.rollout_n=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
-        "actor_rollout_ref.actor.optim.lr=1e-6", *extra,
-    ]
+    overrides = grpo_overrides(work, train, val, args.steps, "[console,jsonl]") + extra
     start = time.perf_counter()
     history = run(load_config(overrides))
     run_s = time.perf_counter() - start

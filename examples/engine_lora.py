@@ -9,11 +9,8 @@ adapted weight becomes `W + scaling * B @ A` under its original name while the f
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 from accelerate import init_empty_weights
@@ -21,7 +18,7 @@ from peft import LoraConfig, inject_adapter_in_model
 from torch import nn
 from transformers import AutoConfig
 
-from examples.engine_quickstart import TinyPolicy
+from examples.engine_quickstart import TinyPolicy, run_example
 from workers.engines import InferenceEngine, NeedParallel, TrainEngine
 
 ADAPTER = "default"
@@ -88,22 +85,9 @@ def run(model_path: str, steps: int = 5) -> dict[str, object]:
 
 
 def main() -> None:
-    from single_controller.ray.local_cluster import init_local_ray
     from trainer.tiny_model import build_tiny_model
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="outputs/tiny_model")
-    args = parser.parse_args()
-    if not Path(args.model).is_dir():
-        build_tiny_model(Path(args.model))
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    init_local_ray(num_cpus=4, runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
-    result = run(args.model)
-    print("losses:", [round(x, 3) for x in result["losses"]])
-    print("sync:", result["sync"])
-    print("greedy before:", result["before"][0], "after:", result["after"][0])
-    result["train"].shutdown()
-    result["infer"].shutdown()
+    run_example(__doc__, "outputs/tiny_model", build_tiny_model, run)
 
 
 if __name__ == "__main__":

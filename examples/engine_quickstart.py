@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from accelerate import init_empty_weights
@@ -57,23 +58,31 @@ def run(model_path: str, steps: int = 5) -> dict[str, object]:
     return {"before": before, "after": after, "losses": losses, "sync": sync, "train": train, "infer": infer}
 
 
-def main() -> None:
+def run_example(description: str, default_model: str, build: Callable[[Path], Any], run_fn: Callable[[str], dict]) -> None:
+    """The engine examples' command line: build the model folder if missing, start a local cluster, run,
+    print the losses (and the sync and greedy outputs when there is an inference engine), shut down."""
     from single_controller.ray.local_cluster import init_local_ray
-    from trainer.tiny_model import build_tiny_model
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="outputs/tiny_model")
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=default_model)
     args = parser.parse_args()
     if not Path(args.model).is_dir():
-        build_tiny_model(Path(args.model))
+        build(Path(args.model))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     init_local_ray(num_cpus=4, runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
-    result = run(args.model)
+    result = run_fn(args.model)
     print("losses:", [round(x, 3) for x in result["losses"]])
-    print("sync:", result["sync"])
-    print("greedy before:", result["before"][0], "after:", result["after"][0])
+    if "infer" in result:
+        print("sync:", result["sync"])
+        print("greedy before:", result["before"][0], "after:", result["after"][0])
+        result["infer"].shutdown()
     result["train"].shutdown()
-    result["infer"].shutdown()
+
+
+def main() -> None:
+    from trainer.tiny_model import build_tiny_model
+
+    run_example(__doc__, "outputs/tiny_model", build_tiny_model, run)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,6 @@ tokenizer living on the workers; only small inputs (an image seed and a caption)
 
 from __future__ import annotations
 
-import argparse
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +14,7 @@ from accelerate import init_empty_weights
 from transformers import AutoConfig, AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from examples.engine_quickstart import run_example
 from trainer.tiny_model import build_char_tokenizer
 from workers.engines import NeedParallel, TrainEngine, TrainModule
 
@@ -96,18 +95,7 @@ def run(model_path: str, steps: int = 6, world_size: int = 1) -> dict[str, objec
 
 
 def main() -> None:
-    from single_controller.ray.local_cluster import init_local_ray
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="outputs/tiny_vlm")
-    args = parser.parse_args()
-    if not Path(args.model).is_dir():
-        build_tiny_vlm(Path(args.model))
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    init_local_ray(num_cpus=4, runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
-    result = run(args.model)
-    print("losses:", [round(x, 3) for x in result["losses"]])
-    result["train"].shutdown()
+    run_example(__doc__, "outputs/tiny_vlm", build_tiny_vlm, run)
 
 
 if __name__ == "__main__":
