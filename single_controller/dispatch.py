@@ -203,6 +203,8 @@ def make_mesh_entry(mode: MeshDispatch) -> DispatchEntry:
     def collect(group: GroupView, outputs: list) -> Any:
         from protocol.transport import borrow_received_buffers
 
+        if mode.outputs == "list":
+            return collector_order(group, outputs)
         with borrow_received_buffers():
             return concat_dataprotos(collector_order(group, outputs), f"mesh {mode.mesh_name!r} method")
 

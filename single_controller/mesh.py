@@ -58,12 +58,22 @@ def placement_from_axes(
     return MeshPlacement(dp_rank=coords[dp_axis], dp_size=shape[dp_axis], is_collector=is_collector)
 
 
+MESH_OUTPUTS = ("concat", "list")
+
+
 @dataclass(frozen=True)
 class MeshDispatch:
     """Dispatch mode for a mesh a worker declares at run time with `Worker.declare_mesh(name, ...)`.
 
     DataProto arguments are split over the DP axis only; every TP/PP rank of a DP group gets the same
-    chunk; outputs are collected from the one collector rank of each DP group, in DP order.
+    chunk; outputs are collected from the one collector rank of each DP group, in DP order, and
+    concatenated (`outputs="concat"`: DataProtos or tensors) or returned as a list (`outputs="list"`:
+    e.g. one metrics dict per DP group).
     """
 
     mesh_name: str
+    outputs: str = "concat"
+
+    def __post_init__(self) -> None:
+        if self.outputs not in MESH_OUTPUTS:
+            raise ValueError(f"MeshDispatch outputs={self.outputs!r}; valid: {list(MESH_OUTPUTS)}")

@@ -50,6 +50,19 @@ def reward_model_worker_config(cfg: DictConfig) -> dict[str, Any]:
     return section
 
 
+def worker_classes(cfg: DictConfig) -> tuple[type, type]:
+    """The actor/rollout/ref and critic worker classes of the configured training backends."""
+    if cfg.actor_rollout_ref.actor.strategy == "megatron":
+        from workers.megatron.actor import MegatronActorRolloutRefWorker as actor
+    else:
+        from workers.fsdp.actor_rollout_ref import ActorRolloutRefWorker as actor
+    if cfg.critic.get("strategy", "fsdp") == "megatron":
+        from workers.megatron.critic import MegatronCriticWorker as critic
+    else:
+        from workers.fsdp.critic import CriticWorker as critic
+    return actor, critic
+
+
 @dataclass
 class RoleGroups:
     actor: RayWorkerGroup
@@ -65,9 +78,9 @@ class RoleGroups:
     @classmethod
     def build(cls, cfg: DictConfig, reference: bool | None = None, critic: bool | None = None) -> "RoleGroups":
         """Create and initialise the groups; `reference`/`critic` override what the algorithm implies."""
-        from workers.fsdp.actor_rollout_ref import ActorRolloutRefWorker
-        from workers.fsdp.critic import CriticWorker
         from workers.fsdp.reward_model import RewardModelWorker
+
+        ActorRolloutRefWorker, CriticWorker = worker_classes(cfg)
 
         algo = cfg.algorithm
         uses_reference = bool(algo.use_kl_loss or algo.use_kl_in_reward) if reference is None else reference

@@ -90,6 +90,20 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ROLLOUT_ENGINES = ("hf", "vllm")
 ROLLOUT_PLACEMENTS = ("hybrid", "separate")
 LR_SCHEDULERS = ("constant", "cosine")
+STRATEGIES = ("fsdp", "megatron")
+
+
+def megatron_spec() -> dict[str, Any]:
+    return {
+        "tensor_model_parallel_size": Field(1, _int(1), "an int >= 1 (must divide the attention and key/value heads)"),
+        "pipeline_model_parallel_size": Field(1, _int(1), "an int >= 1 (must divide the layers)"),
+        "sequence_parallel": Field(False, _bool, "a bool (split activations along the sequence over the TP ranks)"),
+        "use_distributed_optimizer": Field(False, _bool, "a bool (shard the fp32 weights and Adam state over DP ranks)"),
+    }
+
+
+def _strategy_field(role: str) -> Field:
+    return Field("fsdp", _one_of(*STRATEGIES), f"one of {list(STRATEGIES)} (training backend of the {role}; megatron: pip install -e \".[megatron]\")")
 
 MODEL_SPEC: dict[str, Any] = {
     "path": Field(REQUIRED, _non_empty_str, "a local directory or hub id (string)"),
@@ -137,6 +151,8 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "use_kl_loss": Field(False, _bool, "a bool"),
         "kl_loss_coef": Field(0.001, _float(0.0), "a float >= 0"),
         "kl_loss_type": Field("low_var_kl", _one_of(*KL_PENALTY_NAMES), f"one of {list(KL_PENALTY_NAMES)}"),
+        "strategy": _strategy_field("actor and reference"),
+        "megatron": megatron_spec(),
         "fsdp": {
             "param_offload": Field(False, _bool, "a bool (keep the actor's parameters on the host between phases; GPU only)"),
             "optimizer_offload": Field(False, _bool, "a bool (keep the optimizer state on the host between updates; GPU only)"),
@@ -177,6 +193,8 @@ CRITIC_SPEC: dict[str, Any] = {
     "model": MODEL_SPEC,
     "optim": optim_spec(1e-5),
     **_ppo_spec(),
+    "strategy": _strategy_field("critic"),
+    "megatron": megatron_spec(),
     "forward_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
     "cliprange_value": Field(0.5, _float(0.0), "a float >= 0"),
 }
@@ -236,6 +254,15 @@ def actor_rollout_ref_config(user: Any) -> dict[str, Any]:
             f"rollout.tensor_model_parallel_size={rollout['tensor_model_parallel_size']} needs rollout.name='vllm' and "
             "rollout.placement='separate' (a hybrid engine shares one device with its actor rank)"
         )
+    if config["actor"]["strategy"] == "megatron":
+        if rollout["name"] != "hf":
+            raise ValueError(
+                f"actor.strategy='megatron' generates with an HF replica refreshed from the Megatron weights; "
+                f"rollout.name={rollout['name']!r} is not supported with it yet (valid: 'hf')"
+            )
+        fsdp = config["actor"]["fsdp"]
+        if fsdp["param_offload"] or fsdp["optimizer_offload"]:
+            raise ValueError("actor.fsdp.param_offload / optimizer_offload apply to actor.strategy='fsdp' only")
     return config
 
 

@@ -37,3 +37,46 @@ class MegatronMeshWorker(Worker):
         out.batch["seen_by"] = torch.full((len(data),), self.rank)
         out.batch["tp_consistent"] = torch.full((len(data),), int(torch.allclose(total, local * ps.get_tensor_model_parallel_world_size())))
         return out
+
+
+class MegatronEngineProbe(Worker):
+    """Builds a trainable `MegatronEngine` and reports, from TP rank 0 of the last stage, the response
+    log-probs and entropies of a fixed batch, a training step's gradient norm and the exported weights."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def run(self, model_path: str, tp: int, pp: int, sp: bool, dist_opt: bool, batch: dict, lr: float) -> dict | None:
+        from megatron.core import parallel_state as ps
+
+        from workers.megatron.actor import response_token_log_probs
+        from workers.megatron.engine import MegatronEngine
+        from workers.megatron.model import ParallelSettings
+
+        init_megatron_parallel(self, tp, pp)
+        optim = {"lr": lr, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8, "warmup_steps": 0,
+                 "lr_scheduler": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
+        engine = MegatronEngine({"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, sp, dist_opt), optim)
+        vocab = engine.layout.vocab_size
+        micros = list(DataProto.from_dict(batch).split(2))
+
+        def keep(output, micro):
+            lp, ent = response_token_log_probs(output, micro, vocab, 1.0, True)
+            return output.new_zeros(()), {"log_probs": lp.detach(), "entropy": ent.detach()}
+
+        def loss(output, micro):
+            lp, _ = response_token_log_probs(output, micro, vocab, 1.0, False)
+            mask = micro.batch["response_mask"].float()
+            return -(lp * mask).sum() / mask.sum() / len(micros), {}
+
+        kept = engine.run_micro_batches(micros, keep, forward_only=True)
+        engine.zero_grad()
+        engine.run_micro_batches(micros, loss, forward_only=False)
+        grad_norm = engine.optimizer_step(1.0)
+        weights = {name: t.clone() for name, t in engine.hf_weights(torch.float32)}
+        if not (ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0):
+            return None
+        return {
+            "log_probs": torch.cat([k["log_probs"] for k in kept]),
+            "entropy": torch.cat([k["entropy"] for k in kept]),
+            "grad_norm": grad_norm,
+            "weights": weights,
+        }

@@ -22,13 +22,20 @@ def actor_micro_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss = pg_loss - entropy_coeff * entropy (+ kl_loss_coef * kl_loss), each aggregated with
     `loss_agg_mode` over this micro-batch's response tokens."""
-    mode = actor_cfg["loss_agg_mode"]
-    mask = response_mask(micro).to(device)
     logits = response_logits(model, micro, device, temperature)
     log_probs = log_probs_from_logits(logits, micro.batch["responses"].to(device))
-    entropy_coeff = actor_cfg["entropy_coeff"]
     # Without an entropy bonus the entropy is only reported: no graph is kept for it.
-    entropy = entropy_from_logits(logits if entropy_coeff != 0 else logits.detach())
+    entropy = entropy_from_logits(logits if actor_cfg["entropy_coeff"] != 0 else logits.detach())
+    return actor_loss_from_log_probs(log_probs, entropy, micro, device, actor_cfg)
+
+
+def actor_loss_from_log_probs(
+    log_probs: torch.Tensor, entropy: torch.Tensor, micro: DataProto, device: torch.device, actor_cfg: dict[str, Any]
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The same loss from the response tokens' log-probs and entropies [b, R] (any backend computes those)."""
+    mode = actor_cfg["loss_agg_mode"]
+    mask = response_mask(micro).to(device)
+    entropy_coeff = actor_cfg["entropy_coeff"]
     entropy_loss = agg_loss(entropy, mask, mode)
 
     policy = compute_policy_loss(

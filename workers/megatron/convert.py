@@ -43,7 +43,11 @@ def _pad_vocab(weight: torch.Tensor, layout: GPTLayout) -> torch.Tensor:
 
 
 def hf_to_megatron(hf: State, layout: GPTLayout) -> State:
-    out: State = {"embedding.word_embeddings.weight": _pad_vocab(hf["model.embed_tokens.weight"], layout)}
+    """Whole model, or one pipeline stage's part (layers numbered from 0; the embedding, final norm and LM
+    head are converted when present)."""
+    out: State = {}
+    if "model.embed_tokens.weight" in hf:
+        out["embedding.word_embeddings.weight"] = _pad_vocab(hf["model.embed_tokens.weight"], layout)
     for i in range(layout.num_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
         out[dst + "input_layernorm.weight"] = hf[src + "input_layernorm.weight"]
@@ -55,30 +59,49 @@ def hf_to_megatron(hf: State, layout: GPTLayout) -> State:
         out[dst + "pre_mlp_layernorm.weight"] = hf[src + "post_attention_layernorm.weight"]
         out[dst + "mlp.linear_fc1.weight"] = torch.cat([hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]])
         out[dst + "mlp.linear_fc2.weight"] = hf[src + "mlp.down_proj.weight"]
-    out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
-    if not layout.tied_embeddings:
+    if "model.norm.weight" in hf:
+        out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+    if "lm_head.weight" in hf and not layout.tied_embeddings:
         out["output_layer.weight"] = _pad_vocab(hf["lm_head.weight"], layout)
     return out
 
 
-def megatron_to_hf(mc: State, layout: GPTLayout) -> State:
+_LAYER_RENAMES = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+}
+
+
+def megatron_tensor_to_hf(name: str, tensor: torch.Tensor, layout: GPTLayout, layer_offset: int = 0) -> list[tuple[str, torch.Tensor]]:
+    """One whole (TP-gathered) Megatron tensor as its HF tensors; layer numbers are shifted by `layer_offset`
+    (a pipeline stage's first layer). A tied model's output layer maps to nothing (HF ties it)."""
     vocab = layout.vocab_size
-    out: State = {"model.embed_tokens.weight": mc["embedding.word_embeddings.weight"][:vocab]}
-    for i in range(layout.num_layers):
-        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
-        out[dst + "input_layernorm.weight"] = mc[src + "input_layernorm.weight"]
-        for kind in ("weight",) + (("bias",) if layout.qkv_bias else ()):
-            q, k, v = _split_qkv(mc[src + f"self_attention.linear_qkv.{kind}"], layout)
-            out[dst + f"self_attn.q_proj.{kind}"], out[dst + f"self_attn.k_proj.{kind}"], out[dst + f"self_attn.v_proj.{kind}"] = q, k, v
-        out[dst + "self_attn.o_proj.weight"] = mc[src + "self_attention.linear_proj.weight"]
-        out[dst + "post_attention_layernorm.weight"] = mc[src + "pre_mlp_layernorm.weight"]
-        gate, up = torch.chunk(mc[src + "mlp.linear_fc1.weight"], 2, dim=0)
-        out[dst + "mlp.gate_proj.weight"], out[dst + "mlp.up_proj.weight"] = gate, up
-        out[dst + "mlp.down_proj.weight"] = mc[src + "mlp.linear_fc2.weight"]
-    out["model.norm.weight"] = mc["decoder.final_layernorm.weight"]
-    if not layout.tied_embeddings:
-        out["lm_head.weight"] = mc["output_layer.weight"][:vocab]
-    return out
+    match = _LAYER.match(name)
+    if match is None:
+        if name == "embedding.word_embeddings.weight":
+            return [("model.embed_tokens.weight", tensor[:vocab])]
+        if name == "decoder.final_layernorm.weight":
+            return [("model.norm.weight", tensor)]
+        if name == "output_layer.weight":
+            return [] if layout.tied_embeddings else [("lm_head.weight", tensor[:vocab])]
+        raise KeyError(f"no HF name for Megatron tensor {name!r}")
+    dst, rest = f"model.layers.{int(match.group(1)) + layer_offset}.", match.group(2)
+    if rest in _LAYER_RENAMES:
+        return [(dst + _LAYER_RENAMES[rest], tensor)]
+    if rest.startswith("self_attention.linear_qkv."):
+        kind = rest.rsplit(".", 1)[1]
+        return [(dst + f"self_attn.{p}_proj.{kind}", t) for p, t in zip("qkv", _split_qkv(tensor, layout))]
+    if rest == "mlp.linear_fc1.weight":
+        gate, up = torch.chunk(tensor, 2, dim=0)
+        return [(dst + "mlp.gate_proj.weight", gate), (dst + "mlp.up_proj.weight", up)]
+    raise KeyError(f"no HF name for Megatron tensor {name!r}")
+
+
+def megatron_to_hf(mc: State, layout: GPTLayout) -> State:
+    """Inverse of `hf_to_megatron` (also per stage: parts absent from `mc` are skipped)."""
+    return dict(pair for name, tensor in mc.items() for pair in megatron_tensor_to_hf(name, tensor, layout))
 
 
 # ---- tensor parallel --------------------------------------------------------------------------------------

@@ -1,0 +1,286 @@
+"""`MegatronActorRolloutRefWorker`: the FSDP actor/rollout/ref worker's methods on megatron-core models.
+
+Same roles, methods, batch keys and metrics as `workers/fsdp/actor_rollout_ref.py`, so the PPO/GRPO and
+online-DPO loops run unchanged with `actor.strategy=megatron`. Log-prob and update methods are dispatched
+over the Megatron mesh: the data is split over DP only (all TP/PP ranks of a DP group get the same chunk)
+and collected from TP rank 0 of the last pipeline stage. Generation uses an HF replica of the policy on
+every rank, refreshed from the Megatron weights (TP-gathered, PP-broadcast) whenever they changed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
+
+from protocol import DataProto
+from single_controller import Dispatch, Worker, register
+from single_controller.mesh import MeshDispatch
+from trainer.algorithms import masked_sum
+from trainer.algorithms.dpo import dpo_loss
+from workers.config import actor_rollout_ref_config, mini_batch_per_rank
+from workers.fsdp.actor_loss import actor_loss_from_log_probs, required_update_keys
+from workers.fsdp.dpo_update import PAIR_KEYS, PAIR_SIDES, SIDE_KEYS, DPOSettings
+from workers.fsdp.generation import generate_responses, seeded_sampling
+from workers.fsdp.sequences import require_batch_keys
+from workers.megatron.engine import MegatronEngine
+from workers.megatron.model import ParallelSettings
+from workers.megatron.parallel import MEGATRON_MESH, init_megatron_parallel
+from workers.megatron.ppo_loop import run_ppo_updates
+from workers.megatron.vocab_parallel import log_probs_and_entropy
+from workers.rollout.sampling import model_token_ids, sampling_params
+from workers.rollout.shaping import rollout_output
+
+ROLES = ("actor_rollout", "actor_rollout_ref", "ref")
+PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+OVER_DP = MeshDispatch(MEGATRON_MESH)
+METRICS_OVER_DP = MeshDispatch(MEGATRON_MESH, outputs="list")
+
+
+def response_token_log_probs(
+    output: torch.Tensor, micro: DataProto, vocab_size: int, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Last-stage logits [b, S, V/tp] -> log-probs (and entropies) [b, R] of the response tokens."""
+    length = micro.batch["responses"].shape[1]
+    logits = output[:, -length - 1 : -1] / temperature
+    return log_probs_and_entropy(logits, micro.batch["responses"].to(logits.device), vocab_size, with_entropy)
+
+
+class MegatronActorRolloutRefWorker(Worker):
+    def __init__(self, config: dict[str, Any], role: str) -> None:
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; valid roles: {list(ROLES)}")
+        self.role = role
+        self.config = actor_rollout_ref_config(config)
+        self.settings = ParallelSettings.from_config(self.config["actor"]["megatron"])
+        self.actor: MegatronEngine | None = None
+        self.ref: MegatronEngine | None = None
+        self.rollout_model: torch.nn.Module | None = None
+        self.rollout_version = 0  # the weights version the HF replica holds
+        self.update_calls = 0
+        self.weights_version = 0
+        self.step_metrics: dict[str, float] = {}
+
+    # ---- setup ----------------------------------------------------------------------------------------
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        cfg = self.config
+        self.init_process_group()
+        placement = init_megatron_parallel(self, self.settings.tp, self.settings.pp)
+        self.dp_size = placement.dp_size
+        max_positions = max(4096, cfg["rollout"]["max_model_len"] or 0)
+        if self.role != "ref":
+            mini_batch_per_rank(cfg["actor"]["ppo_mini_batch_size"], self.dp_size, "actor (over data-parallel ranks)")
+            self.actor = MegatronEngine(cfg["model"], self.settings, cfg["actor"]["optim"], seed=cfg["seed"], max_positions=max_positions)
+            self.rollout_model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=self.actor.dtype).to(self.actor.device)
+            self.rollout_model.eval()
+        if self.role in ("actor_rollout_ref", "ref"):
+            self.ref = MegatronEngine(cfg["model"], self.settings, seed=cfg["seed"], max_positions=max_positions)
+        torch.manual_seed(cfg["seed"] + self.rank)
+
+    def _engine(self, which: str, method: str) -> MegatronEngine:
+        engine = self.actor if which == "actor" else self.ref
+        if engine is None:
+            if self.actor is None and self.ref is None:
+                raise RuntimeError(f"{method}: call init_model() first")
+            raise RuntimeError(f"{method} needs the {which} model, which role {self.role!r} does not have")
+        return engine
+
+    # ---- rollout --------------------------------------------------------------------------------------
+    def _refresh_rollout_model(self) -> dict[str, float]:
+        """Copy the actor's current weights into the HF replica (collective) unless it has them."""
+        if self.rollout_version == self.weights_version:
+            return {}
+        start = time.perf_counter()
+        params = dict(self.rollout_model.named_parameters())
+        count = 0
+        with torch.no_grad():
+            for name, tensor in self._engine("actor", "sync_rollout_weights").hf_weights():
+                params[name].copy_(tensor)
+                count += 1
+        self.rollout_version = self.weights_version
+        return {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_tensors": float(count)}
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Same contract as the FSDP worker: every rank generates its share with its HF replica."""
+        self._engine("actor", "generate_sequences")
+        require_batch_keys(prompts, PROMPT_KEYS, "generate_sequences")
+        self.step_metrics.update(self._refresh_rollout_model())
+        model = self.rollout_model
+        eos, pad = model_token_ids(getattr(model, "generation_config", None), model.config)
+        params = sampling_params(self.config["rollout"], prompts.meta_info, eos, pad)
+        inputs = {k: prompts.batch[k].to(self.actor.device) for k in PROMPT_KEYS}
+        with seeded_sampling(prompts.meta_info.get("seed"), self.rank, self.actor.device):
+            result = generate_responses(model, inputs, params, synced=False)
+        return rollout_output(prompts, result)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def sync_rollout_weights(self) -> dict[str, float]:
+        self._engine("actor", "sync_rollout_weights")
+        metrics = self._refresh_rollout_model()
+        self.step_metrics.update(metrics)
+        return metrics
+
+    @register(Dispatch.RANK_ZERO)
+    def current_weights_version(self) -> int:
+        return self.weights_version
+
+    @register(Dispatch.ONE_TO_ALL)
+    def pop_step_metrics(self) -> dict[str, float]:
+        metrics, self.step_metrics = self.step_metrics, {}
+        return metrics
+
+    # ---- log-probs ------------------------------------------------------------------------------------
+    def _log_probs(
+        self, engine: MegatronEngine, data: DataProto, micro_size: int, with_entropy: bool, method: str
+    ) -> dict[str, torch.Tensor] | None:
+        """Per-token log-probs (and entropies) of the responses on the last stage; None on other stages."""
+        require_batch_keys(data, LOG_PROB_KEYS, method)
+        temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
+        micro_size = int(data.meta_info.get("micro_batch_size", micro_size))
+        vocab = engine.layout.vocab_size
+
+        def keep(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
+            log_probs, entropy = response_token_log_probs(output, micro, vocab, temperature, with_entropy)
+            kept = {"log_probs": log_probs.cpu()}
+            if entropy is not None:
+                kept["entropy"] = entropy.cpu()
+            return output.new_zeros(()), kept
+
+        kept = engine.run_micro_batches(list(data.split(micro_size)), keep, forward_only=True)
+        if not engine.is_last_stage():
+            return None
+        return {name: torch.cat([k[name] for k in kept]) for name in kept[0]}
+
+    @register(dispatch_mode=OVER_DP)
+    def compute_log_prob(self, data: DataProto) -> DataProto | None:
+        """Actor log-probs of the responses: `old_log_probs` [B, R] and `entropys` [B, R]."""
+        micro = self.config["rollout"]["log_prob_micro_batch_size_per_gpu"]
+        out = self._log_probs(self._engine("actor", "compute_log_prob"), data, micro, True, "compute_log_prob")
+        return None if out is None else DataProto.from_dict({"old_log_probs": out["log_probs"], "entropys": out["entropy"]})
+
+    @register(dispatch_mode=OVER_DP)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto | None:
+        """Reference-policy log-probs of the responses: `ref_log_prob` [B, R]."""
+        micro = self.config["ref"]["log_prob_micro_batch_size_per_gpu"]
+        out = self._log_probs(self._engine("ref", "compute_ref_log_prob"), data, micro, False, "compute_ref_log_prob")
+        return None if out is None else DataProto.from_dict({"ref_log_prob": out["log_probs"]})
+
+    # ---- training -------------------------------------------------------------------------------------
+    @register(dispatch_mode=METRICS_OVER_DP)
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        """PPO update of this DP rank's share (epochs x mini-batches x micro-batches through the pipeline);
+        metrics are averaged over micro-batches on the last stage (the driver averages the DP ranks)."""
+        engine = self._engine("actor", "update_actor")
+        actor_cfg = self.config["actor"]
+        require_batch_keys(data, required_update_keys(actor_cfg), "update_actor")
+        temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
+        vocab = engine.layout.vocab_size
+
+        def loss_fn(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+            log_probs, entropy = response_token_log_probs(output, micro, vocab, temperature, True)
+            # Without an entropy bonus the entropy is only reported: no gradient flows through it.
+            entropy = entropy if actor_cfg["entropy_coeff"] != 0 else entropy.detach()
+            return actor_loss_from_log_probs(log_probs, entropy, micro, output.device, actor_cfg)
+
+        metrics = run_ppo_updates(
+            engine,
+            data,
+            loss_fn,
+            epochs=actor_cfg["ppo_epochs"],
+            mini_batch_size=mini_batch_per_rank(actor_cfg["ppo_mini_batch_size"], self.dp_size, "actor (over data-parallel ranks)"),
+            micro_batch_size=actor_cfg["ppo_micro_batch_size_per_gpu"],
+            grad_clip=actor_cfg["grad_clip"],
+            loss_agg_mode=actor_cfg["loss_agg_mode"],
+            shuffle=actor_cfg["shuffle"],
+            seed=self.config["seed"] + self.update_calls * actor_cfg["ppo_epochs"],
+        )
+        self.update_calls += 1
+        self.weights_version += 1
+        return metrics
+
+    @register(dispatch_mode=METRICS_OVER_DP)
+    def update_actor_dpo(self, pairs: DataProto) -> dict[str, float]:
+        """DPO update on preference pairs packed one per row (layout in `workers/fsdp/dpo_update.py`);
+        settings in `meta_info["dpo"]`. Metrics are weighted means over the real pairs of all DP ranks."""
+        from megatron.core import parallel_state as ps
+
+        engine = self._engine("actor", "update_actor_dpo")
+        require_batch_keys(pairs, PAIR_KEYS, "update_actor_dpo")
+        settings = DPOSettings.from_meta(pairs.meta_info.get("dpo"))
+        temperature = float(pairs.meta_info.get("temperature", self.config["rollout"]["temperature"]))
+        micro_size = int(pairs.meta_info.get("micro_batch_size", self.config["actor"]["ppo_micro_batch_size_per_gpu"]))
+        dp_group = ps.get_data_parallel_group()
+        total_t = pairs.batch["weight"].float().sum().to(engine.device)
+        dist.all_reduce(total_t, group=dp_group)
+        total = float(total_t)
+        if total <= 0:
+            raise ValueError("update_actor_dpo got no pair with weight > 0")
+        denominator = float(settings.loss_denominator or total)
+        vocab = engine.layout.vocab_size
+        # Each micro-batch stacks its chosen rows over its rejected rows, so one forward scores both.
+        pair_micros = list(pairs.split(micro_size))
+        micros = [DataProto.from_dict({k: torch.cat([m.batch[f"{s}_{k}"] for s in PAIR_SIDES]) for k in SIDE_KEYS}) for m in pair_micros]
+        side_of = {id(both): pair for both, pair in zip(micros, pair_micros)}
+        sums: dict[str, float] = defaultdict(float)
+        grad_norms, lr = [], engine.current_lr()
+        for epoch in range(settings.epochs):
+
+            def loss_fn(output: torch.Tensor, both: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
+                pair = side_of[id(both)]
+                log_probs, _ = response_token_log_probs(output, both, vocab, temperature, False)
+                sequence = masked_sum(log_probs, both.batch["response_mask"].to(output.device), dim=-1)
+                chosen, rejected = sequence[: len(pair)], sequence[len(pair) :]
+                dev = output.device
+                losses, chosen_rewards, rejected_rewards = dpo_loss(
+                    chosen, rejected, pair.batch["chosen_ref_logps"].to(dev), pair.batch["rejected_ref_logps"].to(dev),
+                    settings.beta, settings.loss_type, settings.label_smoothing,
+                )
+                weight = pair.batch["weight"].to(dev).float()
+                values = {
+                    "loss": losses, "accuracy": (chosen_rewards > rejected_rewards).float(),
+                    "margin": chosen_rewards - rejected_rewards, "chosen_reward": chosen_rewards,
+                    "rejected_reward": rejected_rewards, "chosen_logps": chosen, "rejected_logps": rejected,
+                }
+                # Megatron's DDP averages gradients over DP ranks: x dp makes it a sum over all pairs.
+                return (losses * weight).sum() * (self.dp_size / denominator), {k: float((v.detach() * weight).sum()) for k, v in values.items()}
+
+            engine.zero_grad()
+            kept = engine.run_micro_batches(micros, loss_fn, forward_only=False)
+            if epoch == 0:
+                for metrics in kept:
+                    for key, value in metrics.items():
+                        sums[key] += value
+            grad_norms.append(engine.optimizer_step(self.config["actor"]["grad_clip"]))
+        engine.lr_scheduler_step()
+        self.weights_version += 1
+        if not engine.is_last_stage():
+            return {}
+        keys = sorted(sums)
+        summed = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=engine.device)
+        dist.all_reduce(summed, group=dp_group)
+        metrics = {k: float(v) / total for k, v in zip(keys, summed.tolist())}
+        return {**metrics, "grad_norm": sum(grad_norms) / len(grad_norms), "lr": lr, "pairs": total}
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self._engine("actor", "save_checkpoint").save_checkpoint(path, {"update_calls": self.update_calls})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        extra = self._engine("actor", "load_checkpoint").load_checkpoint(path)
+        self.update_calls = int(extra["update_calls"])
+        self.weights_version += 1
+
+    @register(Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str) -> None:
+        """Write the actor (the ref for role "ref") as an HF checkpoint from rank 0; all ranks take part."""
+        (self.actor or self._engine("ref", "export_hf")).export_hf(path, self.rank)

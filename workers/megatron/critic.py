@@ -1,0 +1,109 @@
+"""`MegatronCriticWorker`: the FSDP critic's methods on a megatron-core GPT with a value head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from protocol import DataProto
+from single_controller import Dispatch, Worker, register
+from single_controller.mesh import MeshDispatch
+from trainer.algorithms import compute_value_loss, masked_mean
+from workers.config import critic_config, mini_batch_per_rank
+from workers.fsdp.critic import UPDATE_KEYS, VALUE_KEYS
+from workers.fsdp.sequences import require_batch_keys, response_mask
+from workers.megatron.engine import MegatronEngine
+from workers.megatron.model import ParallelSettings
+from workers.megatron.parallel import MEGATRON_MESH, init_megatron_parallel
+from workers.megatron.ppo_loop import run_ppo_updates
+
+
+def response_values(output: torch.Tensor, micro: DataProto) -> torch.Tensor:
+    """Value-head output [b, S, 1] -> the value of the state before each response token [b, R]."""
+    length = micro.batch["responses"].shape[1]
+    return output[:, -length - 1 : -1, 0].float()
+
+
+class MegatronCriticWorker(Worker):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = critic_config(config)
+        self.settings = ParallelSettings.from_config(self.config["megatron"])
+        self.critic: MegatronEngine | None = None
+        self.update_calls = 0
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        cfg = self.config
+        self.init_process_group()
+        self.dp_size = init_megatron_parallel(self, self.settings.tp, self.settings.pp).dp_size
+        mini_batch_per_rank(cfg["ppo_mini_batch_size"], self.dp_size, "critic (over data-parallel ranks)")
+        # The value head is new: seeded, so it starts equal on every rank.
+        self.critic = MegatronEngine(cfg["model"], self.settings, cfg["optim"], value_head=True, seed=cfg["seed"])
+
+    def _engine(self, method: str) -> MegatronEngine:
+        if self.critic is None:
+            raise RuntimeError(f"{method}: call init_model() first")
+        return self.critic
+
+    @register(dispatch_mode=MeshDispatch(MEGATRON_MESH))
+    def compute_values(self, data: DataProto) -> DataProto | None:
+        """`values` [B, R]: the value of the state before each response token, 0 outside the response."""
+        engine = self._engine("compute_values")
+        require_batch_keys(data, VALUE_KEYS, "compute_values")
+        micro_size = int(data.meta_info.get("micro_batch_size", self.config["forward_micro_batch_size_per_gpu"]))
+
+        def keep(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
+            values = response_values(output, micro).cpu()
+            return output.new_zeros(()), {"values": values * response_mask(micro).to(values.dtype)}
+
+        kept = engine.run_micro_batches(list(data.split(micro_size)), keep, forward_only=True)
+        return DataProto.from_dict({"values": torch.cat([k["values"] for k in kept])}) if engine.is_last_stage() else None
+
+    @register(dispatch_mode=MeshDispatch(MEGATRON_MESH, outputs="list"))
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """Clipped value-loss updates toward `returns`; metrics on the last stage (averaged by the driver)."""
+        engine = self._engine("update_critic")
+        cfg = self.config
+        require_batch_keys(data, UPDATE_KEYS, "update_critic")
+
+        def loss_fn(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+            device = output.device
+            mask = response_mask(micro).to(device)
+            vpreds = response_values(output, micro)
+            loss, clipfrac = compute_value_loss(
+                vpreds, micro.batch["values"].to(device), micro.batch["returns"].to(device), mask,
+                cliprange_value=cfg["cliprange_value"], loss_agg_mode=cfg["loss_agg_mode"],
+            )
+            return loss, {"vf_loss": float(loss.detach()), "vf_clipfrac": float(clipfrac), "vpred_mean": float(masked_mean(vpreds.detach(), mask))}
+
+        metrics = run_ppo_updates(
+            engine,
+            data,
+            loss_fn,
+            epochs=cfg["ppo_epochs"],
+            mini_batch_size=mini_batch_per_rank(cfg["ppo_mini_batch_size"], self.dp_size, "critic (over data-parallel ranks)"),
+            micro_batch_size=cfg["ppo_micro_batch_size_per_gpu"],
+            grad_clip=cfg["grad_clip"],
+            loss_agg_mode=cfg["loss_agg_mode"],
+            shuffle=cfg["shuffle"],
+            seed=cfg["seed"] + self.update_calls * cfg["ppo_epochs"],
+        )
+        self.update_calls += 1
+        return metrics
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self._engine("save_checkpoint").save_checkpoint(path, {"update_calls": self.update_calls})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.update_calls = int(self._engine("load_checkpoint").load_checkpoint(path)["update_calls"])
+
+    @register(Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str) -> None:
+        raise NotImplementedError(
+            "export_hf of a Megatron critic: the value head has no HF causal-LM form; use save_checkpoint "
+            "(or critic.strategy=fsdp for an HF token-classification export)"
+        )

@@ -1,0 +1,286 @@
+"""`MegatronEngine`: one GPT model split over TP x PP x DP with megatron-core, optionally trainable.
+
+The model is built from an HF config, loaded from the HF folder's safetensors (each rank reads only its
+stage and keeps its TP slice), cast for compute by `Float16Module`, and, when trainable, wrapped in
+Megatron's `DistributedDataParallel` with its optimizer (fp32 main weights; the distributed optimizer
+shards them over DP). Forward/backward runs through Megatron's pipeline schedules over micro-batches.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import AutoConfig
+
+from protocol import DataProto
+
+from workers.fsdp.model_loading import compute_dtype, worker_device
+from workers.fsdp.optim import lr_factor_fn
+from workers.megatron import cpu_host
+from workers.megatron.export import iter_hf_weights
+from workers.megatron.hf_reader import HFCheckpointReader
+from workers.megatron.layout import layout_from_hf_config
+from workers.megatron.model import (
+    ParallelSettings,
+    build_gpt_model,
+    ignore_padding_lookups,
+    load_stage_state,
+    rope_theta,
+    stage_state,
+    transformer_config,
+)
+
+# (last-stage output [b, S, V/tp] or values [b, S, 1], the micro-batch) -> (scalar loss, outputs to keep)
+StageLossFn = Callable[[torch.Tensor, DataProto], tuple[torch.Tensor, dict[str, Any]]]
+
+
+def attention_mask_4d(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[b, S] 1 = token -> [b, 1, S, S] True = masked: causal, and no attention to padding. Rows of
+    left-padded prompts start at position > 0; RoPE scores depend only on relative positions, so the
+    real tokens see what they see in the HF model with its shifted position ids."""
+    length = attention_mask.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).triu(1)
+    return causal[None, None] | ~attention_mask.bool()[:, None, None, :]
+
+
+class MegatronEngine:
+    def __init__(
+        self,
+        model_cfg: dict[str, Any],
+        settings: ParallelSettings,
+        optim_cfg: dict[str, Any] | None = None,
+        value_head: bool = False,
+        seed: int = 0,
+        max_positions: int = 4096,
+    ) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core.transformer.module import Float16Module
+
+        cpu_host.enable()
+        self.device = worker_device()
+        self.model_path: str = model_cfg["path"]
+        self.dtype = compute_dtype(model_cfg["dtype"], self.device)
+        self.settings = settings
+        self.value_head = value_head
+        self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        self.layout = layout_from_hf_config(self.hf_config, settings.tp, settings.pp)
+        if self.device.type == "cuda":
+            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+            model_parallel_cuda_manual_seed(seed)
+        self.config = transformer_config(self.hf_config, self.layout, settings, self.dtype)
+        torch.manual_seed(seed)  # a new value head starts equal on every rank
+        self.gpt = build_gpt_model(self.config, self.layout, max_positions, rope_theta(self.hf_config), value_head)
+        state = stage_state(
+            HFCheckpointReader(self.model_path), self.layout, settings.tp, settings.pp,
+            ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), value_head,
+        )
+        load_stage_state(self.gpt, state, value_head)
+        ignore_padding_lookups(self.gpt, getattr(self.hf_config, "pad_token_id", None))
+        self.gpt.to(self.device)
+        model: nn.Module = Float16Module(self.config, self.gpt) if self.dtype != torch.float32 else self.gpt
+        self.trainable = optim_cfg is not None
+        self.optimizer = None
+        self.optim_cfg = optim_cfg
+        self.steps = 0  # LR-schedule position (scheduler steps taken)
+        if self.trainable:
+            model = self._wrap_for_training(model, optim_cfg)
+        else:
+            model.requires_grad_(False)
+            model.eval()
+        self.model = model
+
+    def _wrap_for_training(self, model: nn.Module, optim_cfg: dict[str, Any]) -> nn.Module:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        distributed = self.settings.use_distributed_optimizer
+        ddp = DistributedDataParallel(
+            self.config,
+            DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=distributed),
+            model,
+        )
+        self.config.no_sync_func = ddp.no_sync
+        self.config.finalize_model_grads_func = finalize_model_grads
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=optim_cfg["lr"],
+                weight_decay=optim_cfg["weight_decay"],
+                adam_beta1=optim_cfg["betas"][0],
+                adam_beta2=optim_cfg["betas"][1],
+                adam_eps=optim_cfg["eps"],
+                clip_grad=1.0,  # replaced per step by the caller's grad_clip
+                bf16=self.dtype == torch.bfloat16,
+                fp16=self.dtype == torch.float16,
+                params_dtype=torch.float32,
+                use_distributed_optimizer=distributed,
+            ),
+            [ddp],
+        )
+        self._lr_factor = lr_factor_fn(optim_cfg)
+        self._set_lr()
+        return ddp
+
+    # ---- parallel layout ------------------------------------------------------------------------------
+    @staticmethod
+    def is_last_stage() -> bool:
+        from megatron.core import parallel_state as ps
+
+        return ps.is_pipeline_last_stage()
+
+    # ---- forward / backward ---------------------------------------------------------------------------
+    def run_micro_batches(
+        self, micros: list[DataProto], loss_fn: StageLossFn, forward_only: bool
+    ) -> list[dict[str, Any]]:
+        """Megatron's pipeline schedule over `micros` (each with batch keys `input_ids`, `attention_mask` [b, S]);
+        `loss_fn` runs on the last stage with the output cut back to S positions. Returns, on the last
+        stage, what `loss_fn` kept per micro-batch ([] elsewhere). Gradients accumulate (Megatron divides
+        each loss by the number of micro-batches; this undoes it, so `loss_fn` chooses the weights)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        count = len(micros)
+        length = micros[0].batch["input_ids"].shape[1]
+        multiple = self.settings.tp if self.settings.sequence_parallel else 1
+        padded = -(-length // multiple) * multiple  # sequence parallel splits the sequence over TP ranks
+
+        def on_last_stage(micro: DataProto, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+            loss, kept = loss_fn(output[:, :length], micro)
+            return loss * count, kept
+
+        def forward_step(iterator: Iterator[DataProto], model: nn.Module) -> tuple[torch.Tensor, Any]:
+            micro = next(iterator)
+            ids = micro.batch["input_ids"].to(self.device)
+            mask = micro.batch["attention_mask"].to(self.device)
+            if padded != length:
+                ids = nn.functional.pad(ids, (0, padded - length))
+                mask = nn.functional.pad(mask, (0, padded - length))
+            positions = torch.arange(padded, device=self.device).expand_as(ids)
+            output = model(ids, positions, attention_mask_4d(mask))
+            return output, partial(on_last_stage, micro)
+
+        self.model.train(not forward_only)
+        context = torch.no_grad() if forward_only else torch.enable_grad()
+        with context:
+            kept = get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(micros),
+                model=[self.model],
+                num_microbatches=count,
+                seq_length=padded,
+                micro_batch_size=len(micros[0]),
+                forward_only=forward_only,
+            )
+        return list(kept) if self.is_last_stage() else []
+
+    # ---- optimizer ------------------------------------------------------------------------------------
+    def _require_trainable(self, what: str) -> None:
+        if self.optimizer is None:
+            raise RuntimeError(f"{what} needs a trainable model; this engine was built frozen (no optimizer)")
+
+    def zero_grad(self) -> None:
+        self._require_trainable("zero_grad")
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def optimizer_step(self, grad_clip: float) -> float:
+        """Clip to `grad_clip` and step; returns the global gradient norm before clipping (a non-finite
+        norm skips the update, as Megatron's optimizer decides the same on every rank)."""
+        self._require_trainable("optimizer_step")
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            opt.config.clip_grad = grad_clip
+        _, grad_norm, _ = self.optimizer.step()
+        return float(grad_norm) if grad_norm is not None else float("nan")
+
+    def _set_lr(self) -> None:
+        lr = self.optim_cfg["lr"] * self._lr_factor(self.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def current_lr(self) -> float:
+        self._require_trainable("current_lr")
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def lr_scheduler_step(self) -> None:
+        self._require_trainable("lr_scheduler_step")
+        self.steps += 1
+        self._set_lr()
+
+    # ---- weights out ----------------------------------------------------------------------------------
+    def hf_weights(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The whole model as (HF name, tensor) pairs, on every rank; a collective (see export.py)."""
+        if self.value_head:
+            raise RuntimeError("hf_weights: a value model has no HF causal-LM weights to export")
+        return iter_hf_weights(self.gpt, self.hf_config, self.layout, dtype or self.dtype, self.device)
+
+    def export_hf(self, path: str, rank: int) -> None:
+        """Write the model as an HF checkpoint (safetensors) from rank 0, tokenizer files copied along."""
+        from transformers import AutoModelForCausalLM
+
+        from workers.fsdp.checkpoint import copy_tokenizer_files
+
+        state = {name: t.cpu() for name, t in self.hf_weights(torch.float32)}
+        if rank == 0:
+            with torch.device("meta"):
+                plain = AutoModelForCausalLM.from_config(self.hf_config)
+            plain.load_state_dict(state, strict=False, assign=True)
+            plain.tie_weights()
+            missing = [name for name, p in plain.named_parameters() if p.is_meta]
+            if missing:
+                raise RuntimeError(f"export_hf: the gathered weights lack {missing}")
+            os.makedirs(path, exist_ok=True)
+            plain.save_pretrained(path)
+            copy_tokenizer_files(self.model_path, path)
+        dist.barrier()
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+    def _shard_file(self, path: str, kind: str) -> str:
+        from megatron.core import parallel_state as ps
+
+        tp, pp = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        return os.path.join(path, f"{kind}_tp{tp}_pp{pp}.pt")
+
+    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
+        """One file per TP x PP rank (model slice, optimizer, LR position, RNG, `extra`), written by DP rank 0;
+        the distributed optimizer's sharded state is gathered over DP into its own file per TP x PP rank."""
+        from megatron.core import parallel_state as ps
+
+        self._require_trainable("save_checkpoint")
+        os.makedirs(path, exist_ok=True)
+        if self.settings.use_distributed_optimizer:
+            self.optimizer.save_parameter_state(self._shard_file(path, "optimizer_params"))
+        if ps.get_data_parallel_rank() == 0:
+            state = {
+                "model": {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")},
+                "optimizer": self.optimizer.state_dict(),
+                "lr_steps": self.steps,
+                "torch_rng": torch.get_rng_state(),
+                "extra": dict(extra or {}),
+            }
+            torch.save(state, self._shard_file(path, "model_optim"))
+        dist.barrier()
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        """Restore what `save_checkpoint` wrote (same TP/PP sizes); returns the caller's `extra` entries."""
+        self._require_trainable("load_checkpoint")
+        file = self._shard_file(path, "model_optim")
+        if not os.path.exists(file):
+            raise FileNotFoundError(
+                f"{file} not found: a Megatron checkpoint is read with the TP/PP sizes it was saved with "
+                f"(tp={self.settings.tp}, pp={self.settings.pp} here)"
+            )
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        self.gpt.load_state_dict(state["model"], strict=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.settings.use_distributed_optimizer:
+            self.optimizer.load_parameter_state(self._shard_file(path, "optimizer_params"))
+        self.steps = int(state["lr_steps"])
+        self._set_lr()
+        torch.set_rng_state(state["torch_rng"])
+        return state["extra"]

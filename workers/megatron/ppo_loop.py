@@ -1,0 +1,59 @@
+"""The PPO update schedule (epochs x mini-batches x micro-batches) on a `MegatronEngine`.
+
+Same weighting as `workers/fsdp/ppo_loop.py`: each micro-batch loss is scaled by its share of the
+mini-batch's aggregation units, gradients accumulate through Megatron's pipeline schedule, then one
+clipped optimizer step per mini-batch. Metrics exist on the last pipeline stage only.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+
+from protocol import DataProto
+from workers.fsdp.ppo_loop import loss_units, shuffled
+from workers.fsdp.sequences import response_mask
+from workers.megatron.engine import MegatronEngine
+
+# (last-stage output, micro-batch) -> (loss aggregated over the micro-batch, float metrics)
+StageMicroLoss = Callable[[torch.Tensor, DataProto], tuple[torch.Tensor, dict[str, float]]]
+
+
+def run_ppo_updates(
+    engine: MegatronEngine,
+    data: DataProto,
+    loss_fn: StageMicroLoss,
+    *,
+    epochs: int,
+    mini_batch_size: int,
+    micro_batch_size: int,
+    grad_clip: float,
+    loss_agg_mode: str,
+    shuffle: bool,
+    seed: int,
+) -> dict[str, Any]:
+    """Metrics averaged over micro-batches (grad_norm over steps) plus lr, on the last stage; {} elsewhere.
+    The LR schedule advances once per call."""
+    collected: dict[str, list[float]] = defaultdict(list)
+    lr = engine.current_lr()
+    for epoch in range(epochs):
+        for mini in shuffled(data, shuffle, seed + epoch).split(mini_batch_size):
+            micros = list(mini.split(micro_batch_size))
+            units = {id(m): loss_units(response_mask(m), loss_agg_mode) for m in micros}
+            total = sum(units.values())
+
+            def weighted(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+                loss, metrics = loss_fn(output, micro)
+                return loss * (units[id(micro)] / total if total > 0 else len(micro) / len(mini)), metrics
+
+            engine.zero_grad()
+            for metrics in engine.run_micro_batches(micros, weighted, forward_only=False):
+                for key, value in metrics.items():
+                    collected[key].append(value)
+            collected["grad_norm"].append(engine.optimizer_step(grad_clip))
+    engine.lr_scheduler_step()
+    if not engine.is_last_stage():
+        return {}
+    return {**{key: sum(values) / len(values) for key, values in collected.items()}, "lr": lr}
