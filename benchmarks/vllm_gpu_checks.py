@@ -49,7 +49,7 @@ def residency(model_path: str) -> dict[str, Any]:
 
     from workers.fsdp.engine import FSDPEngine
     from workers.fsdp.offload import Offloader
-    from workers.rollout.hybrid import HybridRollout
+    from workers.rollout.hybrid import FSDPWeightSource, HybridRollout
     from workers.rollout.sampling import folder_token_ids, sampling_params
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
@@ -71,7 +71,7 @@ def residency(model_path: str) -> dict[str, Any]:
     readings["actor_with_optimizer_gib"] = used_gib()
     offloader = Offloader(actor.module, actor.optimizer, actor.device, True, True)
     start = time.perf_counter()
-    hybrid = HybridRollout(actor, cfg["rollout"], seed=0)
+    hybrid = HybridRollout(FSDPWeightSource(actor), cfg["rollout"], seed=0)
     readings["engine_init_s"] = time.perf_counter() - start
     readings["actor_plus_engine_gib"] = used_gib()
     start = time.perf_counter()

@@ -255,10 +255,10 @@ def actor_rollout_ref_config(user: Any) -> dict[str, Any]:
             "rollout.placement='separate' (a hybrid engine shares one device with its actor rank)"
         )
     if config["actor"]["strategy"] == "megatron":
-        if rollout["name"] != "hf":
+        if rollout["placement"] != "hybrid":
             raise ValueError(
-                f"actor.strategy='megatron' generates with an HF replica refreshed from the Megatron weights; "
-                f"rollout.name={rollout['name']!r} is not supported with it yet (valid: 'hf')"
+                "actor.strategy='megatron' supports rollout.placement='hybrid' (an HF replica or a vLLM engine in "
+                f"each actor process, fed from the Megatron weights); got placement={rollout['placement']!r}"
             )
         fsdp = config["actor"]["fsdp"]
         if fsdp["param_offload"] or fsdp["optimizer_offload"]:

@@ -68,9 +68,9 @@ class ActorRolloutRefWorker(WeightSenderMixin, Worker):
             self.ref = FSDPEngine(AutoModelForCausalLM, cfg["model"], self.rank)
         rollout = cfg["rollout"]
         if self.actor is not None and rollout["name"] == "vllm" and rollout["placement"] == "hybrid":
-            from workers.rollout.hybrid import HybridRollout
+            from workers.rollout.hybrid import FSDPWeightSource, HybridRollout
 
-            self.hybrid_rollout = HybridRollout(self.actor, rollout, seed=cfg["seed"] + self.rank)
+            self.hybrid_rollout = HybridRollout(FSDPWeightSource(self.actor), rollout, seed=cfg["seed"] + self.rank)
         device = (self.actor or self.ref).device
         self.memory = MemoryLog(device)
         self.memory.record("init")

@@ -104,26 +104,30 @@ def full_state_dict_on_rank0(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def export_hf(model: nn.Module, auto_class: Any, path: str, source_path: str, rank: int) -> None:
-    """Collective: write `model` as a plain HF checkpoint (safetensors) into `path` from rank 0.
-
-    A fresh model is built on the meta device and takes the gathered tensors by assignment, so rank 0
-    holds one full copy of the weights, not two; tokenizer files found in `source_path` are copied along.
-    """
+    """Collective: write `model` as a plain HF checkpoint (safetensors) into `path` from rank 0."""
     state = full_state_dict_on_rank0(model)
     if rank == 0:
-        config = copy.deepcopy(model.config)
-        with torch.device("meta"):
-            plain = auto_class.from_config(config)
-        plain.load_state_dict(state, strict=False, assign=True)
-        missing = [name for name, p in plain.named_parameters() if p.is_meta]
-        if missing:
-            plain.tie_weights()  # the gathered dict may hold a tied weight under one name only
-            missing = [name for name, p in plain.named_parameters() if p.is_meta]
-        if missing:
-            raise RuntimeError(f"export_hf: the gathered state dict lacks {missing}")
-        plain.save_pretrained(path)
-        copy_tokenizer_files(source_path, path)
+        save_hf_folder(state, auto_class, copy.deepcopy(model.config), path, source_path)
     dist.barrier()  # callers may read the export as soon as any rank returns
+
+
+def save_hf_folder(state: dict[str, torch.Tensor], auto_class: Any, config: Any, path: str, source_path: str) -> None:
+    """Write `state` (HF names) as an HF checkpoint of `auto_class(config)` into `path`.
+
+    A fresh model is built on the meta device and takes the tensors by assignment, so the caller's copy is
+    the only one; tokenizer files found in `source_path` are copied along.
+    """
+    with torch.device("meta"):
+        plain = auto_class.from_config(config)
+    plain.load_state_dict(state, strict=False, assign=True)
+    missing = [name for name, p in plain.named_parameters() if p.is_meta]
+    if missing:
+        plain.tie_weights()  # the state may hold a tied weight under one name only
+        missing = [name for name, p in plain.named_parameters() if p.is_meta]
+    if missing:
+        raise RuntimeError(f"export_hf: the gathered weights lack {missing}")
+    plain.save_pretrained(path)
+    copy_tokenizer_files(source_path, path)
 
 
 def copy_tokenizer_files(source: str, target: str) -> list[str]:

@@ -62,6 +62,25 @@ def pair_log_probs(model: nn.Module, micro: DataProto, device: torch.device, tem
     return sequence[: len(micro)], sequence[len(micro) :]
 
 
+def weighted_pair_loss(
+    chosen: torch.Tensor, rejected: torch.Tensor, pairs: DataProto, settings: DPOSettings
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The DPO loss summed over the pairs with their `weight`s, and the weighted sums of the metrics
+    (loss, accuracy, margin, rewards, log-probs), from the pairs' summed response log-probs [b]."""
+    device = chosen.device
+    weight = pairs.batch["weight"].to(device).float()
+    losses, chosen_rewards, rejected_rewards = dpo_loss(
+        chosen, rejected, pairs.batch["chosen_ref_logps"].to(device), pairs.batch["rejected_ref_logps"].to(device),
+        settings.beta, settings.loss_type, settings.label_smoothing,
+    )
+    metrics = {
+        "loss": losses, "accuracy": (chosen_rewards > rejected_rewards).float(),
+        "margin": chosen_rewards - rejected_rewards, "chosen_reward": chosen_rewards,
+        "rejected_reward": rejected_rewards, "chosen_logps": chosen, "rejected_logps": rejected,
+    }
+    return (losses * weight).sum(), {name: float((value.detach() * weight).sum()) for name, value in metrics.items()}
+
+
 def _sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
@@ -85,21 +104,13 @@ def run_dpo_update(
     for epoch in range(settings.epochs):
         engine.zero_grad()
         for micro in pairs.split(micro_batch_size):
-            weight = micro.batch["weight"].to(device).float()
             chosen, rejected = pair_log_probs(engine.module, micro, device, temperature)
-            losses, chosen_rewards, rejected_rewards = dpo_loss(
-                chosen, rejected, micro.batch["chosen_ref_logps"].to(device), micro.batch["rejected_ref_logps"].to(device),
-                settings.beta, settings.loss_type, settings.label_smoothing,
-            )
+            loss, weighted = weighted_pair_loss(chosen, rejected, micro, settings)
             # FSDP averages gradients over ranks; scaling by world makes that the sum over all ranks.
-            ((losses * weight).sum() * (world / denominator)).backward()
+            (loss * (world / denominator)).backward()
             if epoch == 0:
-                for name, value in {
-                    "loss": losses, "accuracy": (chosen_rewards > rejected_rewards).float(),
-                    "margin": chosen_rewards - rejected_rewards, "chosen_reward": chosen_rewards,
-                    "rejected_reward": rejected_rewards, "chosen_logps": chosen, "rejected_logps": rejected,
-                }.items():
-                    sums[name] += float((value.detach() * weight).sum())
+                for name, value in weighted.items():
+                    sums[name] += value
         grad_norms.append(engine.optimizer_step(grad_clip))
     engine.lr_scheduler_step()
     keys = sorted(sums)

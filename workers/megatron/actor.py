@@ -3,8 +3,9 @@
 Same roles, methods, batch keys and metrics as `workers/fsdp/actor_rollout_ref.py`, so the PPO/GRPO and
 online-DPO loops run unchanged with `actor.strategy=megatron`. Log-prob and update methods are dispatched
 over the Megatron mesh: the data is split over DP only (all TP/PP ranks of a DP group get the same chunk)
-and collected from TP rank 0 of the last pipeline stage. Generation uses an HF replica of the policy on
-every rank, refreshed from the Megatron weights (TP-gathered, PP-broadcast) whenever they changed.
+and collected from TP rank 0 of the last pipeline stage. Every rank generates its share, with a vLLM
+engine in its process (`rollout.name=vllm`) or an HF replica of the policy, either refreshed from the
+Megatron weights (TP-gathered, PP-broadcast as whole HF tensors) whenever they changed.
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ from protocol import DataProto
 from single_controller import Dispatch, Worker, register
 from single_controller.mesh import MeshDispatch
 from trainer.algorithms import masked_sum
-from trainer.algorithms.dpo import dpo_loss
 from workers.config import actor_rollout_ref_config, mini_batch_per_rank
 from workers.fsdp.actor_loss import actor_loss_from_log_probs, required_update_keys
-from workers.fsdp.dpo_update import PAIR_KEYS, PAIR_SIDES, SIDE_KEYS, DPOSettings
+from workers.fsdp.dpo_update import PAIR_KEYS, PAIR_SIDES, SIDE_KEYS, DPOSettings, weighted_pair_loss
 from workers.fsdp.generation import generate_responses, seeded_sampling
 from workers.fsdp.sequences import require_batch_keys
 from workers.megatron.engine import MegatronEngine
@@ -32,7 +32,8 @@ from workers.megatron.model import ParallelSettings
 from workers.megatron.parallel import MEGATRON_MESH, init_megatron_parallel
 from workers.megatron.ppo_loop import run_ppo_updates
 from workers.megatron.vocab_parallel import log_probs_and_entropy
-from workers.rollout.sampling import model_token_ids, sampling_params
+from workers.memory import MemoryLog
+from workers.rollout.sampling import folder_token_ids, model_token_ids, sampling_params
 from workers.rollout.shaping import rollout_output
 
 ROLES = ("actor_rollout", "actor_rollout_ref", "ref")
@@ -61,11 +62,13 @@ class MegatronActorRolloutRefWorker(Worker):
         self.settings = ParallelSettings.from_config(self.config["actor"]["megatron"])
         self.actor: MegatronEngine | None = None
         self.ref: MegatronEngine | None = None
-        self.rollout_model: torch.nn.Module | None = None
+        self.rollout_model: torch.nn.Module | None = None  # HF generate (rollout.name=hf)
+        self.hybrid_rollout = None  # a vLLM engine in this process (rollout.name=vllm)
         self.rollout_version = 0  # the weights version the HF replica holds
         self.update_calls = 0
         self.weights_version = 0
         self.step_metrics: dict[str, float] = {}
+        self.memory: MemoryLog | None = None
 
     # ---- setup ----------------------------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)
@@ -78,10 +81,18 @@ class MegatronActorRolloutRefWorker(Worker):
         if self.role != "ref":
             mini_batch_per_rank(cfg["actor"]["ppo_mini_batch_size"], self.dp_size, "actor (over data-parallel ranks)")
             self.actor = MegatronEngine(cfg["model"], self.settings, cfg["actor"]["optim"], seed=cfg["seed"], max_positions=max_positions)
-            self.rollout_model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=self.actor.dtype).to(self.actor.device)
-            self.rollout_model.eval()
+            if cfg["rollout"]["name"] == "vllm":
+                from workers.megatron.rollout_source import MegatronWeightSource
+                from workers.rollout.hybrid import HybridRollout
+
+                self.hybrid_rollout = HybridRollout(MegatronWeightSource(self.actor), cfg["rollout"], seed=cfg["seed"] + self.rank)
+            else:
+                self.rollout_model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=self.actor.dtype).to(self.actor.device)
+                self.rollout_model.eval()
         if self.role in ("actor_rollout_ref", "ref"):
             self.ref = MegatronEngine(cfg["model"], self.settings, seed=cfg["seed"], max_positions=max_positions)
+        self.memory = MemoryLog((self.actor or self.ref).device)
+        self.memory.record("init")
         torch.manual_seed(cfg["seed"] + self.rank)
 
     def _engine(self, which: str, method: str) -> MegatronEngine:
@@ -112,18 +123,33 @@ class MegatronActorRolloutRefWorker(Worker):
         """Same contract as the FSDP worker: every rank generates its share with its HF replica."""
         self._engine("actor", "generate_sequences")
         require_batch_keys(prompts, PROMPT_KEYS, "generate_sequences")
+        seed = prompts.meta_info.get("seed")
+        if self.hybrid_rollout is not None:
+            eos, pad = folder_token_ids(self.actor.model_path)
+            params = sampling_params(self.config["rollout"], prompts.meta_info, eos, pad)
+            inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
+            result, metrics = self.hybrid_rollout.generate(inputs, params, seed, self.rank, self.weights_version)
+            self.step_metrics.update(metrics)
+            self.memory.record("generate")
+            return rollout_output(prompts, result)
         self.step_metrics.update(self._refresh_rollout_model())
         model = self.rollout_model
         eos, pad = model_token_ids(getattr(model, "generation_config", None), model.config)
         params = sampling_params(self.config["rollout"], prompts.meta_info, eos, pad)
         inputs = {k: prompts.batch[k].to(self.actor.device) for k in PROMPT_KEYS}
-        with seeded_sampling(prompts.meta_info.get("seed"), self.rank, self.actor.device):
+        with seeded_sampling(seed, self.rank, self.actor.device):
             result = generate_responses(model, inputs, params, synced=False)
+        self.memory.record("generate")
         return rollout_output(prompts, result)
 
     @register(Dispatch.ONE_TO_ALL)
     def sync_rollout_weights(self) -> dict[str, float]:
         self._engine("actor", "sync_rollout_weights")
+        if self.hybrid_rollout is not None:
+            released = self.hybrid_rollout.engine.wake_up()
+            metrics = self.hybrid_rollout.sync(self.weights_version, force=released)
+            self.hybrid_rollout.engine.sleep()
+            return metrics
         metrics = self._refresh_rollout_model()
         self.step_metrics.update(metrics)
         return metrics
@@ -134,7 +160,7 @@ class MegatronActorRolloutRefWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def pop_step_metrics(self) -> dict[str, float]:
-        metrics, self.step_metrics = self.step_metrics, {}
+        metrics, self.step_metrics = {**self.step_metrics, **(self.memory.pop() if self.memory else {})}, {}
         return metrics
 
     # ---- log-probs ------------------------------------------------------------------------------------
@@ -164,6 +190,7 @@ class MegatronActorRolloutRefWorker(Worker):
         """Actor log-probs of the responses: `old_log_probs` [B, R] and `entropys` [B, R]."""
         micro = self.config["rollout"]["log_prob_micro_batch_size_per_gpu"]
         out = self._log_probs(self._engine("actor", "compute_log_prob"), data, micro, True, "compute_log_prob")
+        self.memory.record("old_log_prob")
         return None if out is None else DataProto.from_dict({"old_log_probs": out["log_probs"], "entropys": out["entropy"]})
 
     @register(dispatch_mode=OVER_DP)
@@ -204,6 +231,7 @@ class MegatronActorRolloutRefWorker(Worker):
         )
         self.update_calls += 1
         self.weights_version += 1
+        self.memory.record("update_actor")
         return metrics
 
     @register(dispatch_mode=METRICS_OVER_DP)
@@ -237,20 +265,9 @@ class MegatronActorRolloutRefWorker(Worker):
                 pair = side_of[id(both)]
                 log_probs, _ = response_token_log_probs(output, both, vocab, temperature, False)
                 sequence = masked_sum(log_probs, both.batch["response_mask"].to(output.device), dim=-1)
-                chosen, rejected = sequence[: len(pair)], sequence[len(pair) :]
-                dev = output.device
-                losses, chosen_rewards, rejected_rewards = dpo_loss(
-                    chosen, rejected, pair.batch["chosen_ref_logps"].to(dev), pair.batch["rejected_ref_logps"].to(dev),
-                    settings.beta, settings.loss_type, settings.label_smoothing,
-                )
-                weight = pair.batch["weight"].to(dev).float()
-                values = {
-                    "loss": losses, "accuracy": (chosen_rewards > rejected_rewards).float(),
-                    "margin": chosen_rewards - rejected_rewards, "chosen_reward": chosen_rewards,
-                    "rejected_reward": rejected_rewards, "chosen_logps": chosen, "rejected_logps": rejected,
-                }
+                loss, weighted = weighted_pair_loss(sequence[: len(pair)], sequence[len(pair) :], pair, settings)
                 # Megatron's DDP averages gradients over DP ranks: x dp makes it a sum over all pairs.
-                return (losses * weight).sum() * (self.dp_size / denominator), {k: float((v.detach() * weight).sum()) for k, v in values.items()}
+                return loss * (self.dp_size / denominator), weighted
 
             engine.zero_grad()
             kept = engine.run_micro_batches(micros, loss_fn, forward_only=False)

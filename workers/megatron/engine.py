@@ -223,20 +223,12 @@ class MegatronEngine:
         """Write the model as an HF checkpoint (safetensors) from rank 0, tokenizer files copied along."""
         from transformers import AutoModelForCausalLM
 
-        from workers.fsdp.checkpoint import copy_tokenizer_files
+        from workers.fsdp.checkpoint import save_hf_folder
 
-        state = {name: t.cpu() for name, t in self.hf_weights(torch.float32)}
+        # Every rank runs the stream (it is a collective); only rank 0 keeps the tensors.
+        state = {name: t.cpu() for name, t in self.hf_weights(torch.float32) if rank == 0}
         if rank == 0:
-            with torch.device("meta"):
-                plain = AutoModelForCausalLM.from_config(self.hf_config)
-            plain.load_state_dict(state, strict=False, assign=True)
-            plain.tie_weights()
-            missing = [name for name, p in plain.named_parameters() if p.is_meta]
-            if missing:
-                raise RuntimeError(f"export_hf: the gathered weights lack {missing}")
-            os.makedirs(path, exist_ok=True)
-            plain.save_pretrained(path)
-            copy_tokenizer_files(self.model_path, path)
+            save_hf_folder(state, AutoModelForCausalLM, self.hf_config, path, self.model_path)
         dist.barrier()
 
     # ---- checkpoints ----------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ the device for log-probs and the update.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import torch
 
@@ -23,8 +23,45 @@ from workers.rollout.weight_sync import named_full_parameters, plan_model_bucket
 GIB = float(1 << 30)
 
 
-def engine_dtype(rollout_cfg: dict[str, Any], actor: FSDPEngine) -> torch.dtype:
-    return actor.dtype if rollout_cfg["dtype"] == "auto" else compute_dtype(rollout_cfg["dtype"], actor.device)
+class WeightSource(Protocol):
+    """What a hybrid engine needs from the trainer it shares a process with (FSDP or Megatron)."""
+
+    model_path: str
+    device: torch.device
+    dtype: torch.dtype
+    vocab_size: int
+
+    def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]: ...
+
+    def named_weights(self, layouts: list[BucketLayout]) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, whole tensor) pairs of the current weights; a collective over the trainer's ranks."""
+        ...
+
+    def probe_log_probs(self, probe: torch.Tensor) -> torch.Tensor:
+        """log p(token_t | tokens_<t) [rows, length - 1] on every rank; a collective."""
+        ...
+
+
+class FSDPWeightSource:
+    """An FSDP2 engine as a weight source: parameters all-gathered bucket by bucket."""
+
+    def __init__(self, actor: FSDPEngine) -> None:
+        self.actor = actor
+        self.model_path, self.device, self.dtype = actor.model_path, actor.device, actor.dtype
+        self.vocab_size = actor.module.config.vocab_size
+
+    def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]:
+        return plan_model_buckets(self.actor.module, dtype, bucket_bytes)
+
+    def named_weights(self, layouts: list[BucketLayout]) -> Iterator[tuple[str, torch.Tensor]]:
+        return named_full_parameters(self.actor.module, layouts)
+
+    def probe_log_probs(self, probe: torch.Tensor) -> torch.Tensor:
+        return trainer_log_probs(self.actor.module, probe, self.device)
+
+
+def engine_dtype(rollout_cfg: dict[str, Any], source: WeightSource) -> torch.dtype:
+    return source.dtype if rollout_cfg["dtype"] == "auto" else compute_dtype(rollout_cfg["dtype"], source.device)
 
 
 def sync_tolerance(rollout_cfg: dict[str, Any], dtype: torch.dtype) -> float:
@@ -32,12 +69,12 @@ def sync_tolerance(rollout_cfg: dict[str, Any], dtype: torch.dtype) -> float:
 
 
 class HybridRollout:
-    def __init__(self, actor: FSDPEngine, rollout_cfg: dict[str, Any], seed: int) -> None:
-        self.actor = actor
+    def __init__(self, source: WeightSource, rollout_cfg: dict[str, Any], seed: int) -> None:
+        self.source = source
         self.cfg = rollout_cfg
-        self.dtype = engine_dtype(rollout_cfg, actor)
-        self.engine = VLLMEngine(actor.model_path, rollout_cfg, self.dtype, actor.device, seed)
-        self.layouts: list[BucketLayout] = plan_model_buckets(actor.module, self.dtype, rollout_cfg["weight_sync_bucket_mb"] << 20)
+        self.dtype = engine_dtype(rollout_cfg, source)
+        self.engine = VLLMEngine(source.model_path, rollout_cfg, self.dtype, source.device, seed)
+        self.layouts: list[BucketLayout] = source.sync_layouts(self.dtype, rollout_cfg["weight_sync_bucket_mb"] << 20)
         self.synced_version = 0  # the engine loaded the same folder the actor started from
 
     def sync(self, version: int, force: bool = False) -> dict[str, float]:
@@ -47,7 +84,7 @@ class HybridRollout:
         verify = self.cfg["verify_sync"]
         before = self.engine.fingerprint() if verify and not force else None
         start = time.perf_counter()
-        loaded = self.engine.load_weights(named_full_parameters(self.actor.module, self.layouts))
+        loaded = self.engine.load_weights(self.source.named_weights(self.layouts))
         seconds = time.perf_counter() - start
         metrics = {
             "rollout/sync_s": seconds,
@@ -62,10 +99,10 @@ class HybridRollout:
         return metrics
 
     def verify(self, where: str) -> dict[str, float]:
-        """Probe log-probs of engine vs actor (an FSDP collective: every rank runs it)."""
-        probe = probe_sequences(self.actor.module.config.vocab_size)
+        """Probe log-probs of engine vs trainer (a collective: every trainer rank runs it)."""
+        probe = probe_sequences(self.source.vocab_size)
         check = compare_log_probs(
-            trainer_log_probs(self.actor.module, probe, self.actor.device),
+            self.source.probe_log_probs(probe),
             self.engine.prompt_log_probs(probe),
             sync_tolerance(self.cfg, self.dtype),
         )

@@ -1,0 +1,51 @@
+"""A `MegatronEngine` as the weight source of a hybrid vLLM engine (see workers/rollout/hybrid.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+from protocol import DataProto
+from workers.megatron.engine import MegatronEngine
+from workers.megatron.vocab_parallel import log_probs_and_entropy
+from workers.rollout.buckets import BucketLayout, plan_buckets
+
+
+class MegatronWeightSource:
+    """Weights leave as whole HF tensors (TP-gathered, PP-broadcast), so every rank's engine gets them all."""
+
+    def __init__(self, engine: MegatronEngine) -> None:
+        self.engine = engine
+        self.model_path, self.device, self.dtype = engine.model_path, engine.device, engine.dtype
+        self.vocab_size = engine.layout.vocab_size
+
+    def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            shapes = AutoModelForCausalLM.from_config(self.engine.hf_config)
+        return plan_buckets(((name, tuple(p.shape), dtype) for name, p in shapes.named_parameters()), bucket_bytes)
+
+    def named_weights(self, layouts: list[BucketLayout]) -> Iterator[tuple[str, torch.Tensor]]:
+        dtype = layouts[0].slots[0].dtype if layouts and layouts[0].slots else self.dtype
+        return self.engine.hf_weights(dtype)
+
+    def probe_log_probs(self, probe: torch.Tensor) -> torch.Tensor:
+        """Computed on the last pipeline stage, then broadcast to the other stages."""
+        from megatron.core import parallel_state as ps
+
+        batch = DataProto.from_dict({"input_ids": probe, "attention_mask": torch.ones_like(probe)})
+        targets = probe[:, 1:].to(self.device)
+
+        def keep(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict]:
+            log_probs, _ = log_probs_and_entropy(output[:, :-1], targets, self.vocab_size, with_entropy=False)
+            return output.new_zeros(()), {"log_probs": log_probs}
+
+        kept = self.engine.run_micro_batches([batch], keep, forward_only=True)
+        result = kept[0]["log_probs"].contiguous() if kept else torch.empty(targets.shape, dtype=torch.float32, device=self.device)
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            group = ps.get_pipeline_model_parallel_group()
+            dist.broadcast(result, src=dist.get_process_group_ranks(group)[-1], group=group)
+        return result.cpu()
