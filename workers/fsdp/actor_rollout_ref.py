@@ -22,7 +22,7 @@ from workers.fsdp.dpo_update import PAIR_KEYS, DPOSettings, run_dpo_update
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.generation import generate_responses, seeded_sampling
 from workers.fsdp.offload import Offloader
-from workers.fsdp.ppo_loop import run_ppo_updates
+from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.fsdp.sequences import micro_batches, require_batch_keys, response_log_probs_and_entropy
 from workers.fsdp.weight_sender import WeightSenderMixin
 from workers.memory import MemoryLog
@@ -139,9 +139,7 @@ class ActorRolloutRefWorker(WeightSenderMixin, Worker):
         if self.hybrid_rollout is None:
             return {}
         self._resident_actor("sync_rollout_weights")
-        released = self.hybrid_rollout.engine.wake_up()
-        metrics = self.hybrid_rollout.sync(self.weights_version, force=released)
-        self.hybrid_rollout.engine.sleep()
+        metrics = self.hybrid_rollout.sync_now(self.weights_version)
         self._end_phase("sync")
         return metrics
 
@@ -203,19 +201,8 @@ class ActorRolloutRefWorker(WeightSenderMixin, Worker):
         def loss_fn(micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
             return actor_micro_loss(engine.module, micro, engine.device, temperature, actor_cfg)
 
-        metrics = run_ppo_updates(
-            engine,
-            data,
-            loss_fn,
-            epochs=actor_cfg["ppo_epochs"],
-            mini_batch_size=mini_batch_per_rank(actor_cfg["ppo_mini_batch_size"], self.world_size, "actor"),
-            micro_batch_size=actor_cfg["ppo_micro_batch_size_per_gpu"],
-            grad_clip=actor_cfg["grad_clip"],
-            loss_agg_mode=actor_cfg["loss_agg_mode"],
-            shuffle=actor_cfg["shuffle"],
-            seed=self.config["seed"] + self.update_calls * actor_cfg["ppo_epochs"],
-            method="update_actor",
-        )
+        schedule = PPOSchedule.from_config(actor_cfg, self.world_size, "actor", self.config["seed"], self.update_calls)
+        metrics = run_ppo_updates(engine, data, loss_fn, schedule, method="update_actor")
         self.update_calls += 1
         self.weights_version += 1
         self._end_phase("update_actor")

@@ -13,7 +13,7 @@ from trainer.algorithms import compute_value_loss, masked_mean
 from workers.config import critic_config, mini_batch_per_rank
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.ppo_loop import run_ppo_updates
+from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.fsdp.sequences import micro_batches, require_batch_keys, response_mask, response_values
 
 VALUE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -88,19 +88,8 @@ class CriticWorker(Worker):
             }
             return loss, metrics
 
-        metrics = run_ppo_updates(
-            engine,
-            data,
-            loss_fn,
-            epochs=cfg["ppo_epochs"],
-            mini_batch_size=mini_batch_per_rank(cfg["ppo_mini_batch_size"], self.world_size, "critic"),
-            micro_batch_size=cfg["ppo_micro_batch_size_per_gpu"],
-            grad_clip=cfg["grad_clip"],
-            loss_agg_mode=cfg["loss_agg_mode"],
-            shuffle=cfg["shuffle"],
-            seed=cfg["seed"] + self.update_calls * cfg["ppo_epochs"],
-            method="update_critic",
-        )
+        schedule = PPOSchedule.from_config(cfg, self.world_size, "critic", cfg["seed"], self.update_calls)
+        metrics = run_ppo_updates(engine, data, loss_fn, schedule, method="update_critic")
         self.update_calls += 1
         return metrics
 

@@ -9,17 +9,46 @@ the same gradient as one pass over the whole mini-batch (for equal-length rows t
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
 from protocol import DataProto
+from workers.config import mini_batch_per_rank
 from workers.fsdp.dist_utils import check_same_length, mean_over_ranks
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.sequences import response_mask
 
 # loss_fn(micro_batch) -> (scalar loss aggregated over the micro-batch, float metrics)
 MicroLossFn = Callable[[DataProto], tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass(frozen=True)
+class PPOSchedule:
+    """Epochs x mini-batches x micro-batches of one update call, and its clipping and loss aggregation."""
+
+    epochs: int
+    mini_batch_size: int  # per rank
+    micro_batch_size: int
+    grad_clip: float
+    loss_agg_mode: str
+    shuffle: bool
+    seed: int
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any], ranks: int, where: str, seed: int, update_calls: int) -> "PPOSchedule":
+        """From an actor/critic section; the global mini-batch is split over `ranks` data-parallel ranks and
+        each call shuffles with its own seed."""
+        return cls(
+            epochs=cfg["ppo_epochs"],
+            mini_batch_size=mini_batch_per_rank(cfg["ppo_mini_batch_size"], ranks, where),
+            micro_batch_size=cfg["ppo_micro_batch_size_per_gpu"],
+            grad_clip=cfg["grad_clip"],
+            loss_agg_mode=cfg["loss_agg_mode"],
+            shuffle=cfg["shuffle"],
+            seed=seed + update_calls * cfg["ppo_epochs"],
+        )
 
 
 def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> float:
@@ -36,20 +65,7 @@ def shuffled(data: DataProto, shuffle: bool, seed: int) -> DataProto:
     return data[order]
 
 
-def run_ppo_updates(
-    engine: FSDPEngine,
-    data: DataProto,
-    loss_fn: MicroLossFn,
-    *,
-    epochs: int,
-    mini_batch_size: int,
-    micro_batch_size: int,
-    grad_clip: float,
-    loss_agg_mode: str,
-    shuffle: bool,
-    seed: int,
-    method: str,
-) -> dict[str, float]:
+def run_ppo_updates(engine: FSDPEngine, data: DataProto, loss_fn: MicroLossFn, schedule: PPOSchedule, method: str) -> dict[str, float]:
     """Run the updates and return metrics averaged over micro-batches (grad_norm over steps) and ranks.
 
     Every rank holds the same number of rows (checked), hence runs the same number of forward/backward
@@ -59,10 +75,10 @@ def run_ppo_updates(
     engine.module.train()
     collected: dict[str, list[float]] = defaultdict(list)
     lr = engine.current_lr()
-    for epoch in range(epochs):
-        for mini in shuffled(data, shuffle, seed + epoch).split(mini_batch_size):
-            micros = mini.split(micro_batch_size)
-            units = [loss_units(response_mask(m), loss_agg_mode) for m in micros]
+    for epoch in range(schedule.epochs):
+        for mini in shuffled(data, schedule.shuffle, schedule.seed + epoch).split(schedule.mini_batch_size):
+            micros = mini.split(schedule.micro_batch_size)
+            units = [loss_units(response_mask(m), schedule.loss_agg_mode) for m in micros]
             total = sum(units)
             engine.zero_grad()
             for micro, unit in zip(micros, units):
@@ -71,7 +87,7 @@ def run_ppo_updates(
                 (loss * scale).backward()
                 for key, value in metrics.items():
                     collected[key].append(value)
-            collected["grad_norm"].append(engine.optimizer_step(grad_clip))
+            collected["grad_norm"].append(engine.optimizer_step(schedule.grad_clip))
     engine.lr_scheduler_step()
     averaged = {key: sum(values) / len(values) for key, values in collected.items()}
     averaged["lr"] = lr

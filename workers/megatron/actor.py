@@ -26,6 +26,7 @@ from workers.config import actor_rollout_ref_config, mini_batch_per_rank
 from workers.fsdp.actor_loss import actor_loss_from_log_probs, required_update_keys
 from workers.fsdp.dpo_update import PAIR_KEYS, PAIR_SIDES, SIDE_KEYS, DPOSettings, weighted_pair_loss
 from workers.fsdp.generation import generate_responses, seeded_sampling
+from workers.fsdp.ppo_loop import PPOSchedule
 from workers.fsdp.sequences import require_batch_keys
 from workers.megatron.engine import MegatronEngine
 from workers.megatron.model import ParallelSettings
@@ -146,10 +147,7 @@ class MegatronActorRolloutRefWorker(Worker):
     def sync_rollout_weights(self) -> dict[str, float]:
         self._engine("actor", "sync_rollout_weights")
         if self.hybrid_rollout is not None:
-            released = self.hybrid_rollout.engine.wake_up()
-            metrics = self.hybrid_rollout.sync(self.weights_version, force=released)
-            self.hybrid_rollout.engine.sleep()
-            return metrics
+            return self.hybrid_rollout.sync_now(self.weights_version)
         metrics = self._refresh_rollout_model()
         self.step_metrics.update(metrics)
         return metrics
@@ -217,18 +215,8 @@ class MegatronActorRolloutRefWorker(Worker):
             entropy = entropy if actor_cfg["entropy_coeff"] != 0 else entropy.detach()
             return actor_loss_from_log_probs(log_probs, entropy, micro, output.device, actor_cfg)
 
-        metrics = run_ppo_updates(
-            engine,
-            data,
-            loss_fn,
-            epochs=actor_cfg["ppo_epochs"],
-            mini_batch_size=mini_batch_per_rank(actor_cfg["ppo_mini_batch_size"], self.dp_size, "actor (over data-parallel ranks)"),
-            micro_batch_size=actor_cfg["ppo_micro_batch_size_per_gpu"],
-            grad_clip=actor_cfg["grad_clip"],
-            loss_agg_mode=actor_cfg["loss_agg_mode"],
-            shuffle=actor_cfg["shuffle"],
-            seed=self.config["seed"] + self.update_calls * actor_cfg["ppo_epochs"],
-        )
+        schedule = PPOSchedule.from_config(actor_cfg, self.dp_size, "actor (over data-parallel ranks)", self.config["seed"], self.update_calls)
+        metrics = run_ppo_updates(engine, data, loss_fn, schedule)
         self.update_calls += 1
         self.weights_version += 1
         self.memory.record("update_actor")

@@ -12,6 +12,7 @@ from single_controller.mesh import MeshDispatch
 from trainer.algorithms import compute_value_loss, masked_mean
 from workers.config import critic_config, mini_batch_per_rank
 from workers.fsdp.critic import UPDATE_KEYS, VALUE_KEYS
+from workers.fsdp.ppo_loop import PPOSchedule
 from workers.fsdp.sequences import require_batch_keys, response_mask
 from workers.megatron.engine import MegatronEngine
 from workers.megatron.model import ParallelSettings
@@ -78,18 +79,8 @@ class MegatronCriticWorker(Worker):
             )
             return loss, {"vf_loss": float(loss.detach()), "vf_clipfrac": float(clipfrac), "vpred_mean": float(masked_mean(vpreds.detach(), mask))}
 
-        metrics = run_ppo_updates(
-            engine,
-            data,
-            loss_fn,
-            epochs=cfg["ppo_epochs"],
-            mini_batch_size=mini_batch_per_rank(cfg["ppo_mini_batch_size"], self.dp_size, "critic (over data-parallel ranks)"),
-            micro_batch_size=cfg["ppo_micro_batch_size_per_gpu"],
-            grad_clip=cfg["grad_clip"],
-            loss_agg_mode=cfg["loss_agg_mode"],
-            shuffle=cfg["shuffle"],
-            seed=cfg["seed"] + self.update_calls * cfg["ppo_epochs"],
-        )
+        schedule = PPOSchedule.from_config(cfg, self.dp_size, "critic (over data-parallel ranks)", cfg["seed"], self.update_calls)
+        metrics = run_ppo_updates(engine, data, loss_fn, schedule)
         self.update_calls += 1
         return metrics
 

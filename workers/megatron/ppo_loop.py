@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from protocol import DataProto
-from workers.fsdp.ppo_loop import loss_units, shuffled
+from workers.fsdp.ppo_loop import PPOSchedule, loss_units, shuffled
 from workers.fsdp.sequences import response_mask
 from workers.megatron.engine import MegatronEngine
 
@@ -21,27 +21,15 @@ from workers.megatron.engine import MegatronEngine
 StageMicroLoss = Callable[[torch.Tensor, DataProto], tuple[torch.Tensor, dict[str, float]]]
 
 
-def run_ppo_updates(
-    engine: MegatronEngine,
-    data: DataProto,
-    loss_fn: StageMicroLoss,
-    *,
-    epochs: int,
-    mini_batch_size: int,
-    micro_batch_size: int,
-    grad_clip: float,
-    loss_agg_mode: str,
-    shuffle: bool,
-    seed: int,
-) -> dict[str, Any]:
+def run_ppo_updates(engine: MegatronEngine, data: DataProto, loss_fn: StageMicroLoss, schedule: PPOSchedule) -> dict[str, Any]:
     """Metrics averaged over micro-batches (grad_norm over steps) plus lr, on the last stage; {} elsewhere.
     The LR schedule advances once per call."""
     collected: dict[str, list[float]] = defaultdict(list)
     lr = engine.current_lr()
-    for epoch in range(epochs):
-        for mini in shuffled(data, shuffle, seed + epoch).split(mini_batch_size):
-            micros = list(mini.split(micro_batch_size))
-            units = {id(m): loss_units(response_mask(m), loss_agg_mode) for m in micros}
+    for epoch in range(schedule.epochs):
+        for mini in shuffled(data, schedule.shuffle, schedule.seed + epoch).split(schedule.mini_batch_size):
+            micros = list(mini.split(schedule.micro_batch_size))
+            units = {id(m): loss_units(response_mask(m), schedule.loss_agg_mode) for m in micros}
             total = sum(units.values())
 
             def weighted(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
@@ -52,7 +40,7 @@ def run_ppo_updates(
             for metrics in engine.run_micro_batches(micros, weighted, forward_only=False):
                 for key, value in metrics.items():
                     collected[key].append(value)
-            collected["grad_norm"].append(engine.optimizer_step(grad_clip))
+            collected["grad_norm"].append(engine.optimizer_step(schedule.grad_clip))
     engine.lr_scheduler_step()
     if not engine.is_last_stage():
         return {}

@@ -98,6 +98,13 @@ class HybridRollout:
         self.synced_version = version
         return metrics
 
+    def sync_now(self, version: int) -> dict[str, float]:
+        """Wake the engine, bring it to `version` (a full load if sleep released its weights), sleep again."""
+        released = self.engine.wake_up()
+        metrics = self.sync(version, force=released)
+        self.engine.sleep()
+        return metrics
+
     def verify(self, where: str) -> dict[str, float]:
         """Probe log-probs of engine vs trainer (a collective: every trainer rank runs it)."""
         probe = probe_sequences(self.source.vocab_size)
