@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
+from workers.actor_state import ActorStateMixin
 from workers.config import actor_rollout_ref_config, mini_batch_per_rank
 from workers.fsdp.actor_loss import actor_micro_loss, required_update_keys
 from workers.fsdp.dist_utils import check_same_length
@@ -34,7 +35,7 @@ PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
-class ActorRolloutRefWorker(WeightSenderMixin, Worker):
+class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
     def __init__(self, config: dict[str, Any], role: str) -> None:
         super().__init__()
         if role not in ROLES:
@@ -44,11 +45,9 @@ class ActorRolloutRefWorker(WeightSenderMixin, Worker):
         self.actor: FSDPEngine | None = None
         self.ref: FSDPEngine | None = None
         self.update_calls = 0  # part of the checkpoint: seeds the mini-batch shuffles
-        self.weights_version = 0  # bumped whenever the actor's weights change (update, checkpoint load)
         self.hybrid_rollout = None  # a vLLM engine in this process (rollout.name=vllm, placement=hybrid)
         self.offloader: Offloader | None = None
-        self.memory: MemoryLog | None = None
-        self.step_metrics: dict[str, float] = {}
+        self.init_actor_state()
 
     # ---- setup ----------------------------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)
@@ -141,17 +140,6 @@ class ActorRolloutRefWorker(WeightSenderMixin, Worker):
         self._resident_actor("sync_rollout_weights")
         metrics = self.hybrid_rollout.sync_now(self.weights_version)
         self._end_phase("sync")
-        return metrics
-
-    @register(Dispatch.RANK_ZERO)
-    def current_weights_version(self) -> int:
-        """Counts the changes of the actor's weights (updates, checkpoint loads): a sync is due when it moved."""
-        return self.weights_version
-
-    @register(Dispatch.ONE_TO_ALL)
-    def pop_step_metrics(self) -> dict[str, float]:
-        """Metrics gathered on this rank since the last call: weight sync, engine timings, memory per phase."""
-        metrics, self.step_metrics = {**self.step_metrics, **(self.memory.pop() if self.memory else {})}, {}
         return metrics
 
     # ---- log-probs ------------------------------------------------------------------------------------

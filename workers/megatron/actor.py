@@ -22,6 +22,7 @@ from protocol import DataProto
 from single_controller import Dispatch, Worker, register
 from single_controller.mesh import MeshDispatch
 from trainer.algorithms import masked_sum
+from workers.actor_state import ActorStateMixin
 from workers.config import actor_rollout_ref_config, mini_batch_per_rank
 from workers.fsdp.actor_loss import actor_loss_from_log_probs, required_update_keys
 from workers.fsdp.dpo_update import PAIR_KEYS, PAIR_SIDES, SIDE_KEYS, DPOSettings, weighted_pair_loss
@@ -53,7 +54,7 @@ def response_token_log_probs(
     return log_probs_and_entropy(logits, micro.batch["responses"].to(logits.device), vocab_size, with_entropy)
 
 
-class MegatronActorRolloutRefWorker(Worker):
+class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
     def __init__(self, config: dict[str, Any], role: str) -> None:
         super().__init__()
         if role not in ROLES:
@@ -67,9 +68,7 @@ class MegatronActorRolloutRefWorker(Worker):
         self.hybrid_rollout = None  # a vLLM engine in this process (rollout.name=vllm)
         self.rollout_version = 0  # the weights version the HF replica holds
         self.update_calls = 0
-        self.weights_version = 0
-        self.step_metrics: dict[str, float] = {}
-        self.memory: MemoryLog | None = None
+        self.init_actor_state()
 
     # ---- setup ----------------------------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)
@@ -150,15 +149,6 @@ class MegatronActorRolloutRefWorker(Worker):
             return self.hybrid_rollout.sync_now(self.weights_version)
         metrics = self._refresh_rollout_model()
         self.step_metrics.update(metrics)
-        return metrics
-
-    @register(Dispatch.RANK_ZERO)
-    def current_weights_version(self) -> int:
-        return self.weights_version
-
-    @register(Dispatch.ONE_TO_ALL)
-    def pop_step_metrics(self) -> dict[str, float]:
-        metrics, self.step_metrics = {**self.step_metrics, **(self.memory.pop() if self.memory else {})}, {}
         return metrics
 
     # ---- log-probs ------------------------------------------------------------------------------------

@@ -85,11 +85,10 @@ class MegatronEngine:
         ignore_padding_lookups(self.gpt, getattr(self.hf_config, "pad_token_id", None))
         self.gpt.to(self.device)
         model: nn.Module = Float16Module(self.config, self.gpt) if self.dtype != torch.float32 else self.gpt
-        self.trainable = optim_cfg is not None
         self.optimizer = None
         self.optim_cfg = optim_cfg
         self.steps = 0  # LR-schedule position (scheduler steps taken)
-        if self.trainable:
+        if optim_cfg is not None:
             model = self._wrap_for_training(model, optim_cfg)
         else:
             model.requires_grad_(False)

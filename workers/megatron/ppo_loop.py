@@ -8,20 +8,16 @@ clipped optimizer step per mini-batch. Metrics exist on the last pipeline stage 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from protocol import DataProto
 from workers.fsdp.ppo_loop import PPOSchedule, loss_units, shuffled
 from workers.fsdp.sequences import response_mask
-from workers.megatron.engine import MegatronEngine
+from workers.megatron.engine import MegatronEngine, StageLossFn
 
-# (last-stage output, micro-batch) -> (loss aggregated over the micro-batch, float metrics)
-StageMicroLoss = Callable[[torch.Tensor, DataProto], tuple[torch.Tensor, dict[str, float]]]
-
-
-def run_ppo_updates(engine: MegatronEngine, data: DataProto, loss_fn: StageMicroLoss, schedule: PPOSchedule) -> dict[str, Any]:
+def run_ppo_updates(engine: MegatronEngine, data: DataProto, loss_fn: StageLossFn, schedule: PPOSchedule) -> dict[str, Any]:
     """Metrics averaged over micro-batches (grad_norm over steps) plus lr, on the last stage; {} elsewhere.
     The LR schedule advances once per call."""
     collected: dict[str, list[float]] = defaultdict(list)
