@@ -32,11 +32,12 @@ def init_ray(cfg: DictConfig) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         return
-    runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}}
+    from single_controller.ray.local_cluster import init_local_ray, prepend_pythonpath
+
+    runtime_env = {"env_vars": {"PYTHONPATH": prepend_pythonpath(os.getcwd())}}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env=runtime_env)
         return
-    from single_controller.ray.local_cluster import init_local_ray
 
     workers = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
     init_local_ray(num_cpus=cfg.trainer.ray_num_cpus or max(os.cpu_count() or 1, 2 * workers + 2), runtime_env=runtime_env)

@@ -79,3 +79,15 @@ def require_changed(before: float, after: float, trainer_changed: bool, where: s
             f"{where}: the trainer's weights changed since the last sync but the rollout engine's weights did "
             f"not (fingerprint {after!r} before and after); the sync loaded nothing"
         )
+
+
+def verify_engines(
+    trainer: torch.Tensor, engines: list[torch.Tensor], dtype: torch.dtype, tolerance: float | None, where: str
+) -> dict[str, float]:
+    """Every engine's probe log-probs against the trainer's (`where` names the sync in errors); returns the
+    worst engine's difference as metrics."""
+    bound = tolerance or DEFAULT_TOLERANCE[dtype]
+    checks = [compare_log_probs(trainer, log_probs, bound) for log_probs in engines]
+    for engine, check in enumerate(checks):
+        require_match(check, f"{where} to engine {engine}")
+    return max(checks, key=lambda check: check.max_abs_diff).metrics()
