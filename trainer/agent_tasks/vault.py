@@ -1,0 +1,40 @@
+"""synthetic/tool_vault: a code only the tool knows, learnable by the random tiny model on CPU.
+
+Each conversation gets a fresh secret code, one character of `CODE_CHARS`, drawn from the rollout's seed;
+the prompt says nothing about it, so the answer is reachable only through the tool. In the `tiny` call
+format a turn containing `!` calls the `vault` tool, which answers with the code; the model's next turn
+must start with it.
+
+Reward (documented shaping): 0.2 for calling the tool at least once, plus 0.8 when the final answer
+starts with the code after a call; 1.0 at most. An answer without a call scores 0 even when it guesses
+right. A random model calls the tool in a few % of samples; the rest of the credit needs copying the
+tool's character, a fixed distance back in the context.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from workers.rollout.agent import Environment, ToolCall
+
+CODE_CHARS = "1234"
+CALL_CREDIT = 0.2
+ANSWER_CREDIT = 0.8
+
+
+class VaultEnvironment(Environment):
+    tool_names = ["vault"]
+
+    def reset(self, sample: dict[str, Any], seed: int) -> None:
+        self.code = random.Random(seed).choice(CODE_CHARS)
+        self.calls = 0
+
+    def step(self, call: ToolCall) -> str:
+        self.calls += 1
+        return self.code
+
+    def reward(self, final_text: str) -> float:
+        if not self.calls:
+            return 0.0
+        return CALL_CREDIT + (ANSWER_CREDIT if final_text.strip().startswith(self.code) else 0.0)
