@@ -2,13 +2,15 @@
 
 Each conversation gets a fresh secret code, one character of `CODE_CHARS`, drawn from the rollout's seed;
 the prompt says nothing about it, so the answer is reachable only through the tool. In the `tiny` call
-format a turn containing `!` calls the `vault` tool, which answers with the code; the model's next turn
-must start with it.
+format a turn containing `!` calls the `vault` tool, which answers with the code written `CODE_REPEAT`
+times (several copies make the copy learnable by attending anywhere in the tool message, which a 2-layer
+model finds fast; one copy was not learned in 60 steps); the model's next turn must start with it.
 
-Reward (documented shaping): 0.2 for calling the tool at least once, plus 0.8 when the final answer
-starts with the code after a call; 1.0 at most. An answer without a call scores 0 even when it guesses
-right. A random model calls the tool in a few % of samples; the rest of the credit needs copying the
-tool's character, a fixed distance back in the context.
+Reward (documented shaping), only after at least one call (an answer without a call scores 0 even when
+it guesses right): 0.2 for the call, plus 0.8 when the final answer starts with the code, or 0.1 when it
+starts with another code character (a well-formed but wrong answer); 1.0 at most, and above 0.3 only with
+the right code. A random model calls the tool in a few % of samples; the rest of the credit needs copying
+the tool's character, a fixed distance back in the context.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from workers.rollout.agent import Environment, ToolCall
 CODE_CHARS = "1234"
 CALL_CREDIT = 0.2
 ANSWER_CREDIT = 0.8
+FORMAT_CREDIT = 0.1
+CODE_REPEAT = 8
 
 
 class VaultEnvironment(Environment):
@@ -32,9 +36,12 @@ class VaultEnvironment(Environment):
 
     def step(self, call: ToolCall) -> str:
         self.calls += 1
-        return self.code
+        return self.code * CODE_REPEAT
 
     def reward(self, final_text: str) -> float:
         if not self.calls:
             return 0.0
-        return CALL_CREDIT + (ANSWER_CREDIT if final_text.strip().startswith(self.code) else 0.0)
+        answer = final_text.strip()[:1]
+        if answer == self.code:
+            return CALL_CREDIT + ANSWER_CREDIT
+        return CALL_CREDIT + (FORMAT_CREDIT if answer and answer in CODE_CHARS else 0.0)
