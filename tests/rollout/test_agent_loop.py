@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from protocol import DataProto
-from trainer.agent_tasks.vault import VaultEnvironment
+from trainer.agent_tasks.vault import CODE_CHARS, VaultEnvironment
 from trainer.algorithms import compute_grpo_outcome_advantage, last_valid_positions
 from trainer.rewards.env_reward import EnvRewardManager
 from trainer.tiny_model import build_char_tokenizer
@@ -209,7 +209,7 @@ def test_vault_reward_shaping():
     env.reset({}, seed=5)
     assert env.reward(env.code) == 0.0  # right answer without a call
     env.step(ToolCall("vault", {}))
-    wrong = next(c for c in "1234" if c != env.code)
+    wrong = next(c for c in CODE_CHARS if c != env.code)
     assert (env.reward(env.code + "x"), env.reward(wrong), env.reward("z")) == (1.0, pytest.approx(0.3), 0.2)
 
 

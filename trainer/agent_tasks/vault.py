@@ -20,11 +20,11 @@ from typing import Any
 
 from workers.rollout.agent import Environment, ToolCall
 
-CODE_CHARS = "1234"
+CODE_CHARS = "123"
 CALL_CREDIT = 0.2
 ANSWER_CREDIT = 0.8
 FORMAT_CREDIT = 0.1
-CODE_REPEAT = 8
+CODE_REPEAT = 12
 
 
 class VaultEnvironment(Environment):

@@ -54,15 +54,9 @@ class HFTurns:
         attention = torch.tensor([[0] * (width - len(r.context)) + [1] * len(r.context) for r in rows], device=self.device)
         config = self.params.generation_config()
         config.max_new_tokens = max(r.max_tokens for r in rows)
+        config.output_scores = config.return_dict_in_generate = True
         with torch.no_grad():
-            out = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=attention,
-                generation_config=config,
-                synced_gpus=self.synced,
-                output_scores=True,
-                return_dict_in_generate=True,
-            )
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config, synced_gpus=self.synced)
         new = out.sequences[:, width:]
         # `scores` are the logits after temperature / top-k / top-p: the distribution sampled from.
         scores = torch.stack(out.scores, dim=1)[:, : new.shape[1]].float()

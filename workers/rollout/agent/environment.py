@@ -20,9 +20,7 @@ class Environment:
     first); `done` set to True ends the conversation after the current step."""
 
     tool_names: list[str] = []
-
-    def __init__(self) -> None:
-        self.done = False
+    done: bool = False  # a class default, so subclasses need not call super().__init__()
 
     def reset(self, sample: dict[str, Any], seed: int) -> None:
         """`sample`: the row's non-tensor fields (data_source, reward_model, extra_info, ...)."""
@@ -45,7 +43,6 @@ class ToolEnvironment(Environment):
     """Stateless: each call runs the named tool function with the call's arguments."""
 
     def __init__(self, tools: dict[str, Callable[..., Any]]) -> None:
-        super().__init__()
         self.tools = tools
         self.tool_names = list(tools)
 
