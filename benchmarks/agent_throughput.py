@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--model", choices=("tiny", "0.5B"), default="tiny")
     parser.add_argument("--conversations", type=int, default=64)
     parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--tokens-per-turn", type=int, default=32)
+    parser.add_argument("--tokens-per-turn", type=int, default=96, help="must fit the scripted call (80 characters)")
     parser.add_argument("--out", default="results/agent_throughput.json")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -98,6 +98,9 @@ def main() -> None:
     multi_turn = fill_config(multi_turn_spec(), {"enable": True, "tools": [CALCULATOR], "max_turns": args.turns,
                                                  "max_tokens_per_turn": args.tokens_per_turn})
     agent = AgentRollout(multi_turn, tokenizer, response_length, (eos,))
+    call_tokens = len(tokenizer(CALL, add_special_tokens=False)["input_ids"]) + 1
+    if call_tokens > args.tokens_per_turn:
+        parser.error(f"--tokens-per-turn {args.tokens_per_turn} cannot hold the scripted call ({call_tokens} tokens with this tokenizer)")
 
     def script(request: TurnRequest) -> str:
         return CALL if request.turn < args.turns - 1 else "the answer is 33"

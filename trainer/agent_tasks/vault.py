@@ -24,7 +24,7 @@ CODE_CHARS = "123"
 CALL_CREDIT = 0.2
 ANSWER_CREDIT = 0.8
 FORMAT_CREDIT = 0.1
-CODE_REPEAT = 12
+CODE_REPEAT = 32
 
 
 class VaultEnvironment(Environment):
