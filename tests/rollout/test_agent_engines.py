@@ -71,9 +71,8 @@ def test_multi_turn_grpo_steps_on_hybrid_vllm(ray_cluster, vault_assets, tmp_pat
 def test_tool_use_is_learned_on_the_tool_task(ray_cluster, vault_assets, tmp_path):
     """The random tiny model rarely calls the tool; GRPO makes calling the rule within ~15 steps (the full
     learning run, to the right answers, is benchmarks/learning_agent.py)."""
-    cfg = load_config(run_overrides(vault_assets, tmp_path, *TASK, "trainer.total_training_steps=16", "trainer.test_freq=-1",
-                                    "actor_rollout_ref.actor.optim.lr=4e-3"))
+    cfg = load_config(run_overrides(vault_assets, tmp_path, *TASK, "trainer.total_training_steps=20", "trainer.test_freq=-1"))
     history = run(cfg)
     use = [record["agent/tool_use_rate"] for record in history]
-    assert np.mean(use[:2]) < 0.3 and np.mean(use[-3:]) > 0.8, use
+    assert use[0] < 0.1 and np.mean(use[-3:]) > 0.7, use
     assert np.mean([r["reward/mean"] for r in history[-3:]]) > np.mean([r["reward/mean"] for r in history[:2]]) + 0.1

@@ -3,8 +3,13 @@
 Each conversation gets a fresh secret code, one character of `CODE_CHARS`, drawn from the rollout's seed;
 the prompt says nothing about it, so the answer is reachable only through the tool. In the `tiny` call
 format a turn containing `!` calls the `vault` tool, which answers with the code written `CODE_REPEAT`
-times (several copies make the copy learnable by attending anywhere in the tool message, which a 2-layer
-model finds fast; one copy was not learned in 60 steps); the model's next turn must start with it.
+times; the model's next turn must start with it. The task config (trainer/config/task/tool_vault.yaml)
+gives each model turn one token: `!`, then the code.
+
+What made it learnable in minutes (measured, docs/agents.md): one-token turns (longer turns add sampled
+filler tokens that share the answer's advantage and drown its gradient: with 4-token turns the copy was
+not learned in 120 steps), and many copies of the code in the tool message (the 2-layer model can then
+copy it by attending anywhere in the message).
 
 Reward (documented shaping), only after at least one call (an answer without a call scores 0 even when
 it guesses right): 0.2 for the call, plus 0.8 when the final answer starts with the code, or 0.1 when it
