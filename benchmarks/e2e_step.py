@@ -56,7 +56,8 @@ def run_size(size: str, work: Path, steps: int, engine: str, eager: bool, extra:
         summary[f"{phase}_s"] = steady(history, f"timing/{phase}_s")
     for key in ("timing/step_s", "perf/tokens", "perf/tokens_per_s", "overhead/calls_s", "overhead/in_workers_s",
                 "overhead/dispatch_collect_s", "overhead/driver_s", "overhead/toolkit_s", "overhead/toolkit_share",
-                "rollout/sync_s", "rollout/generate_s"):
+                "rollout/sync_s", "rollout/generate_s", "agent/turns_mean", "agent/tool_use_rate", "agent/model_tokens_mean",
+                "agent/tool_tokens_mean"):
         summary[key.split("/")[-1] if key.startswith("overhead") else key.replace("/", "_")] = steady(history, key)
     peaks = [v for r in history for k, v in r.items() if k.endswith("peak_allocated_gib")]
     summary["peak_allocated_gib"] = max(peaks) if peaks else float("nan")

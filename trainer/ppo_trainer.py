@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from protocol import DataProto
 from trainer.advantage import compute_advantage, token_level_rewards
+from trainer.agent_metrics import agent_metrics
 from trainer.algorithms import make_kl_controller, masked_mean
 from trainer.overhead import reset_call_logs, step_overhead
 from trainer.role_groups import RoleGroups
@@ -108,6 +109,7 @@ class PPOTrainer(StepLoop):
             "reward/min": float(scores.min()),
             **{f"reward/{k}": v for k, v in reward_metrics.items()},
             **kl_metrics,
+            **agent_metrics(rollout.batch),
             "advantage/mean": float(masked_mean(rollout.batch["advantages"], mask)),
             "response/length_mean": float(mask.sum(-1).float().mean()),
             "perf/tokens": tokens,

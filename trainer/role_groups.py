@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from protocol import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from workers.rollout.agent.rollout import absolute_specs
 from workers.rollout.separate_sync import SeparateWeightSync
 
 ACTOR_DIR, CRITIC_DIR = "actor", "critic"
@@ -28,6 +29,7 @@ def actor_worker_config(cfg: DictConfig) -> dict[str, Any]:
     section["actor"]["ppo_mini_batch_size"] = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
     section["actor"]["optim"]["total_training_steps"] = cfg.trainer.total_training_steps
     section["seed"] = cfg.trainer.seed
+    section["rollout"]["multi_turn"] = absolute_specs(section["rollout"]["multi_turn"])
     if section["rollout"]["max_model_len"] is None:
         section["rollout"]["max_model_len"] = cfg.data.max_prompt_length + cfg.data.max_response_length
     return section

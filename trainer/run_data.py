@@ -43,4 +43,8 @@ def build_run_data(cfg: DictConfig) -> RunData:
         val_batches = [collate_to_dataproto(items[i : i + data.val_batch_size]) for i in range(0, len(items), data.val_batch_size)]
     reward = cfg.reward.custom_function
     reward_fn = RuleRewardManager(tokenizer, compute_score=load_reward_function(reward.path, reward.name))
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        from trainer.rewards.env_reward import EnvRewardManager
+
+        reward_fn = EnvRewardManager(reward_fn)  # environments may score their own episodes
     return RunData(tokenizer, train_loader, val_batches, reward_fn, counts)

@@ -17,12 +17,15 @@ def ensure_default_assets(cfg: DictConfig) -> None:
         from trainer.tiny_model import build_tiny_model
 
         build_tiny_model(DEFAULT_MODEL_PATH, seed=cfg.trainer.seed)
-    defaults = (f"{DEFAULT_DATA_DIR}/train.parquet", f"{DEFAULT_DATA_DIR}/val.parquet")
-    if (cfg.data.train_files, cfg.data.val_files) == defaults and not all(Path(p).exists() for p in defaults):
+    # The default folder, or another outputs/data* folder a task config names (task=tool_vault).
+    data_dir = str(Path(str(cfg.data.train_files)).parent)
+    defaults = (f"{data_dir}/train.parquet", f"{data_dir}/val.parquet")
+    synthetic = data_dir.startswith(DEFAULT_DATA_DIR) and (cfg.data.train_files, cfg.data.val_files) == defaults
+    if synthetic and not all(Path(p).exists() for p in defaults):
         from trainer.datasets.synthetic import write_synthetic_dataset
 
         tasks = ("char_class", "arithmetic") if cfg.data.synthetic_tasks == "both" else (cfg.data.synthetic_tasks,)
-        write_synthetic_dataset(DEFAULT_DATA_DIR, tasks=tasks, seed=cfg.data.seed)
+        write_synthetic_dataset(data_dir, tasks=tasks, seed=cfg.data.seed)
 
 
 def init_ray(cfg: DictConfig) -> None:

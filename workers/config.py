@@ -102,6 +102,27 @@ def megatron_spec() -> dict[str, Any]:
     }
 
 
+def _spec_list(value: Any) -> list[str]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and ":" in v for v in value):
+        raise ValueError
+    return list(value)
+
+
+def multi_turn_spec() -> dict[str, Any]:
+    """Multi-turn tool-calling rollouts (workers/rollout/agent, docs/agents.md)."""
+    return {
+        "enable": Field(False, _bool, "a bool (generate with tool calls over several turns)"),
+        "format": Field("hermes", _one_of("hermes", "tiny"), "one of ['hermes', 'tiny'] (how tool calls are written)"),
+        "tools": Field([], _spec_list, "a list of 'path/to/file.py:function' strings"),
+        "environment": Field(None, _optional(_non_empty_str), "None or 'path/to/file.py:EnvironmentClass'"),
+        "tool_role": Field("tool", _non_empty_str, "the chat-template role of tool results (a string)"),
+        "max_turns": Field(4, _int(1), "an int >= 1 (model turns per conversation)"),
+        "max_tokens_per_turn": Field(None, _optional(_int(1)), "None (the response length) or an int >= 1"),
+        "tool_timeout_s": Field(10.0, _float(0.0, low_open=True), "a float > 0 (seconds per tool call)"),
+        "tool_max_output_chars": Field(2048, _int(1), "an int >= 1 (longer tool output is cut)"),
+    }
+
+
 def _strategy_field(role: str) -> Field:
     return Field("fsdp", _one_of(*STRATEGIES), f"one of {list(STRATEGIES)} (training backend of the {role}; megatron: pip install -e \".[megatron]\")")
 
@@ -182,6 +203,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "eos_token_id": Field(None, _optional(_token_ids), "None (from the model) or an int / list of ints"),
         "pad_token_id": Field(None, _optional(_int(0)), "None (from the model) or an int"),
         "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
+        "multi_turn": multi_turn_spec(),
     },
     "ref": {
         "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
@@ -255,6 +277,8 @@ def actor_rollout_ref_config(user: Any) -> dict[str, Any]:
             "rollout.placement='separate' (a hybrid engine shares one device with its actor rank)"
         )
     if config["actor"]["strategy"] == "megatron":
+        if rollout["multi_turn"]["enable"]:
+            raise ValueError("rollout.multi_turn.enable=true needs actor.strategy='fsdp' (the Megatron actor has no multi-turn rollout yet)")
         if rollout["placement"] != "hybrid":
             raise ValueError(
                 "actor.strategy='megatron' supports rollout.placement='hybrid' (an HF replica or a vLLM engine in "

@@ -22,7 +22,7 @@ from .kl import (
 )
 from .logits import entropy_from_logits, log_probs_from_logits
 from .losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss, compute_value_loss
-from .masked import masked_mean, masked_sum, masked_var, masked_whiten
+from .masked import last_valid_positions, masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -46,6 +46,7 @@ __all__ = [
     "kl_penalty",
     "log_probs_from_logits",
     "make_kl_controller",
+    "last_valid_positions",
     "masked_mean",
     "masked_sum",
     "masked_var",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["masked_sum", "masked_mean", "masked_var", "masked_whiten"]
+__all__ = ["masked_sum", "masked_mean", "masked_var", "masked_whiten", "last_valid_positions"]
 
 
 def _weights(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -98,3 +98,12 @@ def masked_whiten(
     if not shift_mean:
         whitened = whitened + mean
     return whitened
+
+
+def last_valid_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last non-zero of each row of a ``[batch, len]`` mask; -1 for rows without any.
+
+    Not ``mask.sum() - 1``: a mask may have interior holes (tool tokens of a multi-turn response)."""
+    real = mask.bool()
+    positions = torch.arange(real.shape[1], device=real.device).expand_as(real)
+    return torch.where(real, positions, torch.full_like(positions, -1)).max(dim=1).values

@@ -28,6 +28,8 @@ synthetic/char_class (the default task) exists so that a RANDOM tiny model
   * Prompt length: at most 50 tokens with the tiny character tokenizer (arithmetic
     prompts up to 70), so max_prompt_length 64 (96 with arithmetic) fits.
 
+synthetic/tool_vault is the multi-turn tool task (trainer/agent_tasks/vault.py, docs/agents.md).
+
 synthetic/arithmetic is a GSM8K-style family for real models: "what is 12 + 7 * 3?"
 with the answer expected after `####`; scored by exact match (see
 trainer/rewards/math_answer.py). A random tiny model scores 0 on it.
@@ -48,7 +50,8 @@ from trainer.rewards.char_class import CHAR_CLASSES, DEFAULT_LENGTH
 
 CHAR_CLASS_SOURCE = "synthetic/char_class"
 ARITHMETIC_SOURCE = "synthetic/arithmetic"
-TASKS = ("char_class", "arithmetic")
+TOOL_VAULT_SOURCE = "synthetic/tool_vault"
+TASKS = ("char_class", "arithmetic", "tool_vault")
 DEFAULT_CHAR_CLASSES = ("digits", "vowels")
 
 _CHAR_CLASS_TEMPLATES = (
@@ -110,6 +113,20 @@ def make_arithmetic_row(rng: random.Random) -> dict[str, Any]:
     }
 
 
+_TOOL_VAULT_PROMPTS = ("what is the code?", "open the vault.", "tell me the code.", "find the code.")
+
+
+def make_tool_vault_row(rng: random.Random) -> dict[str, Any]:
+    """One tool_vault example: the code is drawn per conversation by the environment
+    (trainer/agent_tasks/vault.py), so the row holds no answer."""
+    return {
+        "data_source": TOOL_VAULT_SOURCE,
+        "prompt": [{"role": "user", "content": rng.choice(_TOOL_VAULT_PROMPTS)}],
+        "ability": "tool_use",
+        "reward_model": {"style": "environment", "ground_truth": ""},
+    }
+
+
 def make_rows(
     size: int,
     split: str,
@@ -129,6 +146,7 @@ def make_rows(
     makers: dict[str, Callable[[random.Random], dict[str, Any]]] = {
         "char_class": lambda r: make_char_class_row(r, char_classes),
         "arithmetic": make_arithmetic_row,
+        "tool_vault": make_tool_vault_row,
     }
     rng = random.Random(f"{seed}:{split}")  # str seeds are stable across processes
     rows = []

@@ -23,15 +23,16 @@ def _is_file_path(path: str) -> bool:
     return path.endswith(".py") or "/" in path or os.sep in path
 
 
-def _load_file(path: str) -> ModuleType:
+def load_python_file(path: str, what: str = "reward function") -> ModuleType:
+    """Execute the .py file at `path` as a fresh, unregistered module (`what` names it in errors)."""
     file = Path(path).expanduser().resolve()
     if not file.is_file():
-        raise FileNotFoundError(f"reward function file {path!r} does not exist (resolved to {file})")
+        raise FileNotFoundError(f"{what} file {path!r} does not exist (resolved to {file})")
     # Unique per file so two reward files with the same stem never clash in tracebacks/logs.
     digest = hashlib.sha1(str(file).encode()).hexdigest()[:8]
     spec = importlib.util.spec_from_file_location(f"_reward_{file.stem}_{digest}", file)
     if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load reward function file {file} as a Python module")
+        raise ImportError(f"cannot load {what} file {file} as a Python module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -56,7 +57,7 @@ def load_reward_function(path: str | None, name: str = "compute_score") -> Calla
         return compute_score
     if not isinstance(path, str) or not path.strip():
         raise ValueError(f"reward function path must be a non-empty string or None, got {path!r}")
-    module = _load_file(path) if _is_file_path(path) else _load_module(path)
+    module = load_python_file(path) if _is_file_path(path) else _load_module(path)
     function = getattr(module, name, None)
     if function is None:
         available = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))

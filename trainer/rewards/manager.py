@@ -12,15 +12,9 @@ import numpy as np
 import torch
 
 from protocol import DataProto
+from trainer.algorithms import last_valid_positions
 
 from .registry import compute_score as default_compute_score
-
-
-def last_valid_positions(response_mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last 1 in each row of a [B, R] mask; -1 for rows without any."""
-    mask = response_mask.bool()
-    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-    return torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=1).values
 
 
 class RuleRewardManager:

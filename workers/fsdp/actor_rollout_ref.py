@@ -27,6 +27,7 @@ from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.fsdp.sequences import micro_batches, require_batch_keys, response_log_probs_and_entropy
 from workers.fsdp.weight_sender import WeightSenderMixin
 from workers.memory import MemoryLog
+from workers.rollout.agent.worker_glue import build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.sampling import SamplingParams, model_token_ids, sampling_params
 from workers.rollout.shaping import rollout_output
 
@@ -47,6 +48,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         self.update_calls = 0  # part of the checkpoint: seeds the mini-batch shuffles
         self.hybrid_rollout = None  # a vLLM engine in this process (rollout.name=vllm, placement=hybrid)
         self.offloader: Offloader | None = None
+        self.agent = None  # the multi-turn tool-calling rollout (rollout.multi_turn.enable)
         self.init_actor_state()
 
     # ---- setup ----------------------------------------------------------------------------------------
@@ -70,6 +72,9 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             from workers.rollout.hybrid import FSDPWeightSource, HybridRollout
 
             self.hybrid_rollout = HybridRollout(FSDPWeightSource(self.actor), rollout, seed=cfg["seed"] + self.rank)
+        if self.actor is not None:
+            eos, _ = model_token_ids(getattr(self.actor.module, "generation_config", None), self.actor.module.config)
+            self.agent = build_agent(rollout, cfg["model"]["path"], eos)
         device = (self.actor or self.ref).device
         self.memory = MemoryLog(device)
         self.memory.record("init")
@@ -119,10 +124,14 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         seed = prompts.meta_info.get("seed")
         if self.hybrid_rollout is not None:
             inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
+            multi_turn = None if self.agent is None else lambda engine: vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank)
             result, metrics = self.hybrid_rollout.generate(
-                inputs, params, seed, self.rank, self.weights_version, after_sync=self.offloader.offload
+                inputs, params, seed, self.rank, self.weights_version, after_sync=self.offloader.offload, run=multi_turn
             )
             self.step_metrics.update(metrics)
+        elif self.agent is not None:
+            engine.module.eval()
+            result = hf_agent_generate(self.agent, engine.module, prompts, params, engine.device, self.rank, self.world_size > 1)
         else:
             engine.module.eval()
             inputs = {k: prompts.batch[k].to(engine.device) for k in PROMPT_KEYS}

@@ -10,6 +10,7 @@ from transformers import AutoModelForSequenceClassification
 
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
+from trainer.algorithms import last_valid_positions
 from workers.config import reward_model_config
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
@@ -75,7 +76,7 @@ class RewardModelWorker(Worker):
                 scores = per_token_scores(engine.module, micro, engine.device).cpu()
                 mask = response_mask(micro)
                 length = mask.shape[1]
-                last = (mask.sum(dim=1) - 1).clamp(min=0)  # index of the last valid response token
+                last = last_valid_positions(mask).clamp(min=0)  # the mask may have holes (tool tokens)
                 rows = torch.arange(len(micro))
                 token_scores = torch.zeros(len(micro), length, dtype=torch.float32)
                 token_scores[rows, last] = scores[:, -length:][rows, last]

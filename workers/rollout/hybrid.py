@@ -124,15 +124,16 @@ class HybridRollout:
         rank: int,
         version: int,
         after_sync: Callable[[], None] | None = None,
+        run: Callable[[VLLMEngine], dict[str, torch.Tensor]] | None = None,
     ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """Wake, sync if needed, run `after_sync` (e.g. offload the actor's parameters so the engine has
-        the memory), generate, sleep."""
+        the memory), generate (or `run(engine)`, e.g. a multi-turn rollout), sleep."""
         released = self.engine.wake_up()
         metrics = self.sync(version, force=released)
         if after_sync is not None:
             after_sync()
         start = time.perf_counter()
-        result = self.engine.generate(prompts, params, call_seed, rank)
+        result = run(self.engine) if run is not None else self.engine.generate(prompts, params, call_seed, rank)
         metrics["rollout/generate_s"] = time.perf_counter() - start
         self.engine.sleep()
         return result, metrics

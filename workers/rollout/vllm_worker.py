@@ -16,6 +16,7 @@ from workers.config import actor_rollout_ref_config
 from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.fsdp.sequences import require_batch_keys
 from workers.memory import MemoryLog
+from workers.rollout.agent.worker_glue import build_agent, vllm_agent_generate
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.sampling import folder_token_ids, sampling_params
 from workers.rollout.shaping import rollout_output
@@ -32,6 +33,7 @@ class VLLMRolloutWorker(Worker):
         self.config = actor_rollout_ref_config(config)
         self.engine: VLLMEngine | None = None
         self.memory: MemoryLog | None = None
+        self.agent = None  # the multi-turn tool-calling rollout (rollout.multi_turn.enable)
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -41,6 +43,7 @@ class VLLMRolloutWorker(Worker):
         self.dtype = compute_dtype(name, device)
         self.engine = VLLMEngine(model["path"], rollout, self.dtype, device, seed=self.config["seed"] + self.rank)
         self.token_ids = folder_token_ids(model["path"])
+        self.agent = build_agent(rollout, model["path"], self.token_ids[0])
         self.memory = MemoryLog(device)
         self.memory.record("rollout_init")
 
@@ -56,7 +59,10 @@ class VLLMRolloutWorker(Worker):
         require_batch_keys(prompts, PROMPT_KEYS, "generate_sequences")
         params = sampling_params(self.config["rollout"], prompts.meta_info, *self.token_ids)
         inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
-        result = engine.generate(inputs, params, prompts.meta_info.get("seed"), self.rank)
+        if self.agent is not None:
+            result = vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank)
+        else:
+            result = engine.generate(inputs, params, prompts.meta_info.get("seed"), self.rank)
         self.memory.record("rollout_generate")
         return rollout_output(prompts, result)
 

@@ -1,0 +1,108 @@
+"""Turn generators: one model turn for a list of conversations, on HF generate or vLLM.
+
+`HFTurns` pads the contexts of a round into one `generate` call (turn-batched); under FSDP with several
+ranks every rank must call it the same number of times, so it runs in lockstep and a rank without work
+generates one token of a dummy row. `VLLMTurns` hands each round's requests to the engine, which batches
+them continuously; it does not need lockstep, so rounds start as soon as any tool call returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from workers.rollout.agent.loop import TurnOutput, TurnRequest
+from workers.rollout.sampling import SamplingParams
+
+
+def cut_at_eos(tokens: list[int], log_probs: list[float], eos_token_ids: tuple[int, ...], limit: int) -> TurnOutput:
+    """The turn up to and including its first EOS, at most `limit` tokens."""
+    end = next((i + 1 for i, t in enumerate(tokens) if t in eos_token_ids), len(tokens))
+    end = min(end, limit)
+    return TurnOutput(tokens[:end], log_probs[:end])
+
+
+def turn_seed(call_seed: int, rank: int, row: int, turn: int) -> int:
+    """Each (call, rank, row, turn) samples from its own seed, so rollouts are reproducible."""
+    return (call_seed * 1_000_003 + rank * 65_537 + row * 257 + turn) % (2**31 - 1)
+
+
+class HFTurns:
+    lockstep = True
+
+    def __init__(self, model: nn.Module, params: SamplingParams, device: torch.device, synced: bool) -> None:
+        self.model, self.params, self.device, self.synced = model, params, device, synced
+
+    def any_work(self, local: bool) -> bool:
+        if not self.synced:
+            return local
+        flag = torch.tensor([int(local)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def generate(self, requests: list[TurnRequest]) -> list[TurnOutput]:
+        if not requests and not self.synced:
+            return []
+        # A rank with nothing to do still takes part in the other ranks' generate (FSDP gathers).
+        rows = requests or [TurnRequest(-1, 0, [self.params.pad_token_id], 1)]
+        width = max(len(r.context) for r in rows)
+        pad = self.params.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(r.context)) + r.context for r in rows], device=self.device)
+        attention = torch.tensor([[0] * (width - len(r.context)) + [1] * len(r.context) for r in rows], device=self.device)
+        config = self.params.generation_config()
+        config.max_new_tokens = max(r.max_tokens for r in rows)
+        config.output_scores = config.return_dict_in_generate = True
+        with torch.no_grad():
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config, synced_gpus=self.synced)
+        new = out.sequences[:, width:]
+        # `scores` are the logits after temperature / top-k / top-p: the distribution sampled from.
+        scores = torch.stack(out.scores, dim=1)[:, : new.shape[1]].float()
+        log_probs = torch.log_softmax(scores, dim=-1).gather(-1, new[..., None]).squeeze(-1)
+        outputs = [
+            cut_at_eos(new[i].tolist(), log_probs[i].tolist(), self.params.eos_token_ids, r.max_tokens)
+            for i, r in enumerate(rows)
+        ]
+        return outputs if requests else []
+
+
+class VLLMTurns:
+    lockstep = False
+
+    def __init__(self, llm: Any, params: SamplingParams, call_seed: int | None, rank: int) -> None:
+        self.llm, self.params, self.call_seed, self.rank = llm, params, call_seed, rank
+
+    def any_work(self, local: bool) -> bool:
+        return local
+
+    def _sampling(self, request: TurnRequest) -> Any:
+        from vllm import SamplingParams as VLLMSampling
+
+        params = self.params
+        return VLLMSampling(
+            n=1,
+            max_tokens=request.max_tokens,
+            temperature=params.temperature if params.do_sample else 0.0,
+            top_p=params.top_p if params.do_sample else 1.0,
+            top_k=params.top_k if params.do_sample else 0,
+            stop_token_ids=list(params.eos_token_ids),
+            logprobs=0,
+            detokenize=False,
+            seed=None if self.call_seed is None else turn_seed(self.call_seed, self.rank, request.row, request.turn),
+        )
+
+    def generate(self, requests: list[TurnRequest]) -> list[TurnOutput]:
+        from vllm import TokensPrompt
+
+        if not requests:
+            return []
+        prompts = [TokensPrompt(prompt_token_ids=r.context) for r in requests]
+        outputs = self.llm.generate(prompts, [self._sampling(r) for r in requests], use_tqdm=False)
+        results = []
+        for output in outputs:
+            tokens = list(output.outputs[0].token_ids)
+            steps = output.outputs[0].logprobs or []
+            results.append(TurnOutput(tokens, [float(step[t].logprob) for step, t in zip(steps, tokens)]))
+        return results

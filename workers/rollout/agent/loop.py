@@ -1,0 +1,155 @@
+"""The multi-turn loop: generate, parse tool calls, run them, append their results, generate again.
+
+Conversations move independently. A conversation is *ready* when it waits for the model, *pending* while
+its tool calls run. Each round generates one turn for every ready conversation in one engine call while
+the tool threads of the others keep running, so a slow tool delays only its own conversation. Engines
+that must call generate in step on every rank (HF generate under FSDP) set `lockstep`: each round then
+waits for all tool calls and the ranks agree whether any work is left.
+
+A conversation ends at a turn without a tool call (the final answer), when its environment says done,
+after `max_turns` model turns, or when the response budget (`response_length` tokens, model and tool
+tokens together) runs out (`truncated`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from workers.rollout.agent.chat import ChatBridge
+from workers.rollout.agent.environment import Environment
+from workers.rollout.agent.parsers import ToolCallParser
+from workers.rollout.agent.tools import ToolLimits, ToolOutcome, finished
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    response_length: int  # the budget: model + tool tokens of one conversation
+    max_turns: int
+    max_tokens_per_turn: int
+    limits: ToolLimits
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    row: int
+    turn: int
+    context: list[int]  # prompt + everything so far
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class TurnOutput:
+    tokens: list[int]
+    log_probs: list[float] | None = None
+
+
+class TurnGenerator(Protocol):
+    lockstep: bool
+
+    def generate(self, requests: list[TurnRequest]) -> list[TurnOutput]: ...
+
+    def any_work(self, local: bool) -> bool:
+        """Whether any rank still has work (lockstep engines: a collective)."""
+        ...
+
+
+@dataclass
+class Conversation:
+    row: int
+    prompt: list[int]
+    env: Environment
+    response: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)  # 1 = model token (trained), 0 = tool / template token
+    log_probs: list[float] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    outputs_cut: int = 0
+    truncated: bool = False
+    hit_max_turns: bool = False
+    done: bool = False
+    pending: list[concurrent.futures.Future] = field(default_factory=list)
+    ended_with_eos: bool = False
+    final_text: str = ""  # the text of the model's last turn
+
+    def append(self, tokens: list[int], model: bool, log_probs: list[float] | None = None) -> None:
+        self.response.extend(tokens)
+        self.mask.extend([int(model)] * len(tokens))
+        self.log_probs.extend(log_probs if log_probs is not None else [0.0] * len(tokens))
+
+
+class AgentLoop:
+    def __init__(self, generator: TurnGenerator, parser: ToolCallParser, bridge: ChatBridge, settings: AgentSettings) -> None:
+        self.generator, self.parser, self.bridge, self.settings = generator, parser, bridge, settings
+
+    def run(self, prompts: list[list[int]], envs: list[Environment]) -> list[Conversation]:
+        conversations = [Conversation(row, list(p), env) for row, (p, env) in enumerate(zip(prompts, envs))]
+        ready = list(conversations)
+        while self.generator.any_work(bool(ready) or any(c.pending for c in conversations)):
+            if ready or self.generator.lockstep:
+                requests = [self._request(c) for c in ready]
+                for conversation, output in zip(ready, self.generator.generate(requests)):
+                    self._after_turn(conversation, output)
+            ready = self._collect(conversations)
+        return conversations
+
+    def _budget_left(self, conversation: Conversation) -> int:
+        return self.settings.response_length - len(conversation.response)
+
+    def _request(self, conversation: Conversation) -> TurnRequest:
+        limit = min(self.settings.max_tokens_per_turn, self._budget_left(conversation))
+        return TurnRequest(conversation.row, conversation.turns, conversation.prompt + conversation.response, limit)
+
+    def _after_turn(self, conversation: Conversation, output: TurnOutput) -> None:
+        tokens = list(output.tokens)[: min(self.settings.max_tokens_per_turn, self._budget_left(conversation))]
+        log_probs = None if output.log_probs is None else list(output.log_probs)[: len(tokens)]
+        conversation.append(tokens, model=True, log_probs=log_probs)
+        conversation.turns += 1
+        conversation.ended_with_eos = self.bridge.ended_turn(tokens)
+        conversation.final_text = self.bridge.decode(tokens)
+        if not conversation.ended_with_eos and self._budget_left(conversation) == 0:
+            conversation.truncated = conversation.done = True
+            return
+        parsed = self.parser.parse(conversation.final_text, conversation.env.tool_names)
+        if not parsed.wants_tools:
+            conversation.done = True
+            return
+        if conversation.turns >= self.settings.max_turns:
+            conversation.hit_max_turns = conversation.done = True
+            return
+        limits = self.settings.limits
+        conversation.pending = [conversation.env.run_call(call, limits) for call in parsed.calls]
+        conversation.pending += [finished(f"error: {message}", error=True) for message in parsed.errors]
+        conversation.tool_calls += len(conversation.pending)
+
+    def _collect(self, conversations: list[Conversation]) -> list[Conversation]:
+        """Conversations whose tool calls have all returned, with the results appended; waits for all
+        calls (lockstep) or until at least one conversation is ready."""
+        pending = [f for c in conversations for f in c.pending]
+        if pending:
+            mode = concurrent.futures.ALL_COMPLETED if self.generator.lockstep else concurrent.futures.FIRST_COMPLETED
+            concurrent.futures.wait(pending, return_when=mode)
+        ready = []
+        for conversation in conversations:
+            if conversation.pending and all(f.done() for f in conversation.pending):
+                outcomes = [f.result() for f in conversation.pending]
+                conversation.pending = []
+                self._append_results(conversation, outcomes)
+                if not conversation.done:
+                    ready.append(conversation)
+        return ready
+
+    def _append_results(self, conversation: Conversation, outcomes: list[ToolOutcome]) -> None:
+        conversation.tool_errors += sum(o.error for o in outcomes)
+        conversation.tool_timeouts += sum(o.timed_out for o in outcomes)
+        conversation.outputs_cut += sum(o.output_cut for o in outcomes)
+        tokens = self.bridge.between_turns(conversation.ended_with_eos, [o.text for o in outcomes])
+        room = self._budget_left(conversation)
+        conversation.append(tokens[:room], model=False)
+        if len(tokens) >= room:  # no room left for the model to answer
+            conversation.truncated = conversation.done = True
+        elif conversation.env.done:
+            conversation.done = True
