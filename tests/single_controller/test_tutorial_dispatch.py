@@ -33,7 +33,7 @@ def test_tutorial_dispatch_splits_in_order_and_merges_worker_metrics(generator):
     assert out.batch["x"].tolist() == list(range(ROWS))
     assert out.batch["rank"].tolist() == [row // (ROWS // n) for row in range(ROWS)]
     # DataProto.concat in the tutorial's collect_fn gathers each worker's metrics per key
-    assert out.meta_info == {"step": 0, "metrics": {"rows": [ROWS // n] * n, "rank": list(range(n))}}
+    assert out.meta_info == {"metrics": {"rows": [ROWS // n] * n, "rank": list(range(n))}}
 
 
 def test_malformed_dispatch_results_name_method_function_and_shapes(generator):

@@ -47,7 +47,7 @@ def test_registered_mesh_splits_over_dp_and_collects_one_rank_per_dp_group(mesh_
     out = mesh_group.compute(DataProto.from_dict({"x": torch.arange(5)}))
     assert out.batch["x"].tolist() == [0, 1, 2, 3, 4]  # padded to 6 over 2 DP ranks, padding stripped
     assert out.batch["producer"].tolist() == [0, 0, 0, 2, 2]  # collected from ranks 0 and 2
-    with pytest.raises(LookupError, match="has not declared mesh 'nope'.*_register_dispatch_collect_info"):
+    with pytest.raises(WorkerGroupError, match="has not declared mesh 'nope'.*_register_dispatch_collect_info"):
         mesh_group._query_dispatch_info("nope")
 
 
