@@ -25,16 +25,13 @@ from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWork
 from single_controller.ray.local_cluster import init_local_ray  # noqa: E402
 
 
-def repeat_and_split(worker_group, data: DataProto):
-    """Custom dispatch: n samples per prompt, kept on one worker, plus a distinct seed per worker."""
-    n = data.meta_info["samples_per_prompt"]
-    chunks = data.repeat(n, interleave=True).chunk(worker_group.world_size)
-    seeds = [data.meta_info["step"] * 1000 + rank for rank in range(worker_group.world_size)]
-    return (chunks, seeds), {}
+def dispatch_data(worker_group, data):
+    """Custom dispatch, as the tutorial writes it: one chunk of prompts per worker."""
+    return data.chunk(worker_group.world_size)
 
 
-def concat_samples(worker_group, outputs: list) -> DataProto:
-    return DataProto.concat(outputs)
+def collect_data(worker_group, data):
+    return DataProto.concat(data)
 
 
 class SampleGenerator(Worker):
@@ -42,9 +39,11 @@ class SampleGenerator(Worker):
         super().__init__()
         self.policy = TinyPolicy(seed=config["seed"])
 
-    @register(dispatch_mode={"dispatch_fn": repeat_and_split, "collect_fn": concat_samples})
-    def generate_sequences(self, prompts: DataProto, seed: int) -> DataProto:
-        generator = torch.Generator().manual_seed(seed)
+    @register(dispatch_mode={"dispatch_fn": dispatch_data, "collect_fn": collect_data})
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """n samples per prompt (all on this worker, so a prompt's group stays together); seed per step and rank."""
+        prompts = prompts.repeat(prompts.meta_info["samples_per_prompt"], interleave=True)
+        generator = torch.Generator().manual_seed(prompts.meta_info["step"] * 1000 + self.rank)
         responses = self.policy.sample(prompts.batch["prompt"], generator)
         return prompts.union(DataProto.from_dict({"response": responses}))
 

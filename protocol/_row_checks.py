@@ -12,6 +12,7 @@ from tensordict import TensorDictBase
 from protocol._keys import BatchKey, as_key_list, normalize_batch_key
 from protocol._tensordict_utils import flatten_tensordict
 from protocol.arrays import copy_array
+from protocol.errors import ProtocolTypeError, ProtocolValueError
 
 KeyArg = str | tuple[str, ...] | Iterable[BatchKey] | None
 
@@ -22,14 +23,14 @@ def _common_length(tensors: dict[str, Any], non_tensors: dict[str, np.ndarray]) 
     for kind, values in (("tensor", tensors), ("non_tensor", non_tensors)):
         for key, value in values.items():
             if kind == "tensor" and not isinstance(value, (torch.Tensor, TensorDictBase)):
-                raise TypeError(f"tensors[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
+                raise ProtocolTypeError(f"tensors[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
             shape = value.batch_size if isinstance(value, TensorDictBase) else value.shape
             if len(shape) == 0:
-                raise ValueError(f"{kind}s[{key!r}] is 0-dimensional; values need a leading batch dimension")
+                raise ProtocolValueError(f"{kind}s[{key!r}] is 0-dimensional; values need a leading batch dimension")
             if reference is None:
                 reference = (key, int(shape[0]))
             elif shape[0] != reference[1]:
-                raise ValueError(
+                raise ProtocolValueError(
                     f"{kind}s[{key!r}] has length {shape[0]} but {reference[0]!r} has length {reference[1]}"
                 )
     return reference[1] if reference else 0
@@ -47,7 +48,7 @@ def _check_concat_leaves(batches: list[TensorDictBase]) -> None:
         for path, tensor in flatten_tensordict(batch)[1]:
             ref = first[path]
             if ref.dtype != tensor.dtype or ref.device != tensor.device or ref.shape[1:] != tensor.shape[1:]:
-                raise ValueError(
+                raise ProtocolValueError(
                     f"concat: batch key {'.'.join(path)!r} is {_describe_tensor(ref)} in item 0 but "
                     f"{_describe_tensor(tensor)} in item {i}; convert one of them first (tensor.to(...), padding)"
                 )
@@ -68,4 +69,4 @@ def _copied_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def _require_positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        raise ProtocolValueError(f"{name} must be a positive int, got {value!r}")

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from protocol.errors import ProtocolTypeError
+
 
 def to_object_array(values: Sequence[Any]) -> np.ndarray:
     """Build a 1-D object array with one element per item.
@@ -28,7 +30,7 @@ def as_non_tensor_array(key: str, value: Any) -> np.ndarray:
         return value
     if isinstance(value, (list, tuple)):
         return to_object_array(value)
-    raise TypeError(
+    raise ProtocolTypeError(
         f"non_tensor_batch[{key!r}] must be a numpy array, list or tuple, got {type(value).__name__}"
     )
 

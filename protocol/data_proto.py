@@ -31,6 +31,11 @@ from protocol._indexing import Index, normalize_index
 from protocol._keys import BatchKey, as_key_list, format_key, require_keys
 from protocol._tensordict_utils import flatten_tensordict, td_key
 from protocol.arrays import arrays_equal, as_non_tensor_array, copy_array, tensors_equal, values_equal
+from protocol.auto_padding import AUTO_PADDING_KEY
+from protocol.batch_guard import guard_batch
+from protocol.errors import ProtocolTypeError, ProtocolValueError
+from protocol.meta_merge import merge_meta_info
+from protocol.verl_methods import VerlMethods
 from protocol._row_checks import (
     _batch_key_list,
     _check_concat_leaves,
@@ -57,11 +62,12 @@ class DataProtoItem:
 
 
 @dataclass(eq=False)
-class DataProto:
+class DataProto(VerlMethods):
     """A batch of N samples.
 
     batch: TensorDict with batch_size [N] (always present, possibly without keys; pass
-        None to get an empty one whose length is taken from non_tensor_batch).
+        None to get an empty one whose length is taken from non_tensor_batch). Storing a
+        DataProto under one of its keys raises (see protocol/batch_guard.py).
     non_tensor_batch: dict of numpy arrays of length N (object dtype allowed).
     meta_info: free-form dict.
     """
@@ -80,6 +86,7 @@ class DataProto:
             length = len(first) if isinstance(first, np.ndarray) and first.ndim > 0 else 0
             self.batch = TensorDict({}, batch_size=[length])
         self.check_consistency()
+        guard_batch(self.batch)
 
     # ------------------------------------------------------------------ construction
 
@@ -89,19 +96,30 @@ class DataProto:
         tensors: dict[str, torch.Tensor] | None = None,
         non_tensors: dict[str, Any] | None = None,
         meta_info: dict[str, Any] | None = None,
+        num_batch_dims: int = 1,
+        auto_padding: bool = False,
     ) -> DataProto:
         """Build from tensors (-> batch) and numpy arrays / lists (-> non_tensor_batch).
 
         Lists become 1-D object arrays (one element per sample, never a 2-D array).
+        `num_batch_dims` must be 1 (a DataProto has one batch dimension; larger values only check that
+        the tensors share their leading dims, then raise). `auto_padding=True` marks the result so
+        `chunk` splits uneven lengths (see protocol/auto_padding.py). The input dicts are not modified.
         """
         tensors = dict(tensors or {})
+        _check_batch_dims(tensors, num_batch_dims, non_tensors)
         non_tensor_batch = {k: as_non_tensor_array(k, v) for k, v in (non_tensors or {}).items()}
         length = _common_length(tensors, non_tensor_batch)
         batch = TensorDict(tensors, batch_size=[length]) if tensors else TensorDict({}, batch_size=[length])
-        return cls(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=dict(meta_info or {}))
+        meta = dict(meta_info or {})
+        if auto_padding:
+            meta[AUTO_PADDING_KEY] = True
+        return cls(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=meta)
 
     @classmethod
-    def from_single_dict(cls, data: dict[str, Any], meta_info: dict[str, Any] | None = None) -> DataProto:
+    def from_single_dict(
+        cls, data: dict[str, Any], meta_info: dict[str, Any] | None = None, auto_padding: bool = False
+    ) -> DataProto:
         """Split one dict by value type: tensors -> batch, numpy arrays / lists / tuples -> non_tensor_batch."""
         tensors: dict[str, Any] = {}
         non_tensors: dict[str, Any] = {}
@@ -111,35 +129,35 @@ class DataProto:
             elif isinstance(value, (np.ndarray, list, tuple)):
                 non_tensors[key] = value
             else:
-                raise TypeError(
+                raise ProtocolTypeError(
                     f"from_single_dict: value for {key!r} is {type(value).__name__}; expected a torch "
                     "tensor, numpy array, list or tuple (put scalars in meta_info)"
                 )
-        return cls.from_dict(tensors, non_tensors, meta_info)
+        return cls.from_dict(tensors, non_tensors, meta_info, auto_padding=auto_padding)
 
     def check_consistency(self) -> None:
         """Check types and that every field has N = len(batch) samples."""
         if not isinstance(self.batch, TensorDictBase):
-            raise TypeError(f"DataProto.batch must be a TensorDict, got {type(self.batch).__name__}")
+            raise ProtocolTypeError(f"DataProto.batch must be a TensorDict, got {type(self.batch).__name__}")
         if self.batch.batch_dims != 1:
-            raise ValueError(f"DataProto.batch must have exactly one batch dimension, got batch_size {list(self.batch.batch_size)}")
+            raise ProtocolValueError(f"DataProto.batch must have exactly one batch dimension, got batch_size {list(self.batch.batch_size)}")
         if not isinstance(self.non_tensor_batch, dict):
-            raise TypeError(f"DataProto.non_tensor_batch must be a dict, got {type(self.non_tensor_batch).__name__}")
+            raise ProtocolTypeError(f"DataProto.non_tensor_batch must be a dict, got {type(self.non_tensor_batch).__name__}")
         if not isinstance(self.meta_info, dict):
-            raise TypeError(f"DataProto.meta_info must be a dict, got {type(self.meta_info).__name__}")
+            raise ProtocolTypeError(f"DataProto.meta_info must be a dict, got {type(self.meta_info).__name__}")
         length = self.batch.batch_size[0]
         for key, value in self.non_tensor_batch.items():
             if not isinstance(key, str):
-                raise TypeError(f"non_tensor_batch keys must be str, got {key!r}")
+                raise ProtocolTypeError(f"non_tensor_batch keys must be str, got {key!r}")
             if not isinstance(value, np.ndarray):
-                raise TypeError(
+                raise ProtocolTypeError(
                     f"non_tensor_batch[{key!r}] is {type(value).__name__}, not a numpy array "
                     "(DataProto.from_dict converts lists)"
                 )
             if value.ndim == 0:
-                raise ValueError(f"non_tensor_batch[{key!r}] is a 0-d array but the batch has {length} samples")
+                raise ProtocolValueError(f"non_tensor_batch[{key!r}] is a 0-d array but the batch has {length} samples")
             if len(value) != length:
-                raise ValueError(f"non_tensor_batch[{key!r}] has length {len(value)} but the batch has {length} samples")
+                raise ProtocolValueError(f"non_tensor_batch[{key!r}] has length {len(value)} but the batch has {length} samples")
 
     # ------------------------------------------------------------------ basics
 
@@ -274,14 +292,14 @@ class DataProto:
         old = _batch_key_list(old_keys) or []
         new = _batch_key_list(new_keys) or []
         if len(old) != len(new):
-            raise ValueError(f"rename needs as many new keys as old keys, got {len(old)} old and {len(new)} new")
+            raise ProtocolValueError(f"rename needs as many new keys as old keys, got {len(old)} old and {len(new)} new")
         existing = self._batch_keys()
         require_keys("batch", old, existing)
         if len(set(new)) != len(new):
-            raise ValueError(f"rename: new keys contain duplicates: {[format_key(k) for k in new]}")
+            raise ProtocolValueError(f"rename: new keys contain duplicates: {[format_key(k) for k in new]}")
         clash = [format_key(k) for k in new if k in existing and k not in old]
         if clash:
-            raise ValueError(f"rename: batch key(s) {clash} already exist")
+            raise ProtocolValueError(f"rename: batch key(s) {clash} already exist")
         batch = self.batch.clone()
         values = [batch.pop(k) for k in old]
         for key, value in zip(new, values):
@@ -291,9 +309,9 @@ class DataProto:
     def union(self, other: DataProto) -> DataProto:
         """New DataProto with the keys of both (copied). Keys present in both must hold equal values."""
         if not isinstance(other, DataProto):
-            raise TypeError(f"union expects a DataProto, got {type(other).__name__}")
+            raise ProtocolTypeError(f"union expects a DataProto, got {type(other).__name__}")
         if len(self) != len(other):
-            raise ValueError(f"cannot union a DataProto of length {len(self)} with one of length {len(other)}")
+            raise ProtocolValueError(f"cannot union a DataProto of length {len(self)} with one of length {len(other)}")
         own_layout, own_leaves = flatten_tensordict(self.batch)
         other_layout, other_leaves = flatten_tensordict(other.batch)
         own = dict(own_leaves)
@@ -301,29 +319,29 @@ class DataProto:
         own_devices = {t.device for _, t in own_leaves}
         for path, tensor in other_leaves:
             if path in own_nested:
-                raise ValueError(f"union: batch key {'.'.join(path)!r} is a tensor in one DataProto and nested in the other")
+                raise ProtocolValueError(f"union: batch key {'.'.join(path)!r} is a tensor in one DataProto and nested in the other")
             if path not in own and len(own_devices) == 1 and tensor.device not in own_devices:
                 (device,) = own_devices  # a mixed-device batch would fail later, far from here
-                raise ValueError(
+                raise ProtocolValueError(
                     f"union: batch key {'.'.join(path)!r} is on {tensor.device} but this DataProto's tensors are on "
                     f"{device}; move one of them first, e.g. other.to({str(device)!r})"
                 )
             if path in own and own[path].dtype != tensor.dtype:
-                raise ValueError(
+                raise ProtocolValueError(
                     f"union: batch key {'.'.join(path)!r} is in both DataProtos with different dtypes "
                     f"({_describe_tensor(own[path])} vs {_describe_tensor(tensor)})"
                 )
             if path in own and not tensors_equal(own[path], tensor):
-                raise ValueError(f"union: batch key {'.'.join(path)!r} is in both DataProtos with different values")
+                raise ProtocolValueError(f"union: batch key {'.'.join(path)!r} is in both DataProtos with different values")
         for path, _ in other_layout.nested:
             if path in own:
-                raise ValueError(f"union: batch key {'.'.join(path)!r} is a tensor in one DataProto and nested in the other")
+                raise ProtocolValueError(f"union: batch key {'.'.join(path)!r} is a tensor in one DataProto and nested in the other")
         for key, array in other.non_tensor_batch.items():
             if key in self.non_tensor_batch and not arrays_equal(self.non_tensor_batch[key], array):
-                raise ValueError(f"union: non_tensor_batch key {key!r} is in both DataProtos with different values")
+                raise ProtocolValueError(f"union: non_tensor_batch key {key!r} is in both DataProtos with different values")
         for key, value in other.meta_info.items():
             if key in self.meta_info and not values_equal(self.meta_info[key], value):
-                raise ValueError(f"union: meta_info key {key!r} is in both DataProtos with different values")
+                raise ProtocolValueError(f"union: meta_info key {key!r} is in both DataProtos with different values")
 
         batch = self.batch.clone()
         for path, batch_size in other_layout.nested:  # keep extra batch dims of nested TensorDicts
@@ -341,35 +359,43 @@ class DataProto:
 
     @staticmethod
     def concat(items: Sequence[DataProto]) -> DataProto:
-        """Concatenate along the batch dimension (copies). meta_info is taken from items[0]."""
+        """Concatenate along the batch dimension (copies).
+
+        meta_info is merged (see protocol/meta_merge.py): `metrics` dicts become per-key lists in item
+        order; any other key must have equal values in the items that hold it.
+        """
         items = list(items)
         if not items:
-            raise ValueError("concat needs at least one DataProto")
+            raise ProtocolValueError("concat needs at least one DataProto")
         for i, item in enumerate(items):
             if not isinstance(item, DataProto):
-                raise TypeError(f"concat: item {i} is {type(item).__name__}, not a DataProto")
+                raise ProtocolTypeError(f"concat: item {i} is {type(item).__name__}, not a DataProto")
         first_batch = sorted(map(format_key, items[0]._batch_keys()))
         first_non_tensor = sorted(items[0].non_tensor_batch)
         for i, item in enumerate(items[1:], start=1):
             batch_keys = sorted(map(format_key, item._batch_keys()))
             if batch_keys != first_batch:
-                raise ValueError(f"concat: item 0 has batch keys {first_batch} but item {i} has {batch_keys}")
+                raise ProtocolValueError(f"concat: item 0 has batch keys {first_batch} but item {i} has {batch_keys}")
             non_tensor_keys = sorted(item.non_tensor_batch)
             if non_tensor_keys != first_non_tensor:
-                raise ValueError(
+                raise ProtocolValueError(
                     f"concat: item 0 has non_tensor_batch keys {first_non_tensor} but item {i} has {non_tensor_keys}"
                 )
         _check_concat_leaves([item.batch for item in items])
         batch = torch.cat([item.batch for item in items], dim=0)
         non_tensor = {k: np.concatenate([item.non_tensor_batch[k] for item in items]) for k in items[0].non_tensor_batch}
-        return DataProto(batch, non_tensor, dict(items[0].meta_info))
+        return DataProto(batch, non_tensor, merge_meta_info([item.meta_info for item in items]))
 
     def chunk(self, chunks: int) -> list[DataProto]:
-        """Split into `chunks` equal parts (views). len(self) must be divisible by chunks."""
+        """Split into `chunks` equal parts (views). len(self) must be divisible by chunks, unless
+        padding is enabled (`is_padding_enabled()`): then the first len % chunks parts get one more row."""
         _require_positive_int("chunks", chunks)
         length = len(self)
+        if length % chunks and self.is_padding_enabled():
+            bounds = np.cumsum([0] + [length // chunks + (i < length % chunks) for i in range(chunks)])
+            return [self[int(a) : int(b)] for a, b in zip(bounds[:-1], bounds[1:])]
         if length % chunks:
-            raise ValueError(
+            raise ProtocolValueError(
                 f"cannot chunk a DataProto of length {length} into {chunks} equal chunks; pad it first with "
                 f"data.pad_to_divisor({chunks}) / pad_dataproto_to_divisor(data, {chunks}), or use split() "
                 "for uneven pieces"
@@ -385,7 +411,7 @@ class DataProto:
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
         """Each sample repeat_times times: [a, a, b, b] if interleave else [a, b, a, b] (copies)."""
         if isinstance(repeat_times, bool) or not isinstance(repeat_times, int) or repeat_times < 0:
-            raise ValueError(f"repeat_times must be a non-negative int, got {repeat_times!r}")
+            raise ProtocolValueError(f"repeat_times must be a non-negative int, got {repeat_times!r}")
         positions = torch.arange(len(self))
         positions = positions.repeat_interleave(repeat_times) if interleave else positions.repeat(repeat_times)
         return self._take(positions)
@@ -394,11 +420,11 @@ class DataProto:
         """New DataProto with rows in the order of `indices`, a permutation of range(len(self))
         (verl reorders in place; this does not)."""
         if isinstance(indices, (int, np.integer, slice)) or (isinstance(indices, torch.Tensor) and indices.ndim == 0):
-            raise TypeError(f"reorder needs a sequence of {len(self)} indices, got {type(indices).__name__}")
+            raise ProtocolTypeError(f"reorder needs a sequence of {len(self)} indices, got {type(indices).__name__}")
         positions = normalize_index(indices, len(self))
         assert isinstance(positions, torch.Tensor)
         if positions.numel() != len(self) or not torch.equal(positions.sort().values, torch.arange(len(self))):
-            raise ValueError(f"reorder needs a permutation of range({len(self)}), got {list(positions.tolist())[:20]}")
+            raise ProtocolValueError(f"reorder needs a permutation of range({len(self)}), got {list(positions.tolist())[:20]}")
         return self._take(positions)
 
     def to(self, device: str | torch.device) -> DataProto:
@@ -409,19 +435,31 @@ class DataProto:
         return DataProto(batch, dict(self.non_tensor_batch), dict(self.meta_info))
 
     def make_iterator(
-        self, mini_batch_size: int, epochs: int, seed: int | None = None, shuffle: bool = True
+        self,
+        mini_batch_size: int,
+        epochs: int,
+        seed: int | None = None,
+        dataloader_kwargs: dict[str, Any] | None = None,
+        shuffle: bool = True,
     ) -> Iterator[DataProto]:
         """Yield mini-batches (copies) of mini_batch_size, covering every sample once per epoch.
 
         With shuffle, epoch e uses a permutation from torch.Generator seeded with seed + e
         (a random seed when seed is None). len(self) must be divisible by mini_batch_size.
+        `dataloader_kwargs` may only hold {"shuffle": bool}; when given it decides shuffling, with
+        torch DataLoader's default (no shuffle) when the key is absent.
         """
+        if dataloader_kwargs is not None:
+            unknown = sorted(set(dataloader_kwargs) - {"shuffle"})
+            if unknown:
+                raise ProtocolValueError(f"make_iterator: dataloader_kwargs {unknown} are not supported; only 'shuffle' is")
+            shuffle = bool(dataloader_kwargs.get("shuffle", False))
         _require_positive_int("mini_batch_size", mini_batch_size)
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-            raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
+            raise ProtocolValueError(f"epochs must be a non-negative int, got {epochs!r}")
         length = len(self)
         if length % mini_batch_size:
-            raise ValueError(
+            raise ProtocolValueError(
                 f"make_iterator: length {length} is not divisible by mini_batch_size {mini_batch_size}; "
                 "pad first (pad_to_divisor) or pick another mini_batch_size"
             )
@@ -449,10 +487,10 @@ class DataProto:
         memory with `self`, even when no padding is needed.
         """
         if isinstance(size_divisor, bool) or not isinstance(size_divisor, int) or size_divisor < 1:
-            raise ValueError(f"size_divisor must be a positive int, got {size_divisor!r}")
+            raise ProtocolValueError(f"size_divisor must be a positive int, got {size_divisor!r}")
         length = len(self)
         if length == 0:
-            raise ValueError("cannot pad an empty DataProto: there are no rows to repeat")
+            raise ProtocolValueError("cannot pad an empty DataProto: there are no rows to repeat")
         pad_size = (-length) % size_divisor
         positions = torch.cat([torch.arange(length), torch.arange(pad_size) % length])
         return self[positions], pad_size
@@ -460,7 +498,7 @@ class DataProto:
     def unpad(self, pad_size: int) -> DataProto:
         """Drop the last pad_size rows; returns a new DataProto that does not share memory with `self`."""
         if isinstance(pad_size, bool) or not isinstance(pad_size, int) or not 0 <= pad_size <= len(self):
-            raise ValueError(f"pad_size must be an int in [0, {len(self)}], got {pad_size!r}")
+            raise ProtocolValueError(f"pad_size must be an int in [0, {len(self)}], got {pad_size!r}")
         return self[torch.arange(len(self) - pad_size)]
 
     def save_to_disk(self, path: str | os.PathLike[str]) -> None:
@@ -471,6 +509,23 @@ class DataProto:
     def load_from_disk(path: str | os.PathLike[str]) -> DataProto:
         """Read a file written by save_to_disk (tensors on CPU)."""
         return DataProto(**disk.read_dataproto_file(path))
+
+
+def _check_batch_dims(tensors: dict[str, Any], num_batch_dims: int, non_tensors: Any) -> None:
+    """from_dict's num_batch_dims: positive, the tensors agree on that many leading dims, and it is 1."""
+    if isinstance(num_batch_dims, bool) or not isinstance(num_batch_dims, int) or num_batch_dims < 1:
+        raise ProtocolValueError(f"num_batch_dims must be a positive int, got {num_batch_dims!r}")
+    if num_batch_dims == 1:
+        return
+    leading = {k: tuple(v.shape[:num_batch_dims]) for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+    if len(set(leading.values())) > 1:
+        raise ProtocolValueError(f"from_dict: tensors disagree on their first {num_batch_dims} dims: {leading}")
+    raise ProtocolValueError(
+        f"from_dict: num_batch_dims={num_batch_dims}, but a DataProto has exactly one batch dimension"
+        + (" (and non_tensors need it too)" if non_tensors else "")
+        + "; build it with num_batch_dims=1 (extra dims stay per-sample dims), or flatten the leading dims "
+        "first (see protocol.fold_batch_dim / unfold_batch_dim)"
+    )
 
 
 def _rebuild_dataproto(encoded_batch: tuple, non_tensor_batch: dict, meta_info: dict) -> DataProto:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from single_controller.dispatch import validate_dispatch_mode
+from single_controller.errors import DispatchError
 from single_controller.modes import Dispatch, DispatchMode, Execute
 from single_controller.shards import run_with_resolved_shards
 
@@ -45,7 +46,7 @@ def register(
     """
     validate_dispatch_mode(dispatch_mode)
     if not isinstance(execute_mode, Execute):
-        raise ValueError(f"execute_mode must be one of {[m.name for m in Execute]}, got {execute_mode!r}")
+        raise DispatchError(f"execute_mode must be one of {[m.name for m in Execute]}, got {execute_mode!r}")
     if dispatch_mode == Dispatch.RANK_ZERO:
         execute_mode = Execute.RANK_ZERO
     spec = MethodSpec(dispatch_mode=dispatch_mode, execute_mode=execute_mode, blocking=bool(blocking))

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from single_controller.modes import Dispatch, DispatchMode
+from single_controller.errors import DispatchError
+from single_controller.modes import Dispatch, DispatchMode, add_registered_mode_name
 from single_controller.mesh import MeshDispatch, MeshPlacement
 from single_controller.need_parallel import NeedParallel, split_value
 from single_controller.shards import PaddedShard, RemoteReshard, SplitPart, join_parts, padding_in_chunk
@@ -88,16 +89,15 @@ def _padded_chunk(value: Any, total: int, parts: int, index: int) -> Any:
     """
     import torch
 
-    from protocol import DataProto
-
     size = -(-total // parts)
     start, end = min(index * size, total), min((index + 1) * size, total)
     pad = padding_in_chunk(total, parts, index)
     if not pad:
         return value[start:end]
     first_pad_position = max(index * size, total) - total
-    filler = value[torch.arange(first_pad_position, first_pad_position + pad) % total]
-    return PaddedShard(DataProto.concat([value[start:end], filler]) if end > start else filler, pad)
+    # One indexing copy (not a concat): the chunk keeps the caller's meta_info as it is.
+    positions = torch.cat([torch.arange(start, end), torch.arange(first_pad_position, first_pad_position + pad) % total])
+    return PaddedShard(value[positions], pad)
 
 
 def _check_same_length(args: tuple, kwargs: dict, where: str) -> None:
@@ -226,13 +226,44 @@ _TABLE: dict[str, DispatchEntry] = {
 _CUSTOM_KEYS = {"dispatch_fn", "collect_fn"}
 
 
-def register_dispatch_mode(name: str, dispatch_fn: DispatchFn, collect_fn: CollectFn) -> None:
-    """Add a named dispatch mode usable as `@register(dispatch_mode=name)`."""
-    if name in _TABLE:
-        raise ValueError(f"dispatch mode {name!r} already exists; registered modes: {sorted(_TABLE)}")
-    if not callable(dispatch_fn) or not callable(collect_fn):
-        raise TypeError("register_dispatch_mode needs callable dispatch_fn and collect_fn")
+def register_dispatch_mode(name: str, dispatch_fn: DispatchFn, collect_fn: CollectFn) -> str:
+    """Add a named dispatch mode, usable as `@register(dispatch_mode=name)` or `Dispatch.<name>`.
+
+    Returns the name. Groups bind a method's dispatch functions when they are created.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise DispatchError(f"a dispatch mode name must be an identifier string, got {name!r}")
+    if name in _TABLE or name in Dispatch.__members__:
+        raise DispatchError(f"dispatch mode {name!r} already exists; registered modes: {valid_mode_names()}")
+    _check_callables("register_dispatch_mode", dispatch_fn, collect_fn)
     _TABLE[name] = DispatchEntry(dispatch_fn, collect_fn)
+    add_registered_mode_name(name)
+    return name
+
+
+def update_dispatch_mode(dispatch_mode: Dispatch | str, dispatch_fn: DispatchFn, collect_fn: CollectFn) -> None:
+    """Replace the functions of an existing mode (built-in or registered) for groups created afterwards."""
+    key = dispatch_mode.value if isinstance(dispatch_mode, Dispatch) else dispatch_mode
+    if not isinstance(key, str) or key not in _TABLE:
+        raise DispatchError(f"dispatch mode {dispatch_mode!r} is not registered; registered modes: {valid_mode_names()}")
+    _check_callables("update_dispatch_mode", dispatch_fn, collect_fn)
+    _TABLE[key] = DispatchEntry(dispatch_fn, collect_fn)
+
+
+def _check_callables(where: str, dispatch_fn: Any, collect_fn: Any) -> None:
+    if not callable(dispatch_fn) or not callable(collect_fn):
+        raise DispatchError(
+            f"{where} needs callable dispatch_fn and collect_fn, got {type(dispatch_fn).__name__} and "
+            f"{type(collect_fn).__name__}"
+        )
+
+
+def entry_for(mode: Dispatch | str) -> DispatchEntry:
+    """The table entry of a built-in or registered mode (KeyError-free: raises DispatchError)."""
+    key = mode.value if isinstance(mode, Dispatch) else mode
+    if not isinstance(key, str) or key not in _TABLE:
+        raise DispatchError(f"dispatch mode {mode!r} is not registered; registered modes: {valid_mode_names()}")
+    return _TABLE[key]
 
 
 def valid_mode_names() -> list[str]:
@@ -246,7 +277,7 @@ def resolve_dispatch(mode: DispatchMode | MeshDispatch) -> DispatchEntry:
     if isinstance(mode, Mapping):
         keys = set(mode)
         if keys != _CUSTOM_KEYS:
-            raise ValueError(
+            raise DispatchError(
                 f"a custom dispatch mode is a dict with exactly the keys {sorted(_CUSTOM_KEYS)}; got {sorted(keys)}"
             )
         if not callable(mode["dispatch_fn"]) or not callable(mode["collect_fn"]):
@@ -254,7 +285,7 @@ def resolve_dispatch(mode: DispatchMode | MeshDispatch) -> DispatchEntry:
         return DispatchEntry(mode["dispatch_fn"], mode["collect_fn"])
     key = mode.value if isinstance(mode, Dispatch) else mode
     if key not in _TABLE:
-        raise ValueError(
+        raise DispatchError(
             f"unknown dispatch mode {mode!r}; valid modes: {valid_mode_names()}, a MeshDispatch(name), or a "
             "{'dispatch_fn': f, 'collect_fn': g} dict"
         )
@@ -272,7 +303,7 @@ def validate_dispatch_mode(mode: Any) -> None:
         # Named modes may be registered after the decorator runs; Dispatch members always exist.
         if isinstance(mode, Dispatch) or mode in _TABLE:
             return
-    raise ValueError(
+    raise DispatchError(
         f"unknown dispatch mode {mode!r}; valid modes: {valid_mode_names()}, a MeshDispatch(name), or a "
         "{'dispatch_fn': f, 'collect_fn': g} dict"
     )

@@ -17,3 +17,12 @@ class WorkerDiedError(WorkerGroupError):
 
 class WorkerCallTimeout(WorkerGroupError):
     """A call did not finish within the timeout given to the worker group."""
+
+
+class DispatchError(ValueError, AssertionError):
+    """A dispatch mode or a dispatch function's result is not usable (also an AssertionError, so code that
+    catches the assertion failures of verl-style dispatch checks keeps working)."""
+
+
+class MeshNotDeclaredError(LookupError, AssertionError):
+    """A method dispatched over a mesh ran before a worker declared (or registered) its place in it."""

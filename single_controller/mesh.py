@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
+
+from single_controller.errors import DispatchError
 
 
 @dataclass(frozen=True)
@@ -12,8 +14,24 @@ class MeshPlacement:
     """One rank's place in a DP x TP x PP (or any named-axes) mesh, as seen by the dispatcher."""
 
     dp_rank: int
-    dp_size: int
+    dp_size: int | None  # None when a worker registered its DP rank alone; the group fills it in
     is_collector: bool  # the single rank of its DP group whose output is collected
+
+
+def complete_placements(placements: list[MeshPlacement], mesh_name: str) -> list[MeshPlacement]:
+    """All ranks' placements with dp_size filled in (max DP rank + 1 where a rank left it out), checked:
+    one DP size, every DP rank used, and exactly one collecting rank per DP rank."""
+    dp_size = max(p.dp_rank for p in placements) + 1
+    placements = [p if p.dp_size is not None else replace(p, dp_size=dp_size) for p in placements]
+    sizes = sorted({p.dp_size for p in placements})
+    collectors = [sum(1 for p in placements if p.dp_rank == d and p.is_collector) for d in range(dp_size)]
+    if sizes != [dp_size] or any(count != 1 for count in collectors):
+        described = [(rank, p.dp_rank, p.is_collector) for rank, p in enumerate(placements)]
+        raise DispatchError(
+            f"mesh {mesh_name!r} is inconsistent: each of DP ranks 0..{dp_size - 1} needs exactly one collecting "
+            f"rank (got {collectors} collectors per DP rank, DP sizes {sizes}); (rank, dp_rank, is_collect) = {described}"
+        )
+    return placements
 
 
 def default_collect_coords(shape: Mapping[str, int], dp_axis: str) -> dict[str, int]:

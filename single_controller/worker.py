@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from single_controller.call_timing import MAX_RECORDS
+from single_controller.decorator import register
+from single_controller.errors import MeshNotDeclaredError
 from single_controller.mesh import MeshPlacement, placement_from_axes
+from single_controller.modes import Dispatch
 
 # Environment variables the worker group sets on each actor (read by torch.distributed's env:// init).
 ENV_RANK = "RANK"
@@ -71,6 +74,8 @@ class Worker:
     def __new__(cls, *args: Any, **kwargs: Any) -> "Worker":
         instance = super().__new__(cls)
         instance._declared_meshes: dict[str, MeshPlacement] = {}
+        # The roles of a fused (colocated) actor, by name; filled by ColocatedWorker, empty otherwise.
+        instance.fused_worker_dict: dict[str, Worker] = {}
         # (method, seconds inside it) per registered call, popped by the driver to measure overhead
         instance._sc_exec_seconds = deque(maxlen=MAX_RECORDS)
         if os.environ.get(ENV_RESERVE_MASTER_PORT) == "1" and int(os.environ.get(ENV_RANK, "0")) == 0:
@@ -136,6 +141,36 @@ class Worker:
         self._declared_meshes[name] = placement
         return placement
 
+    def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
+        """Register this rank's DP rank in `mesh_name` and whether its output is collected.
+
+        The lower-level form of `declare_mesh`: the group derives the DP size (max DP rank + 1) and checks
+        that each DP rank has exactly one collecting rank. Use with `make_nd_compute_dataproto_dispatch_fn`
+        or `MeshDispatch(mesh_name)`.
+        """
+        if mesh_name in self._declared_meshes:
+            raise ValueError(f"mesh {mesh_name!r} is already registered on rank {self.rank}")
+        if isinstance(dp_rank, bool) or not isinstance(dp_rank, int) or dp_rank < 0:
+            raise ValueError(f"dp_rank must be a non-negative int, got {dp_rank!r}")
+        self._declared_meshes[mesh_name] = MeshPlacement(dp_rank=dp_rank, dp_size=None, is_collector=bool(is_collect))
+
+    @register(Dispatch.ONE_TO_ALL)
+    def _query_dispatch_info(self, mesh_name: str) -> int:
+        """This rank's DP rank in `mesh_name` (through the group: one per rank)."""
+        return self.sc_mesh_placement(mesh_name).dp_rank
+
+    @register(Dispatch.ONE_TO_ALL)
+    def _query_collect_info(self, mesh_name: str) -> bool:
+        """Whether this rank's output is collected in `mesh_name` (through the group: one per rank)."""
+        return self.query_collect_info(mesh_name)
+
+    def query_collect_info(self, mesh_name: str) -> bool:
+        return self.sc_mesh_placement(mesh_name).is_collector
+
+    def get_fused_worker_by_name(self, worker_name: str) -> "Worker | None":
+        """Another role of the same fused actor (see create_colocated_worker_raw_cls), or None."""
+        return self.fused_worker_dict.get(worker_name)
+
     # ---- queried by the worker group (plain actor methods, not registered) ------------------------------
     def sc_master_address(self) -> tuple[str, int]:
         return os.environ[ENV_MASTER_ADDR], int(os.environ[ENV_MASTER_PORT])
@@ -150,9 +185,10 @@ class Worker:
     def sc_mesh_placement(self, name: str) -> MeshPlacement:
         meshes = self._declared_meshes
         if name not in meshes:
-            raise LookupError(
+            raise MeshNotDeclaredError(
                 f"rank {self.rank} has not declared mesh {name!r} (declared: {sorted(meshes)}); call "
-                f"self.declare_mesh({name!r}, shape) in a method that runs before this one, e.g. init_model"
+                f"self.declare_mesh({name!r}, shape) (or self._register_dispatch_collect_info({name!r}, dp_rank, "
+                "is_collect)) in a method that runs before this one, e.g. init_model"
             )
         return meshes[name]
 

@@ -16,10 +16,11 @@ from single_controller import worker as worker_env
 from single_controller.call_timing import record_driver_call
 from single_controller.decorator import Execute, MethodSpec, get_method_spec
 from single_controller.dispatch import DispatchEntry, resolve_dispatch
+from single_controller.dispatch_result import per_rank_arguments
 from single_controller.errors import WorkerGroupError
-from single_controller.mesh import MeshPlacement
+from single_controller.mesh import MeshPlacement, complete_placements
 from single_controller.ray.class_with_args import RayClassWithInitArgs, plain_class
-from single_controller.ray.colocated import ColocatedWorker, role_method_name
+from single_controller.ray.colocated import FUSED_EXECUTE_METHOD, ColocatedWorker, role_method_name
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.ray.waiting import wait_for_outputs
 from single_controller.shards import ExclusiveChunk, JoinablePart, PaddedShard
@@ -251,7 +252,8 @@ class RayWorkerGroup:
         """Each rank's place in the mesh it declared at run time (queried once, then cached)."""
         if mesh_name not in self._mesh_cache:
             refs = [getattr(w, self._method_prefix + "sc_mesh_placement").remote(mesh_name) for w in self._workers]
-            self._mesh_cache[mesh_name] = self._wait(refs, list(range(self.world_size)), "sc_mesh_placement")
+            placements = self._wait(refs, list(range(self.world_size)), "sc_mesh_placement")
+            self._mesh_cache[mesh_name] = complete_placements(placements, mesh_name)
         return self._mesh_cache[mesh_name]
 
     def _wait(self, refs: list[ray.ObjectRef], ranks: list[int], method: str) -> list[Any]:
@@ -265,8 +267,9 @@ class RayWorkerGroup:
         from protocol import DataProtoFuture
 
         started = time.perf_counter()
-        per_rank_args, per_rank_kwargs = entry.dispatch_fn(self, *args, **kwargs)
-        self._check_dispatched(method, per_rank_args, per_rank_kwargs)
+        per_rank_args, per_rank_kwargs = per_rank_arguments(
+            entry.dispatch_fn(self, *args, **kwargs), self.world_size, f"{self.name}.{method}", entry.dispatch_fn, args, kwargs
+        )
         ranks = list(range(self.world_size)) if execute == Execute.ALL else [0]
         refs = self._submit(method, ranks, per_rank_args, per_rank_kwargs)
 
@@ -289,14 +292,6 @@ class RayWorkerGroup:
         record_driver_call(self.name, method, ranks, started)
         return output
 
-    def _check_dispatched(self, method: str, args: Any, kwargs: Any) -> None:
-        for name, value in [*enumerate(args), *kwargs.items()]:
-            if not isinstance(value, list) or len(value) != self.world_size:
-                raise ValueError(
-                    f"the dispatch function of {self.name}.{method} returned {type(value).__name__} for argument "
-                    f"{name!r}; it must return one list entry per worker (a list of length {self.world_size})"
-                )
-
     def _submit(self, method: str, ranks: list[int], args: tuple, kwargs: dict) -> list[ray.ObjectRef]:
         shared = _SharedObjects()
         refs = []
@@ -308,34 +303,58 @@ class RayWorkerGroup:
         return refs
 
     # ---- generic execution (verl-style helpers) ---------------------------------------------------------
-    def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
-        """Call `method` on every rank; list arguments of length world_size are split, others broadcast."""
+    def _per_rank_call(self, method: str, ranks: list[int], args: tuple, kwargs: dict) -> list[ray.ObjectRef]:
+        """Call `method` on `ranks`. If every argument is a list of world_size entries, rank r gets entry r
+        of each; otherwise every rank gets the arguments as they are."""
         n = self.world_size
-
-        def for_rank(value: Any, rank: int) -> Any:
-            return value[rank] if isinstance(value, list) and len(value) == n else value
-
-        for rank in range(n):
+        values = [*args, *kwargs.values()]
+        split = bool(values) and all(isinstance(v, list) and len(v) == n for v in values)
+        refs = []
+        for rank in ranks:
             self._record(rank, method)
+            rank_args = [a[rank] for a in args] if split else args
+            rank_kwargs = {k: v[rank] for k, v in kwargs.items()} if split else kwargs
+            refs.append(getattr(self._workers[rank], self._method_prefix + method).remote(*rank_args, **rank_kwargs))
+        return refs
 
-        return [
-            getattr(w, self._method_prefix + method).remote(
-                *[for_rank(a, r) for a in args], **{k: for_rank(v, r) for k, v in kwargs.items()}
-            )
-            for r, w in enumerate(self._workers)
-        ]
+    def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
+        """Call `method` on every rank and return the ObjectRefs (see _per_rank_call for list arguments)."""
+        return self._per_rank_call(method, list(range(self.world_size)), args, kwargs)
 
-    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def execute_all_sync(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call `method` on every rank and wait: one result per rank (errors name the failing ranks)."""
         return self._wait(self.execute_all_async(method, *args, **kwargs), list(range(self.world_size)), method)
 
-    def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Same as execute_all_sync: waits and returns the results (not ObjectRefs)."""
+        return self.execute_all_sync(method, *args, **kwargs)
+
+    def execute_rank_zero_async(self, method: str, *args: Any, **kwargs: Any) -> ray.ObjectRef:
+        """Call `method` on rank 0 only and return its ObjectRef."""
         self._record(0, method)
-        ref = getattr(self._workers[0], self._method_prefix + method).remote(*args, **kwargs)
-        return self._wait([ref], [0], method)[0]
+        return getattr(self._workers[0], self._method_prefix + method).remote(*args, **kwargs)
+
+    def execute_rank_zero_sync(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call `method` on rank 0 only and wait for its result."""
+        return self._wait([self.execute_rank_zero_async(method, *args, **kwargs)], [0], method)[0]
+
+    def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Same as execute_rank_zero_sync: waits and returns the result (not an ObjectRef)."""
+        return self.execute_rank_zero_sync(method, *args, **kwargs)
+
+    # The actor method that calls any method of one role of a fused actor: "<role>_fwmn_<method>".
+    fused_worker_execute_fn_name = FUSED_EXECUTE_METHOD
 
     def spawn(self, prefix_set: Iterable[str] | None = None) -> dict[str, "RayWorkerGroup"]:
         """Per-role views of a group made from `create_colocated_worker_cls` (all roles by default)."""
         return spawn_roles(self, prefix_set)
+
+    def fuse(self, prefix_set: Iterable[str] | None = None) -> None:
+        """Attach each role's view as an attribute: `group.fuse(); group.actor.update(data)`."""
+        for role, view in self.spawn(prefix_set).items():
+            if role in vars(self) or hasattr(type(self), role):
+                raise ValueError(f"cannot fuse role {role!r}: the group already has an attribute of that name")
+            setattr(self, role, view)
 
     # ---- lifetime --------------------------------------------------------------------------------------
     def kill(self) -> None:

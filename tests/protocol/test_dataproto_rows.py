@@ -24,10 +24,13 @@ def test_concat_of_chunks_equals_original(sample):
     assert not shares_memory(joined, sample)
 
 
-def test_concat_uses_first_meta_info_and_checks_keys(sample):
+def test_concat_merges_meta_info_and_checks_keys(sample):
     a, b = sample[:2], sample[2:]
+    assert DataProto.concat([a, b]).meta_info == sample.meta_info
     b.meta_info["step"] = 99
-    assert DataProto.concat([a, b]).meta_info["step"] == 3
+    with pytest.raises(ValueError, match=r"meta_info\['step'\] is 3 in item 0 but 99 in item 1"):
+        DataProto.concat([a, b])
+    b.meta_info["step"] = 3
     c = sample[2:].select(batch_keys=["values"])
     with pytest.raises(ValueError, match=r"item 0 has batch keys \[.*'input_ids'.*\] but item 1 has \['values'\]"):
         DataProto.concat([a, c])

@@ -1,0 +1,141 @@
+"""DataProto methods that code written against verl's DataProto calls, with this project's semantics.
+
+They live in a mixin below `data_proto.py` so the core file keeps the container itself. Like every
+DataProto operation they return new DataProtos and leave `self` untouched; where verl changes its input
+in place (`padding`), the method says what to call instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from protocol._tensordict_utils import flatten_tensordict
+from protocol.auto_padding import AUTO_PADDING_KEY, DataProtoConfig
+from protocol.errors import ProtocolTypeError, ProtocolValueError
+
+RepeatCounts = Sequence[int] | np.ndarray | torch.Tensor
+
+
+def _repeat_counts(repeat_times: Any, length: int) -> torch.Tensor:
+    """Validate per-row repeat counts: one non-negative int per row, as a 1-D int64 tensor."""
+    if isinstance(repeat_times, (list, tuple)):
+        counts = torch.as_tensor(list(repeat_times), dtype=torch.int64) if repeat_times else torch.empty(0, dtype=torch.int64)
+    elif isinstance(repeat_times, np.ndarray):
+        counts = torch.from_numpy(np.asarray(repeat_times))
+    elif isinstance(repeat_times, torch.Tensor):
+        counts = repeat_times.detach().cpu()
+    else:
+        raise ProtocolTypeError(
+            f"sample_level_repeat: repeat_times must be a list, tuple, numpy array or tensor of ints, got "
+            f"{type(repeat_times).__name__}"
+        )
+    if counts.ndim != 1 or counts.is_floating_point() or counts.dtype == torch.bool:
+        raise ProtocolValueError(
+            f"sample_level_repeat: repeat_times must be 1-D integers, got dtype {counts.dtype} shape {list(counts.shape)}"
+        )
+    if len(counts) != length:
+        raise ProtocolValueError(f"sample_level_repeat: got {len(counts)} repeat counts for {length} rows")
+    if len(counts) and int(counts.min()) < 0:
+        raise ProtocolValueError(f"sample_level_repeat: repeat counts must be >= 0, got {counts.tolist()[:20]}")
+    return counts.to(torch.int64)
+
+
+class VerlMethods:
+    """Mixed into DataProto (which provides batch, non_tensor_batch, meta_info, __getitem__ and _take)."""
+
+    batch: TensorDict
+    non_tensor_batch: dict[str, np.ndarray]
+    meta_info: dict[str, Any]
+
+    # ---- selecting rows
+
+    def select_idxs(self, idxs: Sequence[int] | Sequence[bool] | np.ndarray | torch.Tensor) -> Any:
+        """Rows at integer positions or where a bool mask is True (copies); same as `data[idxs]`."""
+        if isinstance(idxs, (int, np.integer, slice)):
+            raise ProtocolTypeError(f"select_idxs takes a list, array or tensor of indices, got {type(idxs).__name__}")
+        return self[idxs]  # type: ignore[index]
+
+    def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> Any:
+        """`data[start:end:step]` as a DataProto (views for positive steps)."""
+        return self[slice(start, end, step)]  # type: ignore[index]
+
+    def sample_level_repeat(self, repeat_times: RepeatCounts) -> Any:
+        """Row i repeated repeat_times[i] times, rows kept in order (copies)."""
+        counts = _repeat_counts(repeat_times, len(self))  # type: ignore[arg-type]
+        return self._take(torch.arange(len(counts)).repeat_interleave(counts))  # type: ignore[attr-defined]
+
+    # ---- reshaping columns into rows
+
+    def unfold_column_chunks(self, n_split: int, split_keys: Sequence[str] | None = None) -> Any:
+        """Split each row's second dimension into `n_split` rows (for keys in `split_keys`).
+
+        A key in `split_keys` of shape [B, C, ...] becomes [B * n_split, C // n_split, ...] (row b's column
+        chunk j goes to row b * n_split + j); every other key is repeated n_split times per row so the rows
+        stay aligned. `split_keys=None` splits no key (all are repeated).
+        """
+        if isinstance(n_split, bool) or not isinstance(n_split, (int, np.integer)) or n_split < 1:
+            raise ProtocolValueError(f"unfold_column_chunks: n_split must be a positive int, got {n_split!r}")
+        wanted = set(split_keys or ())
+        known = {k for k in self.batch.keys()} | set(self.non_tensor_batch)
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise ProtocolValueError(f"unfold_column_chunks: split_keys {unknown} not found; available keys: {sorted(known)}")
+
+        def unfold(key: str, value: Any) -> Any:
+            if key not in wanted:
+                return value.repeat_interleave(n_split, dim=0) if isinstance(value, torch.Tensor) else np.repeat(value, n_split, axis=0)
+            if value.ndim < 2 or value.shape[1] % n_split:
+                raise ProtocolValueError(
+                    f"unfold_column_chunks: {key!r} has shape {list(value.shape)}; its second dimension must be "
+                    f"divisible by n_split={n_split}"
+                )
+            shape = (value.shape[0] * n_split, value.shape[1] // n_split, *value.shape[2:])
+            return value.reshape(shape).clone() if isinstance(value, torch.Tensor) else value.reshape(shape).copy()
+
+        nested = [".".join(path) for path, _ in flatten_tensordict(self.batch)[0].nested]
+        if nested:
+            raise ProtocolValueError(f"unfold_column_chunks: nested batch keys {nested} are not supported; flatten them first")
+        batch = TensorDict(
+            {k: unfold(k, v) for k, v in self.batch.items()}, batch_size=[len(self) * n_split], device=self.batch.device  # type: ignore[arg-type]
+        )
+        non_tensor = {k: unfold(k, v) for k, v in self.non_tensor_batch.items()}
+        return type(self)(batch, non_tensor, dict(self.meta_info))  # type: ignore[call-arg]
+
+    # ---- padding
+
+    def is_padding_enabled(self) -> bool:
+        """True if this DataProto was built with auto_padding=True or `DataProtoConfig.auto_padding` is set."""
+        return bool(self.meta_info.get(AUTO_PADDING_KEY, False)) or DataProtoConfig.auto_padding
+
+    def padding(self, padding_size: int, padding_candidate: str = "") -> None:
+        """Not provided: it would pad in place, and DataProto operations never change their input."""
+        raise ProtocolTypeError(
+            "DataProto.padding pads in place, which this DataProto never does: use "
+            "`data, pad_size = data.pad_to_divisor(divisor)` (or pad_dataproto_to_divisor(data, divisor)) and "
+            "`data.unpad(pad_size)`; worker-group dispatch pads and unpads by itself"
+        )
+
+    # ---- describing
+
+    def print_size(self, prefix: str = "") -> None:
+        """Print the GiB held by batch tensors and by numpy arrays."""
+        tensor_bytes = sum(t.numel() * t.element_size() for _, t in flatten_tensordict(self.batch)[1])
+        array_bytes = sum(a.nbytes for a in self.non_tensor_batch.values())
+        message = f"Size of tensordict: {tensor_bytes / 1024**3} GB, size of non_tensor_batch: {array_bytes / 1024**3} GB"
+        print(f"{prefix}, {message}" if prefix else message)
+
+    def get_data_info(self) -> str:
+        """One line per field: batch tensors (shape, dtype, device), numpy arrays, meta_info value types."""
+        lines = ["batch"]
+        for path, tensor in flatten_tensordict(self.batch)[1]:
+            lines.append(f"  {'.'.join(path)}: {tuple(tensor.shape)} ({tensor.dtype}) {tensor.device}")
+        lines.append("non_tensor_batch")
+        lines.extend(f"  {k}: ndarray{v.shape} ({v.dtype})" for k, v in self.non_tensor_batch.items())
+        lines.append("meta_info")
+        lines.extend(f"  {k}: {type(v).__name__}" for k, v in self.meta_info.items())
+        return "\n".join(lines)
