@@ -183,9 +183,10 @@ class TrainEngine:
         if sync is None:
             options = {"tensor_model_parallel_size": infer.tensor_parallel_size, "verify_sync": verify,
                        "verify_tolerance": tolerance}
-            # A user method need not change the weights, so no "weights changed" check here.
+            # The engine may have loaded other weights than the module holds: the first sync is not checked
+            # for a change of weights (later ones are, against the module's own fingerprint).
             sync = SeparateWeightSync(self._require_group(), infer._require_group(), options, infer.model_path,
-                                      self.use_gpu, check_changed=False)
+                                      self.use_gpu, engines_start_from_trainer=False)
             sync.synced_version = -1  # always send on the first call
             self._syncs = {key: sync}
         return sync.sync()
