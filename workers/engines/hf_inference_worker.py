@@ -76,7 +76,8 @@ class HFInferenceWorker(Worker):
         self._sync_group.connect(address, 1 + self.rank)
 
     @register(Dispatch.ONE_TO_ALL, blocking=False)
-    def receive_weights(self, layouts: list[BucketLayout]) -> None:
+    def receive_weights(self, layouts: list[BucketLayout], version: int | None = None) -> None:
+        """`version` (the sender's weights version) is not needed here; the broadcast sync passes it to every engine."""
         params = dict(self._require_model("receive_weights").named_parameters())
         with torch.no_grad():
             for name, tensor in receive_broadcast_buckets(layouts, self._sync_group, self.device):

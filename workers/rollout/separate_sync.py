@@ -31,6 +31,7 @@ class SeparateWeightSync:
         self.layouts: list | None = None
         self.trainer_fingerprint: float | None = None  # of the weights the engines hold, taken on the trainer
         self.synced_version = 0  # the engines loaded the folder the actor started from
+        self.actor_version = 0  # the actor's weights version at the last sync() (synced or not)
 
     def connect(self) -> None:
         world = 1 + self.rollout.world_size * self.cfg["tensor_model_parallel_size"]
@@ -46,13 +47,14 @@ class SeparateWeightSync:
     def sync(self) -> dict[str, float]:
         """Broadcast the actor's weights if they changed since the last sync; verify when configured."""
         version = self.actor.current_weights_version()
+        self.actor_version = version
         if version == self.synced_version:
             return {}
         if self.layouts is None:
             self.connect()
         verify = bool(self.cfg["verify_sync"])
         before = self.rollout.weights_fingerprint() if verify and self.trainer_fingerprint is not None else None
-        received = self.rollout.receive_weights(self.layouts)
+        received = self.rollout.receive_weights(self.layouts, version)
         metrics = dict(self.actor.broadcast_weights(self.layouts, fingerprint=verify)[0])
         trainer_after = metrics.pop(TRAINER_FINGERPRINT, None)
         received.get()
