@@ -111,9 +111,9 @@ def residency(model_path: str) -> dict[str, Any]:
 def ipc(model_path: str) -> dict[str, Any]:
     import ray
 
-    from single_controller.ray.local_cluster import init_local_ray
+    from single_controller.ray.local_cluster import init_local_ray, prepend_pythonpath
 
-    init_local_ray(num_cpus=4, num_gpus=1, runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", os.getcwd())}})
+    init_local_ray(num_cpus=4, num_gpus=1, runtime_env={"env_vars": {"PYTHONPATH": prepend_pythonpath(os.getcwd())}})
     cfg = rollout_config(model_path, enable_sleep=False, gpu_memory_utilization=0.3)
 
     @ray.remote(num_gpus=0.5)

@@ -38,7 +38,8 @@ class TinyPolicy(TrainModule, Qwen2ForCausalLM):
         return float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
 
 
-def run(model_path: str, steps: int = 5) -> dict[str, object]:
+def run(model_path: str, steps: int = 5, colocate: bool = True) -> dict[str, object]:
+    """`colocate`: the train engine on the inference engine's devices (the default), else on its own."""
     prompts = [[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16], [17, 18, 19, 20]]
     greedy = {"temperature": 0.0, "max_tokens": 8}
     infer = InferenceEngine(model_path, executor="vllm").build(tensor_parallel_size=1)
@@ -46,7 +47,7 @@ def run(model_path: str, steps: int = 5) -> dict[str, object]:
     infer.meta()  # the trainer gets the memory
     with init_empty_weights():
         policy = TinyPolicy(AutoConfig.from_pretrained(model_path))  # meta device: ships as a few KB
-    train = TrainEngine(policy).build(colocate_with=infer)
+    train = TrainEngine(policy).build(colocate_with=infer if colocate else None)
     target = [p + [40, 41, 42, 43, 44, 45, 46, 47] for p in prompts]
     losses = []
     for _ in range(steps):
@@ -61,7 +62,7 @@ def run(model_path: str, steps: int = 5) -> dict[str, object]:
 def run_example(description: str, default_model: str, build: Callable[[Path], Any], run_fn: Callable[[str], dict]) -> None:
     """The engine examples' command line: build the model folder if missing, start a local cluster, run,
     print the losses (and the sync and greedy outputs when there is an inference engine), shut down."""
-    from single_controller.ray.local_cluster import init_local_ray
+    from single_controller.ray.local_cluster import init_local_ray, prepend_pythonpath
 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=default_model)
@@ -69,10 +70,11 @@ def run_example(description: str, default_model: str, build: Callable[[Path], An
     if not Path(args.model).is_dir():
         build(Path(args.model))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    init_local_ray(num_cpus=4, runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    init_local_ray(num_cpus=4, runtime_env={"env_vars": {"PYTHONPATH": prepend_pythonpath(os.getcwd())}})
     result = run_fn(args.model)
     print("losses:", [round(x, 3) for x in result["losses"]])
     if "infer" in result:
+        print("sync path:", result["train"].sync_path)
         print("sync:", result["sync"])
         print("greedy before:", result["before"][0], "after:", result["after"][0])
         result["infer"].shutdown()

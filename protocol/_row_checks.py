@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,9 +12,6 @@ from tensordict import TensorDictBase
 from protocol._keys import BatchKey, as_key_list, normalize_batch_key
 from protocol._tensordict_utils import flatten_tensordict
 from protocol.arrays import copy_array
-
-if TYPE_CHECKING:
-    from protocol.data_proto import DataProto
 
 KeyArg = str | tuple[str, ...] | Iterable[BatchKey] | None
 
@@ -42,12 +39,12 @@ def _describe_tensor(tensor: torch.Tensor) -> str:
     return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)} on {tensor.device}"
 
 
-def _check_concat_leaves(items: list[DataProto]) -> None:
+def _check_concat_leaves(batches: list[TensorDictBase]) -> None:
     """Same dtype, device and per-row shape for each batch key, else an error naming the key and item
     (torch.cat would silently promote dtypes, and its shape/device errors do not name the key)."""
-    first = dict(flatten_tensordict(items[0].batch)[1])
-    for i, item in enumerate(items[1:], start=1):
-        for path, tensor in flatten_tensordict(item.batch)[1]:
+    first = dict(flatten_tensordict(batches[0])[1])
+    for i, batch in enumerate(batches[1:], start=1):
+        for path, tensor in flatten_tensordict(batch)[1]:
             ref = first[path]
             if ref.dtype != tensor.dtype or ref.device != tensor.device or ref.shape[1:] != tensor.shape[1:]:
                 raise ValueError(

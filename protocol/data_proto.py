@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from protocol import disk, padding, transport
+from protocol import disk, transport
 from protocol._indexing import Index, normalize_index
 from protocol._keys import BatchKey, as_key_list, format_key, require_keys
 from protocol._tensordict_utils import flatten_tensordict, td_key
@@ -53,7 +53,7 @@ class DataProtoItem:
     meta_info: dict[str, Any] = field(default_factory=dict)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return transport.reduce_dataproto_item(self)
+        return _rebuild_dataproto_item, (transport.encode_tensordict(self.batch), self.non_tensor_batch, self.meta_info)
 
 
 @dataclass(eq=False)
@@ -174,8 +174,10 @@ class DataProto:
         )
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Tensors travel as numpy views of exactly their bytes; see protocol/transport.py.
-        return transport.reduce_dataproto(self)
+        # Tensors travel as numpy views of exactly their bytes; see protocol/transport.py. numpy arrays in
+        # non_tensor_batch pass as they are: numeric ones go out-of-band and come back from Ray as read-only
+        # views of the store (numpy's usual Ray behaviour, so writes fail loudly); object arrays come back private.
+        return _rebuild_dataproto, (transport.encode_tensordict(self.batch), self.non_tensor_batch, self.meta_info)
 
     # ------------------------------------------------------------------ indexing
 
@@ -357,7 +359,7 @@ class DataProto:
                 raise ValueError(
                     f"concat: item 0 has non_tensor_batch keys {first_non_tensor} but item {i} has {non_tensor_keys}"
                 )
-        _check_concat_leaves(items)
+        _check_concat_leaves([item.batch for item in items])
         batch = torch.cat([item.batch for item in items], dim=0)
         non_tensor = {k: np.concatenate([item.non_tensor_batch[k] for item in items]) for k in items[0].non_tensor_batch}
         return DataProto(batch, non_tensor, dict(items[0].meta_info))
@@ -440,21 +442,43 @@ class DataProto:
     # ------------------------------------------------------------------ padding / disk
 
     def pad_to_divisor(self, size_divisor: int) -> tuple[DataProto, int]:
-        """See protocol.padding.pad_dataproto_to_divisor."""
-        return padding.pad_dataproto_to_divisor(self, size_divisor)
+        """Return (a new DataProto whose length is a multiple of size_divisor, pad_size).
+
+        Padding rows repeat rows from the start (cyclically when the pad is longer than the
+        data), so they are real samples any worker can process. The result never shares
+        memory with `self`, even when no padding is needed.
+        """
+        if isinstance(size_divisor, bool) or not isinstance(size_divisor, int) or size_divisor < 1:
+            raise ValueError(f"size_divisor must be a positive int, got {size_divisor!r}")
+        length = len(self)
+        if length == 0:
+            raise ValueError("cannot pad an empty DataProto: there are no rows to repeat")
+        pad_size = (-length) % size_divisor
+        positions = torch.cat([torch.arange(length), torch.arange(pad_size) % length])
+        return self[positions], pad_size
 
     def unpad(self, pad_size: int) -> DataProto:
-        """See protocol.padding.unpad_dataproto."""
-        return padding.unpad_dataproto(self, pad_size)
+        """Drop the last pad_size rows; returns a new DataProto that does not share memory with `self`."""
+        if isinstance(pad_size, bool) or not isinstance(pad_size, int) or not 0 <= pad_size <= len(self):
+            raise ValueError(f"pad_size must be an int in [0, {len(self)}], got {pad_size!r}")
+        return self[torch.arange(len(self) - pad_size)]
 
     def save_to_disk(self, path: str | os.PathLike[str]) -> None:
         """Write one safetensors file (no pickle); see protocol/disk.py for the format."""
-        disk.save_dataproto(self, path)
+        disk.write_dataproto_file(self.batch, self.non_tensor_batch, self.meta_info, path)
 
     @staticmethod
     def load_from_disk(path: str | os.PathLike[str]) -> DataProto:
         """Read a file written by save_to_disk (tensors on CPU)."""
-        return disk.load_dataproto(path)
+        return DataProto(**disk.read_dataproto_file(path))
+
+
+def _rebuild_dataproto(encoded_batch: tuple, non_tensor_batch: dict, meta_info: dict) -> DataProto:
+    return DataProto(batch=transport.decode_tensordict(*encoded_batch), non_tensor_batch=non_tensor_batch, meta_info=meta_info)
+
+
+def _rebuild_dataproto_item(encoded_batch: tuple, non_tensor_batch: dict, meta_info: dict) -> DataProtoItem:
+    return DataProtoItem(batch=transport.decode_tensordict(*encoded_batch), non_tensor_batch=non_tensor_batch, meta_info=meta_info)
 
 
 __all__ = ["DataProto", "DataProtoItem"]

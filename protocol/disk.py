@@ -21,18 +21,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from tensordict import TensorDictBase
 
 from protocol._tensordict_utils import TensorDictLayout, build_tensordict, flatten_tensordict
 from protocol.json_codec import decode_array, decode_value, encode_array, encode_value
-
-if TYPE_CHECKING:
-    from protocol.data_proto import DataProto
 
 SEP = "\x1f"
 BATCH_PREFIX = "batch" + SEP
@@ -55,17 +53,19 @@ class DataProtoFileError(ValueError):
     """The file is not a readable DataProto safetensors file."""
 
 
-def save_dataproto(data: DataProto, path: str | os.PathLike[str]) -> None:
-    """Write `data` to `path` atomically (see module docstring for the format)."""
+def write_dataproto_file(
+    batch: TensorDictBase, non_tensor_batch: dict[str, np.ndarray], meta_info: dict[str, Any], path: str | os.PathLike[str]
+) -> None:
+    """Write a DataProto's three parts to `path` atomically (see module docstring for the format)."""
     tensors: dict[str, torch.Tensor] = {}
-    layout, leaves = flatten_tensordict(data.batch)
+    layout, leaves = flatten_tensordict(batch)
     for key_path, tensor in leaves:
         if any(SEP in part for part in key_path):
             raise ValueError(f"batch key {key_path!r} contains the reserved separator {SEP!r}")
         tensors[BATCH_PREFIX + SEP.join(key_path)] = _storable(".".join(key_path), tensor)
 
     non_tensor: dict[str, Any] = {}
-    for key, array in data.non_tensor_batch.items():
+    for key, array in non_tensor_batch.items():
         if array.dtype.kind in "biufc":
             native = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
             tensors[NON_TENSOR_PREFIX + key] = _storable(f"non_tensor_batch[{key!r}]", torch.from_numpy(native))
@@ -82,7 +82,7 @@ def save_dataproto(data: DataProto, path: str | os.PathLike[str]) -> None:
             "leaves": [list(p) for p, _ in leaves],
         },
         "non_tensor_batch": non_tensor,
-        "meta_info": encode_value(data.meta_info, "meta_info"),
+        "meta_info": encode_value(meta_info, "meta_info"),
     }
     encoded = json.dumps(header, separators=(",", ":"))
     if len(encoded.encode()) > MAX_HEADER_BYTES:
@@ -94,10 +94,9 @@ def save_dataproto(data: DataProto, path: str | os.PathLike[str]) -> None:
     _write_atomically(_unshare(tensors), {METADATA_KEY: encoded}, path)
 
 
-def load_dataproto(path: str | os.PathLike[str]) -> DataProto:
-    """Read a file written by save_dataproto; malformed files raise DataProtoFileError."""
-    from protocol.data_proto import DataProto  # lazy: data_proto imports this module
-
+def read_dataproto_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a file written by write_dataproto_file as DataProto's constructor arguments (batch,
+    non_tensor_batch, meta_info); malformed files raise DataProtoFileError."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no DataProto file at {os.fspath(path)!r}")
     try:
@@ -110,7 +109,7 @@ def load_dataproto(path: str | os.PathLike[str]) -> DataProto:
         raise DataProtoFileError(f"{os.fspath(path)!r} is a safetensors file but not a DataProto file (no {METADATA_KEY!r} metadata)")
     try:
         header = json.loads(metadata[METADATA_KEY])
-        return DataProto(**_decode(header, tensors))
+        return _decode(header, tensors)
     except DataProtoFileError:
         raise
     except (ValueError, KeyError, TypeError, IndexError) as exc:

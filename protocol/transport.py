@@ -18,16 +18,12 @@ import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase
 
 from protocol._tensordict_utils import KeyPath, TensorDictLayout, build_tensordict, flatten_tensordict
-
-if TYPE_CHECKING:
-    from protocol.data_proto import DataProto, DataProtoItem
 
 # torch dtypes numpy can represent directly; anything else is sent as raw integers.
 _NUMPY_NATIVE = {
@@ -115,29 +111,3 @@ def decode_tensordict(
 ) -> TensorDictBase:
     td_device = None if device is None else available_device(device)
     return build_tensordict(layout, [(path, decode_tensor(p)) for path, p in packets], td_device)
-
-
-def reduce_dataproto(data: DataProto) -> tuple[Any, tuple[Any, ...]]:
-    """__reduce__ result for DataProto.
-
-    numpy arrays in non_tensor_batch pass as they are: numeric ones go out-of-band and
-    come back from Ray as read-only views of the store (numpy's usual Ray behaviour, so
-    writes fail loudly); object arrays are pickled in-band and come back private.
-    """
-    return _rebuild_dataproto, (encode_tensordict(data.batch), data.non_tensor_batch, data.meta_info)
-
-
-def reduce_dataproto_item(item: DataProtoItem) -> tuple[Any, tuple[Any, ...]]:
-    return _rebuild_dataproto_item, (encode_tensordict(item.batch), item.non_tensor_batch, item.meta_info)
-
-
-def _rebuild_dataproto(encoded_batch: tuple, non_tensor_batch: dict, meta_info: dict) -> DataProto:
-    from protocol.data_proto import DataProto  # lazy: data_proto imports this module
-
-    return DataProto(batch=decode_tensordict(*encoded_batch), non_tensor_batch=non_tensor_batch, meta_info=meta_info)
-
-
-def _rebuild_dataproto_item(encoded_batch: tuple, non_tensor_batch: dict, meta_info: dict) -> DataProtoItem:
-    from protocol.data_proto import DataProtoItem
-
-    return DataProtoItem(batch=decode_tensordict(*encoded_batch), non_tensor_batch=non_tensor_batch, meta_info=meta_info)

@@ -67,7 +67,7 @@ class GroupJudge(Worker):
 def run(overrides: list[str], steps: int = 4) -> list[dict[str, float]]:
     from trainer.config_loader import load_config
     from trainer.data import RLDataset, make_dataloader
-    from trainer.main import ensure_default_assets, init_ray
+    from trainer.run_setup import ensure_default_assets, init_ray
     from trainer.role_groups import actor_worker_config
     from transformers import AutoTokenizer
     from workers.fsdp import ActorRolloutRefWorker

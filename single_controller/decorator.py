@@ -4,34 +4,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, TypeVar
+
+from single_controller.dispatch import validate_dispatch_mode
+from single_controller.modes import Dispatch, DispatchMode, Execute
+from single_controller.shards import run_with_resolved_shards
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-
-class Dispatch(str, Enum):
-    """Built-in dispatch modes; each names one row of the dispatch table (see `dispatch.py`)."""
-
-    ONE_TO_ALL = "one_to_all"  # every worker gets the same arguments; outputs as a list per rank
-    ALL_TO_ALL = "all_to_all"  # arguments are lists with one entry per rank; outputs as a list
-    DP_COMPUTE = "dp_compute"  # like ALL_TO_ALL, for data-parallel methods taking pre-split lists
-    DP_COMPUTE_PROTO = "dp_compute_proto"  # DataProto split over workers (auto-padded), outputs concatenated
-    DP_COMPUTE_METRIC = "dp_compute_metric"  # DataProto split over workers, outputs kept as a list (metrics)
-    RANK_ZERO = "rank_zero"  # only rank 0 is called; its output is returned
-    SPLIT_JOIN = "split_join"  # NeedParallel arguments split, outputs re-joined in order
-
-
-class Execute(str, Enum):
-    """Which ranks a call reaches."""
-
-    ALL = "all"
-    RANK_ZERO = "rank_zero"
-
-
-# A dispatch mode is a built-in `Dispatch`, the name of a mode added with `register_dispatch_mode`,
-# or a custom {"dispatch_fn": f, "collect_fn": g} dict.
-DispatchMode = Dispatch | str | Mapping[str, Callable[..., Any]]
+__all__ = ["Dispatch", "DispatchMode", "Execute", "MethodSpec", "SPEC_ATTRIBUTE", "get_method_spec", "register"]
 
 
 @dataclass(frozen=True)
@@ -62,8 +43,6 @@ def register(
     On the worker the wrapped method first resolves what the dispatcher sent (padded shards, futures
     handed over from another group), calls the method, then strips padding rows from its output.
     """
-    from single_controller.dispatch import validate_dispatch_mode  # late: dispatch imports this module
-
     validate_dispatch_mode(dispatch_mode)
     if not isinstance(execute_mode, Execute):
         raise ValueError(f"execute_mode must be one of {[m.name for m in Execute]}, got {execute_mode!r}")
@@ -72,8 +51,6 @@ def register(
     spec = MethodSpec(dispatch_mode=dispatch_mode, execute_mode=execute_mode, blocking=bool(blocking))
 
     def decorator(func: F) -> F:
-        from single_controller.shards import run_with_resolved_shards
-
         @functools.wraps(func)
         def inner(self: Any, *args: Any, **kwargs: Any) -> Any:
             return run_with_resolved_shards(func, self, args, kwargs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from single_controller.decorator import Dispatch, DispatchMode
+from single_controller.modes import Dispatch, DispatchMode
 from single_controller.mesh import MeshDispatch, MeshPlacement
 from single_controller.need_parallel import NeedParallel, split_value
 from single_controller.shards import PaddedShard, RemoteReshard, SplitPart, join_parts, padding_in_chunk

@@ -19,7 +19,7 @@ MakeLoop = Callable[[DictConfig, Any, RunData, Tracker], StepLoop]
 def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> list[dict[str, Any]]:
     """Build everything `cfg` names, run `make_loop(...).fit()`, and always release the workers."""
     from trainer.data_counts import StepCountsTracker
-    from trainer.main import ensure_default_assets, init_ray
+    from trainer.run_setup import ensure_default_assets, init_ray
     from trainer.preflight import check_inputs
 
     ensure_default_assets(cfg)

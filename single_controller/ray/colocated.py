@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 from single_controller.decorator import SPEC_ATTRIBUTE, get_method_spec
 from single_controller.ray.class_with_args import RayClassWithInitArgs
-from single_controller.ray.worker_group import RayWorkerGroup
 from single_controller.worker import Worker
 
 ROLE_SEPARATOR = "__"
@@ -49,7 +48,8 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> RayClassWithIn
     """Build one worker class holding every role of `class_dict` ({"actor": A, "ref": B}).
 
     Values are worker classes or `RayClassWithInitArgs`. Create a `RayWorkerGroup` from the result, then
-    `group.spawn()` (or `spawn_roles(group)`) returns one worker-group view per role.
+    `group.spawn()` (or `spawn_roles(group)`) returns one worker-group view per role. This module only
+    builds the class; the per-role views are the worker group's (single_controller/ray/worker_group.py).
     """
     if not class_dict:
         raise ValueError("create_colocated_worker_cls needs at least one role")
@@ -66,27 +66,3 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> RayClassWithIn
             namespace[role_method_name(role, query)] = _forwarder(role, query, None)
     generated = type("Colocated_" + "_".join(roles), (ColocatedWorker,), namespace)
     return RayClassWithInitArgs(generated)
-
-
-def spawn_roles(group: RayWorkerGroup, roles: Iterable[str] | None = None) -> dict[str, RayWorkerGroup]:
-    """Per-role views of a colocated group: same actors, each role's registered methods unprefixed."""
-    worker_cls = group.worker_class
-    if not issubclass(worker_cls, ColocatedWorker):
-        raise TypeError(f"group {group.name!r} was not made from create_colocated_worker_cls")
-    role_classes = worker_cls.role_classes
-    wanted = list(role_classes) if roles is None else list(roles)
-    unknown = sorted(set(wanted) - set(role_classes))
-    if unknown:
-        raise ValueError(f"unknown roles {unknown}; this colocated group has {sorted(role_classes)}")
-    return {
-        role: RayWorkerGroup._from_handles(
-            f"{group.name}.{role}",
-            group.workers,
-            role_classes[role].cls,
-            method_prefix=role_method_name(role, ""),
-            node_info=group.node_info,
-            call_timeout_s=group.call_timeout_s,
-            call_log=group.call_log,  # the roles share actors, so they share what was last sent to them
-        )
-        for role in wanted
-    }

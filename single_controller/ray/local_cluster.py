@@ -10,6 +10,12 @@ SINGLE_MACHINE_FLAG = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOOPBACK = "127.0.0.1"
 
 
+def prepend_pythonpath(*folders: str) -> str:
+    """`folders` in front of this process's PYTHONPATH, for a runtime_env: workers keep finding whatever the
+    user's PYTHONPATH names (e.g. packages installed with --target) as well as the code in `folders`."""
+    return os.pathsep.join(filter(None, [*folders, os.environ.get("PYTHONPATH")]))
+
+
 def init_local_ray(**kwargs: Any) -> None:
     """`ray.init(address="local", ...)` bound to loopback, without the dashboard unless asked for.
 

@@ -19,6 +19,7 @@ from single_controller.dispatch import DispatchEntry, resolve_dispatch
 from single_controller.errors import WorkerGroupError
 from single_controller.mesh import MeshPlacement
 from single_controller.ray.class_with_args import RayClassWithInitArgs, plain_class
+from single_controller.ray.colocated import ColocatedWorker, role_method_name
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.ray.waiting import wait_for_outputs
 from single_controller.shards import ExclusiveChunk, JoinablePart, PaddedShard
@@ -355,8 +356,6 @@ class RayWorkerGroup:
 
     def spawn(self, prefix_set: Iterable[str] | None = None) -> dict[str, "RayWorkerGroup"]:
         """Per-role views of a group made from `create_colocated_worker_cls` (all roles by default)."""
-        from single_controller.ray.colocated import spawn_roles
-
         return spawn_roles(self, prefix_set)
 
     # ---- lifetime --------------------------------------------------------------------------------------
@@ -402,3 +401,27 @@ class _SharedObjects:
         if key not in self._refs:
             self._refs[key] = ray.put(value)
         return self._refs[key]
+
+
+def spawn_roles(group: RayWorkerGroup, roles: Iterable[str] | None = None) -> dict[str, RayWorkerGroup]:
+    """Per-role views of a colocated group: same actors, each role's registered methods unprefixed."""
+    worker_cls = group.worker_class
+    if not issubclass(worker_cls, ColocatedWorker):
+        raise TypeError(f"group {group.name!r} was not made from create_colocated_worker_cls")
+    role_classes = worker_cls.role_classes
+    wanted = list(role_classes) if roles is None else list(roles)
+    unknown = sorted(set(wanted) - set(role_classes))
+    if unknown:
+        raise ValueError(f"unknown roles {unknown}; this colocated group has {sorted(role_classes)}")
+    return {
+        role: RayWorkerGroup._from_handles(
+            f"{group.name}.{role}",
+            group.workers,
+            role_classes[role].cls,
+            method_prefix=role_method_name(role, ""),
+            node_info=group.node_info,
+            call_timeout_s=group.call_timeout_s,
+            call_log=group.call_log,  # the roles share actors, so they share what was last sent to them
+        )
+        for role in wanted
+    }

@@ -32,6 +32,7 @@ def test_quickstart_flow_trains_syncs_and_changes_generation(ray_cluster, model_
         assert result["sync"]["rollout/sync_logprob_max_diff"] <= 1e-3
         assert result["after"] != result["before"]
         train = result["train"]
+        assert train.sync_path == "gloo"  # CPU: the broadcast over gloo
         with pytest.raises(AttributeError, match=r"TinyPolicy has no public method 'train_stpe'; its own methods: .*'train_step'"):
             train.train_stpe
         train.meta()

@@ -107,7 +107,8 @@ class TrainEngine:
         self._owns_pool = False
         self.missing_parameters: list[str] = []
         self.released = False
-        self._syncs: dict[tuple[int, int], Any] = {}  # the broadcast group of the last engine synced
+        self._syncs: dict[tuple[int, int], Any] = {}  # the connected sync of the last engine synced
+        self.sync_path: str | None = None  # the path of that sync: "cuda_ipc", "nccl" or "gloo"
 
     def build(self, world_size: int = 1, colocate_with: Any = None, use_gpu: bool | None = None) -> "TrainEngine":
         """One FSDP2 rank per process; with `colocate_with`, on that engine's processes' slots."""
@@ -173,23 +174,37 @@ class TrainEngine:
 
     # ---- weights to an inference engine ---------------------------------------------------------------
     def p2p_weight_sync(self, infer: InferenceEngine, verify: bool = True, tolerance: float | None = None) -> dict[str, float]:
-        """Send the exported weights (output hook applied) to every engine of `infer`: a bucketed broadcast
-        from rank 0 (NCCL on GPU, gloo on CPU). With `verify`, the engine's log-probs of a probe batch must
-        match this module's, and its weights must have changed."""
-        from workers.rollout.separate_sync import SeparateWeightSync
-
-        key = (id(infer), infer.incarnation)  # a rebuilt engine has to join a new broadcast group
+        """Send the exported weights (output hook applied) to every engine of `infer`, by the path their
+        placement allows (`sync_path`): CUDA IPC when the engines share the train ranks' GPUs, a bucketed
+        NCCL broadcast from rank 0 when they are on other GPUs, gloo on CPU. With `verify`, each engine's
+        log-probs of a probe batch must match this module's."""
+        key = (id(infer), infer.incarnation)  # a rebuilt engine has to be connected anew
         sync = self._syncs.get(key)
         if sync is None:
-            options = {"tensor_model_parallel_size": infer.tensor_parallel_size, "verify_sync": verify,
-                       "verify_tolerance": tolerance}
-            # The engine may have loaded other weights than the module holds: the first sync is not checked
-            # for a change of weights (later ones are, against the module's own fingerprint).
-            sync = SeparateWeightSync(self._require_group(), infer._require_group(), options, infer.model_path,
-                                      self.use_gpu, engines_start_from_trainer=False)
-            sync.synced_version = -1  # always send on the first call
+            sync = self._connect_sync(infer, verify, tolerance)
             self._syncs = {key: sync}
         return sync.sync()
+
+    def _connect_sync(self, infer: InferenceEngine, verify: bool, tolerance: float | None) -> Any:
+        from transformers import AutoConfig
+
+        from workers.engines.ipc_sync import IpcEngineSync
+        from workers.engines.sync_path import CUDA_IPC, choose_sync_path
+        from workers.rollout.separate_sync import SeparateWeightSync
+
+        train, engines = self._require_group(), infer._require_group()
+        path = choose_sync_path(train.node_info, engines.node_info, self.use_gpu, infer.tensor_parallel_size)
+        self.sync_path = path.kind
+        if path.kind == CUDA_IPC:
+            vocab_size = AutoConfig.from_pretrained(infer.model_path).vocab_size
+            return IpcEngineSync(train, engines, path.feeding_rank, vocab_size, verify, tolerance)
+        options = {"tensor_model_parallel_size": infer.tensor_parallel_size, "verify_sync": verify,
+                   "verify_tolerance": tolerance}
+        # The engine may have loaded other weights than the module holds: the first sync is not checked for a
+        # change of weights (later ones are, against the module's own fingerprint of what it sends).
+        sync = SeparateWeightSync(train, engines, options, infer.model_path, self.use_gpu, engines_start_from_trainer=False)
+        sync.synced_version = -1  # always send on the first call
+        return sync
 
     def shutdown(self) -> None:
         if self.group is not None:

@@ -15,7 +15,7 @@ from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
 from workers.rollout.verify import probe_sequences, trainer_log_probs
-from workers.rollout.weight_sync import receive_broadcast_buckets
+from workers.rollout.weight_sync import IpcReceiver, receive_broadcast_buckets
 
 
 class HFInferenceWorker(Worker):
@@ -75,13 +75,33 @@ class HFInferenceWorker(Worker):
         self._sync_group = WeightSyncGroup()
         self._sync_group.connect(address, 1 + self.rank)
 
+    def _copy_in(self, pairs: Any, what: str) -> int:
+        params = dict(self._require_model(what).named_parameters())
+        count = 0
+        with torch.no_grad():
+            for name, tensor in pairs:
+                params[name].copy_(tensor)
+                count += 1
+        return count
+
     @register(Dispatch.ONE_TO_ALL, blocking=False)
     def receive_weights(self, layouts: list[BucketLayout], version: int | None = None) -> None:
         """`version` (the sender's weights version) is not needed here; the broadcast sync passes it to every engine."""
-        params = dict(self._require_model("receive_weights").named_parameters())
-        with torch.no_grad():
-            for name, tensor in receive_broadcast_buckets(layouts, self._sync_group, self.device):
-                params[name].copy_(tensor)
+        self._copy_in(receive_broadcast_buckets(layouts, self._sync_group, self.device), "receive_weights")
+
+    @register(Dispatch.ALL_TO_ALL)
+    def open_ipc_buffers(self, handles: list[Any]) -> None:
+        self._ipc = IpcReceiver(handles, self.device)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_ipc_bucket(self, index: int, layout: BucketLayout) -> int:
+        loaded = self._copy_in(self._ipc.bucket(index, layout), "load_ipc_bucket")
+        torch.cuda.current_stream().synchronize()  # done reading: the trainer may refill the buffer
+        return loaded
+
+    @register(Dispatch.ONE_TO_ALL)
+    def finish_weight_load(self) -> None:
+        """Nothing cached from the old weights (HF generate keeps no prefix cache across calls)."""
 
     @register(Dispatch.ONE_TO_ALL)
     def probe_log_probs(self, vocab_size: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ from workers.fsdp.offload import Offloader
 from workers.fsdp.weight_sender import SyncGroupHostMixin
 from workers.rollout.buckets import BucketLayout, plan_buckets
 from workers.rollout.verify import TRAINER_FINGERPRINT, WeightFingerprint, probe_sequences, trainer_log_probs
-from workers.rollout.weight_sync import send_broadcast
+from workers.rollout.weight_sync import IpcStagingBuffers, send_broadcast
 
 GIB = float(1 << 30)
 
@@ -36,6 +36,7 @@ class ModuleWorker(SyncGroupHostMixin, Worker):
         self.sync_dtype_name = sync_dtype
         self.bucket_bytes = bucket_mb << 20
         self.calls = 0  # any user call may change the weights: counts as a new version
+        self._ipc: IpcStagingBuffers | None = None  # this rank's CUDA IPC staging buffers, when it feeds engines
 
     # ---- building and calling ---------------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)
@@ -122,12 +123,14 @@ class ModuleWorker(SyncGroupHostMixin, Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def broadcast_weights(self, layouts: list[BucketLayout], fingerprint: bool = False) -> dict[str, float]:
+        """Every rank exports (gathers), rank 0 sends; with `fingerprint` rank 0 also returns the
+        `WeightFingerprint` of what it sent."""
         self.offloader.load()
         start = time.perf_counter()
-        exported = self._exported(meta=False)
-        buckets = ((layout, [exported[name] for name in layout.names]) for layout in layouts)
         taken = WeightFingerprint() if fingerprint and self.rank == 0 else None
-        sent = send_broadcast(buckets, self._sync_group if self.rank == 0 else None, self.device, fingerprint=taken)
+        sent = send_broadcast(
+            self._exported_buckets(layouts), self._sync_group if self.rank == 0 else None, self.device, fingerprint=taken
+        )
         metrics = {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
         return metrics if taken is None else {**metrics, TRAINER_FINGERPRINT: taken.value}
 
@@ -135,11 +138,41 @@ class ModuleWorker(SyncGroupHostMixin, Worker):
     def weights_fingerprint(self, layouts: list[BucketLayout]) -> float:
         """`WeightFingerprint` of the exported weights in the engine's dtype (what a sync sends); a collective."""
         self.offloader.load()
-        exported = self._exported(meta=False)
         taken = WeightFingerprint()
-        for layout in layouts:
-            taken.add(exported[slot.name].to(slot.dtype) for slot in layout.slots)
+        for layout, tensors in self._exported_buckets(layouts):
+            taken.add(tensor.to(slot.dtype) for slot, tensor in zip(layout.slots, tensors))
         return taken.value
+
+    def _exported_buckets(self, layouts: list[BucketLayout]) -> Any:
+        """The exported full weights (gathered now, a collective), as `(layout, tensors)` per bucket."""
+        exported = self._exported(meta=False)
+        return ((layout, [exported[name] for name in layout.names]) for layout in layouts)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def open_ipc_staging(self, layouts: list[BucketLayout], feeding_ranks: list[int]) -> Any:
+        """Ranks in `feeding_ranks` allocate their staging buffers once and return their IPC handles."""
+        if self.rank not in feeding_ranks:
+            return None
+        self._ipc = IpcStagingBuffers(layouts, self.device)
+        return self._ipc.handles
+
+    @register(Dispatch.ONE_TO_ALL)
+    def send_ipc(self, layouts: list[BucketLayout], targets: list[list[Any]]) -> dict[str, float]:
+        """Every rank exports (collective gathers); a rank with targets (inference worker handles on its GPU)
+        packs each bucket into its staging buffers and has each target load it in place."""
+        import ray
+
+        self.offloader.load()
+        start = time.perf_counter()
+        engines = targets[self.rank]
+
+        def deliver(index: int, layout: BucketLayout) -> Any:
+            refs = [engine.load_ipc_bucket.remote(index, layout) for engine in engines]
+            return lambda: ray.get(refs)
+
+        buckets = self._exported_buckets(layouts)  # the gathers run here, on every rank
+        sent = self._ipc.send(buckets, deliver) if engines else 0
+        return {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
 
     @register(Dispatch.ONE_TO_ALL)
     def probe_log_probs(self) -> torch.Tensor:

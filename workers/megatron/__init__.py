@@ -1,1 +1,1 @@
-"""megatron-core backend (in progress): Hugging Face <-> Megatron GPT weight layouts and their parallel splits."""
+"""megatron-core backend (`actor.strategy=megatron`): Hugging Face <-> Megatron GPT weight layouts and their parallel splits."""

@@ -6,7 +6,7 @@ from typing import Any
 
 from transformers import AutoConfig
 
-from workers.rollout.verify import DEFAULT_TOLERANCE, TRAINER_FINGERPRINT, compare_log_probs, require_changed, require_match
+from workers.rollout.verify import TRAINER_FINGERPRINT, require_changed, verify_engines
 
 
 class SeparateWeightSync:
@@ -70,11 +70,5 @@ class SeparateWeightSync:
 
     def verify(self) -> dict[str, float]:
         trainer = self.actor.probe_log_probs()[0]
-        dtype = self.layouts[0].slots[0].dtype
-        tolerance = self.cfg["verify_tolerance"] or DEFAULT_TOLERANCE[dtype]
-        worst = None
-        for engine, log_probs in enumerate(self.rollout.probe_log_probs(self.vocab_size)):
-            check = compare_log_probs(trainer, log_probs, tolerance)
-            require_match(check, f"broadcast weight sync to engine {engine}")
-            worst = check if worst is None or check.max_abs_diff > worst.max_abs_diff else worst
-        return worst.metrics()
+        engines = self.rollout.probe_log_probs(self.vocab_size)
+        return verify_engines(trainer, engines, self.layouts[0].slots[0].dtype, self.cfg["verify_tolerance"], "broadcast weight sync")

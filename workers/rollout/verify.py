@@ -120,3 +120,15 @@ def require_changed(engine_before: float, engine_after: float, trainer_before: f
             f"but the rollout engine's did ({engine_before!r} -> {engine_after!r}); the sync loaded something "
             "other than the trainer's weights"
         )
+
+
+def verify_engines(
+    trainer: torch.Tensor, engines: list[torch.Tensor], dtype: torch.dtype, tolerance: float | None, where: str
+) -> dict[str, float]:
+    """Every engine's probe log-probs against the trainer's (`where` names the sync in errors); returns the
+    worst engine's difference as metrics."""
+    bound = tolerance or DEFAULT_TOLERANCE[dtype]
+    checks = [compare_log_probs(trainer, log_probs, bound) for log_probs in engines]
+    for engine, check in enumerate(checks):
+        require_match(check, f"{where} to engine {engine}")
+    return max(checks, key=lambda check: check.max_abs_diff).metrics()

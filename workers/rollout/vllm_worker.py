@@ -85,6 +85,20 @@ class VLLMRolloutWorker(Worker):
         if version is not None:
             self.weights_version = version
 
+    @register(Dispatch.ALL_TO_ALL)
+    def open_ipc_buffers(self, handles: list[Any]) -> None:
+        """CUDA IPC path (engine on a train rank's GPU): map that rank's staging buffers once."""
+        self._require_engine("open_ipc_buffers").open_ipc_buffers(handles)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_ipc_bucket(self, index: int, layout: BucketLayout) -> int:
+        """Called by the feeding train rank itself (through this actor's handle), once per bucket."""
+        return self._require_engine("load_ipc_bucket").load_ipc_bucket(index, layout)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def finish_weight_load(self) -> None:
+        self._require_engine("finish_weight_load").after_weight_update()
+
     @register(Dispatch.ONE_TO_ALL)
     def probe_log_probs(self, vocab_size: int) -> torch.Tensor:
         return self._require_engine("probe_log_probs").prompt_log_probs(probe_sequences(vocab_size))

@@ -1,0 +1,35 @@
+"""The engine API's weight-sync path follows placement: same GPU -> CUDA IPC, other GPUs -> NCCL, CPU -> gloo."""
+
+import pytest
+
+from single_controller.worker import NodeInfo
+from workers.engines.sync_path import CUDA_IPC, GLOO, NCCL, choose_sync_path
+
+
+def _on(gpus_by_rank, node="n0"):
+    return [NodeInfo(rank, node, "127.0.0.1", 1000 + rank, tuple(gpus)) for rank, gpus in enumerate(gpus_by_rank)]
+
+
+def test_cpu_uses_gloo():
+    assert choose_sync_path(_on([[], []]), _on([[]]), use_gpu=False, infer_tp=1).kind == GLOO
+
+
+def test_engines_on_the_train_ranks_gpus_use_cuda_ipc_fed_by_the_rank_on_each_gpu():
+    path = choose_sync_path(_on([["0"], ["1"]]), _on([["1"], ["0"]]), use_gpu=True, infer_tp=1)
+    assert path.kind == CUDA_IPC
+    assert path.feeding_rank == (1, 0)
+
+
+def test_engines_on_other_gpus_use_nccl():
+    assert choose_sync_path(_on([["0"]]), _on([["1"], ["2"]]), use_gpu=True, infer_tp=1).kind == NCCL
+    # The same GPU index on another node is another device.
+    assert choose_sync_path(_on([["0"]], node="a"), _on([["0"]], node="b"), use_gpu=True, infer_tp=1).kind == NCCL
+
+
+def test_an_engine_beside_rank_zero_that_ipc_cannot_serve_is_refused_with_what_to_change():
+    # Tensor parallel engine on rank 0's GPU: NCCL would see one device twice, IPC serves TP 1 only.
+    with pytest.raises(ValueError, match=r"inference rank 0 on GPU \['0', '1'\] \(with a train rank\).*colocate_with=infer"):
+        choose_sync_path(_on([["0"], ["1"]]), _on([["0", "1"]]), use_gpu=True, infer_tp=2)
+    # One engine shares rank 0's GPU, the other has no train rank on its GPU.
+    with pytest.raises(ValueError, match=r"inference rank 1 on GPU \['2'\] \(without a train rank\)"):
+        choose_sync_path(_on([["0"]]), _on([["0"], ["2"]]), use_gpu=True, infer_tp=1)
