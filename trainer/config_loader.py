@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.rollout_pipeline import check_rollout_settings
+from trainer.rollout_settings import check_rollout_settings
 
 CONFIG_MODULE = "trainer.config"
 CONFIG_NAME = "trainer"
