@@ -37,12 +37,9 @@ class OnlineDPO(StepLoop):
     progress_desc = "online dpo"
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
-        timer, roles, actor, n = PhaseTimer(), self.roles, self.roles.actor, self.cfg.actor_rollout_ref.rollout.n
-        uids = np.array([f"{self.global_step}-{i}" for i in range(len(batch))], dtype=object)
-        rollout = batch.union(DataProto.from_dict(non_tensors={"uid": uids})).repeat(n, interleave=True)
-        rollout.meta_info.update(seed=self.cfg.trainer.seed * 100_003 + self.global_step)  # reproducible sampling
-        with timer("generate"):  # 1. sample with the actor's current weights
-            rollout = roles.generate_sequences(rollout)
+        timer, actor = PhaseTimer(), self.roles.actor
+        # 1. sample with the actor's current weights (with rollout.staleness=1: those of the step before)
+        rollout = self.step_rollout(batch, timer)
         with timer("verify"):  # 2. score; the rule reward is also the task reward we report
             task_reward, reward_metrics = self.data.reward_fn(rollout)
             task_reward = task_reward.sum(-1)
@@ -54,6 +51,7 @@ class OnlineDPO(StepLoop):
             **{f"reward/{k}": v for k, v in reward_metrics.items()},
             "pairs/formed": len(chosen), "pairs/dropped": dropped,
             "response/length_mean": float(rollout.batch["response_mask"].sum(-1).float().mean()),
+            **self.rollouts.metrics(rollout),
         }
         if rm is not None:
             metrics["reward/verifier_mean"] = float(scores.mean())

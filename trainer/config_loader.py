@@ -9,6 +9,8 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.rollout_settings import check_rollout_settings
+
 CONFIG_MODULE = "trainer.config"
 CONFIG_NAME = "trainer"
 
@@ -108,6 +110,7 @@ def validate_config(cfg: DictConfig) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             problems.append(f"{key}={value!r} must be a positive integer")
     problems.extend(_optional_positive(cfg, key, kind) for key, kind in _OPTIONAL_POSITIVE.items())
+    problems.extend(check_rollout_settings(cfg))
     problems = [p for p in problems if p]
     bad_loggers = [name for name in cfg.trainer.logger if name not in _LOGGERS]
     if bad_loggers:

@@ -12,6 +12,7 @@ from protocol import DataProto
 from trainer.advantage import compute_advantage, token_level_rewards
 from trainer.agent_metrics import agent_metrics
 from trainer.algorithms import make_kl_controller, masked_mean
+from trainer.algorithms.rollout_correction import ROLLOUT_IS_WEIGHTS, truncated_is_weights
 from trainer.overhead import reset_call_logs, step_overhead
 from trainer.role_groups import RoleGroups
 from trainer.run_data import RunData
@@ -43,13 +44,8 @@ class PPOTrainer(StepLoop):
         reset_call_logs(self.roles)
         started = time.perf_counter()
         timer, n, actor = PhaseTimer(), self.cfg.actor_rollout_ref.rollout.n, self.roles.actor
-        batch = batch.union(DataProto.from_dict(non_tensors={"uid": np.array([f"{self.global_step}-{i}" for i in range(len(batch))], dtype=object)}))
-        rollout = batch.repeat(n, interleave=True)
-        rollout.meta_info.update(seed=self.cfg.trainer.seed * 100_003 + self.global_step)  # reproducible sampling
-        with timer("sync_weights"):
-            self.roles.sync_rollout_weights()  # the rollout engine gets the weights of the last update
-        with timer("generate"):
-            rollout = self.roles.generate_sequences(rollout)
+        rollout = self.step_rollout(batch, timer)  # sync + generate (or the batch generated during the last step)
+        staleness = self.rollouts.metrics(rollout)
         if self.algo.adv_estimator == "remax":
             with timer("generate_baseline"):
                 rollout = self._add_greedy_baseline(batch, rollout, n)
@@ -64,6 +60,7 @@ class PPOTrainer(StepLoop):
             rollout.batch["token_level_scores"] = scores
         with timer("old_log_prob"):
             rollout = rollout.union(actor.compute_log_prob(rollout))
+        is_metrics = self._importance_weights(rollout)
         if self.roles.uses_reference:
             with timer("ref_log_prob"):
                 rollout = rollout.union(actor.compute_ref_log_prob(rollout))
@@ -80,8 +77,20 @@ class PPOTrainer(StepLoop):
         with timer("update_actor"):
             metrics.update(mean_metrics(actor.update_actor(rollout), "actor"))
         metrics.update(self._batch_metrics(rollout, reward_metrics, kl_metrics, timer))
+        metrics.update({**staleness, **is_metrics})
         metrics.update(step_overhead(time.perf_counter() - started, self.roles, reward_fn_s + timer.seconds["advantage"]))
         metrics.update(self.roles.pop_worker_metrics())
+        return metrics
+
+    def _importance_weights(self, rollout: DataProto) -> dict[str, float]:
+        """With rollout.tis_imp_ratio_cap: per-token weights min(pi_old / pi_rollout, cap) of the policy loss."""
+        cap = self.cfg.actor_rollout_ref.rollout.get("tis_imp_ratio_cap")
+        if cap is None:
+            return {}
+        weights, metrics = truncated_is_weights(
+            rollout.batch["old_log_probs"], rollout.batch["rollout_log_probs"], rollout.batch["response_mask"], float(cap)
+        )
+        rollout.batch[ROLLOUT_IS_WEIGHTS] = weights
         return metrics
 
     def _add_greedy_baseline(self, batch: DataProto, rollout: DataProto, n: int) -> DataProto:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from protocol import DataProto
+from protocol import DataProto, DataProtoFuture
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from workers.rollout.agent.rollout import absolute_specs
 from workers.rollout.separate_sync import SeparateWeightSync
@@ -76,6 +76,11 @@ class RoleGroups:
     rollout: RayWorkerGroup | None = None  # vLLM engines with their own pool (rollout.placement=separate)
     weight_sync: SeparateWeightSync | None = None
     driver_metrics: dict[str, float] = field(default_factory=dict)  # weight-sync results not yet reported
+    # A generation started with `start_generation` and not fetched yet; while it runs the rollout group is
+    # not called for its logs (its calls would wait behind the generation), which are taken just before.
+    generation: DataProtoFuture | None = None
+    parked_rollout_exec: list[list[tuple[str, float]]] = field(default_factory=list)
+    parked_rollout_metrics: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def build(cls, cfg: DictConfig, reference: bool | None = None, critic: bool | None = None) -> "RoleGroups":
@@ -166,19 +171,62 @@ class RoleGroups:
         self.sync_rollout_weights()
         return (self.rollout or self.actor).generate_sequences(prompts)
 
+    def start_generation(self, prompts: DataProto) -> None:
+        """Start generating on the separate engines with the weights they hold now; `finish_generation`
+        returns the batch. The actor is free meanwhile (rollout.staleness=1)."""
+        if self.rollout is None:
+            raise RuntimeError("start_generation needs rollout.name=vllm with rollout.placement=separate (engines of their own)")
+        if self.generation is not None:
+            raise RuntimeError("a generation is already in flight; call finish_generation() first")
+        self._park_rollout_logs()
+        self.generation = self.rollout.generate_sequences_async(prompts)
+
+    def finish_generation(self) -> DataProto:
+        """The batch of the generation started last (waits for it)."""
+        if self.generation is None:
+            raise RuntimeError("no generation in flight; call start_generation(prompts) first")
+        future, self.generation = self.generation, None
+        return future.get()
+
+    def actor_weights_version(self) -> int | None:
+        """The actor's weights version at the last sync check (separate engines only)."""
+        return self.weight_sync.actor_version if self.weight_sync is not None else None
+
+    def _park_rollout_logs(self) -> None:
+        """Take the rollout group's metrics and call records now, while it is idle."""
+        self.parked_rollout_metrics.update(mean_over_workers(self.rollout.pop_step_metrics()))
+        self._park_rollout_exec()
+
+    def _park_rollout_exec(self) -> None:
+        if not self.parked_rollout_exec:
+            self.parked_rollout_exec = [[] for _ in range(self.rollout.world_size)]
+        for parked, new in zip(self.parked_rollout_exec, self.rollout.execute_all("sc_pop_exec_seconds")):
+            parked.extend(new)
+
+    def _rollout_idle(self) -> bool:
+        return self.rollout is not None and self.generation is None
+
     def pop_worker_metrics(self) -> dict[str, float]:
         """Weight-sync, engine and per-phase memory metrics the workers gathered since the last call."""
         metrics = mean_over_workers(self.actor.pop_step_metrics())
         metrics.update(self.driver_metrics)
         self.driver_metrics = {}
-        if self.rollout is not None:
+        if self._rollout_idle():
             metrics.update(mean_over_workers(self.rollout.pop_step_metrics()))
+        metrics.update(self.parked_rollout_metrics)
+        self.parked_rollout_metrics = {}
         return metrics
 
     def pop_exec_seconds(self) -> dict[str, list[list[tuple[str, float]]]]:
         """Per group, each rank's `(method, seconds inside it)` since the last pop (see trainer/overhead.py)."""
-        groups = [g for g in (self.actor, self.critic, self.reward_model, self.rollout) if g is not None]
-        return {group.name: group.execute_all("sc_pop_exec_seconds") for group in groups}
+        groups = [g for g in (self.actor, self.critic, self.reward_model) if g is not None]
+        records = {group.name: group.execute_all("sc_pop_exec_seconds") for group in groups}
+        if self.rollout is not None:
+            if self._rollout_idle():
+                self._park_rollout_exec()
+            records[self.rollout.name] = self.parked_rollout_exec or [[] for _ in range(self.rollout.world_size)]
+            self.parked_rollout_exec = []
+        return records
 
     def save(self, folder: Path) -> None:
         self.actor.save_checkpoint(str(folder / ACTOR_DIR))

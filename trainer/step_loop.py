@@ -16,7 +16,9 @@ from tqdm import tqdm
 from protocol import DataProto
 from single_controller.errors import WorkerGroupError
 from trainer import checkpointing
+from trainer.rollout_pipeline import LookaheadBatches, RolloutPipeline, prompts_for_step
 from trainer.run_data import RunData
+from trainer.timing import PhaseTimer
 from trainer.tracking import Tracker
 from trainer.validation import validate
 
@@ -30,6 +32,8 @@ class StepLoop:
         self.cfg, self.roles, self.data, self.tracker = cfg, roles, data, tracker
         self.global_step = 0
         self.checkpoint_root = Path(cfg.trainer.default_local_dir)
+        self.batches: LookaheadBatches | None = None  # the dataloader, while fit() runs
+        self.rollouts = RolloutPipeline(roles, cfg.actor_rollout_ref.rollout.get("staleness", 0))
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
         raise NotImplementedError
@@ -45,8 +49,23 @@ class StepLoop:
     def restore_driver_state(self, state: dict[str, Any]) -> None:
         return None
 
+    # ---- rollouts -----------------------------------------------------------------------------------------
+    def step_rollout(self, batch: DataProto, timer: PhaseTimer) -> DataProto:
+        """This step's responses to `batch` (`rollout.n` per prompt, a uid per prompt): generated now, or
+        with rollout.staleness=1 during the previous step (see trainer/rollout_pipeline.py)."""
+        n, seed = self.cfg.actor_rollout_ref.rollout.n, self.cfg.trainer.seed
+
+        def upcoming() -> DataProto | None:
+            if self.batches is None or self.global_step + 1 >= self.cfg.trainer.total_training_steps:
+                return None
+            return prompts_for_step(self.batches.peek(), self.global_step + 1, n, seed)
+
+        return self.rollouts.rollout(prompts_for_step(batch, self.global_step, n, seed), upcoming, timer)
+
     def save(self) -> Path:
-        state = {"global_step": self.global_step, "dataloader": self.data.train_loader.state_dict(), **self.driver_state()}
+        # The position before a batch taken ahead (in flight): a resumed run generates it again.
+        loader_state = self.batches.state_dict() if self.batches is not None else self.data.train_loader.state_dict()
+        state = {"global_step": self.global_step, "dataloader": loader_state, **self.driver_state()}
         return checkpointing.save_checkpoint(self.checkpoint_root, self.global_step, state, self.roles.save, self.cfg.trainer.max_ckpt_to_keep)
 
     def maybe_resume(self) -> None:
@@ -75,11 +94,11 @@ class StepLoop:
         self.maybe_resume()
         if cfg.val_before_train and self.global_step == 0 and self.data.val_batches:
             self.tracker.log(self.validate(), step=0)
-        batches = iter(self.data.train_loader)
+        self.batches = LookaheadBatches(self.data.train_loader)
         progress = tqdm(total=cfg.total_training_steps, initial=self.global_step, desc=self.progress_desc, unit="step")
         while self.global_step < cfg.total_training_steps:
             start = time.perf_counter()
-            metrics = self.train_step(next(batches))
+            metrics = self.train_step(self.batches.next())
             self.global_step += 1
             if cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0 and self.data.val_batches:
                 metrics.update(self.validate())

@@ -194,6 +194,8 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "weight_sync_bucket_mb": Field(512, _int(1), "an int >= 1 (MiB per weight-sync bucket)"),
         "verify_sync": Field(False, _bool, "a bool (after each sync, compare the engine's log-probs of a probe batch with the trainer's)"),
         "verify_tolerance": Field(None, _optional(_float(0.0, low_open=True)), "None (1e-3 fp32, 0.25 bf16) or a float > 0"),
+        "staleness": Field(0, _one_of(0, 1), "0 or 1 (driver side: steps between generating and training on a batch)"),
+        "tis_imp_ratio_cap": Field(None, _optional(_float(1.0)), "None (off) or a float >= 1 (driver side: truncated IS cap)"),
         "n": Field(1, _int(1), "an int >= 1 (responses per prompt; the driver repeats the prompts)"),
         "temperature": Field(1.0, _float(0.0, low_open=True), "a float > 0"),
         "top_p": Field(1.0, _float(0.0, 1.0, low_open=True), "a float in (0, 1]"),

@@ -38,11 +38,13 @@ def wait_for_outputs(
     describe_rank: Callable[[int], str],
     timeout_s: float | None = None,
     recent_calls: Callable[[int], list[str]] | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> list[Any]:
     """Return the outputs of `refs` (one per rank in `ranks`), or raise naming what failed where.
 
     `recent_calls(rank)` lists the methods last sent to that rank's actor (this call included); a dead
     actor's error quotes them, since the death may have happened after the previous call finished.
+    `on_ready()` runs once every rank has finished, before the outputs are fetched.
     """
     report = functools.partial(_failure_error, recent_calls=recent_calls or (lambda rank: []))
     rank_of = dict(zip(refs, ranks))
@@ -65,6 +67,8 @@ def wait_for_outputs(
             raise WorkerCallTimeout(
                 group, method, stuck, f"no result after {timeout_s:.1f}s from " + ", ".join(map(describe_rank, stuck))
             )
+    if on_ready is not None:
+        on_ready()
     try:
         return ray.get(refs)
     except (RayTaskError, RayActorError):

@@ -13,7 +13,7 @@ import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from single_controller import worker as worker_env
-from single_controller.call_timing import record_driver_call
+from single_controller.call_timing import record_async_call, record_driver_call
 from single_controller.decorator import Execute, MethodSpec, get_method_spec
 from single_controller.dispatch import DispatchEntry, resolve_dispatch
 from single_controller.dispatch_result import per_rank_arguments
@@ -256,9 +256,12 @@ class RayWorkerGroup:
             self._mesh_cache[mesh_name] = complete_placements(placements, mesh_name)
         return self._mesh_cache[mesh_name]
 
-    def _wait(self, refs: list[ray.ObjectRef], ranks: list[int], method: str) -> list[Any]:
+    def _wait(
+        self, refs: list[ray.ObjectRef], ranks: list[int], method: str, on_ready: Callable[[], None] | None = None
+    ) -> list[Any]:
         return wait_for_outputs(
-            refs, ranks, self.name, method, self.describe_rank, self.call_timeout_s, recent_calls=self._recent_calls
+            refs, ranks, self.name, method, self.describe_rank, self.call_timeout_s, recent_calls=self._recent_calls,
+            on_ready=on_ready,
         )
 
     def _call(
@@ -279,18 +282,36 @@ class RayWorkerGroup:
             return entry.collect_fn(self, outputs)
 
         chunk_refs = entry.chunk_refs(self, refs) if entry.chunk_refs is not None and execute == Execute.ALL else None
-        future = DataProtoFuture(
-            refs,
-            collect_fn=collect,
-            fetch_fn=functools.partial(self._wait, ranks=ranks, method=method),
-            chunk_refs=chunk_refs,
-            description=f"{self.name}.{method}",
-        )
+        fetch: Callable[[list[ray.ObjectRef]], Any] = functools.partial(self._wait, ranks=ranks, method=method)
+        if not blocking:
+            fetch, collect = self._timed_async_get(method, ranks, time.perf_counter() - started, collect)
+        future = DataProtoFuture(refs, collect_fn=collect, fetch_fn=fetch, chunk_refs=chunk_refs, description=f"{self.name}.{method}")
         if not blocking:
             return future
         output = future.get()
         record_driver_call(self.name, method, ranks, started)
         return output
+
+    def _timed_async_get(
+        self, method: str, ranks: list[int], submit_s: float, collect: Callable[[list[Any]], Any]
+    ) -> tuple[Callable[[list[ray.ObjectRef]], Any], Callable[[Any], Any]]:
+        """Fetch and collect functions of a non-blocking call that record it (see `record_async_call`) when
+        its result is fetched: the time until every rank finished counts as waiting for the workers, the
+        rest (submission, transfer, collect) as the call's own cost."""
+
+        def fetch(refs: list[ray.ObjectRef]) -> tuple[list[Any], float, float]:
+            started = time.perf_counter()
+            ready = [started]
+            outputs = self._wait(refs, ranks, method, on_ready=lambda: ready.__setitem__(0, time.perf_counter()))
+            return outputs, started, ready[0]
+
+        def timed_collect(fetched: tuple[list[Any], float, float]) -> Any:
+            outputs, started, ready = fetched
+            result = collect(outputs)
+            record_async_call(self.name, method, ranks, submit_s + time.perf_counter() - started, ready - started)
+            return result
+
+        return fetch, timed_collect
 
     def _submit(self, method: str, ranks: list[int], args: tuple, kwargs: dict) -> list[ray.ObjectRef]:
         shared = _SharedObjects()

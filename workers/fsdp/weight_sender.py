@@ -15,8 +15,8 @@ import torch
 from single_controller import Dispatch, register
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
-from workers.rollout.verify import probe_sequences, trainer_log_probs
-from workers.rollout.weight_sync import broadcast_buckets, plan_model_buckets
+from workers.rollout.verify import TRAINER_FINGERPRINT, WeightFingerprint, probe_sequences, trainer_log_probs
+from workers.rollout.weight_sync import BroadcastSender, broadcast_buckets, gathered_buckets, plan_model_buckets
 
 GIB = float(1 << 30)
 
@@ -43,6 +43,7 @@ class WeightSenderMixin(SyncGroupHostMixin):
 
     rank: int
     config: dict[str, Any]
+    _broadcast_sender: BroadcastSender | None = None  # rank 0's staging buffers, kept between syncs
 
     def _sync_dtype(self) -> torch.dtype:
         from workers.rollout.hybrid import engine_dtype
@@ -55,11 +56,28 @@ class WeightSenderMixin(SyncGroupHostMixin):
         return plan_model_buckets(self._sync_source().module, self._sync_dtype(), self.config["rollout"]["weight_sync_bucket_mb"] << 20)
 
     @register(Dispatch.ONE_TO_ALL)
-    def broadcast_weights(self, layouts: list[BucketLayout]) -> dict[str, float]:
+    def broadcast_weights(self, layouts: list[BucketLayout], fingerprint: bool = False) -> dict[str, float]:
+        """Every rank gathers, rank 0 sends (its staging buffers are kept for the next sync). With
+        `fingerprint`, rank 0 also returns the `WeightFingerprint` of what it sent."""
         engine = self._sync_source()
         start = time.perf_counter()
-        sent = broadcast_buckets(engine.module, layouts, self._sync_group if self.rank == 0 else None, engine.device)
-        return {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
+        if self.rank == 0 and self._broadcast_sender is None:
+            self._broadcast_sender = BroadcastSender(engine.device)
+        taken = WeightFingerprint() if fingerprint and self.rank == 0 else None
+        sent = broadcast_buckets(
+            engine.module, layouts, self._sync_group if self.rank == 0 else None, engine.device,
+            sender=self._broadcast_sender, fingerprint=taken,
+        )
+        metrics = {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
+        return metrics if taken is None else {**metrics, TRAINER_FINGERPRINT: taken.value}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def weights_fingerprint(self, layouts: list[BucketLayout]) -> float:
+        """`WeightFingerprint` of the weights as a sync would send them (engine dtype); a collective."""
+        taken = WeightFingerprint()
+        for _, tensors in gathered_buckets(self._sync_source().module, layouts):
+            taken.add(tensors)
+        return taken.value
 
     @register(Dispatch.ONE_TO_ALL)
     def probe_log_probs(self) -> torch.Tensor:

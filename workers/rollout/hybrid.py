@@ -16,7 +16,10 @@ import torch
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.model_loading import compute_dtype
 from workers.rollout.buckets import BucketLayout
-from workers.rollout.verify import DEFAULT_TOLERANCE, compare_log_probs, probe_sequences, require_changed, require_match, trainer_log_probs
+from workers.rollout.verify import (
+    DEFAULT_TOLERANCE, WeightFingerprint, compare_log_probs, fingerprinted, probe_sequences, require_changed, require_match,
+    trainer_log_probs,
+)
 from workers.rollout.vllm_engine import VLLMEngine
 from workers.rollout.weight_sync import named_full_parameters, plan_model_buckets
 
@@ -76,6 +79,16 @@ class HybridRollout:
         self.engine = VLLMEngine(source.model_path, rollout_cfg, self.dtype, source.device, seed)
         self.layouts: list[BucketLayout] = source.sync_layouts(self.dtype, rollout_cfg["weight_sync_bucket_mb"] << 20)
         self.synced_version = 0  # the engine loaded the same folder the actor started from
+        # The trainer-side fingerprint of what the engine holds (the model folder, as the trainer would send it).
+        self.trainer_fingerprint: float | None = None
+        if rollout_cfg["verify_sync"]:
+            self.trainer_fingerprint = self._trainer_fingerprint()
+
+    def _trainer_fingerprint(self) -> float:
+        taken = WeightFingerprint()
+        for _ in fingerprinted(self.source.named_weights(self.layouts), taken):
+            pass
+        return taken.value
 
     def sync(self, version: int, force: bool = False) -> dict[str, float]:
         """Load the actor's weights into the engine unless it already has `version`. Collective."""
@@ -83,8 +96,10 @@ class HybridRollout:
             return {}
         verify = self.cfg["verify_sync"]
         before = self.engine.fingerprint() if verify and not force else None
+        sent = WeightFingerprint()
+        pairs = self.source.named_weights(self.layouts)
         start = time.perf_counter()
-        loaded = self.engine.load_weights(self.source.named_weights(self.layouts))
+        loaded = self.engine.load_weights(fingerprinted(pairs, sent) if verify else pairs)
         seconds = time.perf_counter() - start
         metrics = {
             "rollout/sync_s": seconds,
@@ -93,8 +108,9 @@ class HybridRollout:
         }
         if verify:
             metrics.update(self.verify("in-process weight sync"))
-            if before is not None:
-                require_changed(before, self.engine.fingerprint(), version != self.synced_version, "in-process weight sync")
+            if before is not None and self.trainer_fingerprint is not None:
+                require_changed(before, self.engine.fingerprint(), self.trainer_fingerprint, sent.value, "in-process weight sync")
+            self.trainer_fingerprint = sent.value
         self.synced_version = version
         return metrics
 

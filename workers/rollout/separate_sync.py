@@ -6,7 +6,7 @@ from typing import Any
 
 from transformers import AutoConfig
 
-from workers.rollout.verify import DEFAULT_TOLERANCE, compare_log_probs, require_changed, require_match
+from workers.rollout.verify import TRAINER_FINGERPRINT, require_changed, verify_engines
 
 
 class SeparateWeightSync:
@@ -14,14 +14,24 @@ class SeparateWeightSync:
     the same time: the engines' receive calls are issued first (non-blocking), then the actor's send."""
 
     def __init__(
-        self, actor: Any, rollout: Any, rollout_cfg: dict[str, Any], model_path: str, use_gpu: bool, check_changed: bool = True
+        self,
+        actor: Any,
+        rollout: Any,
+        rollout_cfg: dict[str, Any],
+        model_path: str,
+        use_gpu: bool,
+        engines_start_from_trainer: bool = True,
     ) -> None:
+        """`engines_start_from_trainer`: the engines hold the trainer's weights at `connect()` (both loaded
+        the same folder); when not, the first sync's change of weights is not checked (the probe still is)."""
         self.actor, self.rollout, self.cfg = actor, rollout, rollout_cfg
-        self.check_changed = check_changed
+        self.engines_start_from_trainer = engines_start_from_trainer
         self.backend = "nccl" if use_gpu else "gloo"
         self.vocab_size = AutoConfig.from_pretrained(model_path).vocab_size
         self.layouts: list | None = None
+        self.trainer_fingerprint: float | None = None  # of the weights the engines hold, taken on the trainer
         self.synced_version = 0  # the engines loaded the folder the actor started from
+        self.actor_version = 0  # the actor's weights version at the last sync() (synced or not)
 
     def connect(self) -> None:
         world = 1 + self.rollout.world_size * self.cfg["tensor_model_parallel_size"]
@@ -30,35 +40,35 @@ class SeparateWeightSync:
         self.actor.connect_weight_sync(address)
         joined.get()
         self.layouts = self.actor.weight_sync_layouts()
+        if self.cfg["verify_sync"] and self.engines_start_from_trainer:
+            # What the engines hold now (the model folder), as the trainer would send it.
+            self.trainer_fingerprint = self.actor.weights_fingerprint(self.layouts)[0]
 
     def sync(self) -> dict[str, float]:
         """Broadcast the actor's weights if they changed since the last sync; verify when configured."""
         version = self.actor.current_weights_version()
+        self.actor_version = version
         if version == self.synced_version:
             return {}
         if self.layouts is None:
             self.connect()
-        verify = self.cfg["verify_sync"]
-        before = self.rollout.weights_fingerprint() if verify and self.check_changed else None
-        received = self.rollout.receive_weights(self.layouts)
-        metrics = self.actor.broadcast_weights(self.layouts)[0]
+        verify = bool(self.cfg["verify_sync"])
+        before = self.rollout.weights_fingerprint() if verify and self.trainer_fingerprint is not None else None
+        received = self.rollout.receive_weights(self.layouts, version)
+        metrics = dict(self.actor.broadcast_weights(self.layouts, fingerprint=verify)[0])
+        trainer_after = metrics.pop(TRAINER_FINGERPRINT, None)
         received.get()
         if verify:
             metrics.update(self.verify())
         if before is not None:
             after = self.rollout.weights_fingerprint()
             for engine, (old, new) in enumerate(zip(before, after)):
-                require_changed(old, new, True, f"broadcast weight sync to engine {engine}")
+                require_changed(old, new, self.trainer_fingerprint, trainer_after, f"broadcast weight sync to engine {engine}")
+        self.trainer_fingerprint = trainer_after
         self.synced_version = version
         return metrics
 
     def verify(self) -> dict[str, float]:
         trainer = self.actor.probe_log_probs()[0]
-        dtype = self.layouts[0].slots[0].dtype
-        tolerance = self.cfg["verify_tolerance"] or DEFAULT_TOLERANCE[dtype]
-        worst = None
-        for engine, log_probs in enumerate(self.rollout.probe_log_probs(self.vocab_size)):
-            check = compare_log_probs(trainer, log_probs, tolerance)
-            require_match(check, f"broadcast weight sync to engine {engine}")
-            worst = check if worst is None or check.max_abs_diff > worst.max_abs_diff else worst
-        return worst.metrics()
+        engines = self.rollout.probe_log_probs(self.vocab_size)
+        return verify_engines(trainer, engines, self.layouts[0].slots[0].dtype, self.cfg["verify_tolerance"], "broadcast weight sync")

@@ -73,14 +73,20 @@ class WeightSyncGroup:
         self._keep_store = store
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0) -> None:
+        """Blocking: on return the bytes are in `tensor` (receivers) / sent (root), host-visible."""
+        self.broadcast_async(tensor, root).wait()
+        if tensor.is_cuda:
+            torch.cuda.current_stream().synchronize()
+
+    def broadcast_async(self, tensor: torch.Tensor, root: int = 0) -> dist.Work:
+        """Start a broadcast; `wait()` on the result before touching `tensor` again. With NCCL that wait only
+        orders the current stream after the transfer (the host does not block); with gloo it blocks."""
         if self.group is None:
             raise RuntimeError("weight-sync group not connected; call connect() first")
         options = dist.BroadcastOptions()
         options.rootRank = root
         options.rootTensor = 0
-        self.group.broadcast([tensor], options).wait()
-        if tensor.is_cuda:
-            torch.cuda.current_stream().synchronize()
+        return self.group.broadcast([tensor], options)
 
     def close(self) -> None:
         self.group, self._store = None, None

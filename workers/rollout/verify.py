@@ -6,6 +6,7 @@ the trainer's own forward pass; a fingerprint of the engine's weights shows whet
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -72,12 +73,52 @@ def require_match(check: SyncCheck, where: str) -> None:
         )
 
 
-def require_changed(before: float, after: float, trainer_changed: bool, where: str) -> None:
-    """`check_weights_changed`: after an optimizer step the engine's weights must differ from before."""
-    if trainer_changed and before == after:
+# Key under which a sender returns the `WeightFingerprint` of what it sent (taken out of the sync metrics).
+TRAINER_FINGERPRINT = "sync/trainer_fingerprint"
+
+
+class WeightFingerprint:
+    """Sum of |w| (in float64) over tensors, the same measure `sc_weights_fingerprint` takes of the engine.
+    The trainer feeds it the tensors exactly as sent (cast to the engine's dtype), so a change too small to
+    survive that cast, or no change at all, is not counted as a change."""
+
+    def __init__(self) -> None:
+        self._total: torch.Tensor | None = None
+
+    def add(self, tensors: Iterable[torch.Tensor]) -> None:
+        for tensor in tensors:
+            part = torch.sum(tensor.detach().abs(), dtype=torch.float64)
+            self._total = part if self._total is None else self._total + part
+
+    @property
+    def value(self) -> float:
+        return 0.0 if self._total is None else float(self._total.item())
+
+
+def fingerprinted(pairs: Iterable[tuple[str, torch.Tensor]], fingerprint: WeightFingerprint) -> Iterator[tuple[str, torch.Tensor]]:
+    """`pairs` unchanged, each tensor added to `fingerprint` on the way."""
+    for name, tensor in pairs:
+        fingerprint.add([tensor])
+        yield name, tensor
+
+
+def require_changed(engine_before: float, engine_after: float, trainer_before: float, trainer_after: float, where: str) -> None:
+    """The engine's weights change in a sync exactly when the trainer's (in the engine's dtype) changed
+    since the previous one: changed there and not here means the sync loaded nothing; unchanged there and
+    changed here means the engine loaded something else. A step may leave the weights as they were (zero
+    gradient, e.g. all advantages 0, or an update below the engine dtype's resolution)."""
+    trainer_changed, engine_changed = trainer_before != trainer_after, engine_before != engine_after
+    if trainer_changed and not engine_changed:
         raise WeightSyncMismatch(
-            f"{where}: the trainer's weights changed since the last sync but the rollout engine's weights did "
-            f"not (fingerprint {after!r} before and after); the sync loaded nothing"
+            f"{where}: the trainer's weights changed since the last sync (fingerprint {trainer_before!r} -> "
+            f"{trainer_after!r}) but the rollout engine's weights did not ({engine_after!r} before and after); "
+            "the sync loaded nothing"
+        )
+    if engine_changed and not trainer_changed:
+        raise WeightSyncMismatch(
+            f"{where}: the trainer's weights did not change since the last sync (fingerprint {trainer_after!r}) "
+            f"but the rollout engine's did ({engine_before!r} -> {engine_after!r}); the sync loaded something "
+            "other than the trainer's weights"
         )
 
 

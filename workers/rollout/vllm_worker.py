@@ -25,6 +25,8 @@ from workers.rollout.verify import probe_sequences
 from workers.rollout.vllm_engine import VLLMEngine
 
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+# meta_info key of a generated batch: the actor's weights version the engine generated it with.
+ROLLOUT_WEIGHTS_VERSION = "rollout_weights_version"
 
 
 class VLLMRolloutWorker(Worker):
@@ -34,6 +36,7 @@ class VLLMRolloutWorker(Worker):
         self.engine: VLLMEngine | None = None
         self.memory: MemoryLog | None = None
         self.agent = None  # the multi-turn tool-calling rollout (rollout.multi_turn.enable)
+        self.weights_version = 0  # the actor's version of the weights loaded (0: the model folder)
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -64,7 +67,14 @@ class VLLMRolloutWorker(Worker):
         else:
             result = engine.generate(inputs, params, prompts.meta_info.get("seed"), self.rank)
         self.memory.record("rollout_generate")
-        return rollout_output(prompts, result)
+        output = rollout_output(prompts, result)
+        output.meta_info[ROLLOUT_WEIGHTS_VERSION] = self.weights_version
+        return output
+
+    @register(Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def generate_sequences_async(self, prompts: DataProto) -> DataProto:
+        """`generate_sequences` returning a future at once (the driver trains meanwhile, rollout.staleness=1)."""
+        return self.generate_sequences(prompts)
 
     # ---- weight sync (receiver side) ------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL, blocking=False)
@@ -74,8 +84,12 @@ class VLLMRolloutWorker(Worker):
         self._require_engine("join_weight_sync").join_weight_sync_group(address, 1 + self.rank * tp)
 
     @register(Dispatch.ONE_TO_ALL, blocking=False)
-    def receive_weights(self, layouts: list[BucketLayout]) -> None:
+    def receive_weights(self, layouts: list[BucketLayout], version: int | None = None) -> None:
+        """Load the broadcast weights; `version` is the actor's weights version they are (stamped on every
+        batch generated with them)."""
         self._require_engine("receive_weights").receive_broadcast(layouts)
+        if version is not None:
+            self.weights_version = version
 
     @register(Dispatch.ALL_TO_ALL)
     def open_ipc_buffers(self, handles: list[Any]) -> None:

@@ -14,13 +14,16 @@ Tensors are cast to the engine's dtype on the way. Names are the Hugging Face ch
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from workers.rollout.buckets import BucketLayout, bucket_views, empty_bucket, plan_buckets
 from workers.rollout.sync_group import WeightSyncGroup
+
+if TYPE_CHECKING:
+    from workers.rollout.verify import WeightFingerprint
 
 SYNC_METHODS = ("in_process", "cuda_ipc", "broadcast")
 # A hook turning the trainer's named parameters into the names/tensors the engine loads (e.g. a LoRA merge).
@@ -39,19 +42,20 @@ def plan_model_buckets(module: nn.Module, dtype: torch.dtype, bucket_bytes: int)
 
 
 def gathered_buckets(
-    module: nn.Module, layouts: list[BucketLayout], export_hook: ExportHook | None = None
+    module: nn.Module, layouts: list[BucketLayout], export_hook: ExportHook | None = None, cast: bool = True
 ) -> Iterator[tuple[BucketLayout, list[torch.Tensor]]]:
     """Per bucket, its full parameters cast to the layout's dtypes (collective: every trainer rank runs it).
+    With `cast=False` they keep their own dtype (a packer casting while it copies saves one copy).
     Only one bucket's gathered tensors are alive at a time."""
     params = dict(module.named_parameters())
     for layout in layouts:
         tensors = []
-        for slot in layout.slots:
-            with torch.no_grad():
+        with torch.no_grad():
+            for slot in layout.slots:
                 full = _full(params[slot.name].detach())
                 if export_hook is not None:
                     full = export_hook(slot.name, full)
-                tensors.append(full.to(slot.dtype))
+                tensors.append(full.to(slot.dtype) if cast else full)
         yield layout, tensors
 
 
@@ -63,26 +67,79 @@ def named_full_parameters(
         yield from zip(layout.names, tensors)
 
 
+def copy_into(views: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
+    """`views[i].copy_(tensors[i])` (casting) for a whole bucket: one fused launch per dtype on CUDA instead
+    of one per tensor, which is what a bucket of a small model costs most."""
+    for view, tensor in zip(views, tensors):
+        if tuple(view.shape) != tuple(tensor.shape):
+            raise ValueError(f"tensor of shape {tuple(tensor.shape)} does not fit its bucket slot {tuple(view.shape)}")
+    torch._foreach_copy_(views, tensors)
+
+
+class BroadcastSender:
+    """Trainer rank 0's side of the broadcast path. Two staging buffers (each as large as the largest bucket
+    seen) are kept across syncs, with their views per layout computed once: bucket i+1 is packed while
+    bucket i is on the wire, and a buffer is refilled only after its own broadcast finished. There is no
+    host synchronisation between buckets (on CUDA the waits are stream-ordered), only one at the end."""
+
+    def __init__(self, device: torch.device, count: int = 2) -> None:
+        self.device = device
+        self.buffers: list[torch.Tensor | None] = [None] * count
+        self._views: dict[tuple[int, BucketLayout], list[torch.Tensor]] = {}
+
+    def _views_of(self, slot: int, layout: BucketLayout) -> list[torch.Tensor]:
+        buffer = self.buffers[slot]
+        if buffer is None or buffer.numel() < layout.nbytes:
+            self.buffers[slot] = empty_bucket(layout, self.device)
+            self._views = {key: views for key, views in self._views.items() if key[0] != slot}
+        key = (slot, layout)
+        if key not in self._views:
+            self._views[key] = [view for _, view in bucket_views(self.buffers[slot], layout)]
+        return self._views[key]
+
+    def send(
+        self,
+        buckets: Iterator[tuple[BucketLayout, list[torch.Tensor]]],
+        group: WeightSyncGroup,
+        fingerprint: "WeightFingerprint | None" = None,
+    ) -> int:
+        """Broadcast every `(layout, tensors)` bucket from group rank 0; `fingerprint` (if given) takes in
+        each packed tensor, i.e. the weights exactly as the engine receives them. Returns the bytes sent."""
+        pending: list[Any] = [None] * len(self.buffers)
+        sent = 0
+        for index, (layout, tensors) in enumerate(buckets):
+            slot = index % len(self.buffers)
+            if pending[slot] is not None:
+                pending[slot].wait()  # the buffer's previous broadcast is done before it is overwritten
+            views = self._views_of(slot, layout)
+            copy_into(views, tensors)
+            if fingerprint is not None:
+                fingerprint.add(views)
+            pending[slot] = group.broadcast_async(self.buffers[slot][: layout.nbytes], root=0)
+            sent += layout.nbytes
+        for work in pending:
+            if work is not None:
+                work.wait()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        return sent
+
+
 def send_broadcast(
-    buckets: Iterator[tuple[BucketLayout, list[torch.Tensor]]], group: WeightSyncGroup | None, device: torch.device
+    buckets: Iterator[tuple[BucketLayout, list[torch.Tensor]]],
+    group: WeightSyncGroup | None,
+    device: torch.device,
+    sender: BroadcastSender | None = None,
+    fingerprint: "WeightFingerprint | None" = None,
 ) -> int:
     """Sender side of the broadcast path over `(layout, tensors)` buckets; `group` is the connected group on
     trainer rank 0 and None on the other ranks (they only take part in producing the buckets, e.g. FSDP
-    gathers). One staging buffer (the largest bucket's size) is reused: a broadcast returns once sent.
-    Returns the bytes sent."""
-    sent = 0
-    staging: torch.Tensor | None = None
-    for layout, tensors in buckets:
-        if group is None:
-            continue
-        if staging is None or staging.numel() < layout.nbytes:
-            staging = empty_bucket(layout, device)
-        buffer = staging[: layout.nbytes]
-        for (_, view), tensor in zip(bucket_views(buffer, layout), tensors):
-            view.copy_(tensor)
-        group.broadcast(buffer, root=0)
-        sent += layout.nbytes
-    return sent
+    gathers). Pass the same `sender` every sync to reuse its staging buffers. Returns the bytes sent."""
+    if group is None:
+        for _ in buckets:
+            pass
+        return 0
+    return (sender or BroadcastSender(device)).send(buckets, group, fingerprint)
 
 
 def broadcast_buckets(
@@ -91,19 +148,32 @@ def broadcast_buckets(
     group: WeightSyncGroup | None,
     device: torch.device,
     export_hook: ExportHook | None = None,
+    sender: BroadcastSender | None = None,
+    fingerprint: "WeightFingerprint | None" = None,
 ) -> int:
-    """`send_broadcast` of a module's full parameters, gathered bucket by bucket."""
-    return send_broadcast(gathered_buckets(module, layouts, export_hook), group, device)
+    """`send_broadcast` of a module's full parameters, gathered bucket by bucket (cast while packed)."""
+    buckets = gathered_buckets(module, layouts, export_hook, cast=False)
+    return send_broadcast(buckets, group, device, sender, fingerprint)
 
 
 def receive_broadcast_buckets(
     layouts: list[BucketLayout], group: WeightSyncGroup, device: torch.device
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Receiver side: one buffer per bucket, filled by the broadcast, read out as views."""
-    for layout in layouts:
-        buffer = empty_bucket(layout, device)
-        group.broadcast(buffer, root=0)
+    """Receiver side: one new buffer per bucket (the engine's loader may keep views of it), read out as
+    views. The next bucket's broadcast is already posted while the caller loads this one."""
+    if not layouts:
+        return
+    posted = _post_receive(layouts[0], group, device)
+    for index, layout in enumerate(layouts):
+        buffer, work = posted
+        posted = _post_receive(layouts[index + 1], group, device) if index + 1 < len(layouts) else None
+        work.wait()  # on CUDA: the loader's kernels (same stream) start after the bytes arrived
         yield from bucket_views(buffer, layout)
+
+
+def _post_receive(layout: BucketLayout, group: WeightSyncGroup, device: torch.device) -> tuple[torch.Tensor, Any]:
+    buffer = empty_bucket(layout, device)
+    return buffer, group.broadcast_async(buffer, root=0)
 
 
 # ---- CUDA IPC ---------------------------------------------------------------------------------------------

@@ -1,0 +1,98 @@
+"""Where a step's rollout comes from: generated at the start of the step (staleness 0), or one step ahead
+while the actor trains (staleness 1, separate placement only).
+
+With staleness 1, step k takes the batch the engines generated during step k-1, syncs them to the
+actor's newest weights (those of step k-1: the engines are idle then, between two generations), starts
+generating batch k+1 and returns batch k; the actor then trains on batch k while batch k+1 is sampled.
+So batch k+1 comes from the weights of step k-1. The first step (and the first after a resume) has no
+batch in flight and generates its own, on-policy.
+
+Checkpoints hold the dataloader position *before* the batch in flight: a resumed run generates that batch
+again, with the checkpoint's weights (the in-flight generation of the stopped run is dropped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from protocol import DataProto
+from trainer.timing import PhaseTimer
+from trainer.rollout_settings import STALENESS_VALUES
+from workers.rollout.vllm_worker import ROLLOUT_WEIGHTS_VERSION
+
+def prompts_for_step(batch: DataProto, step: int, n: int, seed: int) -> DataProto:
+    """The generation input of a step: a uid per prompt, `n` copies of each, and the step's sampling seed."""
+    uids = np.array([f"{step}-{i}" for i in range(len(batch))], dtype=object)
+    prompts = batch.union(DataProto.from_dict(non_tensors={"uid": uids})).repeat(n, interleave=True)
+    prompts.meta_info.update(seed=seed * 100_003 + step)  # reproducible sampling
+    return prompts
+
+
+class LookaheadBatches:
+    """The dataloader with a one-batch lookahead. `state_dict()` is the position before any batch taken
+    ahead, so a checkpoint resumes with the batch that was in flight."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self._batches = iter(loader)
+        self._ahead: tuple[DataProto, dict[str, Any]] | None = None
+
+    def next(self) -> DataProto:
+        if self._ahead is not None:
+            batch, self._ahead = self._ahead[0], None
+            return batch
+        return next(self._batches)
+
+    def peek(self) -> DataProto:
+        if self._ahead is None:
+            state = self.loader.state_dict()
+            self._ahead = (next(self._batches), state)
+        return self._ahead[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._ahead[1] if self._ahead is not None else self.loader.state_dict()
+
+
+class RolloutPipeline:
+    """`rollout(prompts, upcoming, timer)` per step; see the module docstring."""
+
+    def __init__(self, roles: Any, staleness: int) -> None:
+        if staleness not in STALENESS_VALUES:
+            raise ValueError(f"staleness={staleness!r}; valid: {list(STALENESS_VALUES)}")
+        self.roles, self.staleness = roles, staleness
+        self.in_flight = False
+
+    def rollout(self, prompts: DataProto, upcoming: Callable[[], DataProto | None], timer: PhaseTimer) -> DataProto:
+        """This step's rollout. `upcoming()` gives the next step's prompts (None on the last step); with
+        staleness 1 their generation starts here."""
+        if self.staleness == 0:
+            with timer("sync_weights"):
+                self.roles.sync_rollout_weights()  # the engines get the weights of the last update
+            with timer("generate"):
+                return self.roles.generate_sequences(prompts)
+        if not self.in_flight:  # first step, or first after a resume
+            with timer("sync_weights"):
+                self.roles.sync_rollout_weights()
+            self.roles.start_generation(prompts)
+        with timer("wait_rollout"):
+            rollout = self.roles.finish_generation()
+        self.in_flight = False
+        with timer("sync_weights"):
+            self.roles.sync_rollout_weights()  # between steps: the weights of the update that just finished
+        following = upcoming()
+        if following is not None:
+            with timer("start_generate"):
+                self.roles.start_generation(following)
+            self.in_flight = True
+        return rollout
+
+    def metrics(self, rollout: DataProto) -> dict[str, float]:
+        """Which weights generated `rollout` and how many updates behind the actor's they are."""
+        generated_by = rollout.meta_info.get(ROLLOUT_WEIGHTS_VERSION)
+        actor = self.roles.actor_weights_version()
+        if generated_by is None or actor is None:
+            return {}
+        return {"rollout/weights_version": float(generated_by), "rollout/staleness": float(actor - generated_by)}
