@@ -34,6 +34,11 @@ def engine_groups(world_size: int, group_size: int) -> list[list[int]]:
 
 def build_engine(engine_type: str, cfg: InferenceConfig, dtype: torch.dtype, device: torch.device, seed: int) -> Any:
     if engine_type == "vllm":
+        if cfg.group_size != 1:
+            # An in-process vLLM engine builds its groups over the default process group: every rank has to
+            # take part, so every rank holds an engine.
+            raise ValueError(f"engine_type 'vllm' needs inference group_size=1 (one engine per rank), got {cfg.group_size}; "
+                             "group_size > 1 is available with engine_type 'hf'")
         from workers.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(cfg.model_path, cfg.vllm_rollout_options(), dtype, device, seed)
