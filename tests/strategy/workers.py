@@ -191,3 +191,45 @@ class StrategyProbe(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def world(self) -> int:
         return dist.get_world_size()
+
+
+class MegatronStrategyProbe(Worker):
+    """The Megatron strategy (TP 2 + sequence parallel on CPU through the megatron CPU shim)."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def setup(self, model_path: str, config: dict) -> None:
+        self.strategy = get_strategy(config)
+        self.model, self.optimizer, self.scheduler = self.strategy.prepare(model_path, {"lr": LR}, {"warmup_steps": 0})
+
+    def _loss(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        log_probs = self.strategy.sequence_log_probs(self.model, ids, mask)
+        weights = (mask[:, 1:] * mask[:, :-1]).to(log_probs.device).float()  # real token after real context
+        return -(log_probs * weights).sum() / weights.sum()
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        engine = self.strategy._engine(self.model, "test")
+        return {name: t.clone() for name, t in engine.hf_weights(torch.float32)}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def step(self, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+        """One step on the batch (every TP rank sees the whole batch); offload / load round trip first."""
+        self.strategy.maybe_offload_optimizer(self.optimizer)
+        self.strategy.maybe_load_optimizer(self.optimizer)
+        loss = self._loss(ids, mask)
+        self.strategy.backward(loss, self.model, self.optimizer)
+        grad_norm = self.strategy.optimizer_step(self.optimizer, self.model, self.scheduler, name="actor")
+        return {"loss": loss.item(), "grad_norm": grad_norm, "weights": self._weights(),
+                "lr": self.scheduler.get_last_lr()[0], "sum": self.strategy.all_reduce(self.rank + 1, op="sum")}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def checkpoint_and_engine(self, root: str, model_path: str, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+        folder = self.strategy.save_checkpoint(root, 1, self.model, self.optimizer, self.scheduler, client_state={"k": 1})
+        saved = self._weights()
+        self.strategy.backward(self._loss(ids, mask), self.model, self.optimizer)
+        self.strategy.optimizer_step(self.optimizer, self.model, self.scheduler)
+        changed = max((saved[n] - t).abs().max().item() for n, t in self._weights().items())
+        state = self.strategy.load_checkpoint(folder, self.model, self.optimizer, self.scheduler)
+        restored = max((saved[n] - t).abs().max().item() for n, t in self._weights().items())
+        self.strategy.setup_inference_engine({"model_path": model_path}, engine_type="hf")
+        sync = self.strategy.update_engine_weights(self.model)
+        return {"client_state": state, "changed": changed, "restored_diff": restored, "sync": sync}
