@@ -1,7 +1,7 @@
 """PPO with a hand-written actor worker (`StrategyPPOWorker`, built on the strategy API), driven by a
 plain loop: sample, score, group-normalize the rewards, train.
 
-    python -m examples.strategy_ppo [--engine hf|vllm] [--world-size N] [--steps N] [--model DIR]
+    python -m examples.strategy_ppo [--engine hf|vllm] [--world-size N] [--steps N] [--model DIR] [--history-json F]
 
 The task: "write 8 digits." in a few phrasings; the reward is the fraction of the first 8 response
 characters that are digits (the tiny model's tokenizer has one token per character). A random tiny model
@@ -11,6 +11,7 @@ scores ~0.1. On a GPU the same command runs unchanged (each worker picks its dev
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 from pathlib import Path
@@ -88,6 +89,7 @@ def main() -> None:
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     parser.add_argument("--world-size", type=int, default=None, help="default: the GPU count, or 2 on CPU")
     parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--history-json", default=None, help="also write the per-step metrics here")
     args = parser.parse_args()
     if not Path(args.model).is_dir():
         build_tiny_model(Path(args.model))
@@ -97,6 +99,8 @@ def main() -> None:
     history = run(args.model, steps=args.steps, engine_type=args.engine, world_size=world_size)["history"]
     first, last = history[0]["reward"], sum(h["reward"] for h in history[-3:]) / 3
     print(f"reward: first step {first:.3f}, mean of the last 3 steps {last:.3f}")
+    if args.history_json:
+        Path(args.history_json).write_text(json.dumps(history, indent=1))
 
 
 if __name__ == "__main__":
