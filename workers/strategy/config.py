@@ -34,6 +34,28 @@ def _from_mapping(cls: type[Settings], values: Any, what: str) -> Settings:
     return cls(**values)
 
 
+# What `prepare` fills in when the optimizer or the LR schedule is given as a dict of settings.
+OPTIMIZER_DEFAULTS = {"lr": 1e-6, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
+SCHEDULER_DEFAULTS = {"warmup_steps": 0, "lr_scheduler": "constant", "total_training_steps": None, "min_lr_ratio": 0.0}
+
+
+def _with_defaults(values: dict[str, Any], defaults: dict[str, Any], what: str) -> dict[str, Any]:
+    unknown = sorted(set(values) - set(defaults))
+    if unknown:
+        raise ValueError(f"{what} settings: unknown keys {unknown}; valid keys: {sorted(defaults)}")
+    return {**defaults, **values}
+
+
+def optimizer_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """Adam(W) settings {"lr", "betas", "eps", "weight_decay"} with defaults filled in."""
+    return _with_defaults(values, OPTIMIZER_DEFAULTS, "optimizer")
+
+
+def scheduler_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """LR schedule settings {"warmup_steps", "lr_scheduler", "total_training_steps", "min_lr_ratio"}."""
+    return _with_defaults(values, SCHEDULER_DEFAULTS, "scheduler")
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)

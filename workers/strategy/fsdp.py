@@ -16,10 +16,8 @@ from workers.fsdp import checkpoint
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clip_gradients
 from workers.rollout.hybrid import FSDPWeightSource, WeightSource
 from workers.strategy.base import Strategy
+from workers.strategy.config import optimizer_settings, scheduler_settings
 
-# What `prepare` fills in when the optimizer or scheduler is given as a dict of settings.
-OPTIMIZER_DEFAULTS = {"lr": 1e-6, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
-SCHEDULER_DEFAULTS = {"warmup_steps": 0, "lr_scheduler": "constant", "total_training_steps": None, "min_lr_ratio": 0.0}
 
 
 @dataclass
@@ -30,13 +28,6 @@ class PreparedModel:
     model_path: str
     device: torch.device
     dtype: torch.dtype
-
-
-def _settings(values: dict[str, Any], defaults: dict[str, Any], what: str) -> dict[str, Any]:
-    unknown = sorted(set(values) - set(defaults))
-    if unknown:
-        raise ValueError(f"{what} settings: unknown keys {unknown}; valid keys: {sorted(defaults)}")
-    return {**defaults, **values}
 
 
 def repoint_optimizer(optimizer: torch.optim.Optimizer, names: dict[int, str], sharded: dict[str, nn.Parameter]) -> None:
@@ -88,13 +79,13 @@ class FSDPStrategy(Strategy):
             return model
         sharded = dict(model.named_parameters())
         if isinstance(optimizer, dict):
-            optimizer = build_optimizer(model, _settings(optimizer, OPTIMIZER_DEFAULTS, "optimizer"))
+            optimizer = build_optimizer(model, optimizer_settings(optimizer))
         elif isinstance(optimizer, torch.optim.Optimizer):
             repoint_optimizer(optimizer, names, sharded)
         else:
             raise TypeError(f"prepare: optimizer must be a torch optimizer or a dict of AdamW settings, got {type(optimizer).__name__}")
         if isinstance(scheduler, dict):
-            scheduler = build_lr_scheduler(optimizer, _settings(scheduler, SCHEDULER_DEFAULTS, "scheduler"))
+            scheduler = build_lr_scheduler(optimizer, scheduler_settings(scheduler))
         return model, optimizer, scheduler
 
     def _record(self, model: nn.Module, method: str) -> PreparedModel:

@@ -15,7 +15,7 @@ from torch import nn
 
 from workers.rollout.hybrid import WeightSource
 from workers.strategy.base import Strategy
-from workers.strategy.fsdp import OPTIMIZER_DEFAULTS, SCHEDULER_DEFAULTS, _settings
+from workers.strategy.config import optimizer_settings, scheduler_settings
 
 
 class MegatronLRSchedule:
@@ -62,8 +62,7 @@ class MegatronStrategy(Strategy):
                             f"{type(optimizer).__name__}: Megatron builds its own distributed optimizer")
         optim_cfg = None
         if optimizer is not None:
-            optim_cfg = {**_settings(optimizer, OPTIMIZER_DEFAULTS, "optimizer"),
-                         **_settings(scheduler or {}, SCHEDULER_DEFAULTS, "scheduler")}
+            optim_cfg = {**optimizer_settings(optimizer), **scheduler_settings(scheduler or {})}
         mc = self.config.megatron
         settings = ParallelSettings(mc.tensor_model_parallel_size, 1,
                                     mc.sequence_parallel and mc.tensor_model_parallel_size > 1, mc.use_distributed_optimizer)
