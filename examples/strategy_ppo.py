@@ -1,7 +1,7 @@
 """PPO with a hand-written actor worker (`StrategyPPOWorker`, built on the strategy API), driven by a
 plain loop: sample, score, group-normalize the rewards, train.
 
-    python -m examples.strategy_ppo [--engine hf|vllm] [--world-size N] [--steps N] [--model DIR] [--history-json F]
+    python -m examples.strategy_ppo [--engine hf|vllm] [--backend fsdp2|megatron] [--world-size N] [--steps N] [--model DIR] [--history-json F]
 
 The task: "write 8 digits." in a few phrasings; the reward is the fraction of the first 8 response
 characters that are digits (the tiny model's tokenizer has one token per character). A random tiny model
@@ -41,6 +41,7 @@ def group_advantages(rewards: list[float], group: int) -> list[float]:
 
 
 def run(model_path: str, steps: int = 25, engine_type: str = "hf", world_size: int = 2, use_gpu: bool | None = None,
+        backend: str = "fsdp2",
         prompts_per_step: int = 8, samples_per_prompt: int = 8, lr: float = 5e-3, seed: int = 0) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
@@ -48,7 +49,7 @@ def run(model_path: str, steps: int = 25, engine_type: str = "hf", world_size: i
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     config = {
         "model_path": model_path, "engine_type": engine_type, "lr": lr, "clip_ratio": 0.2, "micro_batch_size": 16,
-        "strategy": {"backend": "fsdp2", "grad_clip": 1.0, "optimizer_offload": True, "seed": seed},
+        "strategy": {"backend": backend, "grad_clip": 1.0, "optimizer_offload": True, "seed": seed},
         "inference": {"group_size": 1, "cpu_kv_cache_mb": 64, "max_model_len": 128},
     }
     pool = RayResourcePool([world_size], use_gpu=use_gpu, name_prefix="strategy_ppo_")
@@ -87,6 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="outputs/tiny_model")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
+    parser.add_argument("--backend", choices=("fsdp2", "megatron"), default="fsdp2")
     parser.add_argument("--world-size", type=int, default=None, help="default: the GPU count, or 2 on CPU")
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--history-json", default=None, help="also write the per-step metrics here")
@@ -96,7 +98,8 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     world_size = args.world_size or (torch.cuda.device_count() or 2)
     init_local_ray(num_cpus=max(4, world_size), runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
-    history = run(args.model, steps=args.steps, engine_type=args.engine, world_size=world_size)["history"]
+    history = run(args.model, steps=args.steps, engine_type=args.engine, world_size=world_size,
+                  backend=args.backend)["history"]
     first, last = history[0]["reward"], sum(h["reward"] for h in history[-3:]) / 3
     print(f"reward: first step {first:.3f}, mean of the last 3 steps {last:.3f}")
     if args.history_json:

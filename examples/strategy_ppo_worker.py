@@ -40,9 +40,12 @@ class StrategyPPOWorker(Worker):
         cfg = self.config
         self.strategy = get_strategy(cfg["strategy"])
         model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=torch.float32)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
-        self.actor, self.optimizer, self.scheduler = self.strategy.prepare(model, optimizer, None)
         self.pad_token_id = model.config.pad_token_id or 0
+        if self.strategy.backend == "megatron":
+            optimizer = {"lr": cfg["lr"]}  # Megatron builds its own optimizer from settings
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
+        self.actor, self.optimizer, self.scheduler = self.strategy.prepare(model, optimizer, None)
         self.strategy.setup_inference_engine({"model_path": cfg["model_path"], **cfg["inference"]}, cfg["engine_type"])
         self.strategy.maybe_offload_optimizer(self.optimizer)  # only the update needs it
 

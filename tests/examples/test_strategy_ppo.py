@@ -1,4 +1,5 @@
-"""The strategy PPO example learns its task on CPU (2 gloo ranks, HF engine, real Ray)."""
+"""The strategy PPO example learns its task on CPU (2 gloo ranks, HF engine, real Ray), with the same worker
+on either backend (Megatron: DP 2 through the megatron CPU shim)."""
 
 import pytest
 
@@ -14,8 +15,11 @@ def tiny_model(tmp_path_factory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("strategy_ppo") / "model", seed=0))
 
 
-def test_strategy_ppo_example_learns_to_write_digits(ray_cluster, tiny_model):
-    history = strategy_ppo.run(tiny_model, steps=12, engine_type="hf", world_size=2)["history"]
+@pytest.mark.parametrize("backend", ["fsdp2", "megatron"])
+def test_strategy_ppo_example_learns_to_write_digits(ray_cluster, tiny_model, backend):
+    if backend == "megatron":
+        pytest.importorskip("megatron.core", reason="install the [megatron] extra")
+    history = strategy_ppo.run(tiny_model, steps=12, engine_type="hf", world_size=2, backend=backend)["history"]
     rewards = [h["reward"] for h in history]
     assert rewards[0] < 0.3  # the random tiny model
     assert sum(rewards[-3:]) / 3 >= 0.8, rewards
