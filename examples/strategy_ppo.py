@@ -40,6 +40,15 @@ def group_advantages(rewards: list[float], group: int) -> list[float]:
     return normalized.flatten().tolist()
 
 
+def memory_note(metrics: dict[str, float]) -> str:
+    """GPU: device memory in use while the engine generates, sleeps, and after the update (GiB)."""
+    phases = ("generate", "engine_asleep", "train", "optimizer_offloaded", "engine_updated")
+    keys = [f"memory/{phase}/gpu_used_gib" for phase in phases]
+    if not all(key in metrics for key in keys):
+        return ""
+    return "  gpu_used_gib " + " ".join(f"{phase}={metrics[key]:.2f}" for phase, key in zip(phases, keys))
+
+
 def run(model_path: str, steps: int = 25, engine_type: str = "hf", world_size: int = 2, use_gpu: bool | None = None,
         backend: str = "fsdp2",
         prompts_per_step: int = 8, samples_per_prompt: int = 8, lr: float = 5e-3, seed: int = 0) -> dict[str, Any]:
@@ -74,7 +83,7 @@ def run(model_path: str, steps: int = 25, engine_type: str = "hf", world_size: i
             history.append({"step": step, "reward": sum(rewards) / len(rewards), **metrics})
             print(f"step {step:3d}  reward {history[-1]['reward']:.3f}  loss {metrics['actor/loss']:+.4f}  "
                   f"grad_norm {metrics['actor/grad_norm']:.3f}  sync_diff {metrics.get('engine/sync_logprob_max_diff', 0):.2e}  "
-                  f"sample {responses[0]!r}", flush=True)
+                  f"sample {responses[0]!r}{memory_note(metrics)}", flush=True)
     finally:
         actor.kill()
         pool.release()

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from single_controller import Dispatch, Worker, register
+from workers.memory import MemoryLog
 from workers.strategy import get_strategy
 
 
@@ -48,11 +49,14 @@ class StrategyPPOWorker(Worker):
         self.actor, self.optimizer, self.scheduler = self.strategy.prepare(model, optimizer, None)
         self.strategy.setup_inference_engine({"model_path": cfg["model_path"], **cfg["inference"]}, cfg["engine_type"])
         self.strategy.maybe_offload_optimizer(self.optimizer)  # only the update needs it
+        self.memory = MemoryLog(self.strategy.device)  # GPU: whole-device use after each phase
 
     @register(Dispatch.SPLIT_JOIN)
     def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[dict[str, list]]:
         results = self.strategy.gather_and_generate(prompts, sampling)
+        self.memory.record("generate")
         self.strategy.maybe_sleep_inference_engine()  # training gets the memory
+        self.memory.record("engine_asleep")
         return results
 
     @register(Dispatch.SPLIT_JOIN)
@@ -80,8 +84,12 @@ class StrategyPPOWorker(Worker):
             strategy.backward(loss, self.actor, self.optimizer)
             norms.append(strategy.optimizer_step(self.optimizer, self.actor, self.scheduler, name="actor"))
             losses.append(loss.item())
+        self.memory.record("train")
         strategy.maybe_offload_optimizer(self.optimizer)
+        self.memory.record("optimizer_offloaded")
         strategy.wakeup_inference_engine()
         sync = strategy.update_engine_weights(self.actor)
-        metrics = strategy.all_reduce({"actor/loss": sum(losses) / len(losses), "actor/grad_norm": sum(norms) / len(norms), **sync})
+        self.memory.record("engine_updated")
+        metrics = strategy.all_reduce({"actor/loss": sum(losses) / len(losses), "actor/grad_norm": sum(norms) / len(norms),
+                                       **sync, **self.memory.pop()})
         return [metrics] if self.rank == 0 else []  # joined in rank order: one entry
