@@ -1,0 +1,78 @@
+"""The FSDP strategy on a real 2-rank Ray worker group (gloo): one group shared by every method test."""
+
+import pytest
+import torch
+
+from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from tests.strategy.workers import StrategyProbe
+
+CONFIG = {"backend": "fsdp2", "grad_clip": 1.0, "optimizer_offload": True}
+
+
+@pytest.fixture(scope="module")
+def probe(ray_cluster, tiny_assets):
+    pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(StrategyProbe))
+    group.setup(tiny_assets["model"], CONFIG)
+    yield group
+    group.kill()
+    pool.release()
+
+
+def test_all_reduce_and_all_gather_values(probe):
+    rank0, rank1 = probe.collectives()
+    for out in (rank0, rank1):
+        assert out["mean"] == pytest.approx(1.5)
+        assert out["sum"] == pytest.approx(3.0)
+        assert out["max"].tolist() == [1.0, 0.0]
+        assert out["dict"]["a"] == pytest.approx(1.0) and out["dict"]["b"].item() == pytest.approx(1.5)
+        assert out["gather_tensor"].tolist() == [[0.0] * 3] * 2 + [[1.0] * 3] * 2
+        assert out["gather_scalar_tensor"].tolist() == [0, 10]
+        assert out["gather_dict"] == {"rank": [0, 1], "name": ["w0", "w1"]}  # a dict: per key
+        assert out["gather_list"] == [[0], [1, 1]]
+
+
+def test_optimizer_step_equals_hand_written_fsdp_and_offload_round_trip_is_bit_exact(probe):
+    for out in probe.step_against_manual_fsdp():
+        for ours, manual in out["norms"]:
+            assert ours == pytest.approx(manual, rel=1e-6)
+        assert out["max_param_diff"] <= 1e-6
+        assert out["params_moved"]
+        assert out["bit_exact"] and out["state_copied"]
+        assert "offloaded; call maybe_load_optimizer" in out["stepped_while_offloaded"]
+        assert out["grad_norm_recorded"] == out["norms"][-1][0]
+
+
+def test_checkpoint_round_trip_in_the_atomic_format(probe, tmp_path):
+    from trainer.checkpointing import checkpoint_problem
+
+    outs = probe.checkpoint_round_trip(str(tmp_path / "ckpt"))
+    for out in outs:
+        assert out["folder"] == str((tmp_path / "ckpt" / "global_step_3").resolve())
+        assert out["client_state"] == {"step": 3}
+        assert out["changed"] > 1e-4 and out["restored_diff"] == 0.0
+    assert checkpoint_problem(outs[0]["folder"]) is None
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "3"
+
+
+@pytest.mark.slow
+def test_vllm_engine_gathers_generates_in_order_and_receives_verified_weights(probe, tiny_assets):
+    inference = {"model_path": tiny_assets["model"], "group_size": 1, "cpu_kv_cache_mb": 64}
+    outs = probe.engine_round_trip("vllm", inference)
+    assert [o["owns_engine"] for o in outs] == [True, True]
+    for out in outs:
+        # Every result is scored by the model like the engine scored it: right prompt, right order.
+        assert out["before"] <= 1e-3 and out["after"] <= 1e-3
+        assert out["sync"]["engine/sync_logprob_max_diff"] <= 1e-3
+        assert out["sync"]["engine/sync_tensors"] > 0
+        assert out["repeat_sync"]["engine/sync_logprob_max_diff"] <= 1e-3
+    for message in probe.update_with_lost_tensor():
+        assert message.startswith("WeightSyncMismatch: update_engine_weights: the inference engine's log-probs")
+
+
+def test_hf_engine_shared_by_two_ranks_gathers_and_scatters_in_order(probe, tiny_assets):
+    outs = probe.engine_round_trip("hf", {"model_path": tiny_assets["model"], "group_size": 2})
+    assert [o["owns_engine"] for o in outs] == [True, False]  # one engine, on rank 0, serves both ranks
+    for out in outs:
+        assert out["before"] <= 1e-3 and out["after"] <= 1e-3
+        assert out["sync"]["engine/sync_logprob_max_diff"] <= 1e-3

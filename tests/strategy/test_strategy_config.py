@@ -1,0 +1,31 @@
+"""Strategy and inference settings: bad input names the key and what is valid (no Ray needed)."""
+
+import pytest
+
+from workers.strategy.config import InferenceConfig, StrategyConfig, optimizer_settings, scheduler_settings
+from workers.strategy.inference import engine_groups
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: StrategyConfig.parse({"backend": "deepspeed"}), r"backend 'deepspeed' is not available; valid: \['fsdp2', 'megatron'\]"),
+        (lambda: StrategyConfig.parse({"bakend": "fsdp2"}), r"unknown keys \['bakend'\]; valid keys: \['backend'"),
+        (lambda: StrategyConfig.parse({"dtype": "fp8"}), r"dtype 'fp8' is not valid"),
+        (lambda: StrategyConfig.parse({"megatron": {"pipeline_model_parallel_size": 2}}), r"pipeline_model_parallel_size=2: the strategy supports 1"),
+        (lambda: InferenceConfig.parse({"group_size": 2}), r"needs model_path"),
+        (lambda: optimizer_settings({"learning_rate": 1e-5}), r"optimizer settings: unknown keys \['learning_rate'\]; valid keys: \['betas', 'eps', 'lr', 'weight_decay'\]"),
+        (lambda: scheduler_settings({"warmup": 3}), r"scheduler settings: unknown keys \['warmup'\]"),
+        (lambda: engine_groups(4, 3), r"group_size=3 must divide the strategy's 4 ranks \(valid: \[1, 2, 4\]\)"),
+    ],
+)
+def test_bad_settings_name_what_is_valid(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_settings_fill_defaults_and_parse_nested_megatron():
+    config = StrategyConfig.parse({"backend": "megatron", "megatron": {"tensor_model_parallel_size": 2}})
+    assert config.megatron.tensor_model_parallel_size == 2 and config.grad_clip == 1.0
+    assert optimizer_settings({"lr": 1e-5})["betas"] == (0.9, 0.999)
+    assert engine_groups(4, 2) == [[0, 1], [2, 3]]

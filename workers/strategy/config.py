@@ -1,0 +1,137 @@
+"""The settings of a strategy and of its inference engine, as dataclasses built from plain dicts.
+
+    strategy = get_strategy({"backend": "fsdp2", "grad_clip": 1.0, "optimizer_offload": True})
+    strategy.setup_inference_engine({"model_path": path, "group_size": 1}, engine_type="vllm")
+
+Unknown keys and bad values raise a `ValueError` naming the key and what is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+BACKENDS = ("fsdp2", "megatron")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ENGINE_TYPES = ("vllm", "hf")
+
+Settings = TypeVar("Settings")
+
+
+def _from_mapping(cls: type[Settings], values: Any, what: str) -> Settings:
+    """`cls(**values)` for a dict (or `values` itself when it is already a `cls`), naming unknown keys."""
+    if isinstance(values, cls):
+        return values
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise TypeError(f"{what} must be a dict or a {cls.__name__}, got {type(values).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{what}: unknown keys {unknown}; valid keys: {sorted(known)}")
+    return cls(**values)
+
+
+# What `prepare` fills in when the optimizer or the LR schedule is given as a dict of settings.
+OPTIMIZER_DEFAULTS = {"lr": 1e-6, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
+SCHEDULER_DEFAULTS = {"warmup_steps": 0, "lr_scheduler": "constant", "total_training_steps": None, "min_lr_ratio": 0.0}
+
+
+def _with_defaults(values: dict[str, Any], defaults: dict[str, Any], what: str) -> dict[str, Any]:
+    unknown = sorted(set(values) - set(defaults))
+    if unknown:
+        raise ValueError(f"{what} settings: unknown keys {unknown}; valid keys: {sorted(defaults)}")
+    return {**defaults, **values}
+
+
+def optimizer_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """Adam(W) settings {"lr", "betas", "eps", "weight_decay"} with defaults filled in."""
+    return _with_defaults(values, OPTIMIZER_DEFAULTS, "optimizer")
+
+
+def scheduler_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """LR schedule settings {"warmup_steps", "lr_scheduler", "total_training_steps", "min_lr_ratio"}."""
+    return _with_defaults(values, SCHEDULER_DEFAULTS, "scheduler")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class MegatronSettings:
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.tensor_model_parallel_size >= 1, f"megatron.tensor_model_parallel_size must be >= 1, got {self.tensor_model_parallel_size}")
+        # The strategy runs the user's forward and backward directly; pipeline stages need Megatron's schedules.
+        _require(
+            self.pipeline_model_parallel_size == 1,
+            f"megatron.pipeline_model_parallel_size={self.pipeline_model_parallel_size}: the strategy supports 1 "
+            "(a user loop calls forward and backward itself; pipeline stages need the Megatron workers' schedules)",
+        )
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    backend: str = "fsdp2"
+    seed: int = 0
+    dtype: str = "auto"  # compute dtype: bfloat16 on GPU, float32 on CPU; master weights stay float32
+    grad_clip: float = 1.0
+    optimizer_offload: bool = False  # maybe_offload_optimizer / maybe_load_optimizer move the Adam state
+    gradient_checkpointing: bool = False
+    megatron: MegatronSettings = field(default_factory=MegatronSettings)
+
+    def __post_init__(self) -> None:
+        _require(self.backend in BACKENDS, f"strategy backend {self.backend!r} is not available; valid: {list(BACKENDS)}")
+        _require(self.dtype in DTYPES, f"strategy dtype {self.dtype!r} is not valid; valid: {list(DTYPES)}")
+        _require(self.grad_clip > 0, f"strategy grad_clip must be > 0, got {self.grad_clip}")
+        object.__setattr__(self, "megatron", _from_mapping(MegatronSettings, self.megatron, "strategy megatron"))
+
+    @classmethod
+    def parse(cls, values: Any) -> "StrategyConfig":
+        return _from_mapping(cls, values, "strategy config")
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    model_path: str = ""  # the HF folder the engine starts from; update_engine_weights brings the trained weights
+    group_size: int = 1  # strategy ranks sharing one engine (on the group's first rank)
+    dtype: str = "auto"  # the engine's dtype: "auto" is the strategy's compute dtype
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.3  # vllm on GPU: the engine shares the device with training
+    cpu_kv_cache_mb: int = 256  # vllm on CPU
+    enforce_eager: bool = True
+    enable_sleep: bool = True  # GPU: maybe_sleep_inference_engine releases the engine's memory
+    verify: bool = True  # update_engine_weights checks the engine's log-probs against the model's
+    verify_tolerance: float | None = None  # default by dtype: 1e-3 (fp32), 0.25 (bf16)
+    bucket_mb: int = 512
+
+    def __post_init__(self) -> None:
+        _require(bool(self.model_path), "inference config needs model_path (the HF folder the engine loads first)")
+        _require(self.group_size >= 1, f"inference group_size must be >= 1, got {self.group_size}")
+        _require(self.dtype in DTYPES, f"inference dtype {self.dtype!r} is not valid; valid: {list(DTYPES)}")
+        _require(0 < self.gpu_memory_utilization <= 1, f"inference gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        _require(self.bucket_mb >= 1, f"inference bucket_mb must be >= 1, got {self.bucket_mb}")
+
+    @classmethod
+    def parse(cls, values: Any) -> "InferenceConfig":
+        return _from_mapping(cls, values, "inference config")
+
+    def vllm_rollout_options(self) -> dict[str, Any]:
+        """The rollout section `VLLMEngine` reads (one in-process engine, TP 1)."""
+        return {
+            "tensor_model_parallel_size": 1,
+            "enable_sleep": self.enable_sleep,
+            "free_cache_engine": self.enable_sleep,
+            "enforce_eager": self.enforce_eager,
+            "max_model_len": self.max_model_len,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "cpu_kv_cache_mb": self.cpu_kv_cache_mb,
+        }

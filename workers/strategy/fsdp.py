@@ -1,0 +1,142 @@
+"""`FSDPStrategy`: the user's HF model sharded with FSDP2 (fp32 master weights, compute in the strategy's
+dtype), the user's optimizer re-pointed at the shards, clipping over all shards, DCP checkpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from trainer.algorithms import log_probs_from_logits
+from workers.engines.materialize import shard
+from workers.fsdp import checkpoint
+from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clip_gradients
+from workers.rollout.hybrid import FSDPWeightSource, WeightSource
+from workers.strategy.base import Strategy
+from workers.strategy.config import optimizer_settings, scheduler_settings
+
+
+
+@dataclass
+class PreparedModel:
+    """What the weight source of a hybrid engine reads from a prepared model (see `FSDPWeightSource`)."""
+
+    module: nn.Module
+    model_path: str
+    device: torch.device
+    dtype: torch.dtype
+
+
+def repoint_optimizer(optimizer: torch.optim.Optimizer, names: dict[int, str], sharded: dict[str, nn.Parameter]) -> None:
+    """FSDP2 replaces each parameter by a sharded one: the optimizer's groups (and any scheduler holding the
+    optimizer) keep working once the groups list the new parameters, matched by name."""
+    if optimizer.state:
+        raise ValueError("prepare: the optimizer already holds state (it stepped); build it fresh over model.parameters()")
+    for group in optimizer.param_groups:
+        try:
+            group["params"] = [sharded[names[id(p)]] for p in group["params"]]
+        except KeyError:
+            raise ValueError("prepare: the optimizer holds parameters that are not the model's; build it over "
+                             "model.parameters() of the model passed to prepare") from None
+
+
+class FSDPStrategy(Strategy):
+    backend = "fsdp2"
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self._prepared: dict[int, PreparedModel] = {}
+
+    # ---- models ---------------------------------------------------------------------------------------
+    def prepare(self, model: nn.Module | str, optimizer: Any = None, scheduler: Any = None) -> Any:
+        """Shard `model` (an HF model, or its folder) over all ranks. With `optimizer` (a torch optimizer
+        built over `model.parameters()`, or AdamW settings such as {"lr": 1e-5}) the model is trainable and
+        `(model, optimizer, scheduler)` is returned; `scheduler` is an LR scheduler of that optimizer or
+        settings {"warmup_steps", "lr_scheduler": "constant"|"cosine", "total_training_steps",
+        "min_lr_ratio"}. Without an optimizer the model is frozen (compute dtype, eval) and returned alone."""
+        trainable = optimizer is not None
+        if isinstance(model, str):
+            model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32 if trainable else self.dtype)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"prepare takes an nn.Module or an HF model folder, got {type(model).__name__}")
+        if isinstance(scheduler, dict) and not isinstance(optimizer, (dict, torch.optim.Optimizer)):
+            raise ValueError("prepare: scheduler settings need an optimizer")
+        names = {id(p): name for name, p in model.named_parameters()}
+        if trainable:
+            model.to(torch.float32)  # master weights; the mixed-precision policy casts for compute
+            if self.config.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.to(self.dtype).requires_grad_(False)
+        shard(model, self.device, self.dtype if trainable else torch.float32, ())
+        model.train(trainable)
+        path = getattr(getattr(model, "config", None), "_name_or_path", "")
+        self._prepared[id(model)] = PreparedModel(model, path, self.device, self.dtype)
+        if not trainable:
+            return model
+        sharded = dict(model.named_parameters())
+        if isinstance(optimizer, dict):
+            optimizer = build_optimizer(model, optimizer_settings(optimizer))
+        elif isinstance(optimizer, torch.optim.Optimizer):
+            repoint_optimizer(optimizer, names, sharded)
+        else:
+            raise TypeError(f"prepare: optimizer must be a torch optimizer or a dict of AdamW settings, got {type(optimizer).__name__}")
+        if isinstance(scheduler, dict):
+            scheduler = build_lr_scheduler(optimizer, scheduler_settings(scheduler))
+        return model, optimizer, scheduler
+
+    def _record(self, model: nn.Module, method: str) -> PreparedModel:
+        record = self._prepared.get(id(model))
+        if record is None:
+            raise ValueError(f"{method}: this model was not prepared by the strategy; call strategy.prepare(model, ...) first")
+        return record
+
+    def sequence_log_probs(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        mask = attention_mask.to(self.device)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        ids = input_ids.to(self.device)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        return log_probs_from_logits(logits[:, :-1], ids[:, 1:])
+
+    # ---- training -------------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, model: nn.Module, optimizer: Any) -> None:
+        """Gradients of `loss`; FSDP2 reduce-scatters them over the ranks (averaged) as backward runs."""
+        loss.backward()
+
+    def optimizer_step(self, optimizer: Any, model: nn.Module, scheduler: Any = None, name: str = "model") -> float:
+        """Clip the global gradient norm to `grad_clip`, step (skipped when the norm is not finite, on every
+        rank alike), zero the gradients, step the scheduler; returns the norm before clipping."""
+        self._record(model, "optimizer_step")
+        if id(optimizer) in self._offloaded:
+            raise RuntimeError(f"optimizer_step({name!r}): the optimizer state is offloaded; call maybe_load_optimizer first")
+        grad_norm = clip_gradients(model, self.config.grad_clip)
+        if torch.isfinite(torch.tensor(grad_norm)):
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
+        self.weights_version += 1
+        self.grad_norms[name] = grad_norm
+        return grad_norm
+
+    def weight_source(self, model: nn.Module) -> WeightSource:
+        return FSDPWeightSource(self._record(model, "update_engine_weights"))
+
+    # ---- checkpoint shards ----------------------------------------------------------------------------
+    def _save_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
+        offloaded = id(optimizer) in self._offloaded
+        self.maybe_load_optimizer(optimizer)
+        extra = {"lr_scheduler": scheduler.state_dict()} if scheduler is not None else {}
+        checkpoint.save_sharded(path, model, optimizer, extra, self.rank)
+        if offloaded:
+            self.maybe_offload_optimizer(optimizer)
+
+    def _load_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
+        self.maybe_load_optimizer(optimizer)
+        extra = checkpoint.load_sharded(path, model, optimizer, self.rank)
+        if scheduler is not None:
+            scheduler.load_state_dict(extra["lr_scheduler"])
+        self.weights_version += 1  # the weights changed: the next engine update must change the engine's

@@ -1,0 +1,131 @@
+"""`MegatronStrategy`: a megatron-core GPT model built from an HF folder (TP x DP, optional sequence
+parallelism and distributed optimizer), trained by the user's own forward, loss and backward.
+
+`prepare` returns Megatron's DDP-wrapped model, its optimizer and an LR schedule object; call the model
+through `sequence_log_probs` (the logits are split over the TP ranks' vocabulary). On a machine without
+a GPU the model runs on CPU over gloo through `workers/megatron/cpu_host.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from workers.rollout.hybrid import WeightSource
+from workers.strategy.base import Strategy
+from workers.strategy.config import optimizer_settings, scheduler_settings
+
+
+class MegatronLRSchedule:
+    """The engine's warmup + constant/cosine schedule behind the usual `step()` / `get_last_lr()`."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def step(self) -> None:
+        self.engine.lr_scheduler_step()
+
+    def get_last_lr(self) -> list[float]:
+        return [self.engine.current_lr()]
+
+
+class MegatronStrategy(Strategy):
+    backend = "megatron"
+
+    def __init__(self, config: Any) -> None:
+        from megatron.core import parallel_state
+
+        from workers.megatron.parallel import megatron_mesh_shape
+
+        super().__init__(config)
+        tp = config.megatron.tensor_model_parallel_size
+        megatron_mesh_shape(self.world_size, tp, 1)  # names the sizes when tp does not divide the ranks
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
+        self._engines: dict[int, Any] = {}
+
+    def prepare(self, model: Any, optimizer: Any = None, scheduler: Any = None) -> Any:
+        """`model`: an HF model folder (or an HF model loaded from one: its folder is read). `optimizer`:
+        Adam settings {"lr", "betas", "eps", "weight_decay"} (Megatron builds its own optimizer over fp32
+        main weights); `scheduler`: {"warmup_steps", "lr_scheduler", "total_training_steps", "min_lr_ratio"}.
+        Returns `(model, optimizer, schedule)`, or the frozen model without an optimizer."""
+        from workers.megatron.engine import MegatronEngine
+        from workers.megatron.model import ParallelSettings
+
+        path = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
+        if not path:
+            raise ValueError("MegatronStrategy.prepare needs an HF model folder (or a model loaded from one)")
+        if optimizer is not None and not isinstance(optimizer, dict):
+            raise TypeError(f"MegatronStrategy.prepare takes optimizer settings as a dict (e.g. {{'lr': 1e-5}}), got "
+                            f"{type(optimizer).__name__}: Megatron builds its own distributed optimizer")
+        optim_cfg = None
+        if optimizer is not None:
+            optim_cfg = {**optimizer_settings(optimizer), **scheduler_settings(scheduler or {})}
+        mc = self.config.megatron
+        settings = ParallelSettings(mc.tensor_model_parallel_size, 1,
+                                    mc.sequence_parallel and mc.tensor_model_parallel_size > 1, mc.use_distributed_optimizer)
+        engine = MegatronEngine({"path": path, "dtype": self.config.dtype}, settings, optim_cfg, seed=self.config.seed)
+        self._engines[id(engine.model)] = engine
+        if optim_cfg is None:
+            return engine.model
+        return engine.model, engine.optimizer, MegatronLRSchedule(engine)
+
+    def _engine(self, model: nn.Module, method: str) -> Any:
+        engine = self._engines.get(id(model))
+        if engine is None:
+            raise ValueError(f"{method}: this model was not prepared by the strategy; call strategy.prepare(path, ...) first")
+        return engine
+
+    def sequence_log_probs(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        from workers.megatron.engine import attention_mask_4d
+        from workers.megatron.vocab_parallel import log_probs_and_entropy
+
+        engine = self._engine(model, "sequence_log_probs")
+        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
+        length = ids.shape[1]
+        multiple = engine.settings.tp if engine.settings.sequence_parallel else 1
+        padded = -(-length // multiple) * multiple  # sequence parallelism splits the sequence over TP ranks
+        if padded != length:
+            ids, mask = nn.functional.pad(ids, (0, padded - length)), nn.functional.pad(mask, (0, padded - length))
+        positions = torch.arange(padded, device=self.device).expand_as(ids)
+        logits = model(ids, positions, attention_mask_4d(mask))[:, :length]
+        log_probs, _ = log_probs_and_entropy(logits[:, :-1], ids[:, 1:length], engine.layout.vocab_size, with_entropy=False)
+        return log_probs
+
+    def backward(self, loss: torch.Tensor, model: nn.Module, optimizer: Any) -> None:
+        """Gradients accumulate into Megatron's fp32 buffers; `optimizer_step` reduces them over DP."""
+        loss.backward()
+
+    def optimizer_step(self, optimizer: Any, model: nn.Module, scheduler: Any = None, name: str = "model") -> float:
+        from megatron.core.distributed import finalize_model_grads
+
+        engine = self._engine(model, "optimizer_step")
+        if id(optimizer) in self._offloaded:
+            raise RuntimeError(f"optimizer_step({name!r}): the optimizer state is offloaded; call maybe_load_optimizer first")
+        finalize_model_grads([model])  # DP all-reduce (averaged), sequence-parallel norm grads over TP
+        grad_norm = engine.optimizer_step(self.config.grad_clip)
+        engine.zero_grad()
+        if scheduler is not None:
+            scheduler.step()
+        self.weights_version += 1
+        self.grad_norms[name] = grad_norm
+        return grad_norm
+
+    def weight_source(self, model: nn.Module) -> WeightSource:
+        from workers.megatron.rollout_source import MegatronWeightSource
+
+        return MegatronWeightSource(self._engine(model, "update_engine_weights"))
+
+    def _save_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
+        offloaded = id(optimizer) in self._offloaded
+        self.maybe_load_optimizer(optimizer)
+        self._engine(model, "save_checkpoint").save_checkpoint(path)
+        if offloaded:
+            self.maybe_offload_optimizer(optimizer)
+
+    def _load_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
+        self.maybe_load_optimizer(optimizer)
+        self._engine(model, "load_checkpoint").load_checkpoint(path)  # restores the LR position too
+        self.weights_version += 1
