@@ -110,6 +110,8 @@ def main() -> None:
             runs.append(run)
             print(f"round {round_index} {name}: median step {summarize(run)['median_step_s']:.3f} s, "
                   f"load {load_before:.1f} -> {run['load_after']:.1f}", flush=True)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).with_suffix(".partial.json").write_text(json.dumps(runs, indent=2))  # survives a later failure
     table = report(runs)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({

@@ -56,7 +56,9 @@ def run_verl(work: Path, out: Path, steps: int, timeout_s: float) -> dict[str, A
     paths = [VERL_SITE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != Path.cwd()]
     env = dict(base_env(), PYTHONPATH=os.pathsep.join(paths), VERL_FILE_LOGGER_PATH=str(out / "verl_metrics.jsonl"))
     (out / "verl_metrics.jsonl").unlink(missing_ok=True)
-    result = run_logged([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], env, out / "verl_log.txt", timeout_s)
+    # A fresh local Ray instance, never one that happens to be running already.
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, "+ray_kwargs.ray_init.address=local"]
+    result = run_logged(command, env, out / "verl_log.txt", timeout_s)
     subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], env=env, capture_output=True)
     return result
 
