@@ -13,7 +13,8 @@ Each side runs in its own process. Our workers are Ray actors, which Ray starts 
 so the pairs that use the same number of cores run back to back: TRL with 1 torch thread next to our
 1 worker, TRL with torch's default threads (all cores) next to our 2 workers. `--rounds 2` repeats the
 sequence in reverse order, to even out load from other processes on a shared machine.
-Reported per side: median wall time of the steady-state steps (2..N), first/last-5-step mean training
+Reported per side: median wall time of the steady-state steps (2..N) and of their rollout part (everything
+but the actor update: TRL's `_generate_and_score_completions`, our other phases), first/last-5-step mean training
 reward, whole-command wall time; and the ratios ours/TRL of the matched pairs.
 """
 
@@ -43,6 +44,8 @@ INSTALL_HINT = (
 # (name, kind, cores): TRL threads or our worker count; pairs of equal cores run back to back.
 SIDES = (("trl_1thread", "trl", 1), ("ours_1worker", "ours", 1), ("trl_default_threads", "trl", 0), ("ours_2workers", "ours", 2))
 WINDOW = 5
+# Our phases that TRL's `_generate_and_score_completions` also covers (all but the actor update).
+ROLLOUT_PHASES = ("sync_weights", "generate", "reward", "old_log_prob", "ref_log_prob", "advantage")
 
 
 def run_trl(model: Path, train: Path, work: Path, steps: int, threads: int) -> dict[str, Any]:
@@ -51,7 +54,7 @@ def run_trl(model: Path, train: Path, work: Path, steps: int, threads: int) -> d
                "--out", str(out), "--steps", str(steps)] + (["--threads", str(threads)] if threads else [])
     wall_s = run_command(command, work)
     result = json.loads(out.read_text())
-    return {"step_s": result["step_s"], "reward": result["reward_mean"], "command_s": wall_s,
+    return {"step_s": result["step_s"], "reward": result["reward_mean"], "rollout_s": result.get("rollout_s", []), "command_s": wall_s,
             "torch_threads": result["torch_threads"], "version": result["trl_version"]}
 
 
@@ -61,6 +64,7 @@ def run_ours(model: Path, train: Path, val: Path, work: Path, steps: int, worker
     wall_s = run_command(command, work)
     history = [json.loads(line) for line in (work / "run" / "logs" / "metrics.jsonl").read_text().splitlines()]
     return {"step_s": [r["timing/wall_step_s"] for r in history], "reward": [r["reward/mean"] for r in history],
+            "rollout_s": [sum(r[f"timing/{phase}_s"] for phase in ROLLOUT_PHASES) for r in history],
             "command_s": wall_s, "torch_threads": 1, "workers": workers}
 
 
@@ -77,7 +81,9 @@ def run_command(command: list[str], work: Path) -> float:
 
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
     steady = run["step_s"][1:] or run["step_s"]
+    rollout = run.get("rollout_s", [])[1:]
     return {"median_step_s": statistics.median(steady), "mean_step_s": statistics.fmean(steady),
+            "median_rollout_s": statistics.median(rollout) if rollout else float("nan"),
             "reward_first5": statistics.fmean(run["reward"][:WINDOW]), "reward_last5": statistics.fmean(run["reward"][-WINDOW:]),
             "steps": len(run["step_s"]), "command_s": run["command_s"], "torch_threads": run["torch_threads"]}
 
@@ -128,10 +134,10 @@ def report(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for name, _, _ in SIDES:
         summaries = [summarize(r) for r in runs if r["name"] == name]
         table[name] = {key: statistics.median(s[key] for s in summaries) for key in summaries[0]}
-    print(f"\n{'side':<22}{'median step s':>14}{'reward first5':>15}{'reward last5':>14}{'command s':>11}{'threads':>9}")
+    print(f"\n{'side':<22}{'median step s':>14}{'rollout part s':>15}{'reward first5':>15}{'reward last5':>14}{'command s':>11}{'threads':>9}")
     for name, row in table.items():
-        print(f"{name:<22}{row['median_step_s']:>14.3f}{row['reward_first5']:>15.3f}{row['reward_last5']:>14.3f}"
-              f"{row['command_s']:>11.1f}{row['torch_threads']:>9}")
+        print(f"{name:<22}{row['median_step_s']:>14.3f}{row['median_rollout_s']:>15.3f}{row['reward_first5']:>15.3f}"
+              f"{row['reward_last5']:>14.3f}{row['command_s']:>11.1f}{row['torch_threads']:>9}")
     for ours, trl in (("ours_1worker", "trl_1thread"), ("ours_2workers", "trl_default_threads")):
         ratio = table[ours]["median_step_s"] / table[trl]["median_step_s"]
         table[f"{ours}/{trl}"] = {"step_time_ratio": ratio}

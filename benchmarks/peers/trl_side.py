@@ -38,6 +38,25 @@ class RewardLog:
         return scores
 
 
+def time_method(obj: Any, name: str) -> list[float]:
+    """Wrap `obj.name` so each call's wall time is appended to the returned list.
+
+    Used on TRL's `_generate_and_score_completions` (generation, reward, old and reference log-probs, advantages:
+    everything of a step before the optimizer steps), to split TRL's step like ours."""
+    seconds: list[float] = []
+    method = getattr(obj, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - start)
+
+    setattr(obj, name, timed)
+    return seconds
+
+
 def load_prompts(train: Path):
     """Our verl-layout parquet as a TRL dataset: the chat `prompt` and the `reward_model` column."""
     from datasets import Dataset
@@ -64,12 +83,13 @@ def run(model: Path, train: Path, out_dir: Path, settings: MatchedGRPO) -> dict[
     trainer = GRPOTrainer(model=str(model), reward_funcs=rewards, args=GRPOConfig(**trl_config_kwargs(settings, out_dir)),
                           train_dataset=load_prompts(train), callbacks=[clock])
     setup_s = time.perf_counter() - start
+    rollout_s = time_method(trainer, "_generate_and_score_completions")
     trainer.train()
     run_s = time.perf_counter() - start
     per = settings.updates_per_step
     marks = clock.ends[::per]  # train start, then the end of every rollout step's last optimizer step
     step_s = [b - a for a, b in zip(marks, marks[1:])]
-    return {"setup_s": setup_s, "run_s": run_s, "step_s": step_s, "reward_mean": rewards.means,
+    return {"setup_s": setup_s, "run_s": run_s, "step_s": step_s, "reward_mean": rewards.means, "rollout_s": rollout_s,
             "torch_threads": torch.get_num_threads(), "optimizer_steps": len(clock.ends) - 1}
 
 
