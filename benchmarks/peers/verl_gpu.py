@@ -50,17 +50,17 @@ def base_env() -> dict[str, str]:
     return env
 
 
-def run_verl(work: Path, out: Path, steps: int, timeout_s: float) -> dict[str, Any]:
+def run_verl(work: Path, out: Path, steps: int, timeout_s: float, extra: list[str]) -> dict[str, Any]:
     size = work / "0.5B"
     overrides = verl_overrides(size / "model", size / "data" / "train.parquet", size / "data" / "val.parquet", work, steps)
     paths = [VERL_SITE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != Path.cwd()]
     env = dict(base_env(), PYTHONPATH=os.pathsep.join(paths), VERL_FILE_LOGGER_PATH=str(out / "verl_metrics.jsonl"))
     (out / "verl_metrics.jsonl").unlink(missing_ok=True)
     # A fresh local Ray instance, never one that happens to be running already.
-    command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, "+ray_kwargs.ray_init.address=local"]
-    result = run_logged(command, env, out / "verl_log.txt", timeout_s)
-    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], env=env, capture_output=True)
-    return result
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, "+ray_kwargs.ray_init.address=local", *extra]
+    # The Ray services verl's driver starts share its process group (and die with it), so a timeout's group
+    # kill ends them too; nothing machine-wide such as `ray stop` is needed.
+    return run_logged(command, env, out / "verl_log.txt", timeout_s)
 
 
 def run_ours(work: Path, out: Path, steps: int, timeout_s: float) -> dict[str, Any]:
@@ -87,13 +87,14 @@ def main() -> None:
     parser.add_argument("--order", default="ours,verl", help="comma list of ours, verl")
     parser.add_argument("--ours-timeout", type=float, default=200)
     parser.add_argument("--verl-timeout", type=float, default=330)
+    parser.add_argument("--verl-extra", nargs="*", default=[], help="more verl overrides, e.g. trainer.use_v1=false")
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     build_inputs(args.workdir)
     runs: dict[str, Any] = {}
     for side in args.order.split(","):
         if side == "verl":
-            runs["verl"] = run_verl(args.workdir, args.out_dir, args.steps, args.verl_timeout)
+            runs["verl"] = run_verl(args.workdir, args.out_dir, args.steps, args.verl_timeout, args.verl_extra)
         elif side == "ours":
             runs["ours"] = run_ours(args.workdir, args.out_dir, args.steps, args.ours_timeout)
         else:
