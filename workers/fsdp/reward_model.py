@@ -14,6 +14,7 @@ from workers.config import reward_model_config
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.sequences import SEQUENCE_KEYS, micro_batches, require_batch_keys, response_mask
+from workers.packing.forward import is_packed, packed_token_outputs
 
 SCORE_KEYS = (*SEQUENCE_KEYS, "responses")
 
@@ -36,6 +37,9 @@ def per_token_scores(model: nn.Module, micro: DataProto, device: torch.device) -
     captured: list[torch.Tensor] = []
     handle = score_head(model).register_forward_hook(lambda _m, _i, out: captured.append(out))
     try:
+        if is_packed(model):
+            _, rows = packed_token_outputs(model, micro, device)
+            return rows.to_padded(captured[0][0, :, 0].float())
         model(**{k: micro.batch[k].to(device) for k in SEQUENCE_KEYS}, use_cache=False)
     finally:
         handle.remove()
