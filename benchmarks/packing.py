@@ -192,7 +192,10 @@ def run_size(size: str, args: argparse.Namespace, workdir: Path) -> list[dict[st
     warmup = rollout_batch(warm_prompts, warm_responses, vocab, seed=3)
     model_dir = workdir / size
     torch.manual_seed(0)
-    Qwen2ForCausalLM(model_config(size, max_prompt + max_response)).to(torch.bfloat16).save_pretrained(model_dir)
+    with torch.device(worker_device()):  # random init on the GPU is much faster than on the host
+        model = Qwen2ForCausalLM(model_config(size, max_prompt + max_response))
+    model.to(torch.bfloat16).save_pretrained(model_dir)
+    del model
     width = data.batch["input_ids"].shape[1]
     real = int(data.batch["attention_mask"].sum())
     rows = []

@@ -117,3 +117,23 @@ def test_use_remove_padding_true_on_an_unsupported_model_names_the_key():
     with pytest.raises(ValueError, match="use_remove_padding"):
         enable_packing(model, True)
     assert enable_packing(model, None) is False
+
+
+def test_kernel_check_accepts_a_correct_kernel_and_rejects_broken_ones():
+    from workers.packing.attention import _kernel_works
+
+    def per_sequence(q, k, v, cu, max_len, scale, dropout):
+        return per_sequence_attention(q, k, v, cu.tolist(), scale)
+
+    def crossing(q, k, v, cu, max_len, scale, dropout):  # one causal attention over the whole packed row
+        return per_sequence_attention(q, k, v, [0, q.shape[0]], scale)
+
+    def failing(*args):
+        raise RuntimeError("no kernel for this device")
+
+    cpu = torch.device("cpu")
+    with torch.no_grad():  # the first packed call may come from a no-grad pass
+        assert _kernel_works(per_sequence, cpu, torch.float32)
+    assert not _kernel_works(crossing, cpu, torch.float32)
+    with pytest.warns(UserWarning, match="no kernel for this device"):
+        assert not _kernel_works(failing, cpu, torch.float32)

@@ -74,8 +74,9 @@ def _kernel_works(kernel: Callable[..., torch.Tensor], device: torch.device, dty
     bounds = [0, 3, 4, 11]
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
     try:
-        out = kernel(q, k, v, cu, 7, 0.125, 0.0)
-        out.float().sum().backward()
+        with torch.enable_grad():  # the first packed call may come from a no-grad log-prob pass
+            out = kernel(q, k, v, cu, 7, 0.125, 0.0)
+            out.float().sum().backward()
     except (RuntimeError, TypeError, NotImplementedError) as error:
         warnings.warn(f"packed attention: kernel unavailable on {device}/{dtype} ({error}); using per-sequence SDPA")
         return False
