@@ -13,7 +13,7 @@ one rank (`FSDPEngine` in this process), bf16 compute with fp32 master weights o
   (twice that for log-probs, as for the padded rows).
 Each phase is timed after a warm-up on a small batch; peak memory is the CUDA allocator's peak of the phase.
 Both modes start from the same weights; the log-probs of the two are compared on the real response tokens.
-On CPU `--sizes tiny` (the default there) runs a small shape with 512-token sequences in fp32.
+On CPU `--sizes tiny` (the default there) runs a small shape with 256-token sequences in fp32.
 """
 
 from __future__ import annotations
@@ -242,10 +242,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     on_gpu = torch.cuda.is_available()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="0.5B,1.5B" if on_gpu else "tiny", help=f"comma-separated, of {list(SHAPES)}")
-    parser.add_argument("--rows", type=int, default=64, help="sequences in the batch (even)")
-    parser.add_argument("--max-prompt", type=int, default=1024 if on_gpu else 128)
-    parser.add_argument("--max-response", type=int, default=3072 if on_gpu else 384)
-    parser.add_argument("--max-tokens", type=int, default=8192 if on_gpu else 1024, help="tokens per update micro-batch")
+    parser.add_argument("--rows", type=int, default=64 if on_gpu else 16, help="sequences in the batch (even)")
+    parser.add_argument("--max-prompt", type=int, default=1024 if on_gpu else 64)
+    parser.add_argument("--max-response", type=int, default=3072 if on_gpu else 192)
+    parser.add_argument("--max-tokens", type=int, default=8192 if on_gpu else 512, help="tokens per update micro-batch")
     parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=on_gpu)
     parser.add_argument("--out", default="outputs/bench/packing.json")
     args = parser.parse_args(argv)
