@@ -50,3 +50,22 @@ def test_equal_size_shards_have_equal_rows_and_balanced_tokens():
     assert max(sums) - min(sums) < (max(naive) - min(naive)) / 4
     with pytest.raises(ValueError, match="equal shards"):
         equal_size_shards(lengths, 5)
+
+
+def test_balance_batch_regroups_rows_for_the_ranks():
+    import numpy as np
+    import torch
+
+    from protocol import DataProto
+    from trainer.balance import balance_batch
+
+    lengths = torch.tensor([30, 28, 25, 20, 5, 4, 3, 1])  # sorted: rank 0 would get 103 tokens, rank 1 13
+    mask = (torch.arange(32)[None] < lengths[:, None]).long()
+    batch = DataProto.from_dict({"attention_mask": mask, "row": torch.arange(8)}, non_tensors={"uid": np.array(list("abcdefgh"), dtype=object)})
+    balanced = balance_batch(batch, 2)
+    per_rank = [int(chunk.batch["attention_mask"].sum()) for chunk in balanced.chunk(2)]
+    assert abs(per_rank[0] - per_rank[1]) <= 5
+    rows = balanced.batch["row"].tolist()
+    assert sorted(rows) == list(range(8))
+    assert list(balanced.non_tensor_batch["uid"]) == [("abcdefgh")[r] for r in rows]  # rows stay whole
+    assert balance_batch(batch, 3) is batch  # 8 rows do not split evenly over 3 ranks
