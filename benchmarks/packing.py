@@ -9,8 +9,8 @@ padded prompts, right-padded responses). Random Qwen2 weights of the given shape
 one rank (`FSDPEngine` in this process), bf16 compute with fp32 master weights on GPU.
 - padded: `use_remove_padding=false`, micro-batches of `max_tokens // padded_width` rows (the same number
   of token slots per micro-batch as the packed budget);
-- packed: `use_remove_padding=true`, `use_dynamic_bsz=true` with `--max-tokens` per update micro-batch
-  (twice that for log-probs, as for the padded rows).
+- packed: `use_remove_padding=true`, `use_dynamic_bsz=true` with `--max-tokens` per micro-batch
+  (log-prob and update passes alike).
 Each phase is timed after a warm-up on a small batch; peak memory is the CUDA allocator's peak of the phase.
 Both modes start from the same weights; the log-probs of the two are compared on the real response tokens.
 On CPU `--sizes tiny` (the default there) runs a small shape with 256-token sequences in fp32.
@@ -104,9 +104,9 @@ def actor_settings(model_dir: str, mode: str, rows: int, micro_rows: int, max_to
             "shuffle": False,
         },
         "rollout": {
-            "log_prob_micro_batch_size_per_gpu": 2 * micro_rows,
+            "log_prob_micro_batch_size_per_gpu": micro_rows,
             "log_prob_use_dynamic_bsz": packed,
-            "log_prob_max_token_len_per_gpu": 2 * max_tokens,
+            "log_prob_max_token_len_per_gpu": max_tokens,
         },
     })
 
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rows", type=int, default=64 if on_gpu else 16, help="sequences in the batch (even)")
     parser.add_argument("--max-prompt", type=int, default=1024 if on_gpu else 64)
     parser.add_argument("--max-response", type=int, default=3072 if on_gpu else 192)
-    parser.add_argument("--max-tokens", type=int, default=8192 if on_gpu else 512, help="tokens per update micro-batch")
+    parser.add_argument("--max-tokens", type=int, default=8192 if on_gpu else 512, help="token slots per micro-batch (both passes)")
     parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=on_gpu)
     parser.add_argument("--out", default="outputs/bench/packing.json")
     args = parser.parse_args(argv)

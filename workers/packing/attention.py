@@ -44,13 +44,13 @@ def per_sequence_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bo
     return torch.cat(pieces) if pieces else torch.zeros_like(q)
 
 
-def _flash_attn_package(q, k, v, cu, max_len, scale, dropout):
+def _flash_attn_package(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float, dropout: float) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func
 
     return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, dropout_p=dropout, softmax_scale=scale, causal=True)
 
 
-def _torch_flash_varlen(q, k, v, cu, max_len, scale, dropout):
+def _torch_flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float, dropout: float) -> torch.Tensor:
     return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, dropout, True, False, scale=scale)[0]
 
 
