@@ -13,6 +13,7 @@ from trainer.advantage import compute_advantage, token_level_rewards
 from trainer.agent_metrics import agent_metrics
 from trainer.algorithms import make_kl_controller, masked_mean
 from trainer.algorithms.rollout_correction import ROLLOUT_IS_WEIGHTS, truncated_is_weights
+from trainer.balance import balance_batch
 from trainer.overhead import reset_call_logs, step_overhead
 from trainer.role_groups import RoleGroups
 from trainer.run_data import RunData
@@ -58,6 +59,8 @@ class PPOTrainer(StepLoop):
                 reward_metrics["reward_model_mean"] = float(rm_scores.sum(-1).mean())
                 scores = scores + rm_scores
             rollout.batch["token_level_scores"] = scores
+        if self.cfg.trainer.balance_batch:
+            rollout = balance_batch(rollout, actor.world_size)
         with timer("old_log_prob"):
             rollout = rollout.union(actor.compute_log_prob(rollout))
         is_metrics = self._importance_weights(rollout)

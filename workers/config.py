@@ -131,6 +131,9 @@ MODEL_SPEC: dict[str, Any] = {
     "dtype": Field("auto", _one_of(*DTYPES), f"one of {list(DTYPES)} (auto: bfloat16 on GPU, float32 on CPU)"),
     "enable_gradient_checkpointing": Field(False, _bool, "a bool"),
     "attn_implementation": Field(None, _optional(_non_empty_str), "None (HF default) or e.g. 'sdpa', 'eager'"),
+    "use_remove_padding": Field(
+        None, _optional(_bool), "None (packed, padding-free forwards where the model supports them), true (required) or false"
+    ),
 }
 
 
@@ -147,6 +150,14 @@ def optim_spec(default_lr: float) -> dict[str, Any]:
     }
 
 
+def _dynamic_forward_spec(prefix: str) -> dict[str, Any]:
+    """Token-budget micro-batches of a forward-only pass (log-probs)."""
+    return {
+        f"{prefix}_use_dynamic_bsz": Field(False, _bool, f"a bool (micro-batches filled up to {prefix}_max_token_len_per_gpu tokens)"),
+        f"{prefix}_max_token_len_per_gpu": Field(32768, _int(1), "an int >= 1 (tokens per micro-batch with the dynamic batch size)"),
+    }
+
+
 def _ppo_spec() -> dict[str, Any]:
     """Keys shared by the actor and the critic updates."""
     return {
@@ -156,6 +167,8 @@ def _ppo_spec() -> dict[str, Any]:
         "grad_clip": Field(1.0, _float(0.0, low_open=True), "a float > 0"),
         "loss_agg_mode": Field("token-mean", _one_of(*LOSS_AGG_MODES), f"one of {list(LOSS_AGG_MODES)}"),
         "shuffle": Field(True, _bool, "a bool"),
+        "use_dynamic_bsz": Field(False, _bool, "a bool (micro-batches filled up to ppo_max_token_len_per_gpu tokens instead of a row count)"),
+        "ppo_max_token_len_per_gpu": Field(16384, _int(1), "an int >= 1 (tokens per update micro-batch with use_dynamic_bsz)"),
     }
 
 
@@ -206,9 +219,11 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "pad_token_id": Field(None, _optional(_int(0)), "None (from the model) or an int"),
         "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
         "multi_turn": multi_turn_spec(),
+        **_dynamic_forward_spec("log_prob"),
     },
     "ref": {
         "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
+        **_dynamic_forward_spec("log_prob"),
     },
 }
 
@@ -220,6 +235,7 @@ CRITIC_SPEC: dict[str, Any] = {
     "strategy": _strategy_field("critic"),
     "megatron": megatron_spec(),
     "forward_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
+    "forward_max_token_len_per_gpu": Field(32768, _int(1), "an int >= 1 (tokens per compute_values micro-batch with use_dynamic_bsz)"),
     "cliprange_value": Field(0.5, _float(0.0), "a float >= 0"),
 }
 
@@ -227,6 +243,8 @@ REWARD_MODEL_SPEC: dict[str, Any] = {
     "seed": Field(0, _int(0), "an int >= 0 (init of a score head missing from the checkpoint)"),
     "model": MODEL_SPEC,
     "micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
+    "use_dynamic_bsz": Field(False, _bool, "a bool (micro-batches filled up to forward_max_token_len_per_gpu tokens)"),
+    "forward_max_token_len_per_gpu": Field(32768, _int(1), "an int >= 1 (tokens per micro-batch with use_dynamic_bsz)"),
 }
 
 
@@ -289,12 +307,33 @@ def actor_rollout_ref_config(user: Any) -> dict[str, Any]:
         fsdp = config["actor"]["fsdp"]
         if fsdp["param_offload"] or fsdp["optimizer_offload"]:
             raise ValueError("actor.fsdp.param_offload / optimizer_offload apply to actor.strategy='fsdp' only")
+        _reject_packing_on_megatron(config, ("actor.use_dynamic_bsz", "rollout.log_prob_use_dynamic_bsz", "ref.log_prob_use_dynamic_bsz"))
     return config
+
+
+def _reject_packing_on_megatron(config: dict[str, Any], dynamic_keys: tuple[str, ...]) -> None:
+    """Packed (THD) forwards and token-budget micro-batches exist for the FSDP workers only."""
+    def value(dotted: str) -> Any:
+        node = config
+        for part in dotted.split("."):
+            node = node[part]
+        return node
+
+    asked = [key for key in ("model.use_remove_padding", *dynamic_keys) if value(key) is True]
+    if asked:
+        raise ValueError(
+            f"{asked} = true is not supported with megatron (strategy='megatron' runs padded micro-batches of "
+            "a fixed row count); leave model.use_remove_padding null/false and the *use_dynamic_bsz keys false, "
+            "or use strategy='fsdp'"
+        )
 
 
 def critic_config(user: Any) -> dict[str, Any]:
     """Complete, validated config of `CriticWorker`."""
-    return fill_config(CRITIC_SPEC, user)
+    config = fill_config(CRITIC_SPEC, user)
+    if config["strategy"] == "megatron":
+        _reject_packing_on_megatron(config, ("use_dynamic_bsz",))
+    return config
 
 
 def reward_model_config(user: Any) -> dict[str, Any]:

@@ -118,13 +118,16 @@ def test_log_probs_match_plain_hf_model_and_ref(actor_group, tiny_model_dir):
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     actor = actor_group.compute_log_prob(data)
     assert actor.batch["old_log_probs"].shape == actor.batch["entropys"].shape == (5, RESPONSE_LENGTH)
-    torch.testing.assert_close(actor.batch["old_log_probs"], hf_response_log_probs(reference, data), atol=1e-5, rtol=0)
-    assert torch.all(actor.batch["entropys"] > 0)
+    # Packed forwards (the default) score real response tokens only: padding positions hold 0.
+    real = data.batch["response_mask"].bool()
+    assert not real.all()  # some rows stopped early, so padding is covered
+    torch.testing.assert_close(actor.batch["old_log_probs"][real], hf_response_log_probs(reference, data)[real], atol=1e-5, rtol=0)
+    assert torch.all(actor.batch["entropys"][real] > 0)
     ref = actor_group.compute_ref_log_prob(data)
     torch.testing.assert_close(ref.batch["ref_log_prob"], actor.batch["old_log_probs"], atol=1e-5, rtol=0)
     data.meta_info["temperature"] = 0.7
     hot = actor_group.compute_log_prob(data).batch["old_log_probs"]
-    torch.testing.assert_close(hot, hf_response_log_probs(reference, data, 0.7), atol=1e-5, rtol=0)
+    torch.testing.assert_close(hot[real], hf_response_log_probs(reference, data, 0.7)[real], atol=1e-5, rtol=0)
 
 
 def target_batch(prompts: DataProto, valid_lengths: list[int]) -> DataProto:

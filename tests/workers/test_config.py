@@ -10,7 +10,7 @@ from workers.config import actor_rollout_ref_config, critic_config, mini_batch_p
 def test_defaults_are_filled_and_values_normalised():
     config = actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"optim": {"lr": 1}}})
     assert config["model"] == {"path": "/m", "dtype": "auto", "enable_gradient_checkpointing": False,
-                               "attn_implementation": None}
+                               "attn_implementation": None, "use_remove_padding": None}
     assert config["actor"]["optim"]["lr"] == 1.0 and isinstance(config["actor"]["optim"]["lr"], float)
     assert config["actor"]["ppo_epochs"] == 1 and config["actor"]["loss_agg_mode"] == "token-mean"
     assert config["rollout"]["response_length"] == 512 and config["rollout"]["do_sample"] is True
@@ -82,3 +82,13 @@ def test_worker_rejects_unknown_role_and_bad_config_at_construction():
         ActorRolloutRefWorker({"model": {"path": "/m"}}, "critic")
     with pytest.raises(ValueError, match="unknown config key"):
         ActorRolloutRefWorker({"model": {"path": "/m", "tokenizer": "x"}}, "ref")
+
+
+def test_packing_and_token_budgets_are_refused_with_megatron():
+    with pytest.raises(ValueError, match="not supported with megatron"):
+        actor_rollout_ref_config({"model": {"path": "/m", "use_remove_padding": True}, "actor": {"strategy": "megatron"}})
+    with pytest.raises(ValueError, match=r"actor.use_dynamic_bsz.*not supported with megatron"):
+        actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"strategy": "megatron", "use_dynamic_bsz": True}})
+    with pytest.raises(ValueError, match="not supported with megatron"):
+        critic_config({"model": {"path": "/m"}, "strategy": "megatron", "use_dynamic_bsz": True})
+    assert actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"strategy": "megatron"}})["model"]["use_remove_padding"] is None

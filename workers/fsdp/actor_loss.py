@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from protocol import DataProto
-from trainer.algorithms import agg_loss, compute_policy_loss, entropy_from_logits, kl_penalty, log_probs_from_logits
+from trainer.algorithms import agg_loss, compute_policy_loss, kl_penalty
 from trainer.algorithms.rollout_correction import ROLLOUT_IS_WEIGHTS
-from workers.fsdp.sequences import response_logits, response_mask
+from workers.fsdp.sequences import response_log_probs_and_entropy, response_mask
 
 
 def required_update_keys(actor_cfg: dict[str, Any]) -> list[str]:
@@ -23,10 +23,9 @@ def actor_micro_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss = pg_loss - entropy_coeff * entropy (+ kl_loss_coef * kl_loss), each aggregated with
     `loss_agg_mode` over this micro-batch's response tokens."""
-    logits = response_logits(model, micro, device, temperature)
-    log_probs = log_probs_from_logits(logits, micro.batch["responses"].to(device))
     # Without an entropy bonus the entropy is only reported: no graph is kept for it.
-    entropy = entropy_from_logits(logits if actor_cfg["entropy_coeff"] != 0 else logits.detach())
+    entropy_grad = actor_cfg["entropy_coeff"] != 0
+    log_probs, entropy = response_log_probs_and_entropy(model, micro, device, temperature, True, entropy_grad)
     return actor_loss_from_log_probs(log_probs, entropy, micro, device, actor_cfg)
 
 

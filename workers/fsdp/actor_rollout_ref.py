@@ -24,7 +24,8 @@ from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.generation import generate_responses, seeded_sampling
 from workers.fsdp.offload import Offloader
 from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
-from workers.fsdp.sequences import micro_batches, require_batch_keys, response_log_probs_and_entropy
+from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
+from workers.fsdp.sequences import require_batch_keys, response_log_probs_and_entropy
 from workers.fsdp.weight_sender import WeightSenderMixin
 from workers.memory import MemoryLog
 from workers.rollout.agent.worker_glue import build_agent, hf_agent_generate, vllm_agent_generate
@@ -152,39 +153,39 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         return metrics
 
     # ---- log-probs ------------------------------------------------------------------------------------
-    def _log_probs(
-        self, engine: FSDPEngine, data: DataProto, micro_size: int, with_entropy: bool, method: str
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _log_probs(self, engine: FSDPEngine, data: DataProto, section: str, with_entropy: bool, method: str) -> dict[str, torch.Tensor]:
+        """{"log_probs", "entropy" (with_entropy)} [B, R], micro-batched as config section `section` says."""
         require_batch_keys(data, LOG_PROB_KEYS, method)
         check_same_length(len(data), engine.device, method)
         temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
-        micro_size = int(data.meta_info.get("micro_batch_size", micro_size))
+        cfg = self.config[section]
+        batching = MicroBatching.for_call(
+            data.meta_info, cfg["log_prob_micro_batch_size_per_gpu"], cfg["log_prob_use_dynamic_bsz"],
+            cfg["log_prob_max_token_len_per_gpu"], f"{section}.log_prob_max_token_len_per_gpu",
+        )
+
+        def forward(micro: DataProto) -> dict[str, torch.Tensor]:
+            lp, ent = response_log_probs_and_entropy(engine.module, micro, engine.device, temperature, with_entropy)
+            return {"log_probs": lp.float().cpu(), **({"entropy": ent.float().cpu()} if with_entropy else {})}
+
         engine.module.eval()
-        log_probs, entropies = [], []
         with torch.no_grad():
-            for micro in micro_batches(data, micro_size):
-                lp, ent = response_log_probs_and_entropy(engine.module, micro, engine.device, temperature, with_entropy)
-                log_probs.append(lp.float().cpu())
-                if ent is not None:
-                    entropies.append(ent.float().cpu())
-        return torch.cat(log_probs), torch.cat(entropies) if with_entropy else None
+            return forward_in_micro_batches(data, batching, engine.device, forward)
 
     @register(Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Actor log-probs of the responses: `old_log_probs` [B, R] and `entropys` [B, R]."""
         engine = self._resident_actor("compute_log_prob")
-        micro = self.config["rollout"]["log_prob_micro_batch_size_per_gpu"]
-        log_probs, entropy = self._log_probs(engine, data, micro, True, "compute_log_prob")
+        out = self._log_probs(engine, data, "rollout", True, "compute_log_prob")
         self._end_phase("old_log_prob")
-        return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy})
+        return DataProto.from_dict({"old_log_probs": out["log_probs"], "entropys": out["entropy"]})
 
     @register(Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Reference-policy log-probs of the responses: `ref_log_prob` [B, R]."""
         engine = self._engine("ref", "compute_ref_log_prob")
-        micro = self.config["ref"]["log_prob_micro_batch_size_per_gpu"]
-        log_probs, _ = self._log_probs(engine, data, micro, False, "compute_ref_log_prob")
-        return DataProto.from_dict({"ref_log_prob": log_probs})
+        out = self._log_probs(engine, data, "ref", False, "compute_ref_log_prob")
+        return DataProto.from_dict({"ref_log_prob": out["log_probs"]})
 
     # ---- training -------------------------------------------------------------------------------------
     @register(Dispatch.DP_COMPUTE_METRIC)

@@ -13,8 +13,9 @@ from trainer.algorithms import compute_value_loss, masked_mean
 from workers.config import critic_config, mini_batch_per_rank
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
+from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
-from workers.fsdp.sequences import micro_batches, require_batch_keys, response_mask, response_values
+from workers.fsdp.sequences import require_batch_keys, response_mask, response_values
 
 VALUE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 UPDATE_KEYS = (*VALUE_KEYS, "values", "returns")
@@ -54,14 +55,19 @@ class CriticWorker(Worker):
         engine = self._engine("compute_values")
         require_batch_keys(data, VALUE_KEYS, "compute_values")
         check_same_length(len(data), engine.device, "compute_values")
-        micro_size = int(data.meta_info.get("micro_batch_size", self.config["forward_micro_batch_size_per_gpu"]))
+        cfg = self.config
+        batching = MicroBatching.for_call(
+            data.meta_info, cfg["forward_micro_batch_size_per_gpu"], cfg["use_dynamic_bsz"],
+            cfg["forward_max_token_len_per_gpu"], "critic.forward_max_token_len_per_gpu",
+        )
+
+        def forward(micro: DataProto) -> dict[str, torch.Tensor]:
+            v = response_values(engine.module, micro, engine.device).cpu()
+            return {"values": v * response_mask(micro).to(v.dtype)}
+
         engine.module.eval()
-        values = []
         with torch.no_grad():
-            for micro in micro_batches(data, micro_size):
-                v = response_values(engine.module, micro, engine.device).cpu()
-                values.append(v * response_mask(micro).to(v.dtype))
-        return DataProto.from_dict({"values": torch.cat(values)})
+            return DataProto.from_dict(forward_in_micro_batches(data, batching, engine.device, forward))
 
     @register(Dispatch.DP_COMPUTE_METRIC)
     def update_critic(self, data: DataProto) -> dict[str, float]:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import tempfile
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 import torch.distributed as dist
 
@@ -34,3 +38,18 @@ def mean_over_ranks(metrics: dict[str, float], device: torch.device) -> dict[str
     dist.all_reduce(values, op=dist.ReduceOp.SUM)
     values /= dist.get_world_size()
     return {k: float(v) for k, v in zip(keys, values.tolist())}
+
+
+@contextmanager
+def single_process_group(device: torch.device) -> Iterator[None]:
+    """A one-rank default process group, so an `FSDPEngine` runs inside this process (benchmarks, tests)."""
+    if dist.is_initialized():
+        yield
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"file://{folder}/store", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()

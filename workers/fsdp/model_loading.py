@@ -10,6 +10,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig
 
+from workers.packing.forward import enable_packing
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -74,6 +76,7 @@ def load_sharded_model(
         eos = model.config.eos_token_id
         model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
     model.requires_grad_(trainable)
+    enable_packing(model, model_cfg["use_remove_padding"])
 
     mesh = device_mesh(device)
     shard_kwargs: dict[str, Any] = {"mesh": mesh}

@@ -1,9 +1,10 @@
 """The PPO update schedule shared by the actor and the critic: epochs x mini-batches x micro-batches.
 
 Gradients of the micro-batches of one mini-batch are accumulated, then one clipped optimizer step is
-taken. Each micro-batch loss is weighted by its share of the mini-batch's aggregation units (tokens for
-"token-mean", non-empty sequences for the "seq-mean-*" modes), so accumulating over micro-batches gives
-the same gradient as one pass over the whole mini-batch (for equal-length rows this is micro/mini size).
+taken. Each micro-batch loss is weighted by its share of the aggregation units (tokens for "token-mean",
+non-empty sequences for the "seq-mean-*" modes) of the whole mini-batch over all data-parallel ranks, so
+accumulating over micro-batches and averaging over ranks gives the gradient of one pass over the global
+mini-batch, whatever the micro-batches hold: a fixed row count or a token budget (`use_dynamic_bsz`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 from protocol import DataProto
 from workers.config import mini_batch_per_rank
 from workers.fsdp.dist_utils import check_same_length, mean_over_ranks
 from workers.fsdp.engine import FSDPEngine
+from workers.fsdp.micro_batching import MicroBatching, sum_over_ranks
 from workers.fsdp.sequences import response_mask
 
 # loss_fn(micro_batch) -> (scalar loss aggregated over the micro-batch, float metrics)
@@ -35,6 +38,7 @@ class PPOSchedule:
     loss_agg_mode: str
     shuffle: bool
     seed: int
+    max_token_len: int | None = None  # token budget per micro-batch (use_dynamic_bsz); None: micro_batch_size rows
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any], ranks: int, where: str, seed: int, update_calls: int) -> "PPOSchedule":
@@ -48,7 +52,11 @@ class PPOSchedule:
             loss_agg_mode=cfg["loss_agg_mode"],
             shuffle=cfg["shuffle"],
             seed=seed + update_calls * cfg["ppo_epochs"],
+            max_token_len=cfg["ppo_max_token_len_per_gpu"] if cfg["use_dynamic_bsz"] else None,
         )
+
+    def micro_batching(self) -> MicroBatching:
+        return MicroBatching(self.micro_batch_size, self.max_token_len, "ppo_max_token_len_per_gpu")
 
 
 def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> float:
@@ -75,15 +83,17 @@ def run_ppo_updates(engine: FSDPEngine, data: DataProto, loss_fn: MicroLossFn, s
     engine.module.train()
     collected: dict[str, list[float]] = defaultdict(list)
     lr = engine.current_lr()
+    batching = schedule.micro_batching()
+    ranks = dist.get_world_size() if dist.is_initialized() else 1
     for epoch in range(schedule.epochs):
         for mini in shuffled(data, schedule.shuffle, schedule.seed + epoch).split(schedule.mini_batch_size):
-            micros = mini.split(schedule.micro_batch_size)
+            micros, _ = batching.split(mini, engine.device)
             units = [loss_units(response_mask(m), schedule.loss_agg_mode) for m in micros]
-            total = sum(units)
+            total = sum_over_ranks(sum(units), engine.device)  # FSDP averages gradients over the ranks
             engine.zero_grad()
             for micro, unit in zip(micros, units):
                 loss, metrics = loss_fn(micro)
-                scale = unit / total if total > 0 else len(micro) / len(mini)
+                scale = unit * ranks / total if total > 0 else len(micro) / len(mini)
                 (loss * scale).backward()
                 for key, value in metrics.items():
                     collected[key].append(value)

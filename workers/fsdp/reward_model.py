@@ -14,7 +14,9 @@ from trainer.algorithms import last_valid_positions
 from workers.config import reward_model_config
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.sequences import SEQUENCE_KEYS, micro_batches, require_batch_keys, response_mask
+from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
+from workers.fsdp.sequences import SEQUENCE_KEYS, require_batch_keys, response_mask
+from workers.packing.forward import is_packed, packed_token_outputs
 
 SCORE_KEYS = (*SEQUENCE_KEYS, "responses")
 
@@ -37,6 +39,9 @@ def per_token_scores(model: nn.Module, micro: DataProto, device: torch.device) -
     captured: list[torch.Tensor] = []
     handle = score_head(model).register_forward_hook(lambda _m, _i, out: captured.append(out))
     try:
+        if is_packed(model):
+            _, rows = packed_token_outputs(model, micro, device)
+            return rows.to_padded(captured[0][0, :, 0].float())
         model(**{k: micro.batch[k].to(device) for k in SEQUENCE_KEYS}, use_cache=False)
     finally:
         handle.remove()
@@ -68,17 +73,22 @@ class RewardModelWorker(Worker):
         engine = self.reward_model
         require_batch_keys(data, SCORE_KEYS, "compute_rm_score")
         check_same_length(len(data), engine.device, "compute_rm_score")
-        micro_size = int(data.meta_info.get("micro_batch_size", self.config["micro_batch_size_per_gpu"]))
+        cfg = self.config
+        batching = MicroBatching.for_call(
+            data.meta_info, cfg["micro_batch_size_per_gpu"], cfg["use_dynamic_bsz"],
+            cfg["forward_max_token_len_per_gpu"], "reward_model.forward_max_token_len_per_gpu",
+        )
+
+        def forward(micro: DataProto) -> dict[str, torch.Tensor]:
+            scores = per_token_scores(engine.module, micro, engine.device).cpu()
+            mask = response_mask(micro)
+            length = mask.shape[1]
+            last = last_valid_positions(mask).clamp(min=0)  # the mask may have holes (tool tokens)
+            rows = torch.arange(len(micro))
+            token_scores = torch.zeros(len(micro), length, dtype=torch.float32)
+            token_scores[rows, last] = scores[:, -length:][rows, last]
+            return {"rm_scores": token_scores}
+
         engine.module.eval()
-        outputs = []
         with torch.no_grad():
-            for micro in micro_batches(data, micro_size):
-                scores = per_token_scores(engine.module, micro, engine.device).cpu()
-                mask = response_mask(micro)
-                length = mask.shape[1]
-                last = last_valid_positions(mask).clamp(min=0)  # the mask may have holes (tool tokens)
-                rows = torch.arange(len(micro))
-                token_scores = torch.zeros(len(micro), length, dtype=torch.float32)
-                token_scores[rows, last] = scores[:, -length:][rows, last]
-                outputs.append(token_scores)
-        return DataProto.from_dict({"rm_scores": torch.cat(outputs)})
+            return DataProto.from_dict(forward_in_micro_batches(data, batching, engine.device, forward))

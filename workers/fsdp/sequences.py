@@ -14,6 +14,7 @@ from torch import nn
 
 from protocol import DataProto
 from trainer.algorithms import entropy_from_logits, log_probs_from_logits
+from workers.packing.forward import is_packed, packed_response_log_probs_and_entropy, packed_response_values
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
 
@@ -50,18 +51,29 @@ def response_logits(model: nn.Module, micro: DataProto, device: torch.device, te
 
 
 def response_log_probs_and_entropy(
-    model: nn.Module, micro: DataProto, device: torch.device, temperature: float, with_entropy: bool = True
+    model: nn.Module,
+    micro: DataProto,
+    device: torch.device,
+    temperature: float,
+    with_entropy: bool = True,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(response token) [b, R] (float32 for half-precision logits) and the entropy [b, R] or None."""
+    """log p(response token) [b, R] (float32 for half-precision logits) and the entropy [b, R] or None
+    (entropy_grad=False: no graph kept for it). A model with packed attention runs padding-free."""
+    if is_packed(model):
+        return packed_response_log_probs_and_entropy(model, micro, device, temperature, with_entropy, entropy_grad)
     logits = response_logits(model, micro, device, temperature)
     responses = micro.batch["responses"].to(device)
     log_probs = log_probs_from_logits(logits, responses)
-    entropy = entropy_from_logits(logits) if with_entropy else None
-    return log_probs, entropy
+    if not with_entropy:
+        return log_probs, None
+    return log_probs, entropy_from_logits(logits if entropy_grad else logits.detach())
 
 
 def response_values(model: nn.Module, micro: DataProto, device: torch.device) -> torch.Tensor:
     """Value head output [b, R] for the state before each response token (a token-classification model)."""
+    if is_packed(model):
+        return packed_response_values(model, micro, device)
     length = micro.batch["responses"].shape[1]
     out = model(**_sequence_inputs(micro, device), use_cache=False)
     return out.logits[:, -length - 1 : -1, 0].float()

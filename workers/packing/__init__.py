@@ -1,0 +1,1 @@
+"""Padding-free (packed) forward passes and token-budget micro-batches, shared by the FSDP workers."""
