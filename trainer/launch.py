@@ -23,7 +23,11 @@ def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> l
     from trainer.preflight import check_inputs
 
     ensure_default_assets(cfg)
-    check_inputs(cfg)  # bad paths fail here, in seconds, before Ray starts
+    nothing_to_do = check_inputs(cfg)  # bad paths, columns and settings fail here, in seconds, before Ray starts
+    if nothing_to_do:
+        print(nothing_to_do, file=sys.stderr)
+        return []
+    print(f"checkpoints and logs: {Path(cfg.trainer.default_local_dir).resolve()}")
     init_ray(cfg)
     data = build_run_data(cfg)
     log_dir = Path(cfg.trainer.default_local_dir) / "logs"
