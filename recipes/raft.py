@@ -63,7 +63,7 @@ class RAFT(StepLoop):
         if len(kept):
             with timer("update_actor"):  # 4. supervised step on the kept responses
                 sft = sft_batch(rollout, kept, actor.world_size)
-                metrics.update({f"sft/{k}": v for k, v in actor.update_actor_sft(sft)[0].items()})
+                metrics.update({f"actor/{k}": v for k, v in actor.update_actor_sft(sft)[0].items()})
         return {**metrics, **timer.metrics(), "timing/step_s": sum(timer.seconds.values())}
 
 

@@ -15,8 +15,8 @@ def sft_batch(rollout: DataProto, rows: np.ndarray, world_size: int) -> DataProt
     if len(rows) == 0:
         raise ValueError("sft_batch needs at least one row")
     chosen = DataProto.from_dict({key: rollout.batch[key][torch.as_tensor(rows)] for key in SFT_KEYS})
-    chosen.batch["loss_mask"] = torch.ones(len(rows))
+    chosen.batch["loss_mask"] = torch.ones_like(chosen.batch["response_mask"])
     padded, pad = chosen.pad_to_divisor(world_size)
     if pad:
-        padded.batch["loss_mask"][-pad:] = 0.0
+        padded.batch["loss_mask"][-pad:] = 0
     return padded
