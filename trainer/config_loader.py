@@ -74,11 +74,10 @@ def _check_renamed(overrides: Sequence[str]) -> None:
 def _check_additions(overrides: Sequence[str], config_name: str) -> None:
     """`+key=value` may only add keys that something reads: keys of the config (the trainer's or the
     recipe's) or worker settings that the YAML leaves at their defaults (workers/config.py)."""
-    from workers.config import declared_worker_key
-
     added = [key for key, adds in map(_override_key, overrides) if adds]
     if not added:
         return
+    from workers.config import declared_worker_key  # loads torch: only when a key is added
     schema = _base_config(config_name)
     for key in added:
         if OmegaConf.select(schema, key, default=_MISSING) is not _MISSING or declared_worker_key(key):

@@ -21,13 +21,24 @@ from trainer.run_setup import DEFAULT_DATA_DIR, DEFAULT_MODEL_PATH, ensure_defau
 __all__ = ["DEFAULT_DATA_DIR", "DEFAULT_MODEL_PATH", "ensure_default_assets", "init_ray", "main", "run"]
 
 
-def run(cfg: DictConfig) -> list[dict[str, Any]]:
-    """Train the configured PPO-family algorithm; returns the metric history."""
-    from trainer.launch import run_loop
-    from trainer.ppo_trainer import PPOTrainer
+def _build_roles(cfg: DictConfig) -> Any:
     from trainer.role_groups import RoleGroups
 
-    return run_loop(cfg, RoleGroups.build, PPOTrainer)
+    return RoleGroups.build(cfg)
+
+
+def _make_trainer(*args: Any) -> Any:
+    from trainer.ppo_trainer import PPOTrainer
+
+    return PPOTrainer(*args)
+
+
+def run(cfg: DictConfig) -> list[dict[str, Any]]:
+    """Train the configured PPO-family algorithm; returns the metric history. The worker and trainer
+    modules (torch, Ray) load only after the input checks, so a bad path fails in about a second."""
+    from trainer.launch import run_loop
+
+    return run_loop(cfg, _build_roles, _make_trainer)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

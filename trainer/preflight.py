@@ -12,6 +12,8 @@ from omegaconf import DictConfig
 # Any one of these makes a folder loadable by AutoTokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+# Columns every dataset file needs besides the prompt column (named by data.prompt_key).
+REQUIRED_COLUMNS = ("data_source", "reward_model")
 
 
 class InputError(ValueError):
@@ -52,8 +54,6 @@ def check_data_files(files: Any, key: str, prompt_key: str = "prompt") -> None:
     """Every configured parquet file exists and has the columns the dataset reads (read from the file's
     schema only; the dataset checks rows when it loads them)."""
     import pyarrow.parquet as pq
-
-    from trainer.data.rl_dataset import REQUIRED_COLUMNS
 
     listed = [files] if isinstance(files, (str, Path)) else list(files or [])
     if not listed:
@@ -107,13 +107,16 @@ def finished_run(cfg: DictConfig) -> str | None:
 
 
 def check_inputs(cfg: DictConfig) -> str | None:
-    """Every driver-side check of `cfg`'s paths, data columns and worker settings, before Ray starts.
-    Returns why there is nothing to train (the resumed checkpoint is already at the last step), or None."""
+    """Every driver-side check of `cfg`'s paths, data columns, checkpoint and worker settings, before Ray
+    starts (the file checks first: they need no torch). Returns why there is nothing to train (the
+    resumed checkpoint is already at the last step), or None."""
     check_model_folder(cfg.actor_rollout_ref.model.path)
     check_data_files(cfg.data.train_files, "data.train_files", cfg.data.prompt_key)
     if cfg.data.val_files:
         check_data_files(cfg.data.val_files, "data.val_files", cfg.data.prompt_key)
     if cfg.reward.reward_model.enable and cfg.reward.reward_model.model.path:
         check_model_folder(cfg.reward.reward_model.model.path, "reward.reward_model.model.path", tokenizer=False)
-    check_worker_settings(cfg)
-    return finished_run(cfg)
+    nothing_to_do = finished_run(cfg)
+    if nothing_to_do is None:
+        check_worker_settings(cfg)
+    return nothing_to_do
