@@ -24,6 +24,7 @@ from recipes.runner import recipe_main
 from recipes.sft_batch import sft_batch
 from trainer.algorithms.selection import best_per_prompt
 from trainer.launch import run_loop
+from trainer.ppo_trainer import mean_metrics
 from trainer.role_groups import RoleGroups
 from trainer.step_loop import StepLoop
 from trainer.timing import PhaseTimer
@@ -63,7 +64,7 @@ class RAFT(StepLoop):
         if len(kept):
             with timer("update_actor"):  # 4. supervised step on the kept responses
                 sft = sft_batch(rollout, kept, actor.world_size)
-                metrics.update({f"actor/{k}": v for k, v in actor.update_actor_sft(sft)[0].items()})
+                metrics.update(mean_metrics(actor.update_actor_sft(sft), "actor"))  # averaged over the ranks that report
         return {**metrics, **timer.metrics(), "timing/step_s": sum(timer.seconds.values())}
 
 
