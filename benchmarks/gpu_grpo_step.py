@@ -51,7 +51,7 @@ def grpo_overrides(work: Path, train: Path, val: Path, steps: int, logger: str) 
         f"trainer.default_local_dir={work / 'run'}", "trainer.n_gpus_per_node=1", "trainer.device=cuda",
         f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.val_before_train=false",
         "trainer.save_at_end=false", f"trainer.logger={logger}", "data.max_prompt_length=96",
-        "data.max_response_length=256", "data.train_batch_size=16", "algorithm.rollout_n=8",
+        "data.max_response_length=256", "data.train_batch_size=16", "actor_rollout_ref.rollout.n=8",
         "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
         "actor_rollout_ref.actor.optim.lr=1e-6",

@@ -27,14 +27,16 @@ MEASURES = (
 )
 
 
+def window_mean(key: str, rows: list[dict]) -> float | None:
+    """Mean of `key` over the rows that have it; None when none does."""
+    values = [r[key] for r in rows if key in r]
+    return float(np.mean(values)) if values else None
+
+
 def summarize(history: list[dict], wall_s: float, window: int = 5) -> dict:
     train = [r for r in history if "reward/mean" in r]
     val = [r["val/reward_mean"] for r in history if "val/reward_mean" in r]
-
-    def mean(key: str, rows: list[dict]) -> float | None:
-        values = [r[key] for r in rows if key in r]
-        return float(np.mean(values)) if values else None
-
+    mean = window_mean
     first, last = train[:window], train[-window:]
     return {
         "val_reward_baseline": val[0] if val else None,

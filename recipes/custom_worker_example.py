@@ -72,7 +72,7 @@ def run(overrides: list[str], steps: int = 4) -> list[dict[str, float]]:
     from transformers import AutoTokenizer
     from workers.fsdp import ActorRolloutRefWorker
 
-    cfg = load_config(["algorithm.rollout_n=4", "algorithm.use_kl_loss=false", "data.train_batch_size=8", *overrides])
+    cfg = load_config(["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.use_kl_loss=false", "data.train_batch_size=8", *overrides])
     ensure_default_assets(cfg)
     init_ray(cfg)
     model_path, n = cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.rollout.n

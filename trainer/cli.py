@@ -1,4 +1,5 @@
-"""The command line shared by `trainer.main` and the recipes: hydra overrides, `--cfg job`, clear errors."""
+"""The command line shared by `trainer.main` and the recipes: hydra overrides, `--cfg job`, `--help`, and
+one `error:` line with exit code 2 for anything wrong before training starts."""
 
 from __future__ import annotations
 
@@ -7,27 +8,47 @@ from typing import Any, Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.checkpointing import CheckpointError
 from trainer.config_loader import ConfigError
+from trainer.preflight import InputError
+
+USAGE = """\
+usage: python -m trainer.main [overrides...] [--cfg job]
+       python -m trainer.main recipe=<name | path/to/my_recipe.py | path/to/folder> [overrides...] [--cfg job]
+       python path/to/my_recipe.py [overrides...] [--cfg job]
+
+Overrides are hydra syntax: `trainer.total_training_steps=10`, `algorithm=ppo`, `trainer.logger=[console,jsonl]`.
+`+key=value` adds a worker setting the YAML leaves at its default (e.g. `+actor_rollout_ref.rollout.top_k=20`).
+`--cfg job` prints the resolved configuration and exits without starting anything.
+Built-in recipes: online_dpo, raft. Docs: README.md, docs/recipes.md (writing your own recipe),
+docs/operations.md (clusters, ray job submit, checkpoints, troubleshooting).
+"""
+
+# Problems found before any worker starts: bad config, bad paths or data, unusable checkpoints.
+USER_ERRORS = (ConfigError, InputError, CheckpointError)
 
 
 def run_cli(argv: Sequence[str], load: Callable[[list[str]], DictConfig], run: Callable[[DictConfig], Any]) -> int:
-    """Parse `argv` (overrides plus an optional `--cfg job`), then print the config or run; 2 on bad config."""
+    """Parse `argv` (overrides plus an optional `--cfg job`), then print the config or run; 2 on bad input."""
     args = list(argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(USAGE)
+        return 0
     print_cfg = "--cfg" in args
     if print_cfg:
         at = args.index("--cfg")
         what = args[at + 1] if at + 1 < len(args) else "job"
         if what != "job":
-            print(f"--cfg supports 'job' (the resolved config), got {what!r}", file=sys.stderr)
+            print(f"error: --cfg supports 'job' (the resolved config), got {what!r}", file=sys.stderr)
             return 2
         del args[at : at + 2]
     try:
         cfg = load(args)
-    except ConfigError as error:
+        if print_cfg:
+            print(OmegaConf.to_yaml(cfg))
+            return 0
+        run(cfg)
+    except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if print_cfg:
-        print(OmegaConf.to_yaml(cfg))
-        return 0
-    run(cfg)
     return 0

@@ -19,14 +19,21 @@ class ConfigError(ValueError):
     """A bad override or value; the message names it and lists the valid choices."""
 
 
-def _base_config() -> DictConfig:
+# Settings that had two names; the old one fails with the name to use.
+RENAMED = {
+    "algorithm.rollout_n": "actor_rollout_ref.rollout.n",
+    "algorithm.use_kl_loss": "actor_rollout_ref.actor.use_kl_loss",
+}
+
+
+def _base_config(config_name: str = CONFIG_NAME) -> DictConfig:
     with initialize_config_module(CONFIG_MODULE, version_base=None):
-        return compose(CONFIG_NAME)
+        return compose(config_name)
 
 
-def _valid_keys_near(path: str) -> str:
+def _valid_keys_near(path: str, config_name: str = CONFIG_NAME) -> str:
     """The keys that exist at the deepest existing level of a dotted `path`."""
-    node: Any = _base_config()
+    node: Any = _base_config(config_name)
     parts = path.split(".")
     walked = []
     for part in parts:
@@ -39,23 +46,67 @@ def _valid_keys_near(path: str) -> str:
     return f"valid keys under {where}: {keys}"
 
 
-def _explain(error: Exception) -> str:
+def _explain(error: Exception, config_name: str) -> str:
     text = str(error)
     cause = str(error.__cause__) if error.__cause__ else ""
     key = re.search(r"Could not override '([^']+)'", text)
     if key:
-        return f"unknown config key '{key.group(1)}' ({cause.splitlines()[0] if cause else text.splitlines()[0]})\n" + _valid_keys_near(key.group(1))
+        reason = cause.splitlines()[0] if cause else text.splitlines()[0]
+        return f"unknown config key '{key.group(1)}' ({reason})\n" + _valid_keys_near(key.group(1), config_name)
+    merging = re.search(r"Error merging override (\S+)", text)
+    if merging and cause:  # a typed value that does not convert, e.g. raft.min_reward=hot
+        return f"invalid configuration: {merging.group(1)}: {cause.splitlines()[0]}"
     return cause or text
 
 
+def _override_key(override: str) -> tuple[str, bool]:
+    """The dotted key of a hydra override and whether it adds a key (`+key=...` / `++key=...`)."""
+    key = override.split("=", 1)[0]
+    return key.lstrip("+~"), key.startswith("+")
+
+
+def _check_renamed(overrides: Sequence[str]) -> None:
+    for override in overrides:
+        key, _ = _override_key(override)
+        if key in RENAMED:
+            value = override.split("=", 1)[1] if "=" in override else "..."
+            raise ConfigError(f"'{key}' is now '{RENAMED[key]}' (one name per setting); use {RENAMED[key]}={value}")
+
+
+def _check_additions(overrides: Sequence[str], config_name: str) -> None:
+    """`+key=value` may only add keys that something reads: keys of the config (the trainer's or the
+    recipe's) or worker settings that the YAML leaves at their defaults (workers/config.py)."""
+    added = [key for key, adds in map(_override_key, overrides) if adds]
+    if not added:
+        return
+    from workers.config import declared_worker_key  # loads torch: only when a key is added
+    schema = _base_config(config_name)
+    for key in added:
+        if OmegaConf.select(schema, key, default=_MISSING) is not _MISSING or declared_worker_key(key):
+            continue
+        raise ConfigError(
+            f"unknown config key '{key}' (a '+' override adds a key, but nothing reads this one)\n"
+            + _valid_keys_near(key, config_name)
+        )
+
+
+_MISSING = object()
+
+
 def load_config(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -> DictConfig:
-    """Compose `trainer/config/<config_name>.yaml` with hydra overrides (`a.b=c`, `algorithm=ppo`)."""
+    """Compose `trainer/config/<config_name>.yaml` (or a recipe's registered config) with hydra overrides
+    (`a.b=c`, `algorithm=ppo`); unknown keys, renamed keys and bad values raise ConfigError."""
+    overrides = list(overrides)
+    _check_renamed(overrides)
     try:
         with initialize_config_module(CONFIG_MODULE, version_base=None):
-            cfg = compose(config_name, overrides=list(overrides))
+            cfg = compose(config_name, overrides=overrides)
     except (ConfigCompositionException, MissingConfigException) as error:
-        raise ConfigError(_explain(error)) from None
+        raise ConfigError(_explain(error, config_name)) from None
+    _check_additions(overrides, config_name)
     OmegaConf.resolve(cfg)
+    if isinstance(cfg.trainer.logger, str):  # `trainer.logger=console`: one backend by name
+        cfg.trainer.logger = [cfg.trainer.logger]
     validate_config(cfg)
     return cfg
 

@@ -4,26 +4,33 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from omegaconf import DictConfig
 
-from trainer.run_data import RunData, build_run_data
-from trainer.step_loop import StepLoop
-from trainer.tracking import Tracker
+if TYPE_CHECKING:  # the modules themselves load after the input checks: a bad path fails before torch loads
+    from trainer.run_data import RunData
+    from trainer.step_loop import StepLoop
+    from trainer.tracking import Tracker
 
 BuildRoles = Callable[[DictConfig], Any]  # returns an object with .actor, .save, .load, .shutdown
-MakeLoop = Callable[[DictConfig, Any, RunData, Tracker], StepLoop]
+MakeLoop = Callable[[DictConfig, Any, "RunData", "Tracker"], "StepLoop"]
 
 
 def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> list[dict[str, Any]]:
     """Build everything `cfg` names, run `make_loop(...).fit()`, and always release the workers."""
-    from trainer.data_counts import StepCountsTracker
-    from trainer.run_setup import ensure_default_assets, init_ray
     from trainer.preflight import check_inputs
+    from trainer.run_setup import ensure_default_assets, init_ray
 
     ensure_default_assets(cfg)
-    check_inputs(cfg)  # bad paths fail here, in seconds, before Ray starts
+    nothing_to_do = check_inputs(cfg)  # bad paths, columns and settings fail here, in seconds, before Ray starts
+    if nothing_to_do:
+        print(nothing_to_do, file=sys.stderr)
+        return []
+    print(f"checkpoints and logs: {Path(cfg.trainer.default_local_dir).resolve()}")
+    from trainer.data_counts import StepCountsTracker
+    from trainer.run_data import build_run_data
+
     init_ray(cfg)
     data = build_run_data(cfg)
     log_dir = Path(cfg.trainer.default_local_dir) / "logs"

@@ -12,6 +12,8 @@ from omegaconf import DictConfig
 # Any one of these makes a folder loadable by AutoTokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+# Columns every dataset file needs besides the prompt column (named by data.prompt_key).
+REQUIRED_COLUMNS = ("data_source", "reward_model")
 
 
 class InputError(ValueError):
@@ -48,25 +50,73 @@ def load_tokenizer(path: str) -> Any:
     return tokenizer
 
 
-def check_data_files(files: Any, key: str) -> None:
-    """Every configured parquet file exists (the dataset checks columns and rows when it loads them)."""
+def check_data_files(files: Any, key: str, prompt_key: str = "prompt") -> None:
+    """Every configured parquet file exists and has the columns the dataset reads (read from the file's
+    schema only; the dataset checks rows when it loads them)."""
+    import pyarrow.parquet as pq
+
     listed = [files] if isinstance(files, (str, Path)) else list(files or [])
     if not listed:
         raise InputError(f"{key} is empty; give one parquet file or a list of them")
     missing = [str(f) for f in listed if not Path(f).is_file()]
     if missing:
         raise InputError(f"{key}: no such file {missing}")
+    for file in listed:
+        try:
+            present = pq.read_schema(file).names
+        except Exception as error:  # noqa: BLE001 - any unreadable file gets the same clear message
+            raise InputError(f"{key}: {file} is not a readable parquet file ({type(error).__name__}: {error})") from None
+        for column, setting in ((prompt_key, "data.prompt_key"), *((c, None) for c in REQUIRED_COLUMNS)):
+            if column not in present:
+                named = f" (set {setting} to the column holding the chat messages)" if setting else " (verl's layout needs it)"
+                raise InputError(f"{key}: {file} has no column {column!r}{named}; columns present: {present}")
 
 
-def check_inputs(cfg: DictConfig) -> None:
-    """Every driver-side check of `cfg`'s paths, before Ray starts."""
-    from trainer.checkpointing import find_resume_dir
+def check_worker_settings(cfg: DictConfig) -> None:
+    """The worker configs exactly as the workers will build them, so a bad value (rollout.temperature=hot)
+    fails here, named by its full key, instead of inside a worker after Ray started."""
+    from trainer.role_groups import actor_worker_config, critic_worker_config, reward_model_worker_config
+    from workers.config import actor_rollout_ref_config, critic_config, reward_model_config
 
+    checks = [(actor_rollout_ref_config, actor_worker_config, "actor_rollout_ref"), (critic_config, critic_worker_config, "critic")]
+    if cfg.reward.reward_model.enable:
+        checks.append((reward_model_config, reward_model_worker_config, "reward.reward_model"))
+    for fill, section, where in checks:
+        try:
+            fill(section(cfg), where=where)
+        except ValueError as error:
+            raise InputError(str(error)) from None
+
+
+def finished_run(cfg: DictConfig) -> str | None:
+    """Why there is nothing to train: the checkpoint resumed from is already at `trainer.total_training_steps`."""
+    from trainer.checkpointing import find_resume_dir, load_driver_state
+
+    # Raises CheckpointError for a bad explicit path, or for `auto` when every step folder is damaged.
+    path = find_resume_dir(cfg.trainer.default_local_dir, str(cfg.trainer.resume_mode), warn=False)
+    if path is None:
+        return None
+    step = int(load_driver_state(path)["global_step"])
+    total = cfg.trainer.total_training_steps
+    if step < total:
+        return None
+    return (
+        f"nothing to train: the checkpoint {path} is at step {step} and trainer.total_training_steps={total}; raise "
+        "trainer.total_training_steps to train further, or set trainer.resume_mode=disable to start over"
+    )
+
+
+def check_inputs(cfg: DictConfig) -> str | None:
+    """Every driver-side check of `cfg`'s paths, data columns, checkpoint and worker settings, before Ray
+    starts (the file checks first: they need no torch). Returns why there is nothing to train (the
+    resumed checkpoint is already at the last step), or None."""
     check_model_folder(cfg.actor_rollout_ref.model.path)
-    check_data_files(cfg.data.train_files, "data.train_files")
+    check_data_files(cfg.data.train_files, "data.train_files", cfg.data.prompt_key)
     if cfg.data.val_files:
-        check_data_files(cfg.data.val_files, "data.val_files")
+        check_data_files(cfg.data.val_files, "data.val_files", cfg.data.prompt_key)
     if cfg.reward.reward_model.enable and cfg.reward.reward_model.model.path:
         check_model_folder(cfg.reward.reward_model.model.path, "reward.reward_model.model.path", tokenizer=False)
-    # Raises CheckpointError for a bad explicit path, or for `auto` when every step folder is damaged.
-    find_resume_dir(cfg.trainer.default_local_dir, str(cfg.trainer.resume_mode), warn=False)
+    nothing_to_do = finished_run(cfg)
+    if nothing_to_do is None:
+        check_worker_settings(cfg)
+    return nothing_to_do

@@ -90,7 +90,7 @@ class RoleGroups:
         ActorRolloutRefWorker, CriticWorker = worker_classes(cfg)
 
         algo = cfg.algorithm
-        uses_reference = bool(algo.use_kl_loss or algo.use_kl_in_reward) if reference is None else reference
+        uses_reference = bool(cfg.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward) if reference is None else reference
         uses_critic = algo.adv_estimator == "gae" if critic is None else critic
         actor_cls = RayClassWithInitArgs(
             ActorRolloutRefWorker, config=actor_worker_config(cfg), role="actor_rollout_ref" if uses_reference else "actor_rollout"

@@ -248,6 +248,23 @@ REWARD_MODEL_SPEC: dict[str, Any] = {
 }
 
 
+# Where each worker section sits in the trainer's config.
+WORKER_SECTIONS = {"actor_rollout_ref": ACTOR_ROLLOUT_REF_SPEC, "critic": CRITIC_SPEC, "reward.reward_model": REWARD_MODEL_SPEC}
+
+
+def declared_worker_key(dotted: str) -> bool:
+    """Whether `dotted` (a trainer-config key such as `actor_rollout_ref.rollout.top_k`) is a worker setting."""
+    for section, spec in WORKER_SECTIONS.items():
+        if dotted.startswith(section + "."):
+            node: Any = spec
+            for part in dotted[len(section) + 1 :].split("."):
+                if not isinstance(node, Mapping) or part not in node:
+                    return False
+                node = node[part]
+            return True
+    return False
+
+
 def _as_plain_mapping(config: Any, where: str) -> Mapping[str, Any]:
     if config is None:
         return {}
@@ -285,9 +302,10 @@ def fill_config(spec: Mapping[str, Any], user: Any, where: str = "") -> dict[str
     return filled
 
 
-def actor_rollout_ref_config(user: Any) -> dict[str, Any]:
-    """Complete, validated config of `ActorRolloutRefWorker` (sections model, actor, rollout, ref)."""
-    config = fill_config(ACTOR_ROLLOUT_REF_SPEC, user)
+def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
+    """Complete, validated config of `ActorRolloutRefWorker` (sections model, actor, rollout, ref); `where`
+    prefixes the keys named in errors (the trainer's `actor_rollout_ref`)."""
+    config = fill_config(ACTOR_ROLLOUT_REF_SPEC, user, where)
     rollout = config["rollout"]
     if rollout["name"] == "hf" and rollout["placement"] != "hybrid":
         raise ValueError("rollout.placement='separate' needs rollout.name='vllm' (HF generate runs on the actor's own model)")
@@ -328,17 +346,17 @@ def _reject_packing_on_megatron(config: dict[str, Any], dynamic_keys: tuple[str,
         )
 
 
-def critic_config(user: Any) -> dict[str, Any]:
+def critic_config(user: Any, where: str = "") -> dict[str, Any]:
     """Complete, validated config of `CriticWorker`."""
-    config = fill_config(CRITIC_SPEC, user)
+    config = fill_config(CRITIC_SPEC, user, where)
     if config["strategy"] == "megatron":
         _reject_packing_on_megatron(config, ("use_dynamic_bsz",))
     return config
 
 
-def reward_model_config(user: Any) -> dict[str, Any]:
+def reward_model_config(user: Any, where: str = "") -> dict[str, Any]:
     """Complete, validated config of `RewardModelWorker`."""
-    return fill_config(REWARD_MODEL_SPEC, user)
+    return fill_config(REWARD_MODEL_SPEC, user, where)
 
 
 def mini_batch_per_rank(global_mini_batch: int, world_size: int, where: str) -> int:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from protocol import DataProto
-from recipes import recipe_main
+from recipes.runner import find_recipe
 from recipes.config import ConfigError, load_recipe_config
 from recipes.custom_worker_example import concat_in_row_order, split_by_prompt
 from recipes.pair_batch import pack_pairs, pad_for_ranks
@@ -47,9 +47,11 @@ def test_trainer_main_selects_the_recipe(capsys):
     assert trainer_main(["recipe=online_dpo", "dpo.beta=0.3", "--cfg", "job"]) == 0
     assert "beta: 0.3" in capsys.readouterr().out
     assert trainer_main(["recipe=nope"]) == 2
-    assert "known recipes: ['online_dpo']" in capsys.readouterr().err
+    assert "give a built-in name ['online_dpo', 'raft'], a .py file, or a folder" in capsys.readouterr().err
     assert trainer_main(["recipe=online_dpo", "dpo.nope=1"]) == 2
-    assert recipe_main("online_dpo").__module__ == "recipes.online_dpo"
+    assert find_recipe("online_dpo").__name__ == "recipes.online_dpo"
+    assert trainer_main(["recipe=raft", "raft.min_reward=0.5", "--cfg", "job"]) == 0
+    assert "raft:\n  min_reward: 0.5" in capsys.readouterr().out
 
 
 def rollout(n: int) -> DataProto:

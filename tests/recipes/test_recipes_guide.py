@@ -1,4 +1,5 @@
-"""docs/recipes.md's worked example: the page holds recipes/custom_worker_example.py verbatim, and it runs."""
+"""docs/recipes.md's worked examples: the page holds examples/my_recipe/my_recipe.py and
+recipes/custom_worker_example.py verbatim, and the worker example runs (the recipe runs in test_user_recipe.py)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ from recipes import custom_worker_example
 from tests.conftest import REPO_ROOT
 from tests.e2e.conftest import run_overrides
 
-MARKER = "<!-- verbatim: recipes/custom_worker_example.py -->"
+VERBATIM = ("examples/my_recipe/my_recipe.py", "recipes/custom_worker_example.py")
 
 
-def test_guide_shows_the_example_verbatim():
+@pytest.mark.parametrize("source", VERBATIM)
+def test_guide_shows_the_example_verbatim(source):
     page = (REPO_ROOT / "docs" / "recipes.md").read_text()
-    block = re.search(re.escape(MARKER) + r"\n```python\n(.*?)```", page, re.S)
-    assert block, f"docs/recipes.md lost the {MARKER} code block"
-    assert block.group(1) == (REPO_ROOT / "recipes" / "custom_worker_example.py").read_text()
+    marker = f"<!-- verbatim: {source} -->"
+    block = re.search(re.escape(marker) + r"\n```python\n(.*?)```", page, re.S)
+    assert block, f"docs/recipes.md lost the {marker} code block"
+    assert block.group(1) == (REPO_ROOT / source).read_text()
 
 
 def test_group_advantage_is_relative_to_the_prompt(tiny_assets):

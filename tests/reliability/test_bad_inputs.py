@@ -102,10 +102,10 @@ def _write_parquet(table, path):
     return str(path)
 
 
-def test_dataset_missing_a_required_column(ray_cluster, small_assets, tmp_path):
+def test_dataset_missing_a_required_column(small_assets, tmp_path):
     table = pq.read_table(small_assets["train"]).drop_columns(["reward_model"])
     train = _write_parquet(table, tmp_path / "no_reward_model.parquet")
-    with pytest.raises(KeyError, match=r"has no column 'reward_model'; columns present: \["):
+    with pytest.raises(InputError, match=r"has no column 'reward_model' \(verl's layout needs it\); columns present: \["):
         run(load_config(short_run({**small_assets, "train": train}, tmp_path)))
 
 

@@ -1,10 +1,8 @@
-"""`ray start --head` → `ray job submit --working-dir . -- python -m trainer.main ...` → `ray stop`, all on
-127.0.0.1: the job's log shows finished steps and the job SUCCEEDED.
-
-`ray stop` ends every Ray process it can see, so it runs inside a private PID namespace
-(`unshare --pid --mount-proc`) where it sees only this test's cluster, never the test session's own
-cluster or anything else on the machine. Where namespaces are not allowed, the test skips `ray stop` and
-ends exactly the processes of its cluster (matched by its unique GCS port) by pid.
+"""`ray start --head --block &` → `ray job submit --working-dir . -- python -m trainer.main ...` and
+`ray job submit --working-dir <user folder> -- python my_recipe.py ...` → `kill <ray start pid>`, all on
+127.0.0.1: each job's log shows finished steps and where its outputs went, both jobs SUCCEEDED, and the
+scoped stop (docs/operations.md) leaves no process of this cluster behind, without touching any other
+Ray on the machine (no `ray stop`).
 """
 
 import os
@@ -23,19 +21,29 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = r"""
 set -u
-ray start --head --node-ip-address 127.0.0.1 --port {gcs} --dashboard-host 127.0.0.1 --dashboard-port {dashboard} \
+ray start --head --block --node-ip-address 127.0.0.1 --port {gcs} --dashboard-host 127.0.0.1 --dashboard-port {dashboard} \
     --ray-client-server-port {client} --dashboard-agent-listen-port {agent} --num-cpus 4 --disable-usage-stats \
-    > {out}/start.log 2>&1 || exit 3
-for attempt in $(seq 40); do  # the job agent comes up a few seconds after `ray start` returns
-    ray job submit --address http://127.0.0.1:{dashboard} --working-dir . -- python -m trainer.main {overrides} \
-        > {out}/submit.log 2>&1
-    rc=$?
-    grep -q "No available agent" {out}/submit.log || break
-    sleep 1
-done
+    > {out}/start.log 2>&1 &
+ray_pid=$!
+submit() {{  # $1: log name, $2: working dir, rest: the entrypoint
+    log=$1 dir=$2; shift 2
+    for attempt in $(seq 60); do  # the job agent comes up some seconds after the head starts
+        ray job submit --address http://127.0.0.1:{dashboard} --working-dir "$dir" -- "$@" > {out}/$log.log 2>&1
+        rc=$?
+        grep -q "No available agent\|Failed to connect\|Connection refused\|ConnectionError" {out}/$log.log || return $rc
+        sleep 1
+    done
+    return $rc
+}}
+submit submit . python -m trainer.main {overrides}
+rc=$?
+submit recipe {recipe_dir} python my_recipe.py {recipe_overrides}
+rc_recipe=$?
 ray job list --address http://127.0.0.1:{dashboard} > {out}/status.log 2>&1
-{stop}
-exit $rc
+kill $ray_pid  # the scoped stop: only this cluster's processes
+wait $ray_pid
+[ $rc -ne 0 ] && exit $rc
+exit $rc_recipe
 """
 
 
@@ -47,17 +55,6 @@ def free_ports(count: int) -> list[int]:
     for s in sockets:
         s.close()
     return ports
-
-
-def namespace_prefix() -> list[str] | None:
-    """An `unshare` command line giving a private PID namespace and /proc, or None where not allowed."""
-    if shutil.which("unshare") is None:
-        return None
-    for extra in ([], ["--user", "--map-root-user"]):
-        command = ["unshare", *extra, "--pid", "--fork", "--mount-proc"]
-        if subprocess.run([*command, "true"], capture_output=True).returncode == 0:
-            return command
-    return None
 
 
 def cluster_processes(session_id: int, gcs_port: int) -> list[psutil.Process]:
@@ -75,33 +72,41 @@ def cluster_processes(session_id: int, gcs_port: int) -> list[psutil.Process]:
     return found
 
 
-def test_ray_start_job_submit_ray_stop(small_assets, tmp_path):
+def describe(process: psutil.Process) -> str:
+    try:
+        return f"{process.pid}: {' '.join(process.cmdline())[:200]}"
+    except psutil.Error:
+        return f"{process.pid}: (gone)"
+
+
+def test_ray_start_job_submit_scoped_stop(small_assets, tmp_path):
     gcs, dashboard, client, agent = free_ports(4)
-    prefix = namespace_prefix()
     overrides = short_run(small_assets, tmp_path / "run", "trainer.logger=[console]", "trainer.n_gpus_per_node=2")
+    recipe_dir = shutil.copytree(REPO_ROOT / "examples" / "my_recipe", tmp_path / "user" / "my_recipe")
+    recipe_overrides = short_run(small_assets, tmp_path / "recipe_run", "trainer.logger=[console]", "trainer.save_at_end=false")
     script = SCRIPT.format(
-        gcs=gcs, dashboard=dashboard, client=client, agent=agent, out=tmp_path,
-        overrides=" ".join(f"'{o}'" for o in overrides), stop="ray stop --force > /dev/null 2>&1" if prefix else ":",
+        gcs=gcs, dashboard=dashboard, client=client, agent=agent, out=tmp_path, recipe_dir=recipe_dir,
+        overrides=" ".join(f"'{o}'" for o in overrides), recipe_overrides=" ".join(f"'{o}'" for o in recipe_overrides),
     )
     (tmp_path / "cluster.sh").write_text(script)
     # One machine: keep every port of the cluster on loopback (see docs/operations.md).
     env = child_env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    cluster = subprocess.Popen(
-        [*(prefix or []), "bash", str(tmp_path / "cluster.sh")], cwd=REPO_ROOT, env=env, start_new_session=True,
-    )
+    cluster = subprocess.Popen(["bash", str(tmp_path / "cluster.sh")], cwd=REPO_ROOT, env=env, start_new_session=True)
     try:
-        returncode = cluster.wait(timeout=240)
+        returncode = cluster.wait(timeout=300)
     finally:
         if cluster.poll() is None:
             cluster.kill()
-        leftovers = [p for p in cluster_processes(cluster.pid, gcs) if p.pid != os.getpid()]
-        for process in leftovers:
+        # Ray's processes finish exiting a moment after `ray start --block` returns: give them that moment.
+        _, alive = psutil.wait_procs([p for p in cluster_processes(cluster.pid, gcs) if p.pid != os.getpid()], timeout=20)
+        leftovers = [describe(p) for p in alive]
+        for process in alive:
             try:
                 process.kill()
             except psutil.NoSuchProcess:
                 pass
-        psutil.wait_procs(leftovers, timeout=10)
-    logs = {name: (tmp_path / f"{name}.log").read_text() if (tmp_path / f"{name}.log").exists() else "" for name in ("start", "submit", "status")}
+        psutil.wait_procs(alive, timeout=10)
+    logs = {name: (tmp_path / f"{name}.log").read_text() if (tmp_path / f"{name}.log").exists() else "" for name in ("start", "submit", "recipe", "status")}
     context = f"rc={returncode}\n" + "\n".join(f"--- {k}\n{v[-3000:]}" for k, v in logs.items())
     assert returncode == 0, context
     submit = logs["submit"]
@@ -110,5 +115,7 @@ def test_ray_start_job_submit_ray_stop(small_assets, tmp_path):
     job_id = re.search(r"raysubmit_\w+", submit).group(0)
     assert re.search(rf"submission_id='{job_id}'.*status=<JobStatus.SUCCEEDED", logs["status"], re.S), context
     assert (tmp_path / "run" / "global_step_2" / "MANIFEST.json").is_file()  # the job saved at the end
-    if prefix:
-        assert leftovers == [], f"`ray stop` left processes of the cluster: {leftovers}"
+    assert f"checkpoints and logs: {tmp_path / 'run'}" in submit, context
+    recipe = logs["recipe"]  # the user's recipe, submitted from its own folder outside the repository
+    assert "step 2: reward/mean=" in recipe and re.search(r"Job 'raysubmit_\w+' succeeded", recipe), context
+    assert leftovers == [], f"stopping `ray start --block` left processes of the cluster: {leftovers}"

@@ -64,7 +64,7 @@ def test_sync_after_an_optimizer_step_changes_the_engine(ray_cluster, tiny_asset
     cfg = load_config([
         f"actor_rollout_ref.model.path={tiny_assets['model']}", *VLLM, "actor_rollout_ref.rollout.placement=separate",
         "trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.optim.lr=0.05", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-        "data.train_batch_size=8", "algorithm.use_kl_loss=false",
+        "data.train_batch_size=8", "actor_rollout_ref.actor.use_kl_loss=false",
     ])
     roles = RoleGroups.build(cfg, reference=False, critic=False)
     try:

@@ -12,8 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 TRUNCATION_MODES = ("error", "left", "right", "filter")
-# The prompt column is required too; its name comes from `prompt_key`.
-REQUIRED_COLUMNS = ("data_source", "reward_model")
+from trainer.preflight import REQUIRED_COLUMNS  # noqa: F401 - the prompt column (`prompt_key`) is required too
 
 
 class RLDataset(Dataset):

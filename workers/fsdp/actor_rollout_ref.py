@@ -26,6 +26,7 @@ from workers.fsdp.offload import Offloader
 from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.sequences import require_batch_keys, response_log_probs_and_entropy
+from workers.fsdp.sft_update import SFT_KEYS, sft_loss_from_log_probs, with_loss_mask
 from workers.fsdp.weight_sender import WeightSenderMixin
 from workers.memory import MemoryLog
 from workers.rollout.agent.worker_glue import build_agent, hf_agent_generate, vllm_agent_generate
@@ -201,6 +202,27 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
 
         schedule = PPOSchedule.from_config(actor_cfg, self.world_size, "actor", self.config["seed"], self.update_calls)
         metrics = run_ppo_updates(engine, data, loss_fn, schedule, method="update_actor")
+        self.update_calls += 1
+        self.weights_version += 1
+        self._end_phase("update_actor")
+        return metrics
+
+    @register(Dispatch.DP_COMPUTE_METRIC)
+    def update_actor_sft(self, data: DataProto) -> dict[str, float]:
+        """Supervised step on the responses (token NLL under `response_mask` x optional `loss_mask`; layout
+        in `workers/fsdp/sft_update.py`) with the PPO update's schedule; log-probs at temperature 1 unless
+        `meta_info["temperature"]` says otherwise. Returns `sft_loss`, `grad_norm`, `lr` over micro-batches and ranks."""
+        engine = self._resident_actor("update_actor_sft", with_optimizer=True)
+        require_batch_keys(data, SFT_KEYS, "update_actor_sft")
+        actor_cfg = self.config["actor"]
+        temperature = float(data.meta_info.get("temperature", 1.0))
+
+        def loss_fn(micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+            log_probs, _ = response_log_probs_and_entropy(engine.module, micro, engine.device, temperature, with_entropy=False)
+            return sft_loss_from_log_probs(log_probs, micro, engine.device, actor_cfg["loss_agg_mode"])
+
+        schedule = PPOSchedule.from_config(actor_cfg, self.world_size, "actor", self.config["seed"], self.update_calls)
+        metrics = run_ppo_updates(engine, with_loss_mask(data), loss_fn, schedule, method="update_actor_sft")
         self.update_calls += 1
         self.weights_version += 1
         self._end_phase("update_actor")

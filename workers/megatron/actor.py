@@ -29,6 +29,7 @@ from workers.fsdp.dpo_update import PAIR_KEYS, PAIR_SIDES, SIDE_KEYS, DPOSetting
 from workers.fsdp.generation import generate_responses, seeded_sampling
 from workers.fsdp.ppo_loop import PPOSchedule
 from workers.fsdp.sequences import require_batch_keys
+from workers.fsdp.sft_update import SFT_KEYS, sft_loss_from_log_probs, with_loss_mask
 from workers.megatron.engine import MegatronEngine
 from workers.megatron.model import ParallelSettings
 from workers.megatron.parallel import MEGATRON_MESH, init_megatron_parallel
@@ -207,6 +208,27 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
 
         schedule = PPOSchedule.from_config(actor_cfg, self.dp_size, "actor (over data-parallel ranks)", self.config["seed"], self.update_calls)
         metrics = run_ppo_updates(engine, data, loss_fn, schedule)
+        self.update_calls += 1
+        self.weights_version += 1
+        self.memory.record("update_actor")
+        return metrics
+
+    @register(dispatch_mode=METRICS_OVER_DP)
+    def update_actor_sft(self, data: DataProto) -> dict[str, float]:
+        """Supervised step (token NLL under `response_mask` x optional `loss_mask`) with the PPO update's
+        schedule through the pipeline; same contract and metrics as the FSDP worker's `update_actor_sft`."""
+        engine = self._engine("actor", "update_actor_sft")
+        require_batch_keys(data, SFT_KEYS, "update_actor_sft")
+        actor_cfg = self.config["actor"]
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        vocab = engine.layout.vocab_size
+
+        def loss_fn(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+            log_probs, _ = response_token_log_probs(output, micro, vocab, temperature, False)
+            return sft_loss_from_log_probs(log_probs, micro, output.device, actor_cfg["loss_agg_mode"])
+
+        schedule = PPOSchedule.from_config(actor_cfg, self.dp_size, "actor (over data-parallel ranks)", self.config["seed"], self.update_calls)
+        metrics = run_ppo_updates(engine, with_loss_mask(data), loss_fn, schedule)
         self.update_calls += 1
         self.weights_version += 1
         self.memory.record("update_actor")

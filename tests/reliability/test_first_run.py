@@ -1,0 +1,103 @@
+"""First-run friction: each bad input or surprising case gives one `error:` line (exit 2) or a clear note,
+before Ray starts (init_ray is replaced by a function that fails the test if reached)."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.reliability.conftest import short_run
+from trainer import checkpointing
+from trainer.config_loader import ConfigError, load_config
+from trainer.main import main
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    def must_not_start(cfg):
+        raise AssertionError("Ray was started for an input that should have failed before it")
+
+    monkeypatch.setattr("trainer.run_setup.init_ray", must_not_start)
+
+
+def error_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+
+
+def test_help_prints_the_usage(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: python -m trainer.main [overrides...] [--cfg job]" in out
+    assert "recipe=<name | path/to/my_recipe.py | path/to/folder>" in out and "docs/recipes.md" in out
+
+
+def test_missing_model_folder(no_ray, small_assets, tmp_path, capsys):
+    assert main(short_run({**small_assets, "model": str(tmp_path / "nowhere")}, tmp_path)) == 2
+    assert error_lines(capsys) == [f"error: actor_rollout_ref.model.path='{tmp_path / 'nowhere'}' is not a folder (a Hugging Face model folder is expected)"]
+
+
+def test_missing_dataset_file(no_ray, small_assets, tmp_path, capsys):
+    missing = tmp_path / "train.parquet"
+    assert main(short_run({**small_assets, "train": str(missing)}, tmp_path)) == 2
+    assert error_lines(capsys) == [f"error: data.train_files: no such file ['{missing}']"]
+
+
+@pytest.mark.parametrize(("column", "names"), [("prompt", "(set data.prompt_key to the column holding the chat messages)"),
+                                              ("reward_model", "(verl's layout needs it)")])
+def test_missing_dataset_column_names_the_setting(no_ray, small_assets, tmp_path, capsys, column, names):
+    train = tmp_path / "train.parquet"
+    pq.write_table(pq.read_table(small_assets["train"]).drop_columns([column]), train)
+    assert main(short_run({**small_assets, "train": str(train)}, tmp_path)) == 2
+    (line,) = error_lines(capsys)
+    assert line.startswith(f"error: data.train_files: {train} has no column '{column}' {names}; columns present: [")
+
+
+def test_prompt_key_naming_a_column_that_is_absent(no_ray, small_assets, tmp_path, capsys):
+    assert main(short_run(small_assets, tmp_path, "data.prompt_key=question")) == 2
+    assert "has no column 'question' (set data.prompt_key" in error_lines(capsys)[0]
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("actor_rollout_ref.rollout.temperature=hot", "error: config key 'actor_rollout_ref.rollout.temperature' must be a float > 0, got 'hot'"),
+    ("critic.cliprange_value=wide", "error: config key 'critic.cliprange_value' must be a float >= 0, got 'wide'"),
+])
+def test_worker_setting_of_the_wrong_type_fails_on_the_driver(no_ray, small_assets, tmp_path, capsys, override, expected):
+    assert main(short_run(small_assets, tmp_path, override)) == 2
+    assert error_lines(capsys) == [expected]
+
+
+def test_plus_addition_must_be_a_declared_key(capsys):
+    assert main(["+trainer.total_trainig_steps=3", "--cfg", "job"]) == 2
+    err = capsys.readouterr().err
+    assert "error: unknown config key 'trainer.total_trainig_steps' (a '+' override adds a key, but nothing reads this one)" in err
+    assert "'total_training_steps'" in err
+    # A worker setting the YAML leaves at its default may be added.
+    assert load_config(["+actor_rollout_ref.rollout.top_k=5"]).actor_rollout_ref.rollout.top_k == 5
+
+
+def test_single_logger_name_is_accepted():
+    assert list(load_config(["trainer.logger=console"]).trainer.logger) == ["console"]
+    with pytest.raises(ConfigError, match=r"trainer.logger has unknown entries \['consol'\]"):
+        load_config(["trainer.logger=consol"])
+
+
+@pytest.mark.parametrize(("old", "new"), [("algorithm.rollout_n", "actor_rollout_ref.rollout.n"),
+                                          ("algorithm.use_kl_loss", "actor_rollout_ref.actor.use_kl_loss")])
+def test_old_names_of_a_setting_name_the_new_one(old, new):
+    with pytest.raises(ConfigError, match=rf"'{old}' is now '{new}' \(one name per setting\); use {new}=4"):
+        load_config([f"{old}=4"])
+
+
+def test_algorithm_sets_the_defaults_under_their_one_name():
+    assert load_config(["algorithm=ppo"]).actor_rollout_ref.rollout.n == 1
+    grpo = load_config([])
+    assert grpo.actor_rollout_ref.rollout.n == 8 and grpo.actor_rollout_ref.actor.use_kl_loss is True
+    assert load_config(["algorithm=remax", "actor_rollout_ref.rollout.n=2"]).actor_rollout_ref.rollout.n == 2
+
+
+@pytest.mark.parametrize("total", [2, 3])
+def test_resume_at_or_past_the_last_step_says_so(no_ray, small_assets, tmp_path, capsys, total):
+    checkpointing.save_checkpoint(tmp_path, 3, {"global_step": 3, "dataloader": {}}, lambda folder: None)
+    assert main(short_run(small_assets, tmp_path, f"trainer.total_training_steps={total}")) == 0
+    err = capsys.readouterr().err
+    assert f"nothing to train: the checkpoint {tmp_path / 'global_step_3'} is at step 3 and trainer.total_training_steps={total}" in err
