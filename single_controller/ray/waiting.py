@@ -65,7 +65,7 @@ def wait_for_outputs(
         if deadline is not None and time.monotonic() >= deadline:
             stuck = sorted(rank_of[r] for r in running)
             raise WorkerCallTimeout(
-                group, method, stuck, f"no result after {timeout_s:.1f}s from " + ", ".join(map(describe_rank, stuck))
+                group, method, stuck, f"no result after {timeout_s:g}s from " + ", ".join(map(describe_rank, stuck))
             )
     if on_ready is not None:
         on_ready()

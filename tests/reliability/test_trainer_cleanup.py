@@ -65,12 +65,12 @@ def run_in_thread(cfg) -> tuple[threading.Thread, dict]:
 
 
 def test_call_timeout_from_config_fails_the_build_and_releases_everything(ray_cluster, small_assets, tmp_path):
-    cfg = load_config(short_run(small_assets, tmp_path, "trainer.call_timeout_s=0.2"))
+    cfg = load_config(short_run(small_assets, tmp_path, "trainer.call_timeout_s=0.01"))
     with pytest.raises(WorkerCallTimeout) as info:
-        run(cfg)  # loading the model takes longer than 0.2 s
+        run(cfg)  # loading the model takes longer than 0.01 s
     message = str(info.value)
     assert "worker group 'roles.actor', method 'init_model' failed on rank(s) [0, 1]" in message
-    assert "no result after 0.2s" in message
+    assert "no result after 0.01s" in message
     assert_released(role_workers())
 
 
