@@ -13,7 +13,6 @@ tokenizing, scheduling) per turn.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile
