@@ -41,9 +41,16 @@ def test_killed_actor_gives_clear_error_not_hang(cpu_pool_2):
 def test_actor_killed_from_outside(cpu_pool_2):
     group = RayWorkerGroup(cpu_pool_2, RayClassWithInitArgs(EchoWorker), name_prefix="victim")
     ray.kill(group.workers[1], no_restart=True)
-    # ray.kill is asynchronous: wait until Ray reports the actor dead, so the call below cannot race it.
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(group.workers[1].__ray_ready__.remote(), timeout=30)
+    # ray.kill is asynchronous (a call sent right after it may still be served): wait until Ray reports the
+    # actor dead, so the call below cannot race it.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            ray.get(group.workers[1].__ray_ready__.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            break
+        assert time.monotonic() < deadline, "the actor still answers 30 s after ray.kill"
+        time.sleep(0.1)
     with pytest.raises(WorkerDiedError, match=r"rank 1"):
         group.whoami()
 

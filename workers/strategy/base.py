@@ -115,6 +115,26 @@ class Strategy:
     def _load_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
         raise NotImplementedError
 
+    def _require_loaded(self, optimizer: Any, name: str) -> None:
+        if id(optimizer) in self._offloaded:
+            raise RuntimeError(f"optimizer_step({name!r}): the optimizer state is offloaded; call maybe_load_optimizer first")
+
+    def _finish_step(self, scheduler: Any, name: str, grad_norm: float) -> float:
+        """After a backend's step: the scheduler steps, the weights get a new version, the norm is kept."""
+        if scheduler is not None:
+            scheduler.step()
+        self.weights_version += 1
+        self.grad_norms[name] = grad_norm
+        return grad_norm
+
+    def _save_with_optimizer_loaded(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
+        """Shards are written from the device state: offloaded optimizer state comes back for the save only."""
+        offloaded = id(optimizer) in self._offloaded
+        self.maybe_load_optimizer(optimizer)
+        self._save_shards(path, model, optimizer, scheduler)
+        if offloaded:
+            self.maybe_offload_optimizer(optimizer)
+
     # ---- optimizer offload ----------------------------------------------------------------------------
     def maybe_offload_optimizer(self, optimizer: Any) -> None:
         """With `optimizer_offload`, move the optimizer's state (Adam moments, step counts) to host memory."""
@@ -167,7 +187,7 @@ class Strategy:
         a rename): model and optimizer shards, the scheduler, RNG states and `client_state` (JSON). With `keep`,
         only the newest `keep` checkpoints stay. Collective; returns the folder."""
         return checkpoint_folders.save(root, step, client_state or {}, keep,
-                                       lambda path: self._save_shards(path, model, optimizer, scheduler))
+                                       lambda path: self._save_with_optimizer_loaded(path, model, optimizer, scheduler))
 
     def load_checkpoint(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any = None) -> dict[str, Any] | None:
         """Restore from a step folder, or from the newest whole one under a root; returns its `client_state`,

@@ -110,29 +110,20 @@ class FSDPStrategy(Strategy):
         """Clip the global gradient norm to `grad_clip`, step (skipped when the norm is not finite, on every
         rank alike), zero the gradients, step the scheduler; returns the norm before clipping."""
         self._record(model, "optimizer_step")
-        if id(optimizer) in self._offloaded:
-            raise RuntimeError(f"optimizer_step({name!r}): the optimizer state is offloaded; call maybe_load_optimizer first")
+        self._require_loaded(optimizer, name)
         grad_norm = clip_gradients(model, self.config.grad_clip)
         if torch.isfinite(torch.tensor(grad_norm)):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if scheduler is not None:
-            scheduler.step()
-        self.weights_version += 1
-        self.grad_norms[name] = grad_norm
-        return grad_norm
+        return self._finish_step(scheduler, name, grad_norm)
 
     def weight_source(self, model: nn.Module) -> WeightSource:
         return FSDPWeightSource(self._record(model, "update_engine_weights"))
 
     # ---- checkpoint shards ----------------------------------------------------------------------------
     def _save_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
-        offloaded = id(optimizer) in self._offloaded
-        self.maybe_load_optimizer(optimizer)
         extra = {"lr_scheduler": scheduler.state_dict()} if scheduler is not None else {}
         checkpoint.save_sharded(path, model, optimizer, extra, self.rank)
-        if offloaded:
-            self.maybe_offload_optimizer(optimizer)
 
     def _load_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
         self.maybe_load_optimizer(optimizer)

@@ -102,16 +102,11 @@ class MegatronStrategy(Strategy):
         from megatron.core.distributed import finalize_model_grads
 
         engine = self._engine(model, "optimizer_step")
-        if id(optimizer) in self._offloaded:
-            raise RuntimeError(f"optimizer_step({name!r}): the optimizer state is offloaded; call maybe_load_optimizer first")
+        self._require_loaded(optimizer, name)
         finalize_model_grads([model])  # DP all-reduce (averaged), sequence-parallel norm grads over TP
         grad_norm = engine.optimizer_step(self.config.grad_clip)
         engine.zero_grad()
-        if scheduler is not None:
-            scheduler.step()
-        self.weights_version += 1
-        self.grad_norms[name] = grad_norm
-        return grad_norm
+        return self._finish_step(scheduler, name, grad_norm)
 
     def weight_source(self, model: nn.Module) -> WeightSource:
         from workers.megatron.rollout_source import MegatronWeightSource
@@ -119,11 +114,7 @@ class MegatronStrategy(Strategy):
         return MegatronWeightSource(self._engine(model, "update_engine_weights"))
 
     def _save_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
-        offloaded = id(optimizer) in self._offloaded
-        self.maybe_load_optimizer(optimizer)
         self._engine(model, "save_checkpoint").save_checkpoint(path)
-        if offloaded:
-            self.maybe_offload_optimizer(optimizer)
 
     def _load_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
         self.maybe_load_optimizer(optimizer)
