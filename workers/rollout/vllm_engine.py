@@ -28,6 +28,24 @@ def row_seed(call_seed: int, rank: int, row: int) -> int:
     return (call_seed * 1_000_003 + rank * 65_537 + row) % (2**31 - 1)
 
 
+def vllm_sampling(params: Any, max_tokens: int, seed: int | None) -> Any:
+    """vLLM's SamplingParams for one request from the rollout's sampling settings (greedy when not sampling),
+    with the engine's log-prob of each sampled token."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=1,
+        max_tokens=max_tokens,
+        temperature=params.temperature if params.do_sample else 0.0,
+        top_p=params.top_p if params.do_sample else 1.0,
+        top_k=params.top_k if params.do_sample else 0,
+        stop_token_ids=list(params.eos_token_ids),
+        logprobs=0,
+        detokenize=False,
+        seed=seed,
+    )
+
+
 class VLLMEngine:
     def __init__(self, model_path: str, rollout: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int) -> None:
         tp = rollout["tensor_model_parallel_size"]
@@ -77,22 +95,12 @@ class VLLMEngine:
     def generate(self, prompts: dict[str, torch.Tensor], params: Any, call_seed: int | None, rank: int) -> dict[str, torch.Tensor]:
         """Left-padded prompts -> the rollout batch of `assemble_rollout` plus `rollout_log_probs` [B, R]
         (the engine's log-probs of the sampled tokens, 0 after the response)."""
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import TokensPrompt
 
         ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
         requests = [TokensPrompt(prompt_token_ids=row[m].tolist()) for row, m in zip(ids, mask)]
         sampling = [
-            SamplingParams(
-                n=1,
-                max_tokens=params.response_length,
-                temperature=params.temperature if params.do_sample else 0.0,
-                top_p=params.top_p if params.do_sample else 1.0,
-                top_k=params.top_k if params.do_sample else 0,
-                stop_token_ids=list(params.eos_token_ids),
-                logprobs=0,
-                detokenize=False,
-                seed=None if call_seed is None else row_seed(call_seed, rank, i),
-            )
+            vllm_sampling(params, params.response_length, None if call_seed is None else row_seed(call_seed, rank, i))
             for i in range(len(requests))
         ]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)

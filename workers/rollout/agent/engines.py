@@ -16,6 +16,7 @@ from torch import nn
 
 from workers.rollout.agent.loop import TurnOutput, TurnRequest
 from workers.rollout.sampling import SamplingParams
+from workers.rollout.vllm_engine import vllm_sampling
 
 
 def cut_at_eos(tokens: list[int], log_probs: list[float], eos_token_ids: tuple[int, ...], limit: int) -> TurnOutput:
@@ -78,20 +79,8 @@ class VLLMTurns:
         return local
 
     def _sampling(self, request: TurnRequest) -> Any:
-        from vllm import SamplingParams as VLLMSampling
-
-        params = self.params
-        return VLLMSampling(
-            n=1,
-            max_tokens=request.max_tokens,
-            temperature=params.temperature if params.do_sample else 0.0,
-            top_p=params.top_p if params.do_sample else 1.0,
-            top_k=params.top_k if params.do_sample else 0,
-            stop_token_ids=list(params.eos_token_ids),
-            logprobs=0,
-            detokenize=False,
-            seed=None if self.call_seed is None else turn_seed(self.call_seed, self.rank, request.row, request.turn),
-        )
+        seed = None if self.call_seed is None else turn_seed(self.call_seed, self.rank, request.row, request.turn)
+        return vllm_sampling(self.params, request.max_tokens, seed)
 
     def generate(self, requests: list[TurnRequest]) -> list[TurnOutput]:
         from vllm import TokensPrompt
