@@ -22,22 +22,29 @@ def vault_assets(tiny_assets, tmp_path_factory):
 
 
 @ray.remote(num_cpus=1)
-def vllm_turns_against_hf(model_path: str) -> dict:
-    """In a worker process (vLLM sets up torch.distributed in its host process)."""
+def vllm_turns(model_path: str) -> dict:
+    """In a worker process (vLLM sets up torch.distributed in its host process): one engine, two checks."""
+    import torch
+
+    from workers.config import actor_rollout_ref_config
+    from workers.rollout.vllm_engine import VLLMEngine
+
+    rollout = actor_rollout_ref_config({"model": {"path": model_path}, "rollout": {"max_model_len": 384, "cpu_kv_cache_mb": 64}})["rollout"]
+    engine = VLLMEngine(model_path, rollout, torch.float32, torch.device("cpu"), seed=0)
+    return {"against_hf": turns_against_hf(engine, model_path), "scheduling": continuous_scheduling(engine)}
+
+
+def turns_against_hf(engine, model_path: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
     from protocol import DataProto
     from tests.rollout.test_agent_loop import PAD, PARAMS, AlwaysCall, make_agent, prompt_batch
-    from workers.config import actor_rollout_ref_config
     from workers.fsdp.sequences import response_log_probs_and_entropy
     from workers.rollout.agent.batch import conversation_batch
     from workers.rollout.agent.engines import VLLMTurns
     from workers.rollout.agent.loop import AgentLoop
-    from workers.rollout.vllm_engine import VLLMEngine
 
-    rollout = actor_rollout_ref_config({"model": {"path": model_path}, "rollout": {"max_model_len": 128, "cpu_kv_cache_mb": 64}})["rollout"]
-    engine = VLLMEngine(model_path, rollout, torch.float32, torch.device("cpu"), seed=0)
     agent = make_agent(response_length=64, max_turns=3, max_tokens_per_turn=6)
     prompts = prompt_batch(4)
     loop = AgentLoop(VLLMTurns(engine.llm, PARAMS, call_seed=7, rank=0), AlwaysCall(), agent.bridge, agent.settings)
@@ -52,10 +59,48 @@ def vllm_turns_against_hf(model_path: str) -> dict:
             "rows_with_holes": int(holes.any(dim=1).sum()), "model_tokens": int(mask.sum())}
 
 
-def test_vllm_turns_log_probs_match_the_trainers_on_model_tokens(ray_cluster, tiny_assets):
-    result = ray.get(vllm_turns_against_hf.remote(tiny_assets["model"]))
+def continuous_scheduling(engine) -> dict:
+    """Scripted tool calls over the real engine: row 0's first tool sleeps 1.5 s, row r's others 0.03 r s."""
+    from tests.rollout.test_agent_loop import EOS, PARAMS, TOKENIZER, call, make_agent, prompt_batch, tools
+    from workers.rollout.agent.engines import VLLMTurns
+    from workers.rollout.agent.loop import AgentLoop
+    from workers.rollout.agent.scripted import ScriptedStream
+
+    def script(request):
+        if request.turn == 2:
+            return "done"
+        return call("slow", seconds=1.5 if request.row == request.turn == 0 else round(0.03 * request.row, 2))
+
+    agent = make_agent(tools=tools("slow"), response_length=300, max_turns=3, max_tokens_per_turn=96)
+    stream = ScriptedStream(TOKENIZER, EOS, script, VLLMTurns(engine.llm, PARAMS, call_seed=7, rank=0))
+    prompts = prompt_batch(6)
+    contexts = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
+    conversations = AgentLoop(stream, agent.parser, agent.bridge, agent.settings).run(contexts, [agent.new_environment() for _ in range(6)])
+    when = {(r.row, r.turn): t for t, r, _ in stream.submissions}
+    return {
+        "turns": [c.turns for c in conversations], "tool_calls": [c.tool_calls for c in conversations],
+        "slow_row_back": when[(0, 1)], "others_done": max(t for (row, turn), t in when.items() if row > 0 and turn == 2),
+        "joined_running_batch": sum(1 for _, r, in_flight in stream.submissions if r.turn > 0 and in_flight > 0),
+        "left_in_engine": stream.in_flight(),
+    }
+
+
+@pytest.fixture(scope="module")
+def vllm_results(ray_cluster, tiny_assets):
+    return ray.get(vllm_turns.remote(tiny_assets["model"]))
+
+
+def test_vllm_turns_log_probs_match_the_trainers_on_model_tokens(vllm_results):
+    result = vllm_results["against_hf"]
     assert result["turns"] == [3] * 4 and result["rows_with_holes"] == 4 and result["model_tokens"] > 0
     assert result["gap"] < 1e-3, result
+
+
+def test_vllm_turns_join_the_running_batch_and_a_slow_tool_stalls_only_its_conversation(vllm_results):
+    result = vllm_results["scheduling"]
+    assert result["turns"] == [3] * 6 and result["tool_calls"] == [2] * 6 and result["left_in_engine"] == 0, result
+    assert result["others_done"] < result["slow_row_back"], result  # the others finished all turns meanwhile
+    assert result["joined_running_batch"] >= 1, result  # a turn entered while others were generating
 
 
 def test_multi_turn_grpo_steps_on_hybrid_vllm(ray_cluster, vault_assets, tmp_path):

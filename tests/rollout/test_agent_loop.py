@@ -18,9 +18,9 @@ from workers.config import fill_config, multi_turn_spec
 from workers.fsdp.actor_loss import actor_loss_from_log_probs
 from workers.rollout.agent import ParsedTurn, ToolCall, make_parser
 from workers.rollout.agent.batch import conversation_batch
-from workers.rollout.agent.loop import AgentLoop
+from workers.rollout.agent.loop import AgentLoop, TurnOutput
 from workers.rollout.agent.rollout import AgentRollout
-from workers.rollout.agent.scripted import ScriptedTurns
+from workers.rollout.agent.scripted import ScriptedStream, ScriptedTurns
 from workers.rollout.sampling import SamplingParams
 
 TOOLS_FILE = Path(__file__).with_name("agent_tools.py")
@@ -179,6 +179,60 @@ def test_a_slow_tool_does_not_stall_the_other_conversations():
 
     _, lockstep = run_script(agent, script, rows=4, lockstep=True)
     assert all(len({r.turn for r in requests}) == 1 for _, requests in lockstep.rounds)  # one turn per round
+
+
+class StepEngine:
+    """A continuously batching engine in plain Python: a turn finishes `3 + row` steps after it went in."""
+
+    def __init__(self):
+        self.running = []  # [request, steps left]
+        self.cancelled = 0
+
+    def submit(self, request):
+        self.running.append([request, 3 + request.row])
+
+    def step(self):
+        for entry in self.running:
+            entry[1] -= 1
+        done = [r for r, left in self.running if left == 0]
+        self.running = [entry for entry in self.running if entry[1] > 0]
+        return [(r, TurnOutput([EOS])) for r in done]
+
+    def in_flight(self):
+        return len(self.running)
+
+    def cancel_all(self):
+        self.cancelled += len(self.running)
+        self.running.clear()
+
+
+def test_streaming_and_rounds_build_the_same_batch():
+    agent = make_agent(tools=tools("lookup", "explode"), max_turns=4)
+
+    def script(request):
+        return ["hi " + call("lookup", key="sky"), call("explode"), "bye"][min(request.turn, 2)] if request.row % 2 else "plain"
+
+    rounds, _ = run_script(agent, script, rows=4)
+    stream = ScriptedStream(TOKENIZER, EOS, script, StepEngine())
+    streamed = agent.run(prompt_batch(4), [{}] * 4, stream, PARAMS, call_seed=3, rank=0)
+    for key in ("responses", "response_mask", "attention_mask", "num_turns", "num_tool_calls", "num_tool_errors"):
+        assert torch.equal(rounds[key], streamed[key]), key
+    assert streamed["num_turns"].tolist() == [1, 3, 1, 3]
+    assert sum(1 for _, r, in_flight in stream.submissions if r.turn > 0 and in_flight > 0) >= 1
+
+
+def test_a_failed_streaming_rollout_cancels_its_requests():
+    agent = make_agent(max_turns=4)
+    engine = StepEngine()
+
+    def script(request):
+        if request.row == 0 and request.turn == 1:
+            raise RuntimeError("script failed")
+        return call("lookup", key="sky")
+
+    with pytest.raises(RuntimeError, match="script failed"):
+        agent.run(prompt_batch(3), [{}] * 3, ScriptedStream(TOKENIZER, EOS, script, engine), PARAMS, call_seed=3, rank=0)
+    assert engine.cancelled >= 1 and engine.in_flight() == 0
 
 
 # ---- environments, rewards and losses --------------------------------------------------------------------

@@ -2,12 +2,13 @@
 
 `HFTurns` pads the contexts of a round into one `generate` call (turn-batched); under FSDP with several
 ranks every rank must call it the same number of times, so it runs in lockstep and a rank without work
-generates one token of a dummy row. `VLLMTurns` hands each round's requests to the engine, which batches
-them continuously; it does not need lockstep, so rounds start as soon as any tool call returns.
+generates one token of a dummy row. `VLLMTurns` drives vLLM's engine step by step: a turn enters the
+running batch as soon as its conversation is ready (continuous batching), no rounds, no lockstep.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -17,6 +18,9 @@ from torch import nn
 from workers.rollout.agent.loop import TurnOutput, TurnRequest
 from workers.rollout.sampling import SamplingParams
 from workers.rollout.vllm_engine import vllm_sampling
+
+# Unique across calls and loops: vLLM refuses a request id it is still serving.
+_REQUEST_IDS = itertools.count()
 
 
 def cut_at_eos(tokens: list[int], log_probs: list[float], eos_token_ids: tuple[int, ...], limit: int) -> TurnOutput:
@@ -70,28 +74,45 @@ class HFTurns:
 
 
 class VLLMTurns:
-    lockstep = False
+    """Continuous batching on vLLM's engine: every turn is its own request, added the moment its conversation
+    is ready, and handed back at the engine step that finishes it; conversations join and leave the running
+    batch independently (a `StreamingTurnGenerator`)."""
 
     def __init__(self, llm: Any, params: SamplingParams, call_seed: int | None, rank: int) -> None:
-        self.llm, self.params, self.call_seed, self.rank = llm, params, call_seed, rank
-
-    def any_work(self, local: bool) -> bool:
-        return local
+        self.engine = llm.llm_engine
+        self.params, self.call_seed, self.rank = params, call_seed, rank
+        self.submitted: dict[str, TurnRequest] = {}
 
     def _sampling(self, request: TurnRequest) -> Any:
-        seed = None if self.call_seed is None else turn_seed(self.call_seed, self.rank, request.row, request.turn)
-        return vllm_sampling(self.params, request.max_tokens, seed)
+        from vllm.sampling_params import RequestOutputKind
 
-    def generate(self, requests: list[TurnRequest]) -> list[TurnOutput]:
+        seed = None if self.call_seed is None else turn_seed(self.call_seed, self.rank, request.row, request.turn)
+        sampling = vllm_sampling(self.params, request.max_tokens, seed)
+        sampling.output_kind = RequestOutputKind.FINAL_ONLY  # one output per turn, at its end
+        return sampling
+
+    def submit(self, request: TurnRequest) -> None:
         from vllm import TokensPrompt
 
-        if not requests:
-            return []
-        prompts = [TokensPrompt(prompt_token_ids=r.context) for r in requests]
-        outputs = self.llm.generate(prompts, [self._sampling(r) for r in requests], use_tqdm=False)
-        results = []
-        for output in outputs:
-            tokens = list(output.outputs[0].token_ids)
-            steps = output.outputs[0].logprobs or []
-            results.append(TurnOutput(tokens, [float(step[t].logprob) for step, t in zip(steps, tokens)]))
-        return results
+        request_id = f"agent-{self.rank}-{next(_REQUEST_IDS)}"
+        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=request.context), self._sampling(request))
+        self.submitted[request_id] = request
+
+    def step(self) -> list[tuple[TurnRequest, TurnOutput]]:
+        finished = []
+        for output in self.engine.step():
+            if output.finished and output.request_id in self.submitted:
+                completion = output.outputs[0]
+                tokens = list(completion.token_ids)
+                steps = completion.logprobs or []
+                log_probs = [float(step[t].logprob) for step, t in zip(steps, tokens)]
+                finished.append((self.submitted.pop(output.request_id), TurnOutput(tokens, log_probs)))
+        return finished
+
+    def in_flight(self) -> int:
+        return len(self.submitted)
+
+    def cancel_all(self) -> None:
+        if self.submitted:
+            self.engine.abort_request(list(self.submitted))
+            self.submitted.clear()

@@ -1,10 +1,15 @@
 """The multi-turn loop: generate, parse tool calls, run them, append their results, generate again.
 
 Conversations move independently. A conversation is *ready* when it waits for the model, *pending* while
-its tool calls run. Each round generates one turn for every ready conversation in one engine call while
-the tool threads of the others keep running, so a slow tool delays only its own conversation. Engines
-that must call generate in step on every rank (HF generate under FSDP) set `lockstep`: each round then
-waits for all tool calls and the ranks agree whether any work is left.
+its tool calls run; tool calls run in threads, so a slow tool delays only its own conversation. Two kinds
+of engine drive the turns:
+
+- a `StreamingTurnGenerator` (vLLM) batches continuously: a ready conversation's next turn is submitted at
+  once and joins the engine's running batch; each engine step hands back the turns it finished. Between
+  steps the loop picks up finished tool calls without waiting; when the engine is idle it waits for one.
+- a `TurnGenerator` (HF generate) works in rounds: one `generate` call for every ready conversation. Engines
+  that must call generate in step on every rank (HF generate under FSDP) set `lockstep`: each round then
+  waits for all tool calls and the ranks agree whether any work is left.
 
 A conversation ends at a turn without a tool call (the final answer), when its environment says done,
 after `max_turns` model turns, or when the response budget (`response_length` tokens, model and tool
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from workers.rollout.agent.chat import ChatBridge
 from workers.rollout.agent.environment import Environment
@@ -55,6 +60,23 @@ class TurnGenerator(Protocol):
         ...
 
 
+@runtime_checkable
+class StreamingTurnGenerator(Protocol):
+    """An engine with continuous batching: turns go in one at a time and come back as they finish."""
+
+    def submit(self, request: TurnRequest) -> None: ...
+
+    def step(self) -> list[tuple[TurnRequest, TurnOutput]]:
+        """Advance the engine by one step; the turns that step finished."""
+        ...
+
+    def in_flight(self) -> int: ...
+
+    def cancel_all(self) -> None:
+        """Drop every submitted turn (the rollout failed; the engine must be clean for the next call)."""
+        ...
+
+
 @dataclass
 class Conversation:
     row: int
@@ -82,19 +104,44 @@ class Conversation:
 
 
 class AgentLoop:
-    def __init__(self, generator: TurnGenerator, parser: ToolCallParser, bridge: ChatBridge, settings: AgentSettings) -> None:
+    def __init__(
+        self, generator: TurnGenerator | StreamingTurnGenerator, parser: ToolCallParser, bridge: ChatBridge, settings: AgentSettings
+    ) -> None:
         self.generator, self.parser, self.bridge, self.settings = generator, parser, bridge, settings
 
     def run(self, prompts: list[list[int]], envs: list[Environment]) -> list[Conversation]:
         conversations = [Conversation(row, list(p), env) for row, (p, env) in enumerate(zip(prompts, envs))]
-        ready = list(conversations)
-        while self.generator.any_work(bool(ready) or any(c.pending for c in conversations)):
-            if ready or self.generator.lockstep:
-                requests = [self._request(c) for c in ready]
-                for conversation, output in zip(ready, self.generator.generate(requests)):
-                    self._after_turn(conversation, output)
-            ready = self._collect(conversations)
+        if isinstance(self.generator, StreamingTurnGenerator):
+            self._run_streaming(self.generator, conversations)
+        else:
+            self._run_rounds(self.generator, conversations)
         return conversations
+
+    def _run_rounds(self, generator: TurnGenerator, conversations: list[Conversation]) -> None:
+        ready = list(conversations)
+        while generator.any_work(bool(ready) or any(c.pending for c in conversations)):
+            if ready or generator.lockstep:
+                requests = [self._request(c) for c in ready]
+                for conversation, output in zip(ready, generator.generate(requests)):
+                    self._after_turn(conversation, output)
+            wait = concurrent.futures.ALL_COMPLETED if generator.lockstep else concurrent.futures.FIRST_COMPLETED
+            ready = self._collect(conversations, wait)
+
+    def _run_streaming(self, generator: StreamingTurnGenerator, conversations: list[Conversation]) -> None:
+        try:
+            for conversation in conversations:
+                generator.submit(self._request(conversation))
+            while generator.in_flight() or any(c.pending for c in conversations):
+                busy = generator.in_flight() > 0
+                if busy:
+                    for request, output in generator.step():
+                        self._after_turn(conversations[request.row], output)
+                # While the engine works, finished tool calls are picked up without waiting for more.
+                for conversation in self._collect(conversations, None if busy else concurrent.futures.FIRST_COMPLETED):
+                    generator.submit(self._request(conversation))
+        except BaseException:
+            generator.cancel_all()
+            raise
 
     def _budget_left(self, conversation: Conversation) -> int:
         return self.settings.response_length - len(conversation.response)
@@ -125,13 +172,12 @@ class AgentLoop:
         conversation.pending += [finished(f"error: {message}", error=True) for message in parsed.errors]
         conversation.tool_calls += len(conversation.pending)
 
-    def _collect(self, conversations: list[Conversation]) -> list[Conversation]:
-        """Conversations whose tool calls have all returned, with the results appended; waits for all
-        calls (lockstep) or until at least one conversation is ready."""
+    def _collect(self, conversations: list[Conversation], wait: str | None) -> list[Conversation]:
+        """Conversations whose tool calls have all returned, with the results appended. `wait` (a
+        `concurrent.futures` mode: all calls, or the first to return) waits first; None does not."""
         pending = [f for c in conversations for f in c.pending]
-        if pending:
-            mode = concurrent.futures.ALL_COMPLETED if self.generator.lockstep else concurrent.futures.FIRST_COMPLETED
-            concurrent.futures.wait(pending, return_when=mode)
+        if pending and wait is not None:
+            concurrent.futures.wait(pending, return_when=wait)
         ready = []
         for conversation in conversations:
             if conversation.pending and all(f.done() for f in conversation.pending):
