@@ -103,8 +103,10 @@ def test_vllm_turns_join_the_running_batch_and_a_slow_tool_stalls_only_its_conve
     assert result["joined_running_batch"] >= 1, result  # a turn entered while others were generating
 
 
-def test_multi_turn_grpo_steps_on_hybrid_vllm(ray_cluster, vault_assets, tmp_path):
+@pytest.mark.parametrize("placement", ["hybrid", "separate"])
+def test_multi_turn_grpo_steps_on_vllm(ray_cluster, vault_assets, tmp_path, placement):
     cfg = load_config(run_overrides(vault_assets, tmp_path, *TASK, "actor_rollout_ref.rollout.name=vllm",
+                                    f"actor_rollout_ref.rollout.placement={placement}",
                                     "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2", "trainer.test_freq=-1"))
     history = run(cfg)
     assert len(history) == 2
