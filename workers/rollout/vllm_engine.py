@@ -46,6 +46,13 @@ def vllm_sampling(params: Any, max_tokens: int, seed: int | None) -> Any:
     )
 
 
+def sampled_tokens(output: Any) -> tuple[list[int], list[float]]:
+    """A finished request's sampled tokens and the engine's log-prob of each (its first completion)."""
+    completion = output.outputs[0]
+    tokens = list(completion.token_ids)
+    return tokens, [float(step[t].logprob) for step, t in zip(completion.logprobs or [], tokens)]
+
+
 class VLLMEngine:
     def __init__(self, model_path: str, rollout: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int) -> None:
         tp = rollout["tensor_model_parallel_size"]
@@ -104,8 +111,8 @@ class VLLMEngine:
             for i in range(len(requests))
         ]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        tokens = [list(o.outputs[0].token_ids) for o in outputs]
-        log_probs = [[float(step[t].logprob) for step, t in zip(o.outputs[0].logprobs or [], toks)] for o, toks in zip(outputs, tokens)]
+        sampled = [sampled_tokens(o) for o in outputs]
+        tokens, log_probs = [t for t, _ in sampled], [lp for _, lp in sampled]
         cpu_prompts = {k: v.cpu() for k, v in prompts.items()}
         batch = assemble_rollout(cpu_prompts, pad_token_lists(tokens, params.response_length, params.pad_token_id), params)
         rollout_lp = torch.zeros(len(tokens), params.response_length, dtype=torch.float32)
@@ -133,12 +140,7 @@ class VLLMEngine:
 
         params = SamplingParams(**{"max_tokens": 16, "logprobs": 0, "detokenize": False, **sampling})
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
-        results = []
-        for output in outputs:
-            tokens = list(output.outputs[0].token_ids)
-            steps = output.outputs[0].logprobs or []
-            results.append({"token_ids": tokens, "log_probs": [float(step[t].logprob) for step, t in zip(steps, tokens)]})
-        return results
+        return [dict(zip(("token_ids", "log_probs"), sampled_tokens(output))) for output in outputs]
 
     # ---- weights --------------------------------------------------------------------------------------
     def load_weights(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> int:

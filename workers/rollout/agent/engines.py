@@ -17,7 +17,7 @@ from torch import nn
 
 from workers.rollout.agent.loop import TurnOutput, TurnRequest
 from workers.rollout.sampling import SamplingParams
-from workers.rollout.vllm_engine import vllm_sampling
+from workers.rollout.vllm_engine import sampled_tokens, vllm_sampling
 
 # Unique across calls and loops: vLLM refuses a request id it is still serving.
 _REQUEST_IDS = itertools.count()
@@ -102,11 +102,7 @@ class VLLMTurns:
         finished = []
         for output in self.engine.step():
             if output.finished and output.request_id in self.submitted:
-                completion = output.outputs[0]
-                tokens = list(completion.token_ids)
-                steps = completion.logprobs or []
-                log_probs = [float(step[t].logprob) for step, t in zip(steps, tokens)]
-                finished.append((self.submitted.pop(output.request_id), TurnOutput(tokens, log_probs)))
+                finished.append((self.submitted.pop(output.request_id), TurnOutput(*sampled_tokens(output))))
         return finished
 
     def in_flight(self) -> int:
