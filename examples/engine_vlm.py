@@ -74,7 +74,7 @@ class TinyVLPolicy(TrainModule, Qwen2VLForConditionalGeneration):
             batch = {k: v.to(device) for k, v in self._sample(colour, caption).items()}
             loss = self(**batch).loss / len(samples)
             loss.backward()
-            total += float(loss)
+            total += loss.item()
         return total
 
     def optimizer_step(self) -> None:

@@ -62,6 +62,16 @@ class ChildProcess:
             pass
         return list(self.seen.values())
 
+    def live_descendant_names(self) -> list[str]:
+        """Names of the descendants alive now; a short-lived one may exit between listing and reading."""
+        names = []
+        for process in self.snapshot_descendants():
+            try:
+                names.append(process.name())
+            except psutil.NoSuchProcess:
+                pass
+        return names
+
     def wait_for(self, predicate, timeout_s: float, what: str) -> None:
         """Poll until `predicate()` holds; fail with the output's tail when the child exits or time runs out."""
         deadline = time.monotonic() + timeout_s
