@@ -1,7 +1,7 @@
 """Overhead of the multi-turn loop per turn, with a scripted policy that forces tool calls.
 
     python -m benchmarks.agent_throughput [--engine hf|vllm] [--model tiny|0.5B] [--conversations 64]
-        [--turns 4] [--tokens-per-turn 96] [--tool-delay-ms 0] [--schedule stream|rounds]
+        [--turns 4] [--tokens-per-turn 96] [--tool-delay-ms 0] [--schedule stream[,rounds]] [--repeats 1]
         [--out results/agent_throughput.json]
 
 Random weights never call tools, so every turn is generated for real by the engine (HF generate in rounds,
@@ -13,7 +13,9 @@ that entered the engine while other conversations' turns were generating.
 
 With `--tool-delay-ms D` every tool call waits a seeded random time (exponential, mean D ms) before it
 answers. `--schedule rounds` drives the same vLLM engine in rounds (a round's turns go in together and the
-round ends when its last turn does: the baseline schedule) instead of continuously.
+round ends when its last turn does: the baseline schedule) instead of continuously. `--schedule
+stream,rounds --repeats N` measures both on one engine, alternating, N times each after one warm-up, and
+reports each schedule's median run (same engine, same delays, same machine state).
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ def measure(
     return {
         "conversations": len(out["num_turns"]), "turns": turns, "tool_calls": int(out["num_tool_calls"].sum()),
         "tool_errors": int(out["num_tool_errors"].sum()), **scheduling(generator), "wall_s": wall,
-        "engine_s": generator.engine_s, "loop_s": wall - generator.engine_s,
+        "engine_s": generator.engine_s, "engine_ms_per_call": 1000 * generator.engine_s / max(1, scheduling(generator)["engine_calls"]),
+        "loop_s": wall - generator.engine_s,
         "loop_ms_per_turn": 1000 * (wall - generator.engine_s) / turns,
         "model_tokens": int(out["response_mask"].sum()), "all_tokens": int(out["attention_mask"][:, -agent.settings.response_length :].sum()),
     }
@@ -140,11 +143,17 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--tokens-per-turn", type=int, default=96, help="must fit the scripted call (80 characters)")
     parser.add_argument("--tool-delay-ms", type=float, default=0.0, help="mean tool latency (exponential); 0 = the calculator")
-    parser.add_argument("--schedule", choices=("stream", "rounds"), default="stream", help="vLLM only: continuous or in rounds")
+    parser.add_argument("--schedule", default=None, help="vLLM: stream (continuous, the default), rounds, or both: stream,rounds; HF: rounds")
+    parser.add_argument("--repeats", type=int, default=1, help="measured runs per schedule after one warm-up; the median is reported")
     parser.add_argument("--out", default="results/agent_throughput.json")
     args = parser.parse_args()
-    if args.schedule == "rounds" and args.engine != "vllm":
-        parser.error("--schedule rounds applies to --engine vllm (HF generate always works in rounds)")
+    schedules = (args.schedule or ("stream" if args.engine == "vllm" else "rounds")).split(",")
+    if not set(schedules) <= {"stream", "rounds"} or len(set(schedules)) != len(schedules):
+        parser.error(f"--schedule {args.schedule!r}: give stream, rounds or stream,rounds")
+    if "stream" in schedules and args.engine != "vllm":
+        parser.error("--schedule stream needs --engine vllm (HF generate works in rounds only)")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     work = Path(tempfile.mkdtemp(prefix="agent_bench_"))
     path = build(args.model, work)
@@ -169,26 +178,35 @@ def main() -> None:
         return delayed_call(tool_delay_s(args.tool_delay_ms, request.row, request.turn)) if args.tool_delay_ms > 0 else CALL
 
     inner = inner_generator(args.engine, path, params, device, response_length)
-    if args.schedule == "rounds" and isinstance(inner, StreamingTurnGenerator):
-        inner = RoundsOver(inner)
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"what is 12 + 7 * 3? ({i})"}], tokenize=False,
                                            add_generation_prompt=True) for i in range(args.conversations)]
     enc = tokenizer(texts, return_tensors="pt", padding=True)
     prompts = {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask,
                "position_ids": (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)}
 
-    def make_generator() -> ScriptedTurns | ScriptedStream:
-        return scripted(tokenizer, eos, script, inner)
+    def make_generator(schedule: str) -> Callable[[], ScriptedTurns | ScriptedStream]:
+        engine = RoundsOver(inner) if schedule == "rounds" and isinstance(inner, StreamingTurnGenerator) else inner
+        return lambda: scripted(tokenizer, eos, script, engine)
 
-    measure(agent, make_generator, prompts, params)  # warm-up (engine start-up, first compiles)
-    result = measure(agent, make_generator, prompts, params)
-    result.update(engine=args.engine, model=args.model, tokens_per_turn=args.tokens_per_turn, schedule=args.schedule,
-                  tool_delay_ms=args.tool_delay_ms, device=str(device),
-                  gpu=torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-                  machine={"cpus": os.cpu_count(), "platform": platform.platform()})
+    measure(agent, make_generator(schedules[0]), prompts, params)  # warm-up (engine start-up, first compiles)
+    runs: dict[str, list[dict[str, Any]]] = {schedule: [] for schedule in schedules}
+    for _ in range(args.repeats):
+        for schedule in schedules:  # alternating, so a drift of the machine touches every schedule alike
+            runs[schedule].append(measure(agent, make_generator(schedule), prompts, params))
+    setting = dict(engine=args.engine, model=args.model, tokens_per_turn=args.tokens_per_turn, tool_delay_ms=args.tool_delay_ms,
+                   repeats=args.repeats, device=str(device), gpu=torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+                   machine={"cpus": os.cpu_count(), "platform": platform.platform()})
     keys = ("conversations", "turns", "tool_calls", "tool_errors", "engine_calls", "joined_running_batch", "wall_s", "engine_s",
-            "loop_s", "loop_ms_per_turn", "model_tokens", "all_tokens")
-    report(result, keys, args.out)
+            "engine_ms_per_call", "loop_s", "loop_ms_per_turn", "model_tokens", "all_tokens")
+    for schedule, results in runs.items():
+        result = {**median_run(results), "schedule": schedule, "wall_s_all_runs": [r["wall_s"] for r in results], **setting}
+        out = args.out if len(schedules) == 1 else str(Path(args.out).with_suffix(f".{schedule}.json"))
+        report(result, keys, out, header=f"{schedule} (median of {args.repeats})")
+
+
+def median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median whole-rollout time (a real run, so its columns belong together)."""
+    return sorted(results, key=lambda r: r["wall_s"])[(len(results) - 1) // 2]
 
 
 if __name__ == "__main__":
