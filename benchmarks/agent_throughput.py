@@ -125,10 +125,11 @@ def measure(
         out = agent.run(prompts, [{}] * len(prompts["input_ids"]), generator, params, call_seed=1, rank=0)
     wall = time.perf_counter() - start
     turns = int(out["num_turns"].sum())
+    schedule = scheduling(generator)
     return {
         "conversations": len(out["num_turns"]), "turns": turns, "tool_calls": int(out["num_tool_calls"].sum()),
-        "tool_errors": int(out["num_tool_errors"].sum()), **scheduling(generator), "wall_s": wall,
-        "engine_s": generator.engine_s, "engine_ms_per_call": 1000 * generator.engine_s / max(1, scheduling(generator)["engine_calls"]),
+        "tool_errors": int(out["num_tool_errors"].sum()), **schedule, "wall_s": wall,
+        "engine_s": generator.engine_s, "engine_ms_per_call": 1000 * generator.engine_s / max(1, schedule["engine_calls"]),
         "loop_s": wall - generator.engine_s,
         "loop_ms_per_turn": 1000 * (wall - generator.engine_s) / turns,
         "model_tokens": int(out["response_mask"].sum()), "all_tokens": int(out["attention_mask"][:, -agent.settings.response_length :].sum()),
