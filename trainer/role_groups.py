@@ -81,6 +81,8 @@ class RoleGroups:
     generation: DataProtoFuture | None = None
     parked_rollout_exec: list[list[tuple[str, float]]] = field(default_factory=list)
     parked_rollout_metrics: dict[str, float] = field(default_factory=dict)
+    # rollout.mode=async: the engines generate in the background; a weight sync pauses them around it.
+    streaming: bool = False
 
     @classmethod
     def build(cls, cfg: DictConfig, reference: bool | None = None, critic: bool | None = None) -> "RoleGroups":
@@ -159,7 +161,13 @@ class RoleGroups:
     def sync_rollout_weights(self) -> dict[str, float]:
         """Bring the rollout engines up to the actor's current weights (a no-op when they already are, and
         for the HF engine, which generates with the actor's own model)."""
-        if self.weight_sync is not None:
+        if self.weight_sync is not None and self.streaming:
+            self.rollout.pause_generation()  # between two engine steps; in-flight responses are parked
+            try:
+                metrics = self.weight_sync.sync()
+            finally:
+                self.rollout.resume_generation()  # they go on with the new weights (or restart)
+        elif self.weight_sync is not None:
             metrics = self.weight_sync.sync()
         else:
             metrics = mean_over_workers(self.actor.sync_rollout_weights())
@@ -187,6 +195,16 @@ class RoleGroups:
             raise RuntimeError("no generation in flight; call start_generation(prompts) first")
         future, self.generation = self.generation, None
         return future.get()
+
+    def start_streaming(self) -> None:
+        """From now on the engines may be generating at any time (rollout.mode=async)."""
+        self.streaming = True
+
+    def stop_streaming(self) -> None:
+        """Stop the engines' background generation (what is in flight is dropped)."""
+        if self.streaming:
+            self.rollout.stop_stream()
+            self.streaming = False
 
     def actor_weights_version(self) -> int | None:
         """The actor's weights version at the last sync check (separate engines only)."""

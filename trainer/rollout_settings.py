@@ -5,6 +5,9 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 STALENESS_VALUES = (0, 1)  # steps between the weights that generate a batch and the update that uses it
+ROLLOUT_MODES = ("sync", "async")  # whole batches per step | a continuous stream of finished prompt groups
+STALE_GROUP_POLICIES = ("wait", "drop", "regenerate")  # mode=async: a group about to exceed max_staleness
+PARTIAL_ROLLOUT_MODES = ("continue", "abort")  # mode=async: responses in flight at a weight update
 
 
 def check_rollout_settings(cfg: DictConfig) -> list[str]:
@@ -22,6 +25,7 @@ def check_rollout_settings(cfg: DictConfig) -> list[str]:
             "actor_rollout_ref.rollout.staleness=1 needs engines of their own to generate while the actor trains: "
             f"set rollout.name=vllm and rollout.placement=separate (got name={rollout.name!r}, placement={rollout.placement!r})"
         )
+    problems += check_async_settings(cfg)
     cap = rollout.tis_imp_ratio_cap
     if cap is not None:
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 1:
@@ -31,4 +35,37 @@ def check_rollout_settings(cfg: DictConfig) -> list[str]:
                 "actor_rollout_ref.rollout.tis_imp_ratio_cap needs the engine's log-probs of the sampled tokens, which "
                 f"rollout.name=vllm returns (got {rollout.name!r})"
             )
+    return problems
+
+
+def check_async_settings(cfg: DictConfig) -> list[str]:
+    """Problems with rollout.mode / max_staleness / stale_groups / partial_rollout."""
+    rollout = cfg.actor_rollout_ref.rollout
+    mode = rollout.get("mode", "sync")
+    if mode not in ROLLOUT_MODES:
+        return [f"actor_rollout_ref.rollout.mode={mode!r} is not valid; choose one of {list(ROLLOUT_MODES)}"]
+    if mode == "sync":
+        return []
+    problems = []
+    if not (rollout.name == "vllm" and rollout.placement == "separate"):
+        problems.append(
+            "actor_rollout_ref.rollout.mode=async needs engines of their own generating while the actor trains: set "
+            f"rollout.name=vllm and rollout.placement=separate (got name={rollout.name!r}, placement={rollout.placement!r})"
+        )
+    if rollout.staleness != 0:
+        problems.append(
+            f"actor_rollout_ref.rollout.staleness={rollout.staleness!r} is the one-step-off setting of mode=sync; with "
+            "mode=async bound the staleness with rollout.max_staleness (and leave staleness at 0)"
+        )
+    k = rollout.max_staleness
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        problems.append(f"actor_rollout_ref.rollout.max_staleness={k!r} must be an integer >= 0 (weight versions)")
+    for key, valid in (("stale_groups", STALE_GROUP_POLICIES), ("partial_rollout", PARTIAL_ROLLOUT_MODES)):
+        if rollout[key] not in valid:
+            problems.append(f"actor_rollout_ref.rollout.{key}={rollout[key]!r} is not valid; choose one of {list(valid)}")
+    if cfg.algorithm.adv_estimator == "remax":
+        problems.append(
+            "algorithm=remax generates a greedy baseline of each step's prompts on demand, which mode=async does not "
+            "schedule; use rollout.mode=sync (optionally rollout.staleness=1) or another algorithm (grpo, rloo, ppo)"
+        )
     return problems

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from trainer.algorithms import KL_PENALTY_NAMES, LOSS_AGG_MODES
+from trainer.rollout_settings import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES
 
 REQUIRED = object()  # default of keys the user must set
 
@@ -209,6 +210,10 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "verify_tolerance": Field(None, _optional(_float(0.0, low_open=True)), "None (1e-3 fp32, 0.25 bf16) or a float > 0"),
         "staleness": Field(0, _one_of(0, 1), "0 or 1 (driver side: steps between generating and training on a batch)"),
         "tis_imp_ratio_cap": Field(None, _optional(_float(1.0)), "None (off) or a float >= 1 (driver side: truncated IS cap)"),
+        "mode": Field("sync", _one_of(*ROLLOUT_MODES), f"one of {list(ROLLOUT_MODES)} (async: the separate engines stream finished prompt groups)"),
+        "max_staleness": Field(1, _int(0), "an int >= 0 (async: weight versions a group may lag behind the update training on it)"),
+        "stale_groups": Field("wait", _one_of(*STALE_GROUP_POLICIES), f"one of {list(STALE_GROUP_POLICIES)} (async: a group about to exceed max_staleness)"),
+        "partial_rollout": Field("continue", _one_of(*PARTIAL_ROLLOUT_MODES), f"one of {list(PARTIAL_ROLLOUT_MODES)} (async: responses in flight at a weight update)"),
         "n": Field(1, _int(1), "an int >= 1 (responses per prompt; the driver repeats the prompts)"),
         "temperature": Field(1.0, _float(0.0, low_open=True), "a float > 0"),
         "top_p": Field(1.0, _float(0.0, 1.0, low_open=True), "a float in (0, 1]"),
