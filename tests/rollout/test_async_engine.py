@@ -74,7 +74,9 @@ def _start_and_update_mid_generation(roles):
             break
     roles.rollout.pause_generation()
     try:
-        in_flight = len(roles.rollout.stream_collect(0.0)[0]["in_progress"])
+        report = roles.rollout.stream_collect(0.0)[0]  # exactly the groups parked (and any finished meanwhile)
+        finished += [report["rollout"]] if report["rollout"] is not None else []
+        in_flight = len(report["in_progress"])
         assert in_flight > 0
         _update_actor(roles)
         metrics = roles.sync_rollout_weights()
