@@ -5,10 +5,13 @@ Per step (`next()`, called by the step loop before `train_step`):
 1. sync the engines to the actor's newest weights: they pause between two engine steps, load them, and go on
    with the responses in flight (partial rollouts) or restart them (`rollout.partial_rollout`);
 2. collect finished groups (all `rollout.n` responses of a prompt) from the engines into the buffer, hand out
-   new prompts while fewer than (max_staleness + 1) x train_batch_size are out (the bound of the stream:
-   in progress plus finished and waiting), and take `data.train_batch_size` groups when the staleness rules
-   of `trainer/async_buffer.py` allow;
-3. hand out the prompts replacing them at once, so the engines keep generating while the actor trains.
+   new prompts while fewer than (max_staleness + 1) x train_batch_size are out (in progress, or finished and
+   waiting: the bound of the stream), and take `data.train_batch_size` groups when the staleness rules of
+   `trainer/async_buffer.py` allow;
+3. hand out replacements at once, up to max_staleness x train_batch_size out, so the engines keep
+   generating while the actor trains. (With the new weights one more batch may go out: every prompt handed
+   out at version v is among the first (v + max_staleness + 1) batches, so at most one batch is ever due at
+   once and nothing has to be thrown away. max_staleness 0 is the synchronous loop.)
 
 Every response carries the weights version of each token (`rollout_token_versions` [B, R]) and of its oldest
 and newest (`rollout_version_min` / `rollout_version_max`); `rollout_log_probs` are per token from the weights
@@ -39,7 +42,7 @@ class AsyncRollout:
             raise RuntimeError("rollout.mode=async needs the separate rollout engines (rollout.placement=separate)")
         self.roles, self.n = roles, int(rollout.n)
         self.batch_size = int(cfg.data.train_batch_size)
-        self.capacity = (int(rollout.max_staleness) + 1) * self.batch_size
+        self.max_staleness = int(rollout.max_staleness)
         self.buffer = GroupBuffer(self.batch_size, int(rollout.max_staleness), rollout.stale_groups)
         self.feed: PromptFeed | None = None
         self.restored: dict[str, Any] | None = None  # the feed's state from a checkpoint, until fit() starts
@@ -65,9 +68,11 @@ class AsyncRollout:
         version = self.roles.actor_weights_version()
         with timer("wait_rollout"):
             groups = self._wait_for_batch(version)
-        self._hand_out()  # the replacements start generating while the actor trains
         for group in groups:
             self.feed.settle(group.uid)
+        # Replacements start generating while the actor trains, with the weights before this update: at
+        # most max_staleness batches may be out then, or more would be due at once than a step can take.
+        self._hand_out(self.max_staleness * self.batch_size)
         self.taken = DataProto.concat([g.rows for g in groups])
         self.phases = timer.seconds
         self.step_metrics = self._metrics(self.taken, version, started)
@@ -106,7 +111,7 @@ class AsyncRollout:
             self._collect(wait_s)
             for group in self.buffer.expire(version):
                 self._stale(group.uid)
-            self._hand_out()
+            self._hand_out((self.max_staleness + 1) * self.batch_size)
             taken = self.buffer.take(version, self.in_progress)
             if taken is not None:
                 return taken
@@ -139,9 +144,10 @@ class AsyncRollout:
             self.feed.requeue(uid)
             self.counts["regenerated"] += 1
 
-    def _hand_out(self) -> None:
-        """New prompts to the engines with the fewest groups, up to the bound of the stream."""
-        free = self.capacity - self.feed.outstanding()
+    def _hand_out(self, bound: int) -> None:
+        """New prompts to the engines with the fewest groups while fewer than `bound` are out (generating,
+        or finished and not trained yet)."""
+        free = bound - self.feed.outstanding()
         if free <= 0:
             return
         refs = self.feed.take(free)
