@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from protocol import DataProto, DataProtoFuture
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from workers.rollout.agent.rollout import absolute_specs
-from workers.rollout.separate_sync import SeparateWeightSync
+from workers.rollout.separate_sync import IpcRolloutSync, SeparateWeightSync, rollout_weight_sync
 
 ACTOR_DIR, CRITIC_DIR = "actor", "critic"
 
@@ -74,7 +74,7 @@ class RoleGroups:
     reward_model: RayWorkerGroup | None = None
     groups: list[RayWorkerGroup] = field(default_factory=list)  # the groups owning actors (not role views)
     rollout: RayWorkerGroup | None = None  # vLLM engines with their own pool (rollout.placement=separate)
-    weight_sync: SeparateWeightSync | None = None
+    weight_sync: SeparateWeightSync | IpcRolloutSync | None = None
     driver_metrics: dict[str, float] = field(default_factory=dict)  # weight-sync results not yet reported
     # A generation started with `start_generation` and not fetched yet; while it runs the rollout group is
     # not called for its logs (its calls would wait behind the generation), which are taken just before.
@@ -110,7 +110,10 @@ class RoleGroups:
         groups: list[RayWorkerGroup] = []
 
         def new_pool(name: str) -> RayResourcePool:
-            pools.append(RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=use_gpu(cfg), name_prefix=name))
+            pools.append(RayResourcePool(
+                [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=use_gpu(cfg), name_prefix=name,
+                gpus_per_process=cfg.trainer.get("gpus_per_process", 1),
+            ))
             return pools[-1]
 
         def new_group(pool: RayResourcePool, role_cls: RayClassWithInitArgs, name: str) -> RayWorkerGroup:
@@ -135,7 +138,7 @@ class RoleGroups:
                 if group is not None:
                     group.init_model()
             if built.rollout is not None:
-                built.weight_sync = SeparateWeightSync(
+                built.weight_sync = rollout_weight_sync(
                     built.actor, built.rollout, actor_worker_config(cfg)["rollout"], cfg.actor_rollout_ref.model.path, use_gpu(cfg)
                 )
                 built.weight_sync.connect()
@@ -150,11 +153,8 @@ class RoleGroups:
         from workers.rollout.vllm_worker import VLLMRolloutWorker
 
         rollout = cfg.actor_rollout_ref.rollout
-        pools.append(
-            RayResourcePool(
-                [rollout.num_engines], use_gpu=use_gpu(cfg), name_prefix="rollout_", gpus_per_process=rollout.tensor_model_parallel_size
-            )
-        )
+        gpus = rollout.get("gpus_per_engine") or rollout.tensor_model_parallel_size
+        pools.append(RayResourcePool([rollout.num_engines], use_gpu=use_gpu(cfg), name_prefix="rollout_", gpus_per_process=gpus))
         return new_group(pools[-1], RayClassWithInitArgs(VLLMRolloutWorker, config=actor_worker_config(cfg)), "rollout")
 
     # ---- rollout ----------------------------------------------------------------------------------------

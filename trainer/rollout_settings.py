@@ -25,7 +25,7 @@ def check_rollout_settings(cfg: DictConfig) -> list[str]:
             "actor_rollout_ref.rollout.staleness=1 needs engines of their own to generate while the actor trains: "
             f"set rollout.name=vllm and rollout.placement=separate (got name={rollout.name!r}, placement={rollout.placement!r})"
         )
-    problems += check_async_settings(cfg)
+    problems += check_async_settings(cfg) + check_gpu_shares(cfg)
     cap = rollout.tis_imp_ratio_cap
     if cap is not None:
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 1:
@@ -68,4 +68,23 @@ def check_async_settings(cfg: DictConfig) -> list[str]:
             "algorithm=remax generates a greedy baseline of each step's prompts on demand, which mode=async does not "
             "schedule; use rollout.mode=sync (optionally rollout.staleness=1) or another algorithm (grpo, rloo, ppo)"
         )
+    return problems
+
+
+def check_gpu_shares(cfg: DictConfig) -> list[str]:
+    """trainer.gpus_per_process and rollout.gpus_per_engine: fractions of a GPU, so pools can share one."""
+    problems = []
+    share = cfg.trainer.get("gpus_per_process", 1)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        problems.append(f"trainer.gpus_per_process={share!r} must be a number in (0, 1] (GPUs each trainer process reserves)")
+    rollout = cfg.actor_rollout_ref.rollout
+    engine = rollout.get("gpus_per_engine")
+    if engine is not None:
+        if isinstance(engine, bool) or not isinstance(engine, (int, float)) or not 0 < engine <= 1:
+            problems.append(f"actor_rollout_ref.rollout.gpus_per_engine={engine!r} must be null or a number in (0, 1]")
+        elif rollout.tensor_model_parallel_size != 1 or rollout.placement != "separate":
+            problems.append(
+                "actor_rollout_ref.rollout.gpus_per_engine sets the GPU share of a separate engine of "
+                "tensor_model_parallel_size 1 (leave it null otherwise)"
+            )
     return problems

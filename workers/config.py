@@ -198,6 +198,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "placement": Field("hybrid", _one_of(*ROLLOUT_PLACEMENTS), f"one of {list(ROLLOUT_PLACEMENTS)} (vllm: in the actor's processes, or its own pool)"),
         "num_engines": Field(1, _int(1), "an int >= 1 (vllm separate placement: engine replicas, each on tensor_model_parallel_size devices)"),
         "tensor_model_parallel_size": Field(1, _int(1), "an int >= 1 (vllm; > 1 needs placement=separate)"),
+        "gpus_per_engine": Field(None, _optional(_float(0.0, 1.0, low_open=True)), "None (tensor_model_parallel_size) or a fraction in (0, 1] (vllm separate, tensor_model_parallel_size 1)"),
         "gpu_memory_utilization": Field(0.5, _float(0.0, 1.0, low_open=True), "a float in (0, 1] (vllm on GPU)"),
         "cpu_kv_cache_mb": Field(256, _int(1), "an int >= 1 (vllm on CPU: KV-cache size in MiB)"),
         "enforce_eager": Field(True, _bool, "a bool (vllm: no CUDA graphs / torch.compile)"),

@@ -136,8 +136,10 @@ def test_feed_regenerated_prompt_goes_out_before_the_queue():
           "actor_rollout_ref.rollout.partial_rollout=keep"], "partial_rollout='keep' is not valid"),
         (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.mode=async",
           "algorithm=remax"], "algorithm=remax"),
+        (["trainer.gpus_per_process=2"], r"gpus_per_process=2 must be a number in \(0, 1\]"),
+        (["actor_rollout_ref.rollout.gpus_per_engine=0.5"], "GPU share of a separate engine"),
     ],
 )
-def test_async_settings_are_checked(overrides, match):
+def test_async_and_gpu_share_settings_are_checked(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(overrides)
