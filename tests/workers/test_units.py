@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from workers.fsdp.checkpoint import rng_state, set_rng_state
-from workers.rollout.shaping import response_mask_from_eos
+from workers.rollout.sampling import SamplingParams, forced_lengths
+from workers.rollout.shaping import assemble_rollout, response_mask_from_eos
 from workers.fsdp.optim import lr_factor_fn
 from workers.fsdp.ppo_loop import loss_units
 
@@ -23,6 +24,20 @@ def test_response_mask_ends_at_first_eos():
     responses = torch.tensor([[5, 1, 0, 0], [5, 6, 7, 8], [1, 5, 1, 0], [5, 9, 6, 9]])
     expected = [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]]
     assert response_mask_from_eos(responses, (1, 9)).tolist() == expected
+
+
+def test_a_response_stopped_short_without_eos_ends_at_its_length():
+    """A forced length (or any stop before the response budget) with no EOS: the padding after it is not
+    part of the response."""
+    params = SamplingParams(True, 1.0, 1.0, 0, 4, (9,), 0)
+    mask = torch.ones(2, 3, dtype=torch.long)
+    prompts = {"input_ids": torch.full((2, 3), 7), "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1}
+    generated = torch.tensor([[5, 6, 0, 0], [5, 9, 0, 0]])
+    out = assemble_rollout(prompts, generated, params, lengths=[2, 2])
+    assert out["response_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 0, 0]]
+    assert assemble_rollout(prompts, generated, params)["response_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    infos = np.array([{"forced_response_length": 3}, {"forced_response_length": 99}, {}, None], dtype=object)
+    assert forced_lengths({"extra_info": infos}, 4, limit=8) == [3, 8, None, None]
 
 
 def test_lr_schedules():

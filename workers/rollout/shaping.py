@@ -27,9 +27,12 @@ def pad_token_lists(rows: Sequence[Sequence[int]], length: int, pad_token_id: in
     return out
 
 
-def assemble_rollout(prompts: dict[str, torch.Tensor], generated: torch.Tensor, params) -> dict[str, torch.Tensor]:
+def assemble_rollout(
+    prompts: dict[str, torch.Tensor], generated: torch.Tensor, params, lengths: Sequence[int] | None = None
+) -> dict[str, torch.Tensor]:
     """Left-padded prompts + generated tokens [B, <=R] -> prompts, responses [B, R] (pad after the first
-    EOS), input_ids / attention_mask / position_ids [B, P+R] and response_mask [B, R].
+    EOS), input_ids / attention_mask / position_ids [B, P+R] and response_mask [B, R]. `lengths` (tokens
+    generated per row) ends a response stopped short of R without an EOS (a forced length) there.
 
     `params` provides response_length, eos_token_ids and pad_token_id (`SamplingParams`)."""
     input_ids, attention_mask, position_ids = prompts["input_ids"], prompts["attention_mask"], prompts["position_ids"]
@@ -38,6 +41,9 @@ def assemble_rollout(prompts: dict[str, torch.Tensor], generated: torch.Tensor, 
     responses = torch.full((batch, length), params.pad_token_id, dtype=input_ids.dtype, device=input_ids.device)
     responses[:, : generated.shape[1]] = generated
     mask = response_mask_from_eos(responses, params.eos_token_ids)
+    if lengths is not None:
+        generated_lengths = torch.tensor(list(lengths), device=mask.device)[:, None]
+        mask = mask * (torch.arange(length, device=mask.device)[None, :] < generated_lengths).long()
     responses = torch.where(mask.bool(), responses, torch.full_like(responses, params.pad_token_id))
     offsets = torch.arange(1, length + 1, dtype=position_ids.dtype, device=position_ids.device)
     response_positions = position_ids[:, -1:] + offsets

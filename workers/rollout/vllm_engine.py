@@ -122,7 +122,8 @@ class VLLMEngine:
         sampled = [sampled_tokens(o) for o in outputs]
         tokens, log_probs = [t for t, _ in sampled], [lp for _, lp in sampled]
         cpu_prompts = {k: v.cpu() for k, v in prompts.items()}
-        batch = assemble_rollout(cpu_prompts, pad_token_lists(tokens, params.response_length, params.pad_token_id), params)
+        generated = pad_token_lists(tokens, params.response_length, params.pad_token_id)
+        batch = assemble_rollout(cpu_prompts, generated, params, [len(t) for t in tokens])
         rollout_lp = torch.zeros(len(tokens), params.response_length, dtype=torch.float32)
         for i, row in enumerate(log_probs):
             row = row[: params.response_length]
