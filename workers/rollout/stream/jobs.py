@@ -99,6 +99,9 @@ class ContinuousEngine:
     def resume(self, restart: bool) -> None:
         """Submit the parked turns again: continued from their tokens, or (`restart`) from scratch."""
         parked, self.parked = self.parked, []
+        # Turns that had started first (vLLM schedules in arrival order): a long response half done should
+        # not queue behind prompts that never ran.
+        parked.sort(key=lambda job: not job.tokens)
         for job in parked:
             job.restarts += 1
             if restart:
