@@ -117,6 +117,7 @@ def test_fused_worker_roles_see_each_other_and_fuw_execute_reaches_any_method(ra
         actor, critic = group.actor.describe(), group.critic.describe()
         assert [a["critic_value"] for a in actor] == [7, 7]
         assert [a["pid"] for a in actor] == [c["pid"] for c in critic]  # one process per rank holds both roles
+        assert group.actor.scaled_lr(3) == [1.5, 1.5]  # an async role method, awaited inside the fused actor
         with pytest.raises(ValueError, match="cannot fuse role 'actor'"):
             group.fuse(["actor"])
         with pytest.raises(WorkerGroupError, match="needs '<role>_fwmn_<method>'"):
