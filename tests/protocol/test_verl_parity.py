@@ -70,14 +70,16 @@ def test_data_proto_item_from_int_index():
 # ---------------------------------------------------------------- unions
 
 
-def test_union_tensor_dict_adds_keys_without_touching_inputs_and_rejects_conflicts():
+def test_union_tensor_dict_fills_the_first_in_place_and_rejects_conflicts():
     a = TensorDict({"x": torch.arange(3)}, batch_size=[3])
     b = TensorDict({"x": torch.arange(3), "y": torch.ones(3)}, batch_size=[3])
-    merged = union_tensor_dict(a, b)
-    assert sorted(merged.keys()) == ["x", "y"] and list(a.keys()) == ["x"]
+    merged = union_tensor_dict(a, b)  # verl-ported code often ignores the return value: `a` itself gains the keys
+    assert merged is a and sorted(a.keys()) == ["x", "y"] and sorted(b.keys()) == ["x", "y"]
+    a = TensorDict({"x": torch.arange(3)}, batch_size=[3])
     # verl asserts on a conflict: the error is an AssertionError whose message names the key
     with pytest.raises(AssertionError, match="key 'x' is in tensor_dict1 and tensor_dict2 with different values"):
-        union_tensor_dict(a, TensorDict({"x": torch.zeros(3, dtype=torch.int64)}, batch_size=[3]))
+        union_tensor_dict(a, TensorDict({"x": torch.zeros(3, dtype=torch.int64), "z": torch.ones(3)}, batch_size=[3]))
+    assert list(a.keys()) == ["x"]  # a conflict adds nothing
     with pytest.raises(AssertionError, match=r"must have identical batch sizes, got \[3\] and \[2\]"):
         union_tensor_dict(a, TensorDict({}, batch_size=[2]))
     # verl compares with Tensor.equal: the same values in another dtype are no conflict; the first dict's tensor stays
@@ -89,9 +91,10 @@ def test_union_numpy_dict_treats_nan_and_objects_as_values():
     a = {"s": np.array([1.0, np.nan]), "o": np.array([{"k": 1}, None], dtype=object)}
     b = {"s": np.array([1.0, np.nan]), "t": np.array(["p", "q"], dtype=object)}
     merged = union_numpy_dict(a, b)
-    assert sorted(merged) == ["o", "s", "t"] and sorted(a) == ["o", "s"]
+    assert merged is a and sorted(a) == ["o", "s", "t"]
     with pytest.raises(AssertionError, match="key 's' is in tensor_dict1 and tensor_dict2 with different values"):
-        union_numpy_dict(a, {"s": np.array([2.0, np.nan])})
+        union_numpy_dict(a, {"s": np.array([2.0, np.nan]), "u": np.array([1, 2])})
+    assert "u" not in a
     with pytest.raises(ProtocolTypeError, match=r"tensor_dict2\['s'\] must be a numpy array"):
         union_numpy_dict(a, {"s": [1.0, 2.0]})
 
