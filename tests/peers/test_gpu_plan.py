@@ -73,9 +73,9 @@ def test_peers_get_the_same_work():
 
 def test_side_limits_are_cut_to_the_budget():
     limits = parse_limits(["trl=100"])
-    assert limits["trl"] == 100 and limits["verl"] == 330
-    assert time_for("verl", limits, budget_s=540, elapsed_s=100) == 330
-    assert time_for("verl", limits, budget_s=540, elapsed_s=300) == 540 - 300 - RESERVE_S
+    assert limits["trl"] == 100 and limits["verl"] == 420
+    assert time_for("verl", limits, budget_s=540, elapsed_s=100) == 420
+    assert time_for("verl", limits, budget_s=540, elapsed_s=200) == 540 - 200 - RESERVE_S
     assert time_for("verl", limits, budget_s=540, elapsed_s=540 - RESERVE_S - MIN_SIDE_S + 1) == 0.0
     with pytest.raises(SystemExit, match="SIDE=SECONDS"):
         parse_limits(["vllm=10"])
