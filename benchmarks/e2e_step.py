@@ -28,6 +28,9 @@ SHAPES = {
     "0.5B": QWEN2_0_5B,
     "1.5B": dict(QWEN2_0_5B, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                  intermediate_size=8960),
+    # CPU dry runs of the GPU scripts (benchmarks/peers): head_dim 64, which vLLM's CPU backend accepts.
+    "tiny": dict(QWEN2_0_5B, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                 intermediate_size=256, vocab_size=128, max_position_embeddings=512),
 }
 PHASES = ("sync_weights", "generate", "reward", "old_log_prob", "ref_log_prob", "advantage", "update_actor")
 

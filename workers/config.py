@@ -215,6 +215,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "top_k": Field(0, _int(0), "an int >= 0 (0 = off)"),
         "response_length": Field(512, _int(1), "an int >= 1 (max new tokens)"),
         "do_sample": Field(True, _bool, "a bool"),
+        "ignore_eos": Field(False, _bool, "a bool (keep sampling past EOS: every response is response_length tokens, all trained on)"),
         "eos_token_id": Field(None, _optional(_token_ids), "None (from the model) or an int / list of ints"),
         "pad_token_id": Field(None, _optional(_int(0)), "None (from the model) or an int"),
         "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
@@ -313,6 +314,11 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
         raise ValueError(
             f"rollout.tensor_model_parallel_size={rollout['tensor_model_parallel_size']} needs rollout.name='vllm' and "
             "rollout.placement='separate' (a hybrid engine shares one device with its actor rank)"
+        )
+    if rollout["ignore_eos"] and rollout["multi_turn"]["enable"]:
+        raise ValueError(
+            "rollout.ignore_eos=true cannot be combined with rollout.multi_turn.enable=true (a model turn ends at its "
+            "EOS, where the tool call is read); set one of them to false"
         )
     if config["actor"]["strategy"] == "megatron":
         if rollout["multi_turn"]["enable"]:

@@ -14,6 +14,7 @@ def test_defaults_are_filled_and_values_normalised():
     assert config["actor"]["optim"]["lr"] == 1.0 and isinstance(config["actor"]["optim"]["lr"], float)
     assert config["actor"]["ppo_epochs"] == 1 and config["actor"]["loss_agg_mode"] == "token-mean"
     assert config["rollout"]["response_length"] == 512 and config["rollout"]["do_sample"] is True
+    assert config["rollout"]["ignore_eos"] is False
     assert config["seed"] == 0 and config["rollout"]["name"] == "hf" and config["rollout"]["n"] == 1
     assert config["ref"]["log_prob_micro_batch_size_per_gpu"] == 8
     assert critic_config({"model": {"path": "/m"}})["cliprange_value"] == 0.5
@@ -57,6 +58,8 @@ def test_unknown_key_lists_valid_keys():
         ({"rollout": {"placement": "separate"}}, r"placement='separate' needs rollout.name='vllm'"),
         ({"rollout": {"name": "vllm", "tensor_model_parallel_size": 2}}, r"tensor_model_parallel_size=2 needs rollout.name='vllm' and rollout.placement='separate'"),
         ({"actor": {"fsdp": {"param_offload": "yes"}}}, r"actor.fsdp.param_offload' must be a bool"),
+        ({"rollout": {"ignore_eos": "yes"}}, r"rollout.ignore_eos' must be a bool"),
+        ({"rollout": {"ignore_eos": True, "multi_turn": {"enable": True}}}, r"ignore_eos=true cannot be combined with rollout.multi_turn.enable"),
     ],
 )
 def test_bad_values_name_key_and_expectation(override, message):

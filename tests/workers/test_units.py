@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from workers.fsdp.checkpoint import rng_state, set_rng_state
-from workers.rollout.shaping import response_mask_from_eos
+from workers.rollout.sampling import sampling_params
+from workers.rollout.shaping import assemble_rollout, response_mask_from_eos
 from workers.fsdp.optim import lr_factor_fn
 from workers.fsdp.ppo_loop import loss_units
 
@@ -23,6 +24,33 @@ def test_response_mask_ends_at_first_eos():
     responses = torch.tensor([[5, 1, 0, 0], [5, 6, 7, 8], [1, 5, 1, 0], [5, 9, 6, 9]])
     expected = [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]]
     assert response_mask_from_eos(responses, (1, 9)).tolist() == expected
+
+
+def _rollout_params(ignore_eos: bool, response_length: int = 4):
+    from workers.config import actor_rollout_ref_config
+
+    rollout = actor_rollout_ref_config({"model": {"path": "/m"}, "rollout": {"response_length": response_length, "ignore_eos": ignore_eos}})["rollout"]
+    return sampling_params(rollout, {}, (1,), 0)
+
+
+def test_ignore_eos_keeps_every_generated_token():
+    prompts = {"input_ids": torch.tensor([[0, 3], [4, 5]]), "attention_mask": torch.tensor([[0, 1], [1, 1]]),
+               "position_ids": torch.tensor([[0, 0], [0, 1]])}
+    generated = torch.tensor([[5, 1, 7, 1], [1, 6, 0, 0]])
+    stopped = assemble_rollout(prompts, generated, _rollout_params(False))
+    assert stopped["response_mask"].tolist() == [[1, 1, 0, 0], [1, 0, 0, 0]]
+    assert stopped["responses"].tolist() == [[5, 1, 0, 0], [1, 0, 0, 0]]
+    ignored = assemble_rollout(prompts, generated, _rollout_params(True), lengths=torch.tensor([4, 2]))
+    assert ignored["response_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    assert ignored["responses"].tolist() == generated.tolist()  # EOS tokens stay inside the response
+    assert ignored["attention_mask"][:, 2:].tolist() == ignored["response_mask"].tolist()
+    assert assemble_rollout(prompts, generated, _rollout_params(True))["response_mask"].sum().item() == 8
+
+
+def test_ignore_eos_generation_config_has_no_stop_token():
+    assert _rollout_params(False).generation_config().eos_token_id == [1]
+    config = _rollout_params(True, response_length=16).generation_config()
+    assert config.eos_token_id == [] and config.max_new_tokens == 16 and not config.min_new_tokens
 
 
 def test_lr_schedules():

@@ -39,7 +39,9 @@ def vllm_sampling(params: Any, max_tokens: int, seed: int | None) -> Any:
         temperature=params.temperature if params.do_sample else 0.0,
         top_p=params.top_p if params.do_sample else 1.0,
         top_k=params.top_k if params.do_sample else 0,
-        stop_token_ids=list(params.eos_token_ids),
+        # ignore_eos: vLLM skips its own EOS check, and no stop token may end the response early either.
+        stop_token_ids=[] if params.ignore_eos else list(params.eos_token_ids),
+        ignore_eos=params.ignore_eos,
         logprobs=0,
         detokenize=False,
         seed=seed,
@@ -114,7 +116,8 @@ class VLLMEngine:
         sampled = [sampled_tokens(o) for o in outputs]
         tokens, log_probs = [t for t, _ in sampled], [lp for _, lp in sampled]
         cpu_prompts = {k: v.cpu() for k, v in prompts.items()}
-        batch = assemble_rollout(cpu_prompts, pad_token_lists(tokens, params.response_length, params.pad_token_id), params)
+        lengths = torch.tensor([len(t) for t in tokens])
+        batch = assemble_rollout(cpu_prompts, pad_token_lists(tokens, params.response_length, params.pad_token_id), params, lengths)
         rollout_lp = torch.zeros(len(tokens), params.response_length, dtype=torch.float32)
         for i, row in enumerate(log_probs):
             row = row[: params.response_length]
