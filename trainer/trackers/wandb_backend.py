@@ -19,15 +19,20 @@ class WandbTracker:
         import wandb
 
         self.record = RunRecord(Path(log_dir) / "wandb_run.json", resume_step, store=project_name)
-        self.run = wandb.init(
-            project=project_name,
-            name=experiment_name,
-            id=self.record.resumed_id,  # None: a new run, with an id wandb draws
-            resume="allow",
-            config=config,
-            dir=os.environ.get("WANDB_DIR") or str(log_dir),
-            reinit="create_new",  # the run object is this tracker's; other runs in the process are left alone
-        )
+        self.wandb = wandb
+        try:
+            self.run = wandb.init(
+                project=project_name,
+                name=experiment_name,
+                id=self.record.resumed_id,  # None: a new run, with an id wandb draws
+                resume="allow",
+                config=config,
+                dir=os.environ.get("WANDB_DIR") or str(log_dir),
+                reinit="create_new",  # the run object is this tracker's; other runs in the process are left alone
+            )
+        except BaseException:
+            wandb.teardown()  # wandb reads WANDB_* once per setup: the next run in this process reads them again
+            raise
         self.record.start(self.run.id)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
@@ -38,3 +43,4 @@ class WandbTracker:
 
     def finish(self) -> None:
         self.run.finish()
+        self.wandb.teardown()
