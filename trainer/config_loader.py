@@ -164,6 +164,9 @@ def validate_config(cfg: DictConfig) -> None:
     problems.extend(check_rollout_settings(cfg))
     problems = [p for p in problems if p]
     problems.extend(problem for problem in map(entry_problem, cfg.trainer.logger) if problem)
+    repeated = sorted({str(entry) for entry in cfg.trainer.logger if list(cfg.trainer.logger).count(entry) > 1})
+    if repeated:
+        problems.append(f"trainer.logger lists {repeated} more than once; each backend once")
     if not problems:
         prompts = cfg.data.train_batch_size
         mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size

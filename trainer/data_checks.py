@@ -152,6 +152,8 @@ def _source_problem(column: Any, offset: int, needs: RewardNeeds) -> str | None:
 def check_file_rows(file: str | Path, key: str, prompt_key: str, needs: RewardNeeds) -> None:
     """One parquet file (whose columns are already checked); raises InputError naming the file and the row."""
     parquet = pq.ParquetFile(file)
+    if parquet.metadata.num_rows == 0:
+        raise InputError(f"{key}: parquet file {file} has no rows")
     schema = parquet.schema_arrow
     problem = _prompt_type_problem(Path(file), prompt_key, schema.field(prompt_key).type)
     if problem is None and needs.ground_truth_field:

@@ -135,6 +135,8 @@ def test_unknown_and_verl_tracker_names(small_assets, tmp_path, capsys):
            "'mlflow'] or 'path/to/file.py:ClassName'" in capsys.readouterr().err
     assert main(short_run(small_assets, tmp_path, "trainer.logger=[console,file]")) == 2
     assert "trainer.logger entry 'file' is verl's name; here it is 'jsonl'" in capsys.readouterr().err
+    assert main(short_run(small_assets, tmp_path, "trainer.logger=[jsonl,console,jsonl]")) == 2
+    assert "trainer.logger lists ['jsonl'] more than once; each backend once" in capsys.readouterr().err
 
 
 def test_tracker_class_that_cannot_load(no_ray, small_assets, tmp_path, capsys):

@@ -69,7 +69,7 @@ def entry_problem(entry: Any) -> str | None:
     """Why `entry` is not a `trainer.logger` entry by its form (nothing is imported here), or None."""
     if isinstance(entry, str) and (entry in BUILT_IN or CUSTOM_ENTRY.match(entry)):
         return None
-    if entry in VERL_NAMES:
+    if isinstance(entry, str) and entry in VERL_NAMES:
         return f"trainer.logger entry {entry!r} is verl's name; here it is {VERL_NAMES[entry]!r}"
     return f"trainer.logger has unknown entries [{entry!r}]; {valid_entries()}"
 
