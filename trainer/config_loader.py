@@ -10,6 +10,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.rollout_settings import check_rollout_settings
+from trainer.trackers.spec import entry_problem
 
 CONFIG_MODULE = "trainer.config"
 CONFIG_NAME = "trainer"
@@ -136,7 +137,6 @@ _POSITIVE_INTS = (
     "trainer.n_gpus_per_node",
     "trainer.nnodes",
 )
-_LOGGERS = ("console", "jsonl", "tensorboard")
 # Keys that are null (off) or a positive number of the given kind.
 _OPTIONAL_POSITIVE = {"trainer.call_timeout_s": (int, float), "trainer.max_ckpt_to_keep": (int,)}
 
@@ -163,9 +163,10 @@ def validate_config(cfg: DictConfig) -> None:
     problems.extend(_optional_positive(cfg, key, kind) for key, kind in _OPTIONAL_POSITIVE.items())
     problems.extend(check_rollout_settings(cfg))
     problems = [p for p in problems if p]
-    bad_loggers = [name for name in cfg.trainer.logger if name not in _LOGGERS]
-    if bad_loggers:
-        problems.append(f"trainer.logger has unknown entries {bad_loggers}; valid are {list(_LOGGERS)}")
+    problems.extend(problem for problem in map(entry_problem, cfg.trainer.logger) if problem)
+    repeated = sorted({str(entry) for entry in cfg.trainer.logger if list(cfg.trainer.logger).count(entry) > 1})
+    if repeated:
+        problems.append(f"trainer.logger lists {repeated} more than once; each backend once")
     if not problems:
         prompts = cfg.data.train_batch_size
         mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size

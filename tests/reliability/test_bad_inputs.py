@@ -109,9 +109,9 @@ def test_dataset_missing_a_required_column(small_assets, tmp_path):
         run(load_config(short_run({**small_assets, "train": train}, tmp_path)))
 
 
-def test_dataset_with_an_empty_split(ray_cluster, small_assets, tmp_path):
+def test_dataset_with_an_empty_split(small_assets, tmp_path):
     train = _write_parquet(pq.read_table(small_assets["train"]).slice(0, 0), tmp_path / "empty.parquet")
-    with pytest.raises(ValueError, match=r"parquet file .*empty.parquet has no rows"):
+    with pytest.raises(InputError, match=r"data.train_files: parquet file .*empty.parquet has no rows"):
         run(load_config(short_run({**small_assets, "train": train}, tmp_path)))
 
 
