@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from trainer.algorithm_names import LOSS_AGG_MODES
+
 from .masked import masked_mean, masked_sum
 
 __all__ = ["LOSS_AGG_MODES", "agg_loss", "compute_policy_loss", "compute_value_loss"]
-
-LOSS_AGG_MODES: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
 
 
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""The actor's loss on one micro-batch: clipped PPO surrogate, entropy bonus and KL-to-reference loss."""
+"""The actor's loss on one micro-batch: clipped policy surrogate (PPO's token ratio, or GSPO's sequence ratio:
+`policy_loss.loss_mode`), entropy bonus and KL-to-reference loss."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from torch import nn
 
 from protocol import DataProto
-from trainer.algorithms import agg_loss, compute_policy_loss, kl_penalty
+from trainer.algorithms import agg_loss, get_policy_loss, kl_penalty
 from trainer.algorithms.rollout_correction import ROLLOUT_IS_WEIGHTS
 from workers.fsdp.sequences import response_log_probs_and_entropy, response_mask
 
@@ -40,7 +41,7 @@ def actor_loss_from_log_probs(
     # Truncated importance-sampling weights, when the driver computed them (rollout.tis_imp_ratio_cap).
     is_weights = micro.batch[ROLLOUT_IS_WEIGHTS].to(device) if ROLLOUT_IS_WEIGHTS in micro.batch.keys() else None
 
-    policy = compute_policy_loss(
+    policy = get_policy_loss(actor_cfg["policy_loss"]["loss_mode"])(
         old_log_prob=micro.batch["old_log_probs"].to(device),
         log_prob=log_probs,
         advantages=micro.batch["advantages"].to(device),
