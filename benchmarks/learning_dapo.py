@@ -1,0 +1,66 @@
+"""Does the DAPO preset learn? `python -m trainer.main algorithm=dapo` on the default task, first vs last steps.
+
+    python -m benchmarks.learning_dapo [overrides...] [--out results/learning_dapo.json]
+
+Baselines come from the same run: the greedy validation reward of the initial model (step 0) and the
+figures of the first steps. `train_reward` is what DAPO maximises (task score plus the overlong penalty, on
+the groups trained on); `task_score` is the rule score of every response generated in the step, filtered
+or not; the validation reward is the greedy task score without the penalty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+from benchmarks.learning import report
+from benchmarks.learning_dpo import window_mean
+from trainer.config_loader import load_config
+from trainer.main import run
+
+MEASURES = (
+    "val_reward_baseline", "val_reward_final", "train_reward_first_steps", "train_reward_last_steps",
+    "task_score_first_steps", "task_score_last_steps", "overlong_penalty_first_steps", "overlong_penalty_last_steps",
+    "response_length_first_steps", "response_length_last_steps", "gen_batches_mean", "topped_up_groups_total",
+    "steps", "wall_s",
+)
+
+
+def summarize(history: list[dict], wall_s: float, window: int = 5) -> dict:
+    train = [r for r in history if "reward/mean" in r]
+    val = [r["val/reward_mean"] for r in history if "val/reward_mean" in r]
+    first, last = train[:window], train[-window:]
+    measures = {
+        "train_reward": "reward/mean", "task_score": "reward/generated_score_mean",
+        "overlong_penalty": "reward/overlong_penalty_mean", "response_length": "response/length_mean",
+    }
+    result = {
+        "val_reward_baseline": val[0] if val else None,
+        "val_reward_final": val[-1] if val else None,
+        **{f"{name}_first_steps": window_mean(key, first) for name, key in measures.items()},
+        **{f"{name}_last_steps": window_mean(key, last) for name, key in measures.items()},
+        "gen_batches_mean": window_mean("filter_groups/gen_batches", train),
+        "topped_up_groups_total": int(sum(r.get("filter_groups/topped_up_groups", 0) for r in train)),
+        "steps": len(train),
+        "window": window,
+        "wall_s": wall_s,
+    }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="results/learning_dapo.json")
+    args, overrides = parser.parse_known_args()
+    cfg = load_config(["algorithm=dapo", "trainer.experiment_name=tiny_dapo", "trainer.resume_mode=disable", *overrides])
+    start = time.perf_counter()
+    history = run(cfg)
+    result = summarize(history, time.perf_counter() - start)
+    result.update(overrides=overrides, machine={"cpus": os.cpu_count(), "platform": platform.platform()})
+    report(result, MEASURES, args.out, header=f"measure (first/last = mean of {result['window']} steps)")
+
+
+if __name__ == "__main__":
+    main()
