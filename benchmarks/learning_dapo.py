@@ -10,12 +10,8 @@ or not; the validation reward is the greedy task score without the penalty.
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
-import time
 
-from benchmarks.learning import report
+from benchmarks.learning import run_learning_benchmark
 from benchmarks.learning_dpo import window_mean
 from trainer.config_loader import load_config
 from trainer.main import run
@@ -51,15 +47,8 @@ def summarize(history: list[dict], wall_s: float, window: int = 5) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="results/learning_dapo.json")
-    args, overrides = parser.parse_known_args()
-    cfg = load_config(["algorithm=dapo", "trainer.experiment_name=tiny_dapo", "trainer.resume_mode=disable", *overrides])
-    start = time.perf_counter()
-    history = run(cfg)
-    result = summarize(history, time.perf_counter() - start)
-    result.update(overrides=overrides, machine={"cpus": os.cpu_count(), "platform": platform.platform()})
-    report(result, MEASURES, args.out, header=f"measure (first/last = mean of {result['window']} steps)")
+    overrides = ["algorithm=dapo", "trainer.experiment_name=tiny_dapo", "trainer.resume_mode=disable"]  # yours come after
+    run_learning_benchmark(__doc__, "results/learning_dapo.json", lambda o: load_config([*overrides, *o]), run, summarize, MEASURES)
 
 
 if __name__ == "__main__":

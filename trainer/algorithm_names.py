@@ -12,7 +12,7 @@ LOSS_AGG_MODES: tuple[str, ...] = (
 )
 
 # actor.policy_loss.loss_mode: the clipped token-ratio PPO surrogate, or GSPO's sequence-level ratio
-# (trainer/algorithms/policy_losses.py).
+# (compute_policy_loss in trainer/algorithms/losses.py, the ratio in gspo.py).
 POLICY_LOSS_MODES: tuple[str, ...] = ("vanilla", "gspo")
 
 # algorithm.filter_groups.metric (DAPO dynamic sampling, trainer/dynamic_sampling.py): `acc` and `score` are the

@@ -6,16 +6,9 @@ import pytest
 import torch
 
 from protocol import DataProto
-from trainer.algorithm_names import LOSS_AGG_MODES, POLICY_LOSS_MODES
-from trainer.algorithms import (
-    LOSS_AGG_MODES as LOSS_CODE_MODES,
-    POLICY_LOSSES,
-    agg_loss,
-    compute_grpo_outcome_advantage,
-    compute_policy_loss,
-    get_policy_loss,
-)
-from trainer.algorithms.gspo import compute_gspo_policy_loss
+from trainer.algorithm_names import LOSS_AGG_MODES
+from trainer.algorithms import LOSS_AGG_MODES as LOSS_CODE_MODES
+from trainer.algorithms import agg_loss, compute_grpo_outcome_advantage, compute_policy_loss
 from trainer.dynamic_sampling import ScoredRollout, fill_with_mixed_groups, metric_values, rows_per_prompt, split_groups
 from trainer.rewards.overlong import add_overlong_penalty, overlong_penalty
 from trainer.rollout_pipeline import prompts_for_step
@@ -127,7 +120,7 @@ def _direct_gspo(old, new, advantages, mask, low, high):
 @pytest.mark.parametrize("low, high", [(0.2, 0.28), (0.02, 0.02)])  # the second clips some sequences
 def test_gspo_loss_and_gradient_match_the_sequence_objective(low, high):
     old, new, advantages, mask = _gspo_inputs()
-    loss = compute_gspo_policy_loss(old, new, advantages, mask, low, high, loss_agg_mode="seq-mean-token-mean")
+    loss = compute_policy_loss(old, new, advantages, mask, low, high, loss_agg_mode="seq-mean-token-mean", loss_mode="gspo")
     (grad,) = torch.autograd.grad(loss["pg_loss"], new)
     direct, s = _direct_gspo(old, new, advantages, mask, low, high)
     (direct_grad,) = torch.autograd.grad(direct, new)
@@ -142,20 +135,20 @@ def test_gspo_loss_and_gradient_match_the_sequence_objective(low, high):
 
 def test_gspo_differs_from_the_token_ratio_and_each_token_gets_the_sequence_gradient():
     old, new, advantages, mask = _gspo_inputs(1)
-    gspo = compute_gspo_policy_loss(old, new, advantages, mask, 10.0, 10.0, loss_agg_mode="token-mean")
+    gspo = compute_policy_loss(old, new, advantages, mask, 10.0, 10.0, clip_ratio_c=1.01, loss_mode="gspo")
     (grad,) = torch.autograd.grad(gspo["pg_loss"], new)
     s = torch.exp(((new - old) * mask).sum(-1) / mask.sum(-1)).detach()
     # token-mean: d/d log pi(y_t) = -A_i * s_i / (all tokens), the same for every token of a response
     assert torch.allclose(grad, -advantages * s[:, None] / mask.sum(), atol=1e-7)
-    vanilla = compute_policy_loss(old, new, advantages, mask, 10.0, 10.0, loss_agg_mode="token-mean")
-    assert abs(vanilla["pg_loss"].item() - gspo["pg_loss"].item()) > 1e-3
+    assert gspo["pg_clipfrac_lower"].item() == 0.0  # no dual clip, even with a bound of 1.01
+    vanilla = compute_policy_loss(old, new, advantages, mask, 10.0, 10.0, clip_ratio_c=1.01)
+    assert abs(vanilla["pg_loss"].item() - gspo["pg_loss"].item()) > 1e-3 and vanilla["pg_clipfrac_lower"].item() > 0
 
 
-def test_policy_losses_are_selected_by_name():
-    assert set(POLICY_LOSSES) == set(POLICY_LOSS_MODES) == {"vanilla", "gspo"}
-    assert get_policy_loss("gspo") is compute_gspo_policy_loss and get_policy_loss("vanilla") is compute_policy_loss
-    with pytest.raises(ValueError, match=r"valid: \['vanilla', 'gspo'\]"):
-        get_policy_loss("gpg")
+def test_an_unknown_policy_loss_is_named_with_the_valid_ones():
+    old, new, advantages, mask = _gspo_inputs()
+    with pytest.raises(ValueError, match=r"unknown policy loss_mode 'gpg'; valid: \['vanilla', 'gspo'\]"):
+        compute_policy_loss(old, new, advantages, mask, loss_mode="gpg")
 
 
 # ---------------------------------------------------------------- Dr. GRPO and the aggregation modes

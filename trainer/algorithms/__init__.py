@@ -23,13 +23,11 @@ from .kl import (
 from .logits import entropy_from_logits, log_probs_from_logits
 from .losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss, compute_value_loss
 from .masked import last_valid_positions, masked_mean, masked_sum, masked_var, masked_whiten
-from .policy_losses import POLICY_LOSSES, get_policy_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "KL_PENALTY_NAMES",
     "LOSS_AGG_MODES",
-    "POLICY_LOSSES",
     "AdaptiveKLController",
     "FixedKLController",
     "KLController",
@@ -45,7 +43,6 @@ __all__ = [
     "compute_value_loss",
     "entropy_from_logits",
     "get_advantage_estimator",
-    "get_policy_loss",
     "kl_penalty",
     "log_probs_from_logits",
     "make_kl_controller",

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from protocol import DataProto
-from trainer.algorithms import agg_loss, get_policy_loss, kl_penalty
+from trainer.algorithms import agg_loss, compute_policy_loss, kl_penalty
 from trainer.algorithms.rollout_correction import ROLLOUT_IS_WEIGHTS
 from workers.fsdp.sequences import response_log_probs_and_entropy, response_mask
 
@@ -41,7 +41,7 @@ def actor_loss_from_log_probs(
     # Truncated importance-sampling weights, when the driver computed them (rollout.tis_imp_ratio_cap).
     is_weights = micro.batch[ROLLOUT_IS_WEIGHTS].to(device) if ROLLOUT_IS_WEIGHTS in micro.batch.keys() else None
 
-    policy = get_policy_loss(actor_cfg["policy_loss"]["loss_mode"])(
+    policy = compute_policy_loss(
         old_log_prob=micro.batch["old_log_probs"].to(device),
         log_prob=log_probs,
         advantages=micro.batch["advantages"].to(device),
@@ -51,6 +51,7 @@ def actor_loss_from_log_probs(
         clip_ratio_c=actor_cfg["clip_ratio_c"],
         loss_agg_mode=mode,
         token_weights=is_weights,
+        loss_mode=actor_cfg["policy_loss"]["loss_mode"],
     )
     loss = policy["pg_loss"] - entropy_coeff * entropy_loss
     metrics = {name: float(value.detach()) for name, value in policy.items()}
