@@ -126,7 +126,7 @@ class PPOTrainer(StepLoop):
             print(
                 f"filter_groups: {counts['filter_groups/gen_batches']} generation batches gave "
                 f"{counts['filter_groups/mixed_groups']} of {target} groups with differing responses; the batch is "
-                "filled up with uniform groups (zero GRPO advantage). Raise algorithm.filter_groups.max_num_gen_batches "
+                "filled up with uniform groups (zero advantage under GRPO). Raise algorithm.filter_groups.max_num_gen_batches "
                 "(0: up to the whole dataset) or data.gen_batch_size; shown once, counted in filter_groups/topped_up_groups",
                 file=sys.stderr,
             )
