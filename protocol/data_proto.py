@@ -362,7 +362,8 @@ class DataProto(VerlMethods):
         """Concatenate along the batch dimension (copies).
 
         meta_info is merged (see protocol/meta_merge.py): `metrics` dicts become per-key lists in item
-        order; any other key must have equal values in the items that hold it.
+        order; per-batch keys (the sampling `seed`, the rollout weights version) are combined by their rule
+        (first seed, oldest version); any other key must have equal values in the items that hold it.
         """
         items = list(items)
         if not items:

@@ -9,6 +9,8 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.algorithm_names import LOSS_AGG_MODES, POLICY_LOSS_MODES
+from trainer.algorithm_settings import check_algorithm_settings
 from trainer.rollout_settings import check_rollout_settings
 from trainer.trackers.spec import entry_problem
 
@@ -116,7 +118,8 @@ _CHOICES = {
     "algorithm.adv_estimator": ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"),
     "algorithm.kl_penalty": ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
-    "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
+    "actor_rollout_ref.actor.loss_agg_mode": LOSS_AGG_MODES,
+    "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_MODES,
     "actor_rollout_ref.actor.optim.lr_scheduler": ("constant", "cosine"),
     "actor_rollout_ref.model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "actor_rollout_ref.rollout.name": ("hf", "vllm"),
@@ -162,6 +165,7 @@ def validate_config(cfg: DictConfig) -> None:
             problems.append(f"{key}={value!r} must be a positive integer")
     problems.extend(_optional_positive(cfg, key, kind) for key, kind in _OPTIONAL_POSITIVE.items())
     problems.extend(check_rollout_settings(cfg))
+    problems.extend(check_algorithm_settings(cfg))
     problems = [p for p in problems if p]
     problems.extend(problem for problem in map(entry_problem, cfg.trainer.logger) if problem)
     repeated = sorted({str(entry) for entry in cfg.trainer.logger if list(cfg.trainer.logger).count(entry) > 1})

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from trainer.algorithm_names import POLICY_LOSS_MODES
 from trainer.algorithms import KL_PENALTY_NAMES, LOSS_AGG_MODES
 
 REQUIRED = object()  # default of keys the user must set
@@ -181,6 +182,9 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "clip_ratio_low": Field(0.2, _float(0.0), "a float >= 0"),
         "clip_ratio_high": Field(0.2, _float(0.0), "a float >= 0"),
         "clip_ratio_c": Field(3.0, _float(1.0, low_open=True), "a float > 1 (dual-clip bound)"),
+        "policy_loss": {
+            "loss_mode": Field("vanilla", _one_of(*POLICY_LOSS_MODES), f"one of {list(POLICY_LOSS_MODES)} (token-level PPO ratio, or GSPO's sequence ratio)"),
+        },
         "entropy_coeff": Field(0.0, _float(), "a float"),
         "use_kl_loss": Field(False, _bool, "a bool"),
         "kl_loss_coef": Field(0.001, _float(0.0), "a float >= 0"),

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from protocol import DataProto
+from protocol.meta_merge import ROLLOUT_WEIGHTS_VERSION  # meta_info key: the weights version a batch was generated with
 from single_controller import Dispatch, Worker, register
 from workers.config import actor_rollout_ref_config
 from workers.fsdp.model_loading import compute_dtype, worker_device
@@ -25,8 +26,6 @@ from workers.rollout.verify import probe_sequences
 from workers.rollout.vllm_engine import VLLMEngine
 
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
-# meta_info key of a generated batch: the actor's weights version the engine generated it with.
-ROLLOUT_WEIGHTS_VERSION = "rollout_weights_version"
 
 
 class VLLMRolloutWorker(Worker):
