@@ -130,3 +130,15 @@ def tagged_json(output: str, prefix: str) -> Any:
 
 def driver_script(name: str) -> str:
     return os.path.join("tests", "multinode", name)
+
+
+def listening_addresses(root_pid: int) -> set[tuple[str, str]]:
+    """(process name, address) of every listening socket of `root_pid` and its descendants."""
+    root = psutil.Process(root_pid)
+    found = set()
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            found |= {(process.name(), c.laddr.ip) for c in process.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            pass
+    return found

@@ -4,11 +4,12 @@ One driver (tests/multinode/placement_driver.py) runs every case on the shared m
 
 import pytest
 
-from tests.multinode.cluster import driver_script
+from tests.multinode.cluster import driver_script, listening_addresses
 
 pytestmark = pytest.mark.slow
 
 DRIVER_TIMEOUT_S = 600
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +76,11 @@ def test_separate_groups_each_span_two_nodes(placed):
     assert pids[0].isdisjoint(pids[1])  # separate placement: each group has processes of its own
     ports = [{r["env"]["MASTER_PORT"] for r in where} for where in separate["where"]]
     assert len(ports[0]) == len(ports[1]) == 1 and ports[0] != ports[1]
+
+
+def test_every_node_listens_on_loopback_only(multinode_cluster, placed):
+    listeners = listening_addresses(multinode_cluster.host.pid)
+    names = {name for name, _ in listeners}
+    assert {"gcs_server", "raylet"} <= names, listeners
+    exposed = {entry for entry in listeners if entry[1] not in LOOPBACK}
+    assert exposed == set(), f"listening beyond loopback: {exposed}"
