@@ -113,6 +113,7 @@ class RoleGroups:
 
         def new_group(pool: RayResourcePool, role_cls: RayClassWithInitArgs, name: str) -> RayWorkerGroup:
             groups.append(RayWorkerGroup(pool, role_cls, name_prefix=name, call_timeout_s=timeout))
+            print(f"worker group {name!r}: {groups[-1].describe_placement()}", flush=True)
             return groups[-1]
 
         try:

@@ -21,6 +21,7 @@ from single_controller.mesh import MeshPlacement, complete_placements
 from single_controller.ray.actor_env import actor_runtime_env, check_user_env, rank_env
 from single_controller.ray.class_with_args import RayClassWithInitArgs, plain_class
 from single_controller.ray.colocated import FUSED_EXECUTE_METHOD, ColocatedWorker, role_method_name
+from single_controller.ray.placement import describe_placement, preset_master_addr
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.ray.waiting import wait_for_outputs
 from single_controller.shards import ExclusiveChunk, JoinablePart, PaddedShard
@@ -28,7 +29,6 @@ from single_controller.worker import ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RESER
 
 DETACHED_NAMESPACE = "single_controller"
 INIT_TIMEOUT_S = 180.0
-LOOPBACK = "127.0.0.1"
 
 
 def _actor_name(name_prefix: str, rank: int) -> str:
@@ -149,6 +149,7 @@ class RayWorkerGroup:
         remote_cls = ray.remote(cia.cls)
         slots = pool.rank_slots()
         world_size = len(slots)
+        master_host = preset_master_addr([slot.node_id for slot in slots])
         workers: list[Any] = []
         master: tuple[str, int] | None = None
         user_runtime_env = dict(cia.actor_options.get("runtime_env") or {})
@@ -157,8 +158,8 @@ class RayWorkerGroup:
             env = rank_env(rank, world_size, slot, self.name)
             if master is None:
                 env[ENV_RESERVE_MASTER_PORT] = "1"
-                if len(pool.process_on_nodes) == 1:
-                    env[ENV_MASTER_ADDR] = LOOPBACK  # one node: keep the rendezvous off the network
+                if master_host is not None:
+                    env[ENV_MASTER_ADDR] = master_host
             else:
                 env[ENV_MASTER_ADDR], env[ENV_MASTER_PORT] = master[0], str(master[1])
             options: dict[str, Any] = {**pool.actor_resources(), **cia.actor_options}
@@ -233,6 +234,10 @@ class RayWorkerGroup:
     def call_log(self) -> CallLog:
         return self._call_log
 
+    def describe_placement(self) -> str:
+        """Which ranks run on which node: 'ranks 0-1 on node 3a457eb4c2f1 (10.0.0.1), ranks 2-3 on ...'."""
+        return describe_placement(self._node_info)
+
     def describe_rank(self, rank: int) -> str:
         info = self._node_info[rank] if rank < len(self._node_info) else None
         where = f" (node {info.node_id[:12]} {info.ip}, pid {info.pid})" if info else ""
@@ -257,7 +262,7 @@ class RayWorkerGroup:
     ) -> list[Any]:
         return wait_for_outputs(
             refs, ranks, self.name, method, self.describe_rank, self.call_timeout_s, recent_calls=self._recent_calls,
-            on_ready=on_ready,
+            on_ready=on_ready, node_info=self._node_info,
         )
 
     def _call(
