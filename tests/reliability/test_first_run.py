@@ -12,14 +12,6 @@ from trainer.config_loader import ConfigError, load_config
 from trainer.main import main
 
 
-@pytest.fixture
-def no_ray(monkeypatch):
-    def must_not_start(cfg):
-        raise AssertionError("Ray was started for an input that should have failed before it")
-
-    monkeypatch.setattr("trainer.run_setup.init_ray", must_not_start)
-
-
 def error_lines(capsys) -> list[str]:
     return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
 
