@@ -127,6 +127,8 @@ _CHOICES = {
     "data.truncation": ("error", "left", "right", "filter"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.placement": ("colocated", "separate"),
+    "trainer.memory_check": ("error", "warn", "off"),
+    "trainer.plan_only": (False, True),
 }
 _POSITIVE_INTS = (
     "data.train_batch_size",
@@ -140,16 +142,20 @@ _POSITIVE_INTS = (
     "trainer.n_gpus_per_node",
     "trainer.nnodes",
 )
-# Keys that are null (off) or a positive number of the given kind.
-_OPTIONAL_POSITIVE = {"trainer.call_timeout_s": (int, float), "trainer.max_ckpt_to_keep": (int,)}
+# Keys that are null or a positive number of the given kind, and what null means.
+_OPTIONAL_POSITIVE = {
+    "trainer.call_timeout_s": ((int, float), "off"),
+    "trainer.max_ckpt_to_keep": ((int,), "off"),
+    "trainer.gpu_memory_gib": ((int, float), "read from the driver machine's GPU"),
+}
 
 
-def _optional_positive(cfg: DictConfig, key: str, kind: tuple[type, ...]) -> str:
+def _optional_positive(cfg: DictConfig, key: str, kind: tuple[type, ...], null_means: str) -> str:
     value = OmegaConf.select(cfg, key)
     if value is None or (isinstance(value, kind) and not isinstance(value, bool) and value > 0):
         return ""
     what = "integer" if kind == (int,) else "number"
-    return f"{key}={value!r} must be null (off) or a positive {what}"
+    return f"{key}={value!r} must be null ({null_means}) or a positive {what}"
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -163,7 +169,7 @@ def validate_config(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             problems.append(f"{key}={value!r} must be a positive integer")
-    problems.extend(_optional_positive(cfg, key, kind) for key, kind in _OPTIONAL_POSITIVE.items())
+    problems.extend(_optional_positive(cfg, key, kind, null_means) for key, (kind, null_means) in _OPTIONAL_POSITIVE.items())
     problems.extend(check_rollout_settings(cfg))
     problems.extend(check_algorithm_settings(cfg))
     problems = [p for p in problems if p]

@@ -19,11 +19,15 @@ MakeLoop = Callable[[DictConfig, Any, "RunData", "Tracker"], "StepLoop"]
 
 def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> list[dict[str, Any]]:
     """Build everything `cfg` names, run `make_loop(...).fit()`, and always release the workers."""
-    from trainer.preflight import check_inputs
+    from trainer.preflight import check_inputs, memory_plan_text
     from trainer.run_setup import ensure_default_assets, init_ray
 
     ensure_default_assets(cfg)
-    nothing_to_do = check_inputs(cfg)  # bad paths, columns and settings fail here, in seconds, before Ray starts
+    if cfg.trainer.get("plan_only", False):  # the memory plan, like `--cfg job`: printed, nothing started
+        print(memory_plan_text(cfg))
+        return []
+    # Bad paths, columns and settings, and a plan that does not fit the GPU, fail here, in seconds, before Ray starts.
+    nothing_to_do = check_inputs(cfg)
     if nothing_to_do:
         print(nothing_to_do, file=sys.stderr)
         return []

@@ -4,6 +4,7 @@ from a model folder that has none)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,37 @@ def finished_run(cfg: DictConfig) -> str | None:
     )
 
 
+def memory_plan_text(cfg: DictConfig) -> str:
+    """The per-GPU memory plan as a table (`trainer.plan_only=true`); needs only the models' config.json."""
+    from trainer.memory_plan import build_plan, gpu_memory, render_plan
+
+    try:
+        return render_plan(build_plan(cfg, *gpu_memory(cfg)))
+    except ValueError as error:
+        raise InputError(str(error)) from None
+
+
+def check_memory(cfg: DictConfig) -> None:
+    """On a GPU run, the memory plan's fit (trainer.memory_check): one summary line, then for a plan that
+    does not fit a warning (warn) or an InputError (error, the default); nothing on CPU or when off."""
+    from trainer.memory_plan import build_plan, gpu_memory, misfit_message, summary_line
+    from trainer.memory_plan.gpu import detect_gpu_bytes
+
+    mode = cfg.trainer.get("memory_check", "error")
+    device = cfg.trainer.device
+    if mode == "off" or device == "cpu" or (device == "auto" and detect_gpu_bytes() is None):
+        return
+    try:
+        plan = build_plan(cfg, *gpu_memory(cfg))
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    print(summary_line(plan))
+    if plan.fits() is False:
+        if mode == "error":
+            raise InputError(misfit_message(plan))
+        print(f"warning: {misfit_message(plan)}", file=sys.stderr)
+
+
 def check_inputs(cfg: DictConfig) -> str | None:
     """Every driver-side check of `cfg`'s paths, data files and rows, reward function, trackers, checkpoint and
     worker settings, before Ray starts (the file checks first: they need no torch). Returns why there is
@@ -135,4 +167,5 @@ def check_inputs(cfg: DictConfig) -> str | None:
     nothing_to_do = finished_run(cfg)
     if nothing_to_do is None:
         check_worker_settings(cfg)
+        check_memory(cfg)
     return nothing_to_do
