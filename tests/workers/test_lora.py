@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 
-from tests.workers.helpers import actor_config, hf_response_log_probs, make_group, random_prompts
+from tests.workers.helpers import actor_config, assert_resume_round_trip, hf_response_log_probs, make_group, random_prompts
 from workers.fsdp import ActorRolloutRefWorker
 
 LORA = {"lora_rank": 8, "lora_alpha": 16}
@@ -85,19 +85,7 @@ def test_export_merged_and_adapter_load_with_the_trained_log_probs(lora_group, t
 
 
 def test_checkpoint_holds_the_adapter_and_resumes_exactly(lora_group, pool_1, tiny_model_dir, tmp_path):
-    data = _training_batch(lora_group, seed=9)
-    lora_group.update_actor(data)  # Adam moments and the LR warmup are non-trivial at the save
-    lora_group.save_checkpoint(str(tmp_path / "ckpt"))
-    saved = lora_group.compute_log_prob(data).batch["old_log_probs"]
-    first = lora_group.update_actor(data)
-    after_first = lora_group.compute_log_prob(data).batch["old_log_probs"]
-    assert not torch.allclose(after_first, saved, atol=1e-4)
-
-    lora_group.load_checkpoint(str(tmp_path / "ckpt"))
-    torch.testing.assert_close(lora_group.compute_log_prob(data).batch["old_log_probs"], saved, atol=1e-6, rtol=0)
-    again = lora_group.update_actor(data)
-    assert again[0]["pg_loss"] == pytest.approx(first[0]["pg_loss"], abs=1e-6) and again[0]["lr"] == first[0]["lr"]
-    torch.testing.assert_close(lora_group.compute_log_prob(data).batch["old_log_probs"], after_first, atol=1e-6, rtol=0)
+    assert_resume_round_trip(lora_group, _training_batch(lora_group, seed=9), str(tmp_path / "ckpt"))
 
     keys = FileSystemReader(str(tmp_path / "ckpt" / "model_optim")).read_metadata().state_dict_metadata
     model_keys = [k for k in keys if k.startswith("model.")]
