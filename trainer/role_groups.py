@@ -135,7 +135,9 @@ class RoleGroups:
                     group.init_model()
             if built.rollout is not None:
                 built.weight_sync = SeparateWeightSync(
-                    built.actor, built.rollout, actor_worker_config(cfg)["rollout"], cfg.actor_rollout_ref.model.path, use_gpu(cfg)
+                    built.actor, built.rollout, actor_worker_config(cfg)["rollout"], cfg.actor_rollout_ref.model.path, use_gpu(cfg),
+                    # A LoRA engine starts without the adapter: the first sync sends it (checked by the probe).
+                    engines_start_from_trainer=cfg.actor_rollout_ref.model.lora_rank == 0,
                 )
                 built.weight_sync.connect()
         except BaseException:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from trainer.algorithm_names import POLICY_LOSS_MODES
 from trainer.algorithms import KL_PENALTY_NAMES, LOSS_AGG_MODES
+from workers.lora.spec import check_lora_settings
 
 REQUIRED = object()  # default of keys the user must set
 
@@ -138,6 +139,25 @@ MODEL_SPEC: dict[str, Any] = {
 }
 
 
+def _module_names(value: Any) -> str | list[str]:
+    """A PEFT module selector: one name / "all-linear", or a non-empty list of names."""
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v for v in value):
+        return list(value)
+    raise ValueError
+
+
+# LoRA (verl's keys), actor only: lora_rank > 0 trains adapters of that rank instead of every weight.
+ACTOR_MODEL_SPEC: dict[str, Any] = {
+    **MODEL_SPEC,
+    "lora_rank": Field(0, _int(0), "an int >= 0 (0: train every weight; > 0: LoRA adapters of this rank)"),
+    "lora_alpha": Field(16, _float(0.0, low_open=True), "a float > 0 (LoRA scaling is lora_alpha / lora_rank)"),
+    "target_modules": Field("all-linear", _module_names, "'all-linear' or a list of module names, e.g. [q_proj, v_proj]"),
+    "exclude_modules": Field(None, _optional(_module_names), "None or a module name / list of names kept without LoRA"),
+}
+
+
 def optim_spec(default_lr: float) -> dict[str, Any]:
     return {
         "lr": Field(default_lr, _float(0.0), "a float >= 0"),
@@ -175,7 +195,7 @@ def _ppo_spec() -> dict[str, Any]:
 
 ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
     "seed": Field(0, _int(0), "an int >= 0 (mini-batch shuffling; sampling adds the rank)"),
-    "model": MODEL_SPEC,
+    "model": ACTOR_MODEL_SPEC,
     "actor": {
         "optim": optim_spec(1e-6),
         **_ppo_spec(),
@@ -324,6 +344,7 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
             "rollout.ignore_eos=true cannot be combined with rollout.multi_turn.enable=true (a model turn ends at its "
             "EOS, where the tool call is read); set one of them to false"
         )
+    check_lora_settings(config, where)
     if config["actor"]["strategy"] == "megatron":
         if rollout["multi_turn"]["enable"]:
             raise ValueError("rollout.multi_turn.enable=true needs actor.strategy='fsdp' (the Megatron actor has no multi-turn rollout yet)")

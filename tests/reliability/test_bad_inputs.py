@@ -77,6 +77,14 @@ def test_invalid_config_values_list_what_is_valid(override, expected):
     assert expected in str(info.value)
 
 
+def test_lora_with_the_megatron_backend_is_refused_before_ray_starts(small_assets, tmp_path, capsys):
+    overrides = short_run(small_assets, tmp_path, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.strategy=megatron")
+    assert main(overrides) == 2
+    err = capsys.readouterr().err
+    assert "error: actor_rollout_ref.model.lora_rank=8 needs actor_rollout_ref.actor.strategy=fsdp" in err
+    assert not (tmp_path / "logs").exists()  # refused by the input checks, before the run set anything up
+
+
 # ---- model, tokenizer, data (the trainer fails before starting any worker) -----------------------------
 
 

@@ -10,7 +10,9 @@ from workers.config import actor_rollout_ref_config, critic_config, mini_batch_p
 def test_defaults_are_filled_and_values_normalised():
     config = actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"optim": {"lr": 1}}})
     assert config["model"] == {"path": "/m", "dtype": "auto", "enable_gradient_checkpointing": False,
-                               "attn_implementation": None, "use_remove_padding": None}
+                               "attn_implementation": None, "use_remove_padding": None, "lora_rank": 0, "lora_alpha": 16,
+                               "target_modules": "all-linear", "exclude_modules": None}
+    assert "lora_rank" not in critic_config({"model": {"path": "/m"}})["model"]  # LoRA is the actor's
     assert config["actor"]["optim"]["lr"] == 1.0 and isinstance(config["actor"]["optim"]["lr"], float)
     assert config["actor"]["ppo_epochs"] == 1 and config["actor"]["loss_agg_mode"] == "token-mean"
     assert config["rollout"]["response_length"] == 512 and config["rollout"]["do_sample"] is True
@@ -60,6 +62,12 @@ def test_unknown_key_lists_valid_keys():
         ({"actor": {"fsdp": {"param_offload": "yes"}}}, r"actor.fsdp.param_offload' must be a bool"),
         ({"rollout": {"ignore_eos": "yes"}}, r"rollout.ignore_eos' must be a bool"),
         ({"rollout": {"ignore_eos": True, "multi_turn": {"enable": True}}}, r"ignore_eos=true cannot be combined with rollout.multi_turn.enable"),
+        ({"model": {"lora_rank": -1}}, r"model.lora_rank' must be an int >= 0"),
+        ({"model": {"lora_alpha": 0}}, r"model.lora_alpha' must be a float > 0"),
+        ({"model": {"target_modules": []}}, r"model.target_modules' must be 'all-linear' or a list of module names"),
+        ({"model": {"exclude_modules": [""]}}, r"model.exclude_modules' must be None or a module name"),
+        ({"model": {"lora_rank": 8}, "actor": {"strategy": "megatron"}}, r"model.lora_rank=8 needs actor.strategy=fsdp"),
+        ({"model": {"lora_rank": 1024}, "rollout": {"name": "vllm"}}, r"model.lora_rank=1024 is above vLLM's largest adapter rank 512"),
     ],
 )
 def test_bad_values_name_key_and_expectation(override, message):

@@ -23,14 +23,15 @@ class SeparateWeightSync:
         engines_start_from_trainer: bool = True,
     ) -> None:
         """`engines_start_from_trainer`: the engines hold the trainer's weights at `connect()` (both loaded
-        the same folder); when not, the first sync's change of weights is not checked (the probe still is)."""
+        the same folder); when not (another source, or a LoRA trainer whose adapter the engines do not have
+        yet), the first `sync()` always sends, and its change of weights is not checked (the probe still is)."""
         self.actor, self.rollout, self.cfg = actor, rollout, rollout_cfg
         self.engines_start_from_trainer = engines_start_from_trainer
         self.backend = "nccl" if use_gpu else "gloo"
         self.vocab_size = AutoConfig.from_pretrained(model_path).vocab_size
         self.layouts: list | None = None
         self.trainer_fingerprint: float | None = None  # of the weights the engines hold, taken on the trainer
-        self.synced_version = 0  # the engines loaded the folder the actor started from
+        self.synced_version = 0 if engines_start_from_trainer else -1  # 0: the engines loaded the actor's folder
         self.actor_version = 0  # the actor's weights version at the last sync() (synced or not)
 
     def connect(self) -> None:

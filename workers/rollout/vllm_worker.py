@@ -16,6 +16,7 @@ from single_controller import Dispatch, Worker, register
 from workers.config import actor_rollout_ref_config
 from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.fsdp.sequences import require_batch_keys
+from workers.lora.spec import LoraSpec
 from workers.memory import MemoryLog
 from workers.rollout.agent.worker_glue import build_agent, vllm_agent_generate
 from workers.rollout.buckets import BucketLayout
@@ -43,7 +44,8 @@ class VLLMRolloutWorker(Worker):
         device = worker_device()
         name = rollout["dtype"] if rollout["dtype"] != "auto" else model["dtype"]
         self.dtype = compute_dtype(name, device)
-        self.engine = VLLMEngine(model["path"], rollout, self.dtype, device, seed=self.config["seed"] + self.rank)
+        self.lora = LoraSpec.from_model_config(model)  # LoRA: the engine keeps the folder's base, syncs the adapter
+        self.engine = VLLMEngine(model["path"], rollout, self.dtype, device, seed=self.config["seed"] + self.rank, lora=self.lora)
         self.token_ids = folder_token_ids(model["path"])
         self.agent = build_agent(rollout, model["path"], self.token_ids[0])
         self.memory = MemoryLog(device)
@@ -62,7 +64,7 @@ class VLLMRolloutWorker(Worker):
         params = sampling_params(self.config["rollout"], prompts.meta_info, *self.token_ids)
         inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
         if self.agent is not None:
-            result = vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank)
+            result = vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)
         else:
             result = engine.generate(inputs, params, prompts.meta_info.get("seed"), self.rank)
         self.memory.record("rollout_generate")
@@ -84,9 +86,13 @@ class VLLMRolloutWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL, blocking=False)
     def receive_weights(self, layouts: list[BucketLayout], version: int | None = None) -> None:
-        """Load the broadcast weights; `version` is the actor's weights version they are (stamped on every
-        batch generated with them)."""
-        self._require_engine("receive_weights").receive_broadcast(layouts)
+        """Load the broadcast weights (with LoRA: the adapter); `version` is the actor's weights version they
+        are (stamped on every batch generated with them)."""
+        engine = self._require_engine("receive_weights")
+        if self.lora is None:
+            engine.receive_broadcast(layouts)
+        else:
+            engine.receive_adapter(layouts)
         if version is not None:
             self.weights_version = version
 
