@@ -17,6 +17,7 @@ shape on CPU (vLLM's CPU build), to check the script itself.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -105,10 +106,12 @@ def memory_table(history: list[dict[str, Any]], plan: Any) -> list[dict[str, Any
 
 def run_size(size: str, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     on_gpu = torch.cuda.is_available()
+    model_dir = Path(args.workdir) / size / "model"  # one folder per size, shared by its full and LoRA runs
     work = Path(args.workdir) / (size if not args.lora_rank else f"{size}_lora{args.lora_rank}")
-    write_config(work / "model", SHAPES[size])  # the plan needs only the config; the weights come if it fits
+    write_config(model_dir, SHAPES[size])  # the plan needs only the config; the weights come if it fits
     train, val = write_synthetic_dataset(work / "data", train_size=256, val_size=16, tasks=("arithmetic",))
-    overrides = grpo_overrides(work, train, val, args.steps, "[jsonl]") + scale_overrides(args, on_gpu) + extra
+    overrides = grpo_overrides(work, train, val, args.steps, "[jsonl]") + scale_overrides(args, on_gpu)
+    overrides += [f"actor_rollout_ref.model.path={model_dir}", *extra]
     cfg = load_config(overrides)
     plan = build_plan(cfg, *gpu_memory(cfg))
     plan_text = render_plan(plan)
@@ -120,9 +123,13 @@ def run_size(size: str, args: argparse.Namespace, extra: list[str]) -> dict[str,
         result["skipped"] = "the memory plan does not fit the GPU (--force runs it anyway)"
         return result
     start = time.perf_counter()
-    result["params"] = write_model_folder(work / "model", SHAPES[size])
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():  # written by an earlier run of this size (e.g. the full run before the LoRA one)
+        result["params"] = json.loads(index.read_text())["metadata"]["total_size"] // 2  # bf16
+    else:
+        result["params"] = write_model_folder(model_dir, SHAPES[size])
     result["build_s"] = time.perf_counter() - start
-    print(f"{result['params'] / 1e9:.2f} B parameters, model folder written in {result['build_s']:.1f} s")
+    print(f"{result['params'] / 1e9:.2f} B parameters, model folder ready in {result['build_s']:.1f} s")
     start = time.perf_counter()
     history = run(cfg)
     result["run_s"] = time.perf_counter() - start

@@ -249,6 +249,9 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
     "ref": {
         "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
         **_dynamic_forward_spec("log_prob"),
+        "fsdp": {
+            "param_offload": Field(False, _bool, "a bool (keep the reference's parameters on the host outside its log-prob pass; GPU only)"),
+        },
     },
 }
 
@@ -354,8 +357,8 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
                 f"each actor process, fed from the Megatron weights); got placement={rollout['placement']!r}"
             )
         fsdp = config["actor"]["fsdp"]
-        if fsdp["param_offload"] or fsdp["optimizer_offload"]:
-            raise ValueError("actor.fsdp.param_offload / optimizer_offload apply to actor.strategy='fsdp' only")
+        if fsdp["param_offload"] or fsdp["optimizer_offload"] or config["ref"]["fsdp"]["param_offload"]:
+            raise ValueError("actor.fsdp.param_offload / optimizer_offload and ref.fsdp.param_offload apply to actor.strategy='fsdp' only")
         _reject_packing_on_megatron(config, ("actor.use_dynamic_bsz", "rollout.log_prob_use_dynamic_bsz", "ref.log_prob_use_dynamic_bsz"))
     return config
 

@@ -9,8 +9,8 @@ from omegaconf import DictConfig, OmegaConf
 from trainer.memory_plan.checks import plan_notes, startup_problems
 from trainer.memory_plan.gpu import GIB, detect_gpu_bytes
 from trainer.memory_plan.plan import COLUMNS, GpuGroup, MemoryPlan, Row, build_groups
-from trainer.memory_plan.report import misfit_message, render_plan, summary_line
-from trainer.memory_plan.setup import plan_setup
+from trainer.memory_plan.report import LORA, OPTIMIZER_OFFLOAD, PARAM_OFFLOAD, misfit_message, render_plan, summary_line
+from trainer.memory_plan.setup import PlanSetup, plan_setup
 
 __all__ = [
     "COLUMNS", "GpuGroup", "MemoryPlan", "Row", "build_plan", "gpu_memory", "misfit_message", "render_plan", "summary_line",
@@ -38,5 +38,12 @@ def build_plan(cfg: DictConfig, gpu_bytes: int | None = None, gpu_source: str = 
     setup = plan_setup(cfg, on_gpu)
     return MemoryPlan(
         groups=build_groups(setup, gpu_bytes), gpu_bytes=gpu_bytes, gpu_source=gpu_source,
-        problems=startup_problems(setup, gpu_bytes), notes=plan_notes(setup, gpu_bytes),
+        problems=startup_problems(setup, gpu_bytes), notes=plan_notes(setup, gpu_bytes), settings_on=_settings_on(setup),
     )
+
+
+def _settings_on(setup: PlanSetup) -> set[str]:
+    actor = setup.actor
+    on = {PARAM_OFFLOAD} if actor.param_offload else set()
+    on |= {OPTIMIZER_OFFLOAD} if actor.optimizer_offload else set()
+    return on | ({LORA} if actor.train is not None and actor.train.lora_rank else set())

@@ -54,6 +54,7 @@ class MemoryPlan:
     gpu_source: str
     problems: list[str] = field(default_factory=list)  # start-up conditions that fail regardless of the peak
     notes: list[str] = field(default_factory=list)
+    settings_on: set[str] = field(default_factory=set)  # remedies the run already uses (not suggested again)
 
     def peak(self) -> tuple[GpuGroup, Row]:
         group = max(self.groups, key=lambda g: g.peak.total)
@@ -88,13 +89,14 @@ class _TrainerGpu:
     def has(self, name: str) -> bool:
         return name in self.roles
 
-    def resident(self, actor_loaded: bool, with_optimizer: bool, engine_awake: bool, optimizer_state: bool = True) -> dict[str, int]:
+    def resident(self, actor_loaded: bool, with_optimizer: bool, engine_awake: bool, optimizer_state: bool = True,
+                 loaded: tuple[str, ...] = ()) -> dict[str, int]:
         """What sits on the GPU between computations; `optimizer_state` False before the first step
-        (AdamW creates its moments lazily)."""
+        (AdamW creates its moments lazily); `loaded` names other offloading roles brought in for the phase."""
         weights = grads = optimizer = 0
         for name, mem in self.memory.items():
             role = self.roles[name]
-            offloaded = name == "actor" and role.param_offload and not actor_loaded
+            offloaded = role.param_offload and not (actor_loaded if name == "actor" else name in loaded)
             weights += 0 if offloaded else mem.weights
             if role.strategy == "megatron":
                 grads += mem.grads  # Megatron's gradient buffer lives as long as the model
@@ -167,7 +169,7 @@ def _trainer_rows(gpu: _TrainerGpu) -> list[Row]:
         rows.append(Row("actor", "ref_log_prob", "base model (adapters off)", _add(gpu.resident(True, False, False), weights=copies, activations=acts, logits=logits)))
     elif gpu.has("ref"):
         copies, acts, logits = gpu.forward("ref", setup.ref_log_prob, "log_probs")
-        rows.append(Row("ref", "ref_log_prob", "log-probs", _add(gpu.resident(False, False, False), weights=copies, activations=acts, logits=logits)))
+        rows.append(Row("ref", "ref_log_prob", "log-probs", _add(gpu.resident(False, False, False, loaded=("ref",)), weights=copies, activations=acts, logits=logits)))
     if gpu.has("critic") and setup.critic_forward is not None and setup.critic_update is not None:
         copies, acts, _ = gpu.forward("critic", setup.critic_forward, None)
         rows.append(Row("critic", "values", "forward", _add(gpu.resident(False, False, False), weights=copies, activations=acts)))
@@ -182,13 +184,13 @@ def _trainer_rows(gpu: _TrainerGpu) -> list[Row]:
 
 def _update_row(gpu: _TrainerGpu, name: str, phase: str, batch: Batching, logits: bool) -> Row:
     """The larger of the end of a training forward (activations and logits kept for backward, gradients of
-    earlier micro-batches) and the optimizer step (foreach AdamW's temporary)."""
+    earlier micro-batches) and the optimizer step (on CPU, foreach AdamW's temporary; fused AdamW on GPU makes none)."""
     mem = gpu.memory[name]
     base = gpu.resident(actor_loaded=True, with_optimizer=True, engine_awake=False)
     grads = 0 if gpu.roles[name].strategy == "megatron" else mem.grads  # Megatron's buffer is already resident
     copies, reduce, acts, logit_bytes = gpu.backward(name, batch, logits)
     backward = _add(base, weights=copies, grads=grads + reduce, activations=acts, logits=logit_bytes)
-    step = _add(base, grads=grads, optimizer=mem.step_temporary)
+    step = _add(base, grads=grads, optimizer=0 if gpu.setup.on_gpu and gpu.roles[name].strategy == "fsdp" else mem.step_temporary)
     if sum(step.values()) > sum(backward.values()):
         return Row(name, phase, "optimizer step", step)
     return Row(name, phase, "forward/backward", backward)

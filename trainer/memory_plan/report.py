@@ -7,15 +7,27 @@ from trainer.memory_plan.gpu import GIB
 from trainer.memory_plan.plan import COLUMNS, MemoryPlan, Row
 
 # What lowers each kind of memory, for the message of a plan that does not fit.
+SHARD = "more GPUs to shard over (trainer.n_gpus_per_node)"
+LORA = "LoRA (actor_rollout_ref.model.lora_rank)"
+PARAM_OFFLOAD = "actor_rollout_ref.actor.fsdp.param_offload=true"
+OPTIMIZER_OFFLOAD = "actor_rollout_ref.actor.fsdp.optimizer_offload=true (between updates)"
+SMALLER_MICRO = "smaller micro-batches (actor.ppo_micro_batch_size_per_gpu, rollout/ref.log_prob_micro_batch_size_per_gpu, or the *_max_token_len_per_gpu budgets)"
+# What lowers each column, most effective first; `misfit_message` lists each suggestion once and leaves out
+# the offload settings a run already has.
 REMEDIES = {
-    "weights": "more GPUs to shard over (trainer.n_gpus_per_node), actor_rollout_ref.actor.fsdp.param_offload=true, or LoRA (actor_rollout_ref.model.lora_rank)",
-    "grads": "more GPUs to shard over or LoRA (actor_rollout_ref.model.lora_rank)",
-    "optimizer": "more GPUs to shard over, LoRA (actor_rollout_ref.model.lora_rank), or actor_rollout_ref.actor.fsdp.optimizer_offload=true (between updates)",
-    "activations": "actor_rollout_ref.model.enable_gradient_checkpointing=true or smaller micro-batches",
-    "logits": "smaller micro-batches (actor.ppo_micro_batch_size_per_gpu, rollout/ref.log_prob_micro_batch_size_per_gpu, or the *_max_token_len_per_gpu budgets)",
-    "engine": "a lower actor_rollout_ref.rollout.gpu_memory_utilization",
-    "other": "a smaller actor_rollout_ref.rollout.weight_sync_bucket_mb",
+    "weights": (SHARD, PARAM_OFFLOAD, LORA),
+    "grads": (SHARD, LORA),
+    "optimizer": (SHARD, LORA, OPTIMIZER_OFFLOAD),
+    "activations": ("actor_rollout_ref.model.enable_gradient_checkpointing=true", SMALLER_MICRO),
+    "logits": (SMALLER_MICRO,),
+    "engine": ("a lower actor_rollout_ref.rollout.gpu_memory_utilization",),
+    "other": ("a smaller actor_rollout_ref.rollout.weight_sync_bucket_mb",),
 }
+
+
+def _remedies(columns: list[str], already: set[str]) -> str:
+    listed = list(dict.fromkeys(r for c in columns for r in REMEDIES[c] if r not in already))
+    return ", ".join(listed[:-1]) + f" or {listed[-1]}" if len(listed) > 1 else "".join(listed)
 
 
 def _cell(value: int) -> str:
@@ -74,7 +86,7 @@ def misfit_message(plan: MemoryPlan) -> str:
         where, row = _where(plan)
         largest = sorted((c for c in COLUMNS if row.parts[c]), key=lambda c: row.parts[c], reverse=True)[:2]
         terms = ", ".join(f"{c} {gib(row.parts[c])}" for c in largest)
-        remedy = "; or ".join(REMEDIES[c] for c in largest)
+        remedy = _remedies(largest, plan.settings_on)
         reason = (
             f"{where} needs {gib(row.total)} per GPU but the GPU has {gib(plan.gpu_bytes or 0)} (largest: {terms}); "
             f"try {remedy}"

@@ -2,8 +2,8 @@
 FSDP2 and Megatron workers hold them.
 
 FSDP2 (workers/fsdp/model_loading.py, optim.py): a trainable model keeps float32 master weights sharded over
-the pool, float32 gradients and AdamW's two float32 moments; `optimizer.step()` (foreach AdamW) makes one
-float32 temporary of the moments' size. A frozen model (reference, reward model) is stored in the compute
+the pool, float32 gradients and AdamW's two float32 moments; on CPU `optimizer.step()` (foreach AdamW)
+makes one float32 temporary of the moments' size (on GPU the fused AdamW makes none). A frozen model (reference, reward model) is stored in the compute
 dtype. With LoRA the base is frozen in the compute dtype and only the float32 adapter factors train.
 In a forward/backward FSDP2 holds unsharded compute-dtype copies of the root unit (embedding, final norm,
 head) and of the layer being computed plus the one prefetched; backward reduces one layer's gradients at a
@@ -35,7 +35,7 @@ class RoleMemory:
     weights: int  # parameter shards as stored
     grads: int  # sharded gradients (after a backward; freed after each optimizer step)
     optimizer: int  # optimizer state (after the first step)
-    step_temporary: int  # foreach AdamW's temporary during optimizer.step()
+    step_temporary: int  # foreach AdamW's temporary during optimizer.step() (CPU; the fused GPU step has none)
     gathered: int  # compute copies alive during a forward/backward (FSDP2 unsharded units)
     reduce: int  # one layer's gradient reduction buffers during backward
     largest_tensor: int  # bytes of the largest whole parameter in the compute dtype (a weight-sync slot)

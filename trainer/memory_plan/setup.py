@@ -137,7 +137,12 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     )
     uses_reference = bool(arr.actor.use_kl_loss) or bool(_get(cfg, "algorithm.use_kl_in_reward", False))
     lora_reference = uses_reference and train.lora_rank > 0
-    ref = ModelRole("ref", actor_shape, "lm", e, strategy, None, **parallel) if uses_reference and not lora_reference else None
+    ref_offload = bool((arr.ref.get("fsdp") or {}).get("param_offload", False)) and on_gpu and strategy == "fsdp"
+    ref = (
+        ModelRole("ref", actor_shape, "lm", e, strategy, None, param_offload=ref_offload, **parallel)
+        if uses_reference and not lora_reference
+        else None
+    )
     critic = critic_update = critic_forward = None
     if str(_get(cfg, "algorithm.adv_estimator", "grpo")) == "gae":
         section = cfg.critic

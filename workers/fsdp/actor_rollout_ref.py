@@ -54,6 +54,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         self.update_calls = 0  # part of the checkpoint: seeds the mini-batch shuffles
         self.hybrid_rollout = None  # a vLLM engine in this process (rollout.name=vllm, placement=hybrid)
         self.offloader: Offloader | None = None
+        self.ref_offloader: Offloader | None = None  # the frozen reference's parameters (ref.fsdp.param_offload)
         self.agent = None  # the multi-turn tool-calling rollout (rollout.multi_turn.enable)
         self.init_actor_state()
 
@@ -74,6 +75,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         if self.role == "ref" or (self.role == "actor_rollout_ref" and self.actor.lora is None):
             # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.
             self.ref = FSDPEngine(AutoModelForCausalLM, cfg["model"], self.rank)
+            self.ref_offloader = Offloader(self.ref.module, None, self.ref.device, cfg["ref"]["fsdp"]["param_offload"], False)
         rollout = cfg["rollout"]
         if self.actor is not None and rollout["name"] == "vllm" and rollout["placement"] == "hybrid":
             from workers.rollout.hybrid import FSDPWeightSource, HybridRollout
@@ -85,8 +87,9 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         device = (self.actor or self.ref).device
         self.memory = MemoryLog(device)
         self.memory.record("init")
-        if self.offloader is not None:
-            self.offloader.offload()
+        for offloader in (self.offloader, self.ref_offloader):
+            if offloader is not None:
+                offloader.offload()
         # Each rank samples from its own stream, reproducibly.
         torch.manual_seed(cfg["seed"] + self.rank)
 
@@ -198,7 +201,10 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
                 out = self._log_probs(engine, data, "ref", False, "compute_ref_log_prob")
             self._end_phase("ref_log_prob")
         else:
-            out = self._log_probs(self._engine("ref", "compute_ref_log_prob"), data, "ref", False, "compute_ref_log_prob")
+            engine = self._engine("ref", "compute_ref_log_prob")
+            self.ref_offloader.load()
+            out = self._log_probs(engine, data, "ref", False, "compute_ref_log_prob")
+            self.ref_offloader.offload()
         return DataProto.from_dict({"ref_log_prob": out["log_probs"]})
 
     # ---- training -------------------------------------------------------------------------------------
@@ -283,4 +289,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             self._resident_actor("export_hf").export_hf(path)
             self._end_phase("export_hf")
         else:
-            self._engine("ref", "export_hf").export_hf(path)
+            engine = self._engine("ref", "export_hf")
+            self.ref_offloader.load()
+            engine.export_hf(path)
+            self.ref_offloader.offload()

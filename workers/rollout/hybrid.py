@@ -125,7 +125,11 @@ class HybridRollout:
         return metrics
 
     def sync_now(self, version: int) -> dict[str, float]:
-        """Wake the engine, bring it to `version` (a full load if sleep released its weights), sleep again."""
+        """Bring the engine to `version` now. An engine that sleeps between calls would drop the weights
+        (or the adapter) at its next sleep, so nothing is loaded here: the next `generate` wakes it and
+        loads them once (one load per step instead of one per sync call)."""
+        if self.engine.sleeps_between_calls:
+            return {}
         released = self.engine.wake_up()
         metrics = self.sync(version, force=released)
         self.engine.sleep()

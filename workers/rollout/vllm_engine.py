@@ -210,11 +210,16 @@ class VLLMEngine:
         return float(sum(self.llm.collective_rpc("sc_weights_fingerprint")))
 
     # ---- residency ------------------------------------------------------------------------------------
+    @property
+    def sleeps_between_calls(self) -> bool:
+        """Whether `sleep` releases the weights (GPU sleep mode with free_cache_engine)."""
+        return bool(self.sleep_enabled and self.free_cache_engine)
+
     def sleep(self) -> None:
         """Release the weights and the KV cache (GPU with enable_sleep and free_cache_engine; a no-op on
         CPU). The weights are discarded, not kept on the host: the trainer re-sends them on wake. A LoRA
         engine keeps its base weights in host memory instead; the trainer re-sends the adapter."""
-        if self.sleep_enabled and self.free_cache_engine and not self.asleep:
+        if self.sleeps_between_calls and not self.asleep:
             self.llm.sleep(level=self.sleep_level)
             self.asleep = True
 
