@@ -103,3 +103,16 @@ def test_packing_and_token_budgets_are_refused_with_megatron():
     with pytest.raises(ValueError, match="not supported with megatron"):
         critic_config({"model": {"path": "/m"}, "strategy": "megatron", "use_dynamic_bsz": True})
     assert actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"strategy": "megatron"}})["model"]["use_remove_padding"] is None
+
+
+def test_the_reference_offload_follows_the_actor_and_is_fsdp_only():
+    from trainer.config_loader import load_config
+    from trainer.role_groups import actor_worker_config
+
+    offloaded = actor_worker_config(load_config(["actor_rollout_ref.actor.fsdp.param_offload=true"]))
+    assert actor_rollout_ref_config(offloaded)["ref"]["fsdp"]["param_offload"] is True
+    kept = actor_worker_config(load_config(["actor_rollout_ref.actor.fsdp.param_offload=true", "actor_rollout_ref.ref.fsdp.param_offload=false"]))
+    assert actor_rollout_ref_config(kept)["ref"]["fsdp"]["param_offload"] is False
+    assert actor_rollout_ref_config({"model": {"path": "/m"}})["ref"]["fsdp"]["param_offload"] is False
+    with pytest.raises(ValueError, match="ref.fsdp.param_offload apply to actor.strategy='fsdp' only"):
+        actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"strategy": "megatron"}, "ref": {"fsdp": {"param_offload": True}}})
