@@ -2,7 +2,7 @@
 
     python -m benchmarks.e2e_step [--sizes 0.5B,1.5B] [--steps 4] [--engine vllm|hf] [--eager] [--out results/e2e_step.json] [overrides...]
 
-Random-init Qwen2 models of the Qwen2.5-0.5B / 1.5B shapes (bf16 compute, FSDP2, one worker), the
+Random-init Qwen2 models of the Qwen2.5-0.5B / 1.5B / 7B shapes (bf16 compute, FSDP2, one worker), the
 arithmetic task, 16 prompts × 8 samples × 256 new tokens. The overhead figures are measured per step by
 `trainer/overhead.py`: the wall time of every worker-group call minus the time inside the worker method
 (dispatch, serialization, transfer, scheduling, collect), plus driver time outside calls that is not the
@@ -28,6 +28,12 @@ SHAPES = {
     "0.5B": QWEN2_0_5B,
     "1.5B": dict(QWEN2_0_5B, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                  intermediate_size=8960),
+    # CPU dry runs of the GPU scripts (benchmarks/peers): head_dim 64, which vLLM's CPU backend accepts.
+    "tiny": dict(QWEN2_0_5B, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                 intermediate_size=256, vocab_size=128, max_position_embeddings=512),
+    # Qwen2.5-7B: ~15 GB of bf16 weights; one H200 fits it with LoRA or with the actor offloaded (docs/lora.md).
+    "7B": dict(QWEN2_0_5B, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
 }
 PHASES = ("sync_weights", "generate", "reward", "old_log_prob", "ref_log_prob", "advantage", "update_actor")
 

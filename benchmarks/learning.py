@@ -14,7 +14,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -50,17 +50,27 @@ def report(result: dict, keys: Sequence[str], out: str, header: str = "measure")
     print(f"wrote {out}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="results/learning.json")
+def run_learning_benchmark(
+    doc: str, default_out: str, load: Callable[[list[str]], Any], train: Callable[[Any], list[dict]],
+    summarize_history: Callable[[list[dict], float], dict], measures: Sequence[str],
+) -> None:
+    """The command line of a learning benchmark: parse `--out` and hydra overrides, `train(load(overrides))`,
+    then print `measures` of `summarize_history(history, wall_s)` and write all of it as JSON."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=default_out)
     args, overrides = parser.parse_known_args()
-    cfg = load_config(overrides)
+    cfg = load(overrides)
     start = time.perf_counter()
-    history = run(cfg)
-    result = summarize(history, time.perf_counter() - start)
+    history = train(cfg)
+    result = summarize_history(history, time.perf_counter() - start)
     result.update(overrides=overrides, machine={"cpus": os.cpu_count(), "platform": platform.platform()})
+    header = f"measure (first/last = mean of {result['window']} steps)" if "window" in result else "measure"
+    report(result, measures, args.out, header=header)
+
+
+def main() -> None:
     keys = ("val_reward_baseline", "val_reward_final", "train_reward_first_steps", "train_reward_last_steps", "steps", "wall_s", "target")
-    report(result, keys, args.out)
+    run_learning_benchmark(__doc__, "results/learning.json", load_config, run, summarize, keys)
 
 
 if __name__ == "__main__":

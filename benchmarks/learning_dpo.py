@@ -9,14 +9,10 @@ of the first steps (at step 1 the policy equals the reference, so its accuracy i
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
-import time
 
 import numpy as np
 
-from benchmarks.learning import report
+from benchmarks.learning import run_learning_benchmark
 from recipes.config import load_recipe_config
 from recipes.online_dpo import run
 
@@ -56,15 +52,7 @@ def summarize(history: list[dict], wall_s: float, window: int = 5) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="results/learning_dpo.json")
-    args, overrides = parser.parse_known_args()
-    cfg = load_recipe_config("online_dpo", overrides)
-    start = time.perf_counter()
-    history = run(cfg)
-    result = summarize(history, time.perf_counter() - start)
-    result.update(overrides=overrides, machine={"cpus": os.cpu_count(), "platform": platform.platform()})
-    report(result, MEASURES, args.out, header=f"measure (first/last = mean of {result['window']} steps)")
+    run_learning_benchmark(__doc__, "results/learning_dpo.json", lambda o: load_recipe_config("online_dpo", o), run, summarize, MEASURES)
 
 
 if __name__ == "__main__":

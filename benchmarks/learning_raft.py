@@ -8,12 +8,8 @@ greedy validation reward of the initial model (step 0) and the sampled reward an
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
-import time
 
-from benchmarks.learning import report
+from benchmarks.learning import run_learning_benchmark
 from benchmarks.learning_dpo import window_mean
 from recipes import raft
 from recipes.runner import load_recipe_config
@@ -45,15 +41,7 @@ def summarize(history: list[dict], wall_s: float, window: int = 5) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="results/learning_raft.json")
-    args, overrides = parser.parse_known_args()
-    cfg = load_recipe_config(raft, overrides)
-    start = time.perf_counter()
-    history = raft.run(cfg)
-    result = summarize(history, time.perf_counter() - start)
-    result.update(overrides=overrides, machine={"cpus": os.cpu_count(), "platform": platform.platform()})
-    report(result, MEASURES, args.out, header=f"measure (first/last = mean of {result['window']} steps)")
+    run_learning_benchmark(__doc__, "results/learning_raft.json", lambda o: load_recipe_config(raft, o), raft.run, summarize, MEASURES)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 Same names and meanings as verl's DataProto, with safer semantics:
   * Every operation returns a new DataProto and leaves its inputs untouched, except
-    `pop` (documented) and explicit assignment into `batch` / `non_tensor_batch` /
-    `meta_info`.
+    `pop` and `reorder` (documented; verl code relies on both changing `self`) and explicit
+    assignment into `batch` / `non_tensor_batch` / `meta_info`.
   * Memory sharing is explicit. Slicing-style operations (slice indexing, `select`
     without deepcopy, `chunk`, `split`, `to` for tensors already on the device) return
     views like torch does. All other operations (index lists/masks, `reorder`, `union`,
@@ -362,7 +362,8 @@ class DataProto(VerlMethods):
         """Concatenate along the batch dimension (copies).
 
         meta_info is merged (see protocol/meta_merge.py): `metrics` dicts become per-key lists in item
-        order; any other key must have equal values in the items that hold it.
+        order; per-batch keys (the sampling `seed`, the rollout weights version) are combined by their rule
+        (first seed, oldest version); any other key must have equal values in the items that hold it.
         """
         items = list(items)
         if not items:
@@ -417,15 +418,17 @@ class DataProto(VerlMethods):
         return self._take(positions)
 
     def reorder(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
-        """New DataProto with rows in the order of `indices`, a permutation of range(len(self))
-        (verl reorders in place; this does not)."""
+        """MUTATES self, like verl: its rows become the rows at `indices` (any index list, array, tensor or
+        bool mask; repeats and subsets allowed, as `batch[indices]` allows). Returns self as well, so
+        `data = data.reorder(idx)` also works. Tensors are copied into new containers: other DataProtos that
+        shared this one's tensors keep their rows."""
         if isinstance(indices, (int, np.integer, slice)) or (isinstance(indices, torch.Tensor) and indices.ndim == 0):
-            raise ProtocolTypeError(f"reorder needs a sequence of {len(self)} indices, got {type(indices).__name__}")
+            raise ProtocolTypeError(f"reorder needs a sequence of row indices, got {type(indices).__name__}")
         positions = normalize_index(indices, len(self))
         assert isinstance(positions, torch.Tensor)
-        if positions.numel() != len(self) or not torch.equal(positions.sort().values, torch.arange(len(self))):
-            raise ProtocolValueError(f"reorder needs a permutation of range({len(self)}), got {list(positions.tolist())[:20]}")
-        return self._take(positions)
+        reordered = self._take(positions)
+        self.batch, self.non_tensor_batch = reordered.batch, reordered.non_tensor_batch
+        return self
 
     def to(self, device: str | torch.device) -> DataProto:
         """New DataProto with tensors on `device` (tensors already there are shared, like torch)."""

@@ -2,7 +2,8 @@
 
 They live in a mixin below `data_proto.py` so the core file keeps the container itself. Like every
 DataProto operation they return new DataProtos and leave `self` untouched; where verl changes its input
-in place (`padding`), the method says what to call instead.
+in place (`padding`), the method says what to call instead. `torch.cat(list_of_dataprotos)` works as
+`DataProto.concat(list_of_dataprotos)`, as verl-style collect functions write it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from tensordict import TensorDict
 from protocol._tensordict_utils import flatten_tensordict
 from protocol.auto_padding import AUTO_PADDING_KEY, DataProtoConfig
 from protocol.errors import ProtocolTypeError, ProtocolValueError
+from protocol.tensordict_convert import dataproto_to_tensordict, tensordict_to_fields
+
+# torch functions that concatenate a sequence; on DataProtos they mean DataProto.concat.
+_CONCAT_FUNCTIONS = (torch.cat, torch.concat, torch.concatenate)
 
 RepeatCounts = Sequence[int] | np.ndarray | torch.Tensor
 
@@ -45,12 +50,54 @@ def _repeat_counts(repeat_times: Any, length: int) -> torch.Tensor:
     return counts.to(torch.int64)
 
 
+def _concat_arguments(args: tuple, kwargs: dict) -> tuple[list[Any], int]:
+    """The sequence and dim of a torch.cat / concat / concatenate call (dim may be spelled `axis`)."""
+    if "out" in kwargs:
+        raise ProtocolTypeError("torch.cat(..., out=...) is not supported for DataProtos; use the returned DataProto")
+    if not args and "tensors" not in kwargs:
+        raise ProtocolTypeError("torch.cat needs a sequence of DataProtos")
+    items = list(args[0] if args else kwargs["tensors"])
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", kwargs.get("axis", 0))
+    return items, dim
+
+
 class VerlMethods:
     """Mixed into DataProto (which provides batch, non_tensor_batch, meta_info, __getitem__ and _take)."""
 
     batch: TensorDict
     non_tensor_batch: dict[str, np.ndarray]
     meta_info: dict[str, Any]
+
+    # ---- torch.cat on DataProtos
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """`torch.cat(dataprotos)` (also torch.concat / torch.concatenate, dim 0) is `DataProto.concat`."""
+        if func not in _CONCAT_FUNCTIONS:
+            return NotImplemented  # torch then raises its usual "no implementation found" TypeError
+        items, dim = _concat_arguments(args, kwargs or {})
+        if dim != 0:
+            raise ProtocolValueError(f"torch.cat on DataProtos concatenates rows (dim=0), got dim={dim!r}")
+        kinds = sorted({type(item).__name__ for item in items if not isinstance(item, VerlMethods)})
+        if kinds:
+            raise ProtocolTypeError(f"torch.cat got DataProtos mixed with {kinds}; pass only DataProtos (or only tensors)")
+        return type(items[0]).concat(items)  # type: ignore[attr-defined]
+
+    # ---- one TensorDict (verl's TensorDict-based workers)
+
+    def to_tensordict(self) -> TensorDict:
+        """One TensorDict: batch tensors, non-tensor columns as NonTensorStack, meta_info as NonTensorData
+        (see protocol/tensordict_convert.py). Tensors are shared, not copied."""
+        return dataproto_to_tensordict(self.batch, self.non_tensor_batch, self.meta_info, len(self))  # type: ignore[arg-type]
+
+    @classmethod
+    def from_tensordict(
+        cls, tensor_dict: TensorDict, meta_info: dict[str, Any] | None = None, num_batch_dims: int = 1
+    ) -> Any:
+        """Inverse of `to_tensordict`: tensors -> batch, NonTensorStack -> non_tensor_batch (object arrays),
+        NonTensorData -> meta_info (added to a copy of `meta_info`)."""
+        batch, non_tensor_batch, meta = tensordict_to_fields(tensor_dict, meta_info, num_batch_dims)
+        return cls(batch, non_tensor_batch, meta)  # type: ignore[call-arg]
 
     # ---- selecting rows
 
@@ -76,15 +123,14 @@ class VerlMethods:
 
         A key in `split_keys` of shape [B, C, ...] becomes [B * n_split, C // n_split, ...] (row b's column
         chunk j goes to row b * n_split + j); every other key is repeated n_split times per row so the rows
-        stay aligned. `split_keys=None` splits no key (all are repeated).
+        stay aligned. `split_keys=None` splits no key (all are repeated); names in `split_keys` that are not
+        keys of this DataProto are ignored, as verl does.
         """
         if isinstance(n_split, bool) or not isinstance(n_split, (int, np.integer)) or n_split < 1:
             raise ProtocolValueError(f"unfold_column_chunks: n_split must be a positive int, got {n_split!r}")
+        if isinstance(split_keys, str):
+            raise ProtocolTypeError(f"unfold_column_chunks: split_keys must be a list of keys, got the string {split_keys!r}")
         wanted = set(split_keys or ())
-        known = {k for k in self.batch.keys()} | set(self.non_tensor_batch)
-        unknown = sorted(wanted - known)
-        if unknown:
-            raise ProtocolValueError(f"unfold_column_chunks: split_keys {unknown} not found; available keys: {sorted(known)}")
 
         def unfold(key: str, value: Any) -> Any:
             if key not in wanted:

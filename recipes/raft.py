@@ -16,7 +16,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from omegaconf import DictConfig
 
 from protocol import DataProto
@@ -44,12 +43,9 @@ class RAFT(StepLoop):
     progress_desc = "raft"
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
-        timer, actor, n = PhaseTimer(), self.roles.actor, self.cfg.actor_rollout_ref.rollout.n
-        uids = np.array([f"{self.global_step}-{i}" for i in range(len(batch))], dtype=object)
-        rollout = batch.union(DataProto.from_dict(non_tensors={"uid": uids})).repeat(n, interleave=True)
-        rollout.meta_info.update(seed=self.cfg.trainer.seed * 100_003 + self.global_step)  # reproducible sampling
-        with timer("generate"):  # 1. sample with the actor's current weights
-            rollout = self.roles.generate_sequences(rollout)
+        timer, actor = PhaseTimer(), self.roles.actor
+        with timer("generate"):  # 1. sample with the actor's current weights (uids, n copies, seed: generation_input)
+            rollout = self.roles.generate_sequences(self.generation_input(batch))
         with timer("reward"):  # 2. score
             scores, reward_metrics = self.data.reward_fn(rollout)
             scores = scores.sum(-1)

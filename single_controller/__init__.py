@@ -4,7 +4,7 @@ from typing import Any
 
 from single_controller.decorator import Dispatch, Execute, register
 from single_controller.dispatch import register_dispatch_mode, update_dispatch_mode
-from single_controller.errors import DispatchError, WorkerCallTimeout, WorkerDiedError, WorkerGroupError
+from single_controller.errors import DispatchError, NodeLostError, WorkerCallTimeout, WorkerDiedError, WorkerGroupError
 from single_controller.mesh import MeshDispatch, MeshPlacement
 from single_controller.need_parallel import NeedParallel
 from single_controller.worker import Worker
@@ -29,6 +29,7 @@ __all__ = [
     "MeshDispatch",
     "MeshPlacement",
     "NeedParallel",
+    "NodeLostError",
     "Worker",
     "WorkerCallTimeout",
     "WorkerDiedError",

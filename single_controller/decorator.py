@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from single_controller.dispatch import validate_dispatch_mode
 from single_controller.errors import DispatchError
 from single_controller.modes import Dispatch, DispatchMode, Execute
-from single_controller.shards import run_with_resolved_shards
+from single_controller.shards import run_with_resolved_shards, run_with_resolved_shards_async
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,7 +43,9 @@ def register(
     """Mark a `Worker` method as callable from the driver through a worker group.
 
     On the worker the wrapped method first resolves what the dispatcher sent (padded shards, futures
-    handed over from another group), calls the method, then strips padding rows from its output.
+    handed over from another group), calls the method, then strips padding rows from its output. An
+    `async def` method stays a coroutine function (Ray runs the actor as an async actor and awaits it); the
+    driver calls it like any other and gets its result.
     """
     validate_dispatch_mode(dispatch_mode)
     if not isinstance(execute_mode, Execute):
@@ -52,9 +55,17 @@ def register(
     spec = MethodSpec(dispatch_mode=dispatch_mode, execute_mode=execute_mode, blocking=bool(blocking))
 
     def decorator(func: F) -> F:
-        @functools.wraps(func)
-        def inner(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return run_with_resolved_shards(func, self, args, kwargs)
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def inner(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return await run_with_resolved_shards_async(func, self, args, kwargs)
+
+        else:
+
+            @functools.wraps(func)
+            def inner(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return run_with_resolved_shards(func, self, args, kwargs)
 
         setattr(inner, SPEC_ATTRIBUTE, spec)
         return inner  # type: ignore[return-value]

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from single_controller.errors import DispatchError
-from single_controller.modes import Dispatch, DispatchMode, add_registered_mode_name
+from single_controller.modes import Dispatch, DispatchMode, add_registered_mode_name, remove_registered_mode_name
 from single_controller.mesh import MeshDispatch, MeshPlacement
 from single_controller.need_parallel import NeedParallel, split_value
-from single_controller.shards import PaddedShard, RemoteReshard, SplitPart, join_parts, padding_in_chunk
+from single_controller.shards import RemoteReshard, SplitPart, concat_rows, is_row_batch, join_parts, padded_chunk
 
 
 class GroupView(Protocol):
@@ -59,8 +59,8 @@ def _broadcast_or_split(group: GroupView, value: Any) -> list:
 
 
 def shard_dataproto(value: Any, parts: int, where: str) -> list:
-    """Split a DataProto (or a future of one) into `parts` equal chunks, padding the tail if needed."""
-    from protocol import DataProto, DataProtoFuture
+    """Split a DataProto or TensorDict (or a future of one) into `parts` equal chunks, padding the tail if needed."""
+    from protocol import DataProtoFuture
 
     if isinstance(value, DataProtoFuture):
         if value.chunk_refs is None:
@@ -69,44 +69,25 @@ def shard_dataproto(value: Any, parts: int, where: str) -> list:
             return list(value.chunk_refs)  # worker i reads the producer's chunk i directly
         else:
             return [RemoteReshard(value.chunk_refs, i, parts) for i in range(parts)]
-    if not isinstance(value, DataProto):
+    if not is_row_batch(value):
+        got = type(value).__name__
+        if hasattr(value, "batch_size"):
+            got += f" with batch_size {list(value.batch_size)} (it needs a batch dimension to split)"
         raise TypeError(
-            f"{where} expects DataProto (or DataProtoFuture) arguments to split across workers, got "
-            f"{type(value).__name__}; wrap plain values in NeedParallel with Dispatch.ONE_TO_ALL or "
-            "Dispatch.SPLIT_JOIN instead"
+            f"{where} expects DataProto or TensorDict (or DataProtoFuture) arguments to split across workers, got "
+            f"{got}; wrap plain values in NeedParallel with Dispatch.ONE_TO_ALL or Dispatch.SPLIT_JOIN instead"
         )
     total = len(value)
     if total == 0:
-        raise ValueError(f"{where} got an empty DataProto; there is nothing to split across {parts} workers")
-    return [_padded_chunk(value, total, parts, i) for i in range(parts)]
-
-
-def _padded_chunk(value: Any, total: int, parts: int, index: int) -> Any:
-    """Chunk `index` of `value` padded to ceil(total/parts) rows; a view unless it holds padding.
-
-    Padding rows repeat rows from the start, as `pad_dataproto_to_divisor` does, but only the chunks that
-    hold padding are copied: the full chunks go out as views of the caller's tensors.
-    """
-    import torch
-
-    size = -(-total // parts)
-    start, end = min(index * size, total), min((index + 1) * size, total)
-    pad = padding_in_chunk(total, parts, index)
-    if not pad:
-        return value[start:end]
-    first_pad_position = max(index * size, total) - total
-    # One indexing copy (not a concat): the chunk keeps the caller's meta_info as it is.
-    positions = torch.cat([torch.arange(start, end), torch.arange(first_pad_position, first_pad_position + pad) % total])
-    return PaddedShard(value[positions], pad)
+        raise ValueError(f"{where} got an empty {type(value).__name__}; there is nothing to split across {parts} workers")
+    return [padded_chunk(value, total, parts, i) for i in range(parts)]
 
 
 def _check_same_length(args: tuple, kwargs: dict, where: str) -> None:
-    from protocol import DataProto
-
-    lengths = {name: len(v) for name, v in [*enumerate(args), *kwargs.items()] if isinstance(v, DataProto)}
+    lengths = {name: len(v) for name, v in [*enumerate(args), *kwargs.items()] if is_row_batch(v)}
     if len(set(lengths.values())) > 1:
         described = ", ".join(f"argument {k!r}: {n} rows" for k, n in lengths.items())
-        raise ValueError(f"{where} splits its DataProto arguments together, but their lengths differ ({described})")
+        raise ValueError(f"{where} splits its DataProto/TensorDict arguments together, but their lengths differ ({described})")
 
 
 # ---- built-in modes ----------------------------------------------------------------------------------
@@ -146,19 +127,27 @@ def collect_first(group: GroupView, outputs: list) -> Any:
 
 
 def concat_dataprotos(outputs: Sequence[Any], where: str) -> Any:
-    """Concatenate per-chunk outputs: DataProtos into one DataProto, tensors along the batch axis."""
+    """Concatenate per-chunk outputs: DataProtos into one DataProto, TensorDicts and tensors along the batch axis.
+
+    TensorDicts without a batch dimension (metadata only) are not concatenated: the first is returned, as verl does.
+    """
     import torch
+    from tensordict import TensorDictBase
 
     from protocol import DataProto
 
-    kind = DataProto if isinstance(outputs[0], DataProto) else torch.Tensor
+    kinds = (DataProto, TensorDictBase, torch.Tensor)
+    kind = next((k for k in kinds if isinstance(outputs[0], k)), torch.Tensor)
     for rank, output in enumerate(outputs):
         if not isinstance(output, kind):
             raise TypeError(
-                f"{where} must return a DataProto (or a tensor) from every worker to be concatenated, but output "
-                f"{rank} is {type(output).__name__}; register it with Dispatch.DP_COMPUTE_METRIC to get a list"
+                f"{where} must return a DataProto, TensorDict or tensor (the same kind) from every worker to be "
+                f"concatenated, but output {rank} is {type(output).__name__}; register it with "
+                "Dispatch.DP_COMPUTE_METRIC to get a list"
             )
-    return DataProto.concat(list(outputs)) if kind is DataProto else torch.cat(list(outputs), dim=0)
+    if kind is TensorDictBase and all(output.batch_dims == 0 for output in outputs):
+        return outputs[0]
+    return concat_rows(list(outputs))
 
 
 def collect_dp_proto(group: GroupView, outputs: list) -> Any:
@@ -223,6 +212,10 @@ _TABLE: dict[str, DispatchEntry] = {
     Dispatch.SPLIT_JOIN.value: DispatchEntry(dispatch_one_to_all, collect_split_join, joins_parts=True),
 }
 
+# The built-in entries as first defined: a pair of their functions written back (e.g. restoring a copy of
+# DISPATCH_MODE_FN_REGISTRY) gets the whole entry back, with its chunk_refs / joins_parts.
+_BUILT_IN_ENTRIES = tuple(_TABLE.values())
+
 _CUSTOM_KEYS = {"dispatch_fn", "collect_fn"}
 
 
@@ -250,6 +243,42 @@ def update_dispatch_mode(dispatch_mode: Dispatch | str, dispatch_fn: DispatchFn,
     _TABLE[key] = DispatchEntry(dispatch_fn, collect_fn)
 
 
+def table_key(mode: Any) -> str:
+    """The table key of a mode: a `Dispatch` member's value, a member's name, or a registered mode's name."""
+    if isinstance(mode, Dispatch):
+        return mode.value
+    if isinstance(mode, str) and mode in Dispatch.__members__:
+        return Dispatch.__members__[mode].value
+    if isinstance(mode, str):
+        return mode
+    raise DispatchError(f"a dispatch mode is a Dispatch member or a mode name (str), got {type(mode).__name__} {mode!r}")
+
+
+def table_keys() -> list[str]:
+    return list(_TABLE)
+
+
+def set_entry(mode: Any, dispatch_fn: DispatchFn, collect_fn: CollectFn) -> None:
+    """Add or replace a mode's functions (what `DISPATCH_MODE_FN_REGISTRY[mode] = {...}` does)."""
+    key = table_key(mode)
+    if key not in _TABLE and not key.isidentifier():
+        raise DispatchError(f"a dispatch mode name must be an identifier string, got {mode!r}")
+    _check_callables("DISPATCH_MODE_FN_REGISTRY", dispatch_fn, collect_fn)
+    same_functions = [e for e in (_TABLE.get(key), *_BUILT_IN_ENTRIES) if e and (e.dispatch_fn, e.collect_fn) == (dispatch_fn, collect_fn)]
+    _TABLE[key] = same_functions[0] if same_functions else DispatchEntry(dispatch_fn, collect_fn)
+    if key not in {m.value for m in Dispatch}:
+        add_registered_mode_name(key)
+
+
+def remove_entry(mode: Any) -> None:
+    """Remove a mode (`del DISPATCH_MODE_FN_REGISTRY[mode]`); `Dispatch.<name>` of a removed name then raises."""
+    key = table_key(mode)
+    if key not in _TABLE:
+        raise KeyError(f"dispatch mode {mode!r} is not registered; registered modes: {valid_mode_names()}")
+    del _TABLE[key]
+    remove_registered_mode_name(key)
+
+
 def _check_callables(where: str, dispatch_fn: Any, collect_fn: Any) -> None:
     if not callable(dispatch_fn) or not callable(collect_fn):
         raise DispatchError(
@@ -260,8 +289,8 @@ def _check_callables(where: str, dispatch_fn: Any, collect_fn: Any) -> None:
 
 def entry_for(mode: Dispatch | str) -> DispatchEntry:
     """The table entry of a built-in or registered mode (KeyError-free: raises DispatchError)."""
-    key = mode.value if isinstance(mode, Dispatch) else mode
-    if not isinstance(key, str) or key not in _TABLE:
+    key = table_key(mode)
+    if key not in _TABLE:
         raise DispatchError(f"dispatch mode {mode!r} is not registered; registered modes: {valid_mode_names()}")
     return _TABLE[key]
 

@@ -15,6 +15,14 @@ class WorkerDiedError(WorkerGroupError):
     """A worker actor died (killed, OOM-killed, its node lost) before or during a call."""
 
 
+class NodeLostError(WorkerDiedError):
+    """A node holding ranks of the group died: `lost_nodes` maps each lost node's id to the ranks it held."""
+
+    def __init__(self, group: str, method: str, ranks: list[int], details: str, lost_nodes: dict[str, list[int]]) -> None:
+        self.lost_nodes = lost_nodes
+        super().__init__(group, method, ranks, details)
+
+
 class WorkerCallTimeout(WorkerGroupError):
     """A call did not finish within the timeout given to the worker group."""
 
@@ -26,3 +34,4 @@ class DispatchError(ValueError, AssertionError):
 
 class MeshNotDeclaredError(LookupError, AssertionError):
     """A method dispatched over a mesh ran before a worker declared (or registered) its place in it."""
+

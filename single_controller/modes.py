@@ -14,6 +14,10 @@ def add_registered_mode_name(name: str) -> None:
     _REGISTERED_MODE_NAMES.add(name)
 
 
+def remove_registered_mode_name(name: str) -> None:
+    _REGISTERED_MODE_NAMES.discard(name)
+
+
 class _DispatchType(EnumMeta):
     def __getattr__(cls, name: str) -> Any:
         if name in _REGISTERED_MODE_NAMES:
@@ -32,12 +36,12 @@ class Dispatch(str, Enum, metaclass=_DispatchType):
     ONE_TO_ALL = "one_to_all"  # every worker gets the same arguments; outputs as a list per rank
     ALL_TO_ALL = "all_to_all"  # arguments are lists with one entry per rank; outputs as a list
     DP_COMPUTE = "dp_compute"  # like ALL_TO_ALL, for data-parallel methods taking pre-split lists
-    # DataProto split over workers (auto-padded), outputs concatenated. Each worker returns either a DataProto
-    # or a torch.Tensor with one row per row it received (padding rows are stripped from either); the driver
-    # gets one DataProto (meta_info merged as DataProto.concat does) or one tensor. Anything else (a dict of
-    # metrics, a float, None) raises: use DP_COMPUTE_METRIC for per-worker values.
+    # DataProto or TensorDict split over workers (auto-padded), outputs concatenated. Each worker returns a
+    # DataProto, a TensorDict or a torch.Tensor with one row per row it received (padding rows are stripped);
+    # the driver gets one DataProto (meta_info merged as DataProto.concat does), TensorDict or tensor. Anything
+    # else (a dict of metrics, a float, None) raises: use DP_COMPUTE_METRIC for per-worker values.
     DP_COMPUTE_PROTO = "dp_compute_proto"
-    DP_COMPUTE_METRIC = "dp_compute_metric"  # DataProto split over workers, outputs kept as a list (metrics)
+    DP_COMPUTE_METRIC = "dp_compute_metric"  # DataProto/TensorDict split over workers, outputs kept as a list
     RANK_ZERO = "rank_zero"  # only rank 0 is called; its output is returned
     SPLIT_JOIN = "split_join"  # NeedParallel arguments split, outputs re-joined in order
 

@@ -74,22 +74,58 @@ def join_parts(outputs: list[Any]) -> Any:
     return join_values(values, split_type)
 
 
-def _resolve_remote_reshard(shard: RemoteReshard) -> tuple[Any, int]:
-    from protocol import DataProto
-    from protocol.padding import pad_dataproto_to_divisor
+def is_row_batch(value: Any) -> bool:
+    """A value the data-parallel modes split by rows: a DataProto, or a TensorDict with a batch dimension."""
+    from tensordict import TensorDictBase
 
+    from protocol import DataProto
+
+    return isinstance(value, DataProto) or (isinstance(value, TensorDictBase) and value.batch_dims >= 1)
+
+
+def concat_rows(items: list[Any]) -> Any:
+    """Concatenate row batches of one kind: DataProtos with DataProto.concat, TensorDicts and tensors on dim 0."""
+    import torch
+
+    from protocol import DataProto
+
+    if isinstance(items[0], DataProto):
+        return DataProto.concat(items)
+    return torch.cat(items, dim=0)
+
+
+def padded_chunk(value: Any, total: int, parts: int, index: int) -> Any:
+    """Chunk `index` of a row batch of `total` rows padded to ceil(total/parts) rows; a view unless it holds padding.
+
+    Padding rows repeat rows from the start, as `pad_dataproto_to_divisor` does, but only the chunks that
+    hold padding are copied (as a `PaddedShard`): the full chunks go out as views of the caller's tensors.
+    """
+    import torch
+
+    size = -(-total // parts)
+    start, end = min(index * size, total), min((index + 1) * size, total)
+    pad = padding_in_chunk(total, parts, index)
+    if not pad:
+        return value[start:end]
+    first_pad_position = max(index * size, total) - total
+    # One indexing copy (not a concat): a DataProto chunk keeps the caller's meta_info as it is.
+    positions = torch.cat([torch.arange(start, end), torch.arange(first_pad_position, first_pad_position + pad) % total])
+    return PaddedShard(value[positions], pad)
+
+
+def _resolve_remote_reshard(shard: RemoteReshard) -> tuple[Any, int]:
     chunks = ray.get(shard.refs)
     for position, chunk in enumerate(chunks):
-        if not isinstance(chunk, DataProto):
+        if not is_row_batch(chunk) or type(chunk) is not type(chunks[0]):
             raise TypeError(
                 f"a future handed to this method holds {type(chunk).__name__} at chunk {position}; only "
-                "DataProto outputs can be re-split across workers"
+                "DataProto (or TensorDict) outputs of one kind can be re-split across workers"
             )
-    whole = DataProto.concat(chunks) if len(chunks) > 1 else chunks[0]
+    whole = concat_rows(chunks) if len(chunks) > 1 else chunks[0]
     if shard.parts == 1:
         return whole, 0
-    padded, _ = pad_dataproto_to_divisor(whole, shard.parts)
-    return padded.chunk(shard.parts)[shard.index], padding_in_chunk(len(whole), shard.parts, shard.index)
+    chunk = padded_chunk(whole, len(whole), shard.parts, shard.index)
+    return (chunk.data, chunk.num_padding) if isinstance(chunk, PaddedShard) else (chunk, 0)
 
 
 @dataclass
@@ -122,10 +158,13 @@ def _resolve(value: Any, call: _ResolvedCall) -> Any:
 
 def _strip_padding(output: Any, call: _ResolvedCall, method_name: str) -> Any:
     import torch
+    from tensordict import TensorDictBase
 
     from protocol import DataProto
 
-    if not isinstance(output, (DataProto, torch.Tensor)):
+    if isinstance(output, TensorDictBase) and output.batch_dims == 0:
+        return output  # metadata only (e.g. metrics as NonTensorData): no rows to strip
+    if not isinstance(output, (DataProto, torch.Tensor, TensorDictBase)):
         return output  # e.g. metrics: nothing row-aligned to strip
     if len(output) != call.padded_length:
         raise ValueError(
@@ -136,18 +175,44 @@ def _strip_padding(output: Any, call: _ResolvedCall, method_name: str) -> Any:
     return output[: len(output) - call.padding]
 
 
-def run_with_resolved_shards(func: Callable[..., Any], worker: Any, args: tuple, kwargs: dict) -> Any:
-    """Worker side of a registered method: unwrap envelopes, call, strip padding, tag joinable output."""
+@dataclass
+class PreparedCall:
+    """A registered method's arguments with the dispatcher's envelopes unwrapped, ready to call."""
+
+    args: tuple
+    kwargs: dict
+    resolved: _ResolvedCall
+    started: float
+
+
+def prepare_call(args: tuple, kwargs: dict) -> PreparedCall:
+    """Worker side, before the method runs: unwrap envelopes (padded shards, remote chunks, split parts)."""
     call = _ResolvedCall()
     args = tuple(_resolve(a, call) for a in args)
     kwargs = {k: _resolve(v, call) for k, v in kwargs.items()}
-    started = time.perf_counter()
-    output = func(worker, *args, **kwargs)
+    return PreparedCall(args, kwargs, call, time.perf_counter())
+
+
+def finish_call(output: Any, prepared: PreparedCall, func: Callable[..., Any], worker: Any) -> Any:
+    """Worker side, after the method returned: record its time, strip padding, tag joinable output."""
     exec_log = getattr(worker, "_sc_exec_seconds", None)
     if exec_log is not None:
-        exec_log.append((func.__name__, time.perf_counter() - started))
+        exec_log.append((func.__name__, time.perf_counter() - prepared.started))
+    call = prepared.resolved
     if call.padding:
         output = _strip_padding(output, call, func.__qualname__)
     if call.split_type is not None:
         output = JoinablePart(output, call.split_type)
     return output
+
+
+def run_with_resolved_shards(func: Callable[..., Any], worker: Any, args: tuple, kwargs: dict) -> Any:
+    """Worker side of a registered method: unwrap envelopes, call, strip padding, tag joinable output."""
+    prepared = prepare_call(args, kwargs)
+    return finish_call(func(worker, *prepared.args, **prepared.kwargs), prepared, func, worker)
+
+
+async def run_with_resolved_shards_async(func: Callable[..., Any], worker: Any, args: tuple, kwargs: dict) -> Any:
+    """The same for an `async def` method: its coroutine is awaited on the worker, the driver gets the result."""
+    prepared = prepare_call(args, kwargs)
+    return finish_call(await func(worker, *prepared.args, **prepared.kwargs), prepared, func, worker)

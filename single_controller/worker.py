@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from single_controller.call_timing import MAX_RECORDS
 from single_controller.decorator import register
-from single_controller.errors import MeshNotDeclaredError
+from single_controller.errors import DispatchError, MeshNotDeclaredError
 from single_controller.mesh import MeshPlacement, placement_from_axes
 from single_controller.modes import Dispatch
 
@@ -166,6 +166,34 @@ class Worker:
 
     def query_collect_info(self, mesh_name: str) -> bool:
         return self.sc_mesh_placement(mesh_name).is_collector
+
+    def get_dispatch_collect(self) -> dict[str, dict[str, Any]]:
+        """Every mesh this rank registered: `{"dispatch_dp_rank": {mesh: dp_rank}, "collect_dp_rank": {mesh: bool}}`."""
+        meshes = self._declared_meshes
+        return {
+            "dispatch_dp_rank": {name: p.dp_rank for name, p in meshes.items()},
+            "collect_dp_rank": {name: p.is_collector for name, p in meshes.items()},
+        }
+
+    def set_dispatch_collect(
+        self, mesh_name: str, dispatch_dp_rank: Mapping[str, int], collect_dp_rank: Mapping[str, bool]
+    ) -> None:
+        """Register `mesh_name` with the DP rank and collect flag another worker registered, as verl's outer
+        workers do with an inner engine's meshes: `self.set_dispatch_collect("actor", **inner.get_dispatch_collect())`.
+
+        The dicts come from `get_dispatch_collect`; they must name at least one mesh, and every mesh in them must
+        agree (verl silently takes the last one).
+        """
+        ranks, flags = set(dispatch_dp_rank.values()), set(collect_dp_rank.values())
+        if len(ranks) != 1 or len(flags) != 1:
+            raise DispatchError(
+                f"set_dispatch_collect({mesh_name!r}) needs one DP rank and one collect flag; got dispatch_dp_rank="
+                f"{dict(dispatch_dp_rank)} and collect_dp_rank={dict(collect_dp_rank)} (pass what "
+                "get_dispatch_collect() of a worker that registered its mesh returns)"
+            )
+        if mesh_name in self._declared_meshes:
+            raise DispatchError(f"mesh {mesh_name!r} is already registered on rank {self.rank}: {sorted(self._declared_meshes)}")
+        self._register_dispatch_collect_info(mesh_name, dp_rank=ranks.pop(), is_collect=flags.pop())
 
     def get_fused_worker_by_name(self, worker_name: str) -> "Worker | None":
         """Another role of the same fused actor (see create_colocated_worker_raw_cls), or None."""

@@ -12,7 +12,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DOC = REPO_ROOT / "docs" / "migrating_from_verl.md"
 PARITY_TESTS = [
     REPO_ROOT / "tests" / "protocol" / "test_verl_parity.py",
+    REPO_ROOT / "tests" / "protocol" / "test_verl_conversions.py",
     REPO_ROOT / "tests" / "single_controller" / "test_verl_parity.py",
+    REPO_ROOT / "tests" / "single_controller" / "test_verl_ported_worker.py",
     REPO_ROOT / "tests" / "single_controller" / "test_tutorial_dispatch.py",
     REPO_ROOT / "tests" / "single_controller" / "verl_style_workers.py",
 ]

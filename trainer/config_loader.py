@@ -9,7 +9,10 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.algorithm_names import LOSS_AGG_MODES, POLICY_LOSS_MODES
+from trainer.algorithm_settings import check_algorithm_settings
 from trainer.rollout_settings import check_rollout_settings
+from trainer.trackers.spec import entry_problem
 
 CONFIG_MODULE = "trainer.config"
 CONFIG_NAME = "trainer"
@@ -115,7 +118,8 @@ _CHOICES = {
     "algorithm.adv_estimator": ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"),
     "algorithm.kl_penalty": ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
-    "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
+    "actor_rollout_ref.actor.loss_agg_mode": LOSS_AGG_MODES,
+    "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_MODES,
     "actor_rollout_ref.actor.optim.lr_scheduler": ("constant", "cosine"),
     "actor_rollout_ref.model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "actor_rollout_ref.rollout.name": ("hf", "vllm"),
@@ -123,6 +127,8 @@ _CHOICES = {
     "data.truncation": ("error", "left", "right", "filter"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.placement": ("colocated", "separate"),
+    "trainer.memory_check": ("error", "warn", "off"),
+    "trainer.plan_only": (False, True),
 }
 _POSITIVE_INTS = (
     "data.train_batch_size",
@@ -136,17 +142,20 @@ _POSITIVE_INTS = (
     "trainer.n_gpus_per_node",
     "trainer.nnodes",
 )
-_LOGGERS = ("console", "jsonl", "tensorboard")
-# Keys that are null (off) or a positive number of the given kind.
-_OPTIONAL_POSITIVE = {"trainer.call_timeout_s": (int, float), "trainer.max_ckpt_to_keep": (int,)}
+# Keys that are null or a positive number of the given kind, and what null means.
+_OPTIONAL_POSITIVE = {
+    "trainer.call_timeout_s": ((int, float), "off"),
+    "trainer.max_ckpt_to_keep": ((int,), "off"),
+    "trainer.gpu_memory_gib": ((int, float), "read from the driver machine's GPU"),
+}
 
 
-def _optional_positive(cfg: DictConfig, key: str, kind: tuple[type, ...]) -> str:
+def _optional_positive(cfg: DictConfig, key: str, kind: tuple[type, ...], null_means: str) -> str:
     value = OmegaConf.select(cfg, key)
     if value is None or (isinstance(value, kind) and not isinstance(value, bool) and value > 0):
         return ""
     what = "integer" if kind == (int,) else "number"
-    return f"{key}={value!r} must be null (off) or a positive {what}"
+    return f"{key}={value!r} must be null ({null_means}) or a positive {what}"
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -160,12 +169,14 @@ def validate_config(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             problems.append(f"{key}={value!r} must be a positive integer")
-    problems.extend(_optional_positive(cfg, key, kind) for key, kind in _OPTIONAL_POSITIVE.items())
+    problems.extend(_optional_positive(cfg, key, kind, null_means) for key, (kind, null_means) in _OPTIONAL_POSITIVE.items())
     problems.extend(check_rollout_settings(cfg))
+    problems.extend(check_algorithm_settings(cfg))
     problems = [p for p in problems if p]
-    bad_loggers = [name for name in cfg.trainer.logger if name not in _LOGGERS]
-    if bad_loggers:
-        problems.append(f"trainer.logger has unknown entries {bad_loggers}; valid are {list(_LOGGERS)}")
+    problems.extend(problem for problem in map(entry_problem, cfg.trainer.logger) if problem)
+    repeated = sorted({str(entry) for entry in cfg.trainer.logger if list(cfg.trainer.logger).count(entry) > 1})
+    if repeated:
+        problems.append(f"trainer.logger lists {repeated} more than once; each backend once")
     if not problems:
         prompts = cfg.data.train_batch_size
         mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size

@@ -32,10 +32,15 @@ def describe(counts: dict[str, int], max_prompt_length: int, truncation: str) ->
 
 
 class StepCountsTracker(Tracker):
-    """A Tracker that adds fixed counts to every training step's record (step >= 1)."""
+    """A Tracker that adds fixed counts to every training step's record (step >= 1). The counts are known once
+    the data is loaded (`set_counts`), after the tracker started (before Ray, so a bad tracker fails first)."""
 
-    def __init__(self, backends: Sequence[str], log_dir: str | Path, counts: dict[str, int], print_fn=print) -> None:
-        super().__init__(backends, log_dir, print_fn=print_fn)
+    def __init__(self, backends: Sequence[str], log_dir: str | Path, counts: dict[str, int] | None = None,
+                 print_fn=print, **run: Any) -> None:
+        super().__init__(backends, log_dir, print_fn=print_fn, **run)
+        self.counts = dict(counts or {})
+
+    def set_counts(self, counts: dict[str, int]) -> None:
         self.counts = dict(counts)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Callable
 
@@ -11,10 +12,13 @@ from omegaconf import DictConfig
 from protocol import DataProto
 from trainer.advantage import compute_advantage, token_level_rewards
 from trainer.agent_metrics import agent_metrics
+from trainer.algorithm_settings import gen_batch_size
 from trainer.algorithms import make_kl_controller, masked_mean
 from trainer.algorithms.rollout_correction import ROLLOUT_IS_WEIGHTS, truncated_is_weights
 from trainer.balance import balance_batch
+from trainer.dynamic_sampling import ScoredRollout, fill_with_mixed_groups, rows_per_prompt
 from trainer.overhead import reset_call_logs, step_overhead
+from trainer.rewards.overlong import add_overlong_penalty
 from trainer.role_groups import RoleGroups
 from trainer.run_data import RunData
 from trainer.step_loop import StepLoop
@@ -39,26 +43,20 @@ class PPOTrainer(StepLoop):
         kl = self.algo.kl_ctrl
         self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         self.reward_fn = data.reward_fn
+        self._warned_top_up = False
 
     # ---- one step --------------------------------------------------------------------------------------
     def train_step(self, batch: DataProto) -> dict[str, float]:
         reset_call_logs(self.roles)
         started = time.perf_counter()
-        timer, n, actor = PhaseTimer(), self.cfg.actor_rollout_ref.rollout.n, self.roles.actor
+        timer, actor = PhaseTimer(), self.roles.actor
         rollout = self.step_rollout(batch, timer)  # sync + generate (or the batch generated during the last step)
         staleness = self.rollouts.metrics(rollout)
-        if self.algo.adv_estimator == "remax":
-            with timer("generate_baseline"):
-                rollout = self._add_greedy_baseline(batch, rollout, n)
-        with timer("reward"):
-            reward_started = time.perf_counter()
-            scores, reward_metrics = self.reward_fn(rollout)
-            reward_fn_s = time.perf_counter() - reward_started
-            if self.roles.reward_model is not None:
-                rm_scores = self.roles.reward_model.compute_rm_score(rollout).batch["rm_scores"]
-                reward_metrics["reward_model_mean"] = float(rm_scores.sum(-1).mean())
-                scores = scores + rm_scores
-            rollout.batch["token_level_scores"] = scores
+        scored = self._score(batch, rollout, timer)  # rule reward (+ reward model, overlong penalty, ReMax baseline)
+        filter_metrics: dict[str, float] = {}
+        if self.algo.filter_groups.enable:  # DAPO: only groups whose responses differ, drawing more prompts
+            scored, filter_metrics = self._keep_mixed_groups(scored, timer)
+        rollout = scored.rollout
         if self.cfg.trainer.balance_batch:
             rollout = balance_batch(rollout, actor.world_size)
         with timer("old_log_prob"):
@@ -79,11 +77,67 @@ class PPOTrainer(StepLoop):
                 metrics.update(mean_metrics(self.roles.critic.update_critic(rollout), "critic"))
         with timer("update_actor"):
             metrics.update(mean_metrics(actor.update_actor(rollout), "actor"))
-        metrics.update(self._batch_metrics(rollout, reward_metrics, kl_metrics, timer))
-        metrics.update({**staleness, **is_metrics})
-        metrics.update(step_overhead(time.perf_counter() - started, self.roles, reward_fn_s + timer.seconds["advantage"]))
+        metrics.update(self._batch_metrics(rollout, scored.metrics, kl_metrics, timer))
+        metrics.update({**staleness, **is_metrics, **filter_metrics})
+        metrics.update(step_overhead(time.perf_counter() - started, self.roles, scored.reward_fn_s + timer.seconds["advantage"]))
         metrics.update(self.roles.pop_worker_metrics())
         return metrics
+
+    def _score(self, prompts: DataProto, rollout: DataProto, timer: PhaseTimer) -> ScoredRollout:
+        """`rollout` (the responses to `prompts`, one row per prompt) with its token-level scores: the rule
+        reward, plus the reward model's score and the overlong penalty when configured (ReMax: and the
+        greedy baseline)."""
+        if self.algo.adv_estimator == "remax":
+            with timer("generate_baseline"):
+                rollout = self._add_greedy_baseline(prompts, rollout, self.cfg.actor_rollout_ref.rollout.n)
+        with timer("reward"):
+            reward_started = time.perf_counter()
+            scores, reward_metrics = self.reward_fn(rollout)
+            rule_scores = scores.sum(-1).numpy()
+            overlong = self.cfg.reward.overlong_buffer
+            if overlong.enable:
+                scores, penalty_metrics = add_overlong_penalty(
+                    scores, rollout.batch["response_mask"], self.cfg.data.max_response_length, overlong.len, overlong.penalty_factor
+                )
+                reward_metrics.update(penalty_metrics)
+            reward_fn_s = time.perf_counter() - reward_started
+            if self.roles.reward_model is not None:
+                rm_scores = self.roles.reward_model.compute_rm_score(rollout).batch["rm_scores"]
+                reward_metrics["reward_model_mean"] = float(rm_scores.sum(-1).mean())
+                scores = scores + rm_scores
+            rollout.batch["token_level_scores"] = scores
+        return ScoredRollout(rollout, rule_scores, reward_metrics, reward_fn_s)
+
+    def _keep_mixed_groups(self, first: ScoredRollout, timer: PhaseTimer) -> tuple[ScoredRollout, dict[str, float]]:
+        """DAPO's dynamic sampling (trainer/dynamic_sampling.py): `data.train_batch_size` groups whose
+        responses differ in `filter_groups.metric`, from as many generation batches as it takes."""
+        settings, n = self.algo.filter_groups, self.cfg.actor_rollout_ref.rollout.n
+
+        def draw() -> ScoredRollout:
+            prompts = self.draw_prompts()
+            with timer("generate"):
+                rollout = self.roles.generate_sequences(prompts)
+            return self._score(rows_per_prompt(prompts, n), rollout, timer)
+
+        target = self.cfg.data.train_batch_size
+        scored, counts = fill_with_mixed_groups(first, draw, target, settings.metric, self._max_gen_batches())
+        if counts["filter_groups/topped_up_groups"] and not self._warned_top_up:
+            self._warned_top_up = True
+            print(
+                f"filter_groups: {counts['filter_groups/gen_batches']} generation batches gave "
+                f"{counts['filter_groups/mixed_groups']} of {target} groups with differing responses; the batch is "
+                "filled up with uniform groups (zero advantage under GRPO). Raise algorithm.filter_groups.max_num_gen_batches "
+                "(0: up to the whole dataset) or data.gen_batch_size; shown once, counted in filter_groups/topped_up_groups",
+                file=sys.stderr,
+            )
+        return scored, counts
+
+    def _max_gen_batches(self) -> int:
+        """filter_groups.max_num_gen_batches, or with 0 as many as make one pass over the dataset."""
+        cap = self.algo.filter_groups.max_num_gen_batches
+        if cap > 0:
+            return cap
+        return max(len(self.data.train_loader), -(-self.cfg.data.train_batch_size // gen_batch_size(self.cfg)))
 
     def _importance_weights(self, rollout: DataProto) -> dict[str, float]:
         """With rollout.tis_imp_ratio_cap: per-token weights min(pi_old / pi_rollout, cap) of the policy loss."""
@@ -96,8 +150,8 @@ class PPOTrainer(StepLoop):
         rollout.batch[ROLLOUT_IS_WEIGHTS] = weights
         return metrics
 
-    def _add_greedy_baseline(self, batch: DataProto, rollout: DataProto, n: int) -> DataProto:
-        greedy = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"], non_tensor_batch_keys=list(batch.non_tensor_batch))
+    def _add_greedy_baseline(self, prompts: DataProto, rollout: DataProto, n: int) -> DataProto:
+        greedy = prompts.select(batch_keys=["input_ids", "attention_mask", "position_ids"], non_tensor_batch_keys=list(prompts.non_tensor_batch))
         greedy.meta_info.update(do_sample=False)
         greedy = self.roles.generate_sequences(greedy)
         baseline, _ = self.reward_fn(greedy)

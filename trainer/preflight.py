@@ -4,20 +4,19 @@ from a model folder that has none)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
+
+from trainer.input_errors import InputError
 
 # Any one of these makes a folder loadable by AutoTokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 # Columns every dataset file needs besides the prompt column (named by data.prompt_key).
 REQUIRED_COLUMNS = ("data_source", "reward_model")
-
-
-class InputError(ValueError):
-    """A configured path or file that cannot be used; the message names the config key."""
 
 
 def check_model_folder(path: str, key: str = "actor_rollout_ref.model.path", tokenizer: bool = True) -> Path:
@@ -88,35 +87,85 @@ def check_worker_settings(cfg: DictConfig) -> None:
             raise InputError(str(error)) from None
 
 
-def finished_run(cfg: DictConfig) -> str | None:
-    """Why there is nothing to train: the checkpoint resumed from is already at `trainer.total_training_steps`."""
+def _resume_point(cfg: DictConfig) -> tuple[Path, int] | None:
     from trainer.checkpointing import find_resume_dir, load_driver_state
 
     # Raises CheckpointError for a bad explicit path, or for `auto` when every step folder is damaged.
     path = find_resume_dir(cfg.trainer.default_local_dir, str(cfg.trainer.resume_mode), warn=False)
-    if path is None:
-        return None
-    step = int(load_driver_state(path)["global_step"])
+    return None if path is None else (path, int(load_driver_state(path)["global_step"]))
+
+
+def resume_step(cfg: DictConfig) -> int | None:
+    """The step of the checkpoint the run will resume from (`trainer.resume_mode`), or None: it starts at 0."""
+    point = _resume_point(cfg)
+    return None if point is None else point[1]
+
+
+def finished_run(cfg: DictConfig) -> str | None:
+    """Why there is nothing to train: the checkpoint resumed from is already at `trainer.total_training_steps`."""
+    point = _resume_point(cfg)
     total = cfg.trainer.total_training_steps
-    if step < total:
+    if point is None or point[1] < total:
         return None
+    path, step = point
     return (
         f"nothing to train: the checkpoint {path} is at step {step} and trainer.total_training_steps={total}; raise "
         "trainer.total_training_steps to train further, or set trainer.resume_mode=disable to start over"
     )
 
 
+def memory_plan_text(cfg: DictConfig) -> str:
+    """The per-GPU memory plan as a table (`trainer.plan_only=true`); needs only the models' config.json."""
+    from trainer.memory_plan import build_plan, gpu_memory, render_plan
+
+    try:
+        return render_plan(build_plan(cfg, *gpu_memory(cfg)))
+    except ValueError as error:
+        raise InputError(str(error)) from None
+
+
+def check_memory(cfg: DictConfig) -> None:
+    """On a GPU run, the memory plan's fit (trainer.memory_check): one summary line, then for a plan that
+    does not fit a warning (warn) or an InputError (error, the default); nothing on CPU or when off."""
+    from trainer.memory_plan import build_plan, gpu_memory, misfit_message, summary_line
+    from trainer.memory_plan.gpu import detect_gpu_bytes
+
+    mode = cfg.trainer.get("memory_check", "error")
+    device = cfg.trainer.device
+    if mode == "off" or device == "cpu" or (device == "auto" and detect_gpu_bytes() is None):
+        return
+    try:
+        plan = build_plan(cfg, *gpu_memory(cfg))
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    print(summary_line(plan))
+    if plan.fits() is False:
+        if mode == "error":
+            raise InputError(misfit_message(plan))
+        print(f"warning: {misfit_message(plan)}", file=sys.stderr)
+
+
 def check_inputs(cfg: DictConfig) -> str | None:
-    """Every driver-side check of `cfg`'s paths, data columns, checkpoint and worker settings, before Ray
-    starts (the file checks first: they need no torch). Returns why there is nothing to train (the
-    resumed checkpoint is already at the last step), or None."""
+    """Every driver-side check of `cfg`'s paths, data files and rows, reward function, trackers, checkpoint and
+    worker settings, before Ray starts (the file checks first: they need no torch). Returns why there is
+    nothing to train (the resumed checkpoint is already at the last step), or None."""
+    from trainer.data_checks import check_rows, reward_needs
+    from trainer.trackers import check_entries
+
     check_model_folder(cfg.actor_rollout_ref.model.path)
-    check_data_files(cfg.data.train_files, "data.train_files", cfg.data.prompt_key)
+    data_keys = [("data.train_files", cfg.data.train_files)]
     if cfg.data.val_files:
-        check_data_files(cfg.data.val_files, "data.val_files", cfg.data.prompt_key)
+        data_keys.append(("data.val_files", cfg.data.val_files))
+    for key, files in data_keys:
+        check_data_files(files, key, cfg.data.prompt_key)
+    needs = reward_needs(cfg)
+    for key, files in data_keys:
+        check_rows(files, key, cfg.data.prompt_key, needs)
     if cfg.reward.reward_model.enable and cfg.reward.reward_model.model.path:
         check_model_folder(cfg.reward.reward_model.model.path, "reward.reward_model.model.path", tokenizer=False)
+    check_entries(list(cfg.trainer.logger))
     nothing_to_do = finished_run(cfg)
     if nothing_to_do is None:
         check_worker_settings(cfg)
+        check_memory(cfg)
     return nothing_to_do

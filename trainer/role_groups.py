@@ -118,6 +118,7 @@ class RoleGroups:
 
         def new_group(pool: RayResourcePool, role_cls: RayClassWithInitArgs, name: str) -> RayWorkerGroup:
             groups.append(RayWorkerGroup(pool, role_cls, name_prefix=name, call_timeout_s=timeout))
+            print(f"worker group {name!r}: {groups[-1].describe_placement()}", flush=True)
             return groups[-1]
 
         try:
@@ -139,7 +140,9 @@ class RoleGroups:
                     group.init_model()
             if built.rollout is not None:
                 built.weight_sync = rollout_weight_sync(
-                    built.actor, built.rollout, actor_worker_config(cfg)["rollout"], cfg.actor_rollout_ref.model.path, use_gpu(cfg)
+                    built.actor, built.rollout, actor_worker_config(cfg)["rollout"], cfg.actor_rollout_ref.model.path, use_gpu(cfg),
+                    # A LoRA engine starts without the adapter: the first sync sends it (checked by the probe).
+                    engines_start_from_trainer=cfg.actor_rollout_ref.model.lora_rank == 0,
                 )
                 built.weight_sync.connect()
         except BaseException:

@@ -20,15 +20,25 @@ from typing import Any
 import numpy as np
 
 from protocol import DataProto
+from protocol.meta_merge import ROLLOUT_WEIGHTS_VERSION, SEED_KEY
 from trainer.timing import PhaseTimer
 from trainer.rollout_settings import STALENESS_VALUES
-from workers.rollout.vllm_worker import ROLLOUT_WEIGHTS_VERSION
 
-def prompts_for_step(batch: DataProto, step: int, n: int, seed: int) -> DataProto:
-    """The generation input of a step: a uid per prompt, `n` copies of each, and the step's sampling seed."""
-    uids = np.array([f"{step}-{i}" for i in range(len(batch))], dtype=object)
+
+def sampling_seed(seed: int, step: int, draw: int) -> int:
+    """The sampling seed of one generation batch: a function of the run's seed, the step and the batch's
+    draw within the step (0: the step's own batch; 1, 2, ...: batches drawn on top, e.g. by DAPO)."""
+    if draw == 0:
+        return seed * 100_003 + step  # the seeds of runs that draw once per step, as they always were
+    return int(np.random.SeedSequence([seed, step, draw]).generate_state(1)[0])
+
+
+def prompts_for_step(batch: DataProto, step: int, n: int, seed: int, draw: int = 0) -> DataProto:
+    """The generation input of a batch: a uid per prompt (`<step>-<draw>-<row>`: unique in the run), `n`
+    copies of each, and the batch's sampling seed."""
+    uids = np.array([f"{step}-{draw}-{i}" for i in range(len(batch))], dtype=object)
     prompts = batch.union(DataProto.from_dict(non_tensors={"uid": uids})).repeat(n, interleave=True)
-    prompts.meta_info.update(seed=seed * 100_003 + step)  # reproducible sampling
+    prompts.meta_info[SEED_KEY] = sampling_seed(seed, step, draw)  # reproducible sampling
     return prompts
 
 

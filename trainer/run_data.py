@@ -21,6 +21,7 @@ class RunData:
 
 def build_run_data(cfg: DictConfig) -> RunData:
     """Load the tokenizer of the (pre-checked) model folder, the datasets and the reward function."""
+    from trainer.algorithm_settings import gen_batch_size
     from trainer.data import RLDataset, collate_to_dataproto, make_dataloader
     from trainer.data_counts import describe, prompt_counts
     from trainer.preflight import load_tokenizer
@@ -33,7 +34,7 @@ def build_run_data(cfg: DictConfig) -> RunData:
         return RLDataset(files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key, truncation=data.truncation)
 
     train_set = dataset(data.train_files)
-    train_loader = make_dataloader(train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=True)
+    train_loader = make_dataloader(train_set, gen_batch_size(cfg), shuffle=data.shuffle, seed=data.seed, drop_last=True)
     counts = prompt_counts(train_set)
     print(describe(counts, data.max_prompt_length, data.truncation))
     val_batches = []

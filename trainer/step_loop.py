@@ -2,6 +2,8 @@
 
 A recipe subclasses `StepLoop` and writes only `train_step` (its algorithm, one line per phase); the rest
 (the trainer's checkpoint layout, `trainer.*` schedule keys, metrics to the tracker) is the same for all.
+`generation_input(batch)` readies the step's batch for generation; `draw_prompts()` takes more prompts from
+the dataloader within a step (DAPO's dynamic sampling does), and checkpoints count them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class StepLoop:
         self.checkpoint_root = Path(cfg.trainer.default_local_dir)
         self.batches: LookaheadBatches | AsyncRollout | None = None  # the batch source, while fit() runs
         rollout = cfg.actor_rollout_ref.rollout
+        self.draws_in_step = 0  # batches taken from the dataloader in this step (its own batch included)
         self.rollouts: RolloutPipeline | AsyncRollout = (
             AsyncRollout(roles, cfg) if rollout.get("mode", "sync") == "async" else RolloutPipeline(roles, rollout.get("staleness", 0))
         )
@@ -53,7 +56,34 @@ class StepLoop:
     def restore_driver_state(self, state: dict[str, Any]) -> None:
         return None
 
-    # ---- rollouts -----------------------------------------------------------------------------------------
+    # ---- prompts and rollouts -----------------------------------------------------------------------------
+    def generation_input(self, batch: DataProto, draw: int = 0) -> DataProto:
+        """`batch` ready for `generate_sequences`: a uid per prompt (unique in the run), `rollout.n` copies of
+        each prompt (a prompt's copies adjacent), and a sampling seed of its own. `draw` numbers the batches
+        of one step: 0 for the batch `train_step` was given, 1, 2, ... for those of `draw_prompts()`."""
+        rollout = self.cfg.actor_rollout_ref.rollout
+        return prompts_for_step(batch, self.global_step, rollout.n, self.cfg.trainer.seed, draw)
+
+    def draw_prompts(self) -> DataProto:
+        """The next batch of prompts from the dataloader, on top of the step's own, as `generation_input`
+        gives it (new uids, a new seed). Checkpoints record the dataloader after every batch drawn, so a
+        resumed run goes on with the prompts that follow them."""
+        if self.batches is None:
+            raise RuntimeError("draw_prompts() takes prompts from the dataloader of a running fit(): call it in train_step")
+        if isinstance(self.rollouts, AsyncRollout):
+            raise RuntimeError(
+                "draw_prompts() needs actor_rollout_ref.rollout.mode=sync: with mode=async the engines take their prompts "
+                "from the dataloader themselves and each step trains on whatever groups finished"
+            )
+        if self.rollouts.staleness:
+            raise RuntimeError(
+                "draw_prompts() needs actor_rollout_ref.rollout.staleness=0: with staleness 1 the next step's batch is "
+                "already being generated, so prompts drawn now would come out of order"
+            )
+        batch = self.batches.next()
+        self.draws_in_step += 1
+        return self.generation_input(batch, draw=self.draws_in_step - 1)
+
     def step_rollout(self, batch: DataProto, timer: PhaseTimer) -> DataProto:
         """This step's responses to `batch` (`rollout.n` per prompt, a uid per prompt): generated now, or
         with rollout.staleness=1 during the previous step (see trainer/rollout_pipeline.py), or with
@@ -67,7 +97,7 @@ class StepLoop:
                 return None
             return prompts_for_step(self.batches.peek(), self.global_step + 1, n, seed)
 
-        return self.rollouts.rollout(prompts_for_step(batch, self.global_step, n, seed), upcoming, timer)
+        return self.rollouts.rollout(self.generation_input(batch), upcoming, timer)
 
     def save(self) -> Path:
         # The position before a batch taken ahead (in flight): a resumed run generates it again.
@@ -106,6 +136,7 @@ class StepLoop:
         progress = tqdm(total=cfg.total_training_steps, initial=self.global_step, desc=self.progress_desc, unit="step")
         while self.global_step < cfg.total_training_steps:
             start = time.perf_counter()
+            self.draws_in_step = 1
             metrics = self.train_step(self.batches.next())
             self.global_step += 1
             if cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0 and self.data.val_batches:

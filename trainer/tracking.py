@@ -1,13 +1,13 @@
-"""Step metrics to the console, a JSONL file and TensorBoard; a reward-curve PNG at the end of a run."""
+"""Step metrics to every backend `trainer.logger` names (trainer/trackers/: console, jsonl, tensorboard,
+wandb, mlflow, your own class); a reward-curve PNG at the end of a run."""
 
 from __future__ import annotations
 
-import json
-import math
+import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-CONSOLE_KEYS = ("reward/mean", "val/reward_mean", "actor/pg_loss", "actor/kl_loss", "timing/step_s", "perf/tokens_per_s")
+from trainer.trackers import RunInfo, StepTracker, open_backend
 
 
 def _plain(value: Any) -> float | int | str:
@@ -17,34 +17,40 @@ def _plain(value: Any) -> float | int | str:
 
 
 class Tracker:
-    """Writes each step's metrics to every configured backend (`console`, `jsonl`, `tensorboard`)."""
+    """Writes each step's metrics to every configured backend and keeps them in `history`.
 
-    def __init__(self, backends: Sequence[str], log_dir: str | Path, print_fn=print) -> None:
+    `resume_step`: the checkpoint step this run resumes from (None: it starts at step 0); each backend
+    replaces or skips what a stopped run logged after it, so a step is never logged twice."""
+
+    def __init__(
+        self,
+        backends: Sequence[str],
+        log_dir: str | Path,
+        print_fn: Callable[[str], Any] = print,
+        *,
+        project_name: str = "",
+        experiment_name: str = "",
+        config: dict[str, Any] | None = None,
+        resume_step: int | None = None,
+    ) -> None:
         self.backends = list(backends)
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.print_fn = print_fn
         self.history: list[dict[str, Any]] = []
-        self._jsonl = open(self.log_dir / "metrics.jsonl", "a") if "jsonl" in self.backends else None
-        self._tensorboard = None
-        if "tensorboard" in self.backends:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tensorboard = SummaryWriter(str(self.log_dir / "tensorboard"))
+        run = RunInfo(self.log_dir, project_name, experiment_name, dict(config or {}), resume_step)
+        self._trackers: list[StepTracker] = []
+        try:
+            for entry in self.backends:
+                self._trackers.append(open_backend(entry, run, print_fn))
+        except BaseException:
+            self.close()
+            raise
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
-        self.history.append(record)
-        if self._jsonl:
-            self._jsonl.write(json.dumps(record) + "\n")
-            self._jsonl.flush()
-        if self._tensorboard:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key != "step" and math.isfinite(value):
-                    self._tensorboard.add_scalar(key, value, step)
-        if "console" in self.backends:
-            shown = [f"{k}={record[k]:.4g}" for k in CONSOLE_KEYS if isinstance(record.get(k), (int, float))]
-            self.print_fn(f"step {step}: " + "  ".join(shown))
+        values = {k: _plain(v) for k, v in metrics.items()}
+        self.history.append({"step": step, **values})
+        for tracker in self._trackers:
+            tracker.log(dict(values), step)
 
     def plot_reward_curve(self, path: str | Path, keys: Sequence[str] = ("reward/mean", "val/reward_mean")) -> Path | None:
         """Write a PNG of the reward over steps; None when no step logged a reward."""
@@ -74,7 +80,13 @@ class Tracker:
         return path
 
     def close(self) -> None:
-        if self._jsonl:
-            self._jsonl.close()
-        if self._tensorboard:
-            self._tensorboard.close()
+        """Finish every backend once; a failing one is reported and the others still finish."""
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            finish = getattr(tracker, "finish", None) or getattr(tracker, "close", None)
+            if finish is None:
+                continue
+            try:
+                finish()
+            except Exception as error:  # noqa: BLE001 - closing runs in `finally`: never hide the run's own error
+                print(f"warning: tracker {type(tracker).__name__} failed to finish: {type(error).__name__}: {error}", file=sys.stderr)

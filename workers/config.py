@@ -11,8 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from trainer.algorithm_names import POLICY_LOSS_MODES
 from trainer.algorithms import KL_PENALTY_NAMES, LOSS_AGG_MODES
 from trainer.rollout_settings import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES
+from workers.lora.spec import check_lora_settings
 
 REQUIRED = object()  # default of keys the user must set
 
@@ -138,6 +140,25 @@ MODEL_SPEC: dict[str, Any] = {
 }
 
 
+def _module_names(value: Any) -> str | list[str]:
+    """A PEFT module selector: one name / "all-linear", or a non-empty list of names."""
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v for v in value):
+        return list(value)
+    raise ValueError
+
+
+# LoRA (verl's keys), actor only: lora_rank > 0 trains adapters of that rank instead of every weight.
+ACTOR_MODEL_SPEC: dict[str, Any] = {
+    **MODEL_SPEC,
+    "lora_rank": Field(0, _int(0), "an int >= 0 (0: train every weight; > 0: LoRA adapters of this rank)"),
+    "lora_alpha": Field(16, _float(0.0, low_open=True), "a float > 0 (LoRA scaling is lora_alpha / lora_rank)"),
+    "target_modules": Field("all-linear", _module_names, "'all-linear' or a list of module names, e.g. [q_proj, v_proj]"),
+    "exclude_modules": Field(None, _optional(_module_names), "None or a module name / list of names kept without LoRA"),
+}
+
+
 def optim_spec(default_lr: float) -> dict[str, Any]:
     return {
         "lr": Field(default_lr, _float(0.0), "a float >= 0"),
@@ -175,13 +196,16 @@ def _ppo_spec() -> dict[str, Any]:
 
 ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
     "seed": Field(0, _int(0), "an int >= 0 (mini-batch shuffling; sampling adds the rank)"),
-    "model": MODEL_SPEC,
+    "model": ACTOR_MODEL_SPEC,
     "actor": {
         "optim": optim_spec(1e-6),
         **_ppo_spec(),
         "clip_ratio_low": Field(0.2, _float(0.0), "a float >= 0"),
         "clip_ratio_high": Field(0.2, _float(0.0), "a float >= 0"),
         "clip_ratio_c": Field(3.0, _float(1.0, low_open=True), "a float > 1 (dual-clip bound)"),
+        "policy_loss": {
+            "loss_mode": Field("vanilla", _one_of(*POLICY_LOSS_MODES), f"one of {list(POLICY_LOSS_MODES)} (token-level PPO ratio, or GSPO's sequence ratio)"),
+        },
         "entropy_coeff": Field(0.0, _float(), "a float"),
         "use_kl_loss": Field(False, _bool, "a bool"),
         "kl_loss_coef": Field(0.001, _float(0.0), "a float >= 0"),
@@ -221,6 +245,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "top_k": Field(0, _int(0), "an int >= 0 (0 = off)"),
         "response_length": Field(512, _int(1), "an int >= 1 (max new tokens)"),
         "do_sample": Field(True, _bool, "a bool"),
+        "ignore_eos": Field(False, _bool, "a bool (keep sampling past EOS: every response is response_length tokens, all trained on)"),
         "eos_token_id": Field(None, _optional(_token_ids), "None (from the model) or an int / list of ints"),
         "pad_token_id": Field(None, _optional(_int(0)), "None (from the model) or an int"),
         "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
@@ -230,6 +255,9 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
     "ref": {
         "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
         **_dynamic_forward_spec("log_prob"),
+        "fsdp": {
+            "param_offload": Field(False, _bool, "a bool (keep the reference's parameters on the host outside its log-prob pass; GPU only)"),
+        },
     },
 }
 
@@ -320,6 +348,12 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
             f"rollout.tensor_model_parallel_size={rollout['tensor_model_parallel_size']} needs rollout.name='vllm' and "
             "rollout.placement='separate' (a hybrid engine shares one device with its actor rank)"
         )
+    if rollout["ignore_eos"] and rollout["multi_turn"]["enable"]:
+        raise ValueError(
+            "rollout.ignore_eos=true cannot be combined with rollout.multi_turn.enable=true (a model turn ends at its "
+            "EOS, where the tool call is read); set one of them to false"
+        )
+    check_lora_settings(config, where)
     if config["actor"]["strategy"] == "megatron":
         if rollout["multi_turn"]["enable"]:
             raise ValueError("rollout.multi_turn.enable=true needs actor.strategy='fsdp' (the Megatron actor has no multi-turn rollout yet)")
@@ -329,8 +363,8 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
                 f"each actor process, fed from the Megatron weights); got placement={rollout['placement']!r}"
             )
         fsdp = config["actor"]["fsdp"]
-        if fsdp["param_offload"] or fsdp["optimizer_offload"]:
-            raise ValueError("actor.fsdp.param_offload / optimizer_offload apply to actor.strategy='fsdp' only")
+        if fsdp["param_offload"] or fsdp["optimizer_offload"] or config["ref"]["fsdp"]["param_offload"]:
+            raise ValueError("actor.fsdp.param_offload / optimizer_offload and ref.fsdp.param_offload apply to actor.strategy='fsdp' only")
         _reject_packing_on_megatron(config, ("actor.use_dynamic_bsz", "rollout.log_prob_use_dynamic_bsz", "ref.log_prob_use_dynamic_bsz"))
     return config
 

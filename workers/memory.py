@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import psutil
 import torch
 
 GIB = float(1 << 30)
+# How often the device-wide peak is sampled. PyTorch's allocator keeps freed blocks reserved until a phase
+# empties its cache, so a short-lived allocation stays visible to the sampler well after it is freed.
+PEAK_SAMPLE_INTERVAL_S = 0.01
 
 
 def memory_reading(device: torch.device) -> dict[str, float]:
@@ -24,16 +29,57 @@ def memory_reading(device: torch.device) -> dict[str, float]:
     return {"rss_gib": psutil.Process(os.getpid()).memory_info().rss / GIB}
 
 
+class DevicePeak:
+    """The whole device's highest used memory (NVML, as nvidia-smi shows it: every process, PyTorch's cache,
+    vLLM's memory pool) between two `take()`s, sampled in a daemon thread. Unlike the allocator's peak it
+    does not count a sleeping vLLM engine's unmapped memory."""
+
+    def __init__(self, device: torch.device, interval_s: float = PEAK_SAMPLE_INTERVAL_S) -> None:
+        self.device = device
+        self.interval_s = interval_s
+        self.peak = self._used()  # raises where NVML is unavailable
+        self._thread = threading.Thread(target=self._sample, name="device-memory-peak", daemon=True)
+        self._thread.start()
+
+    def _used(self) -> int:
+        return torch.cuda.device_memory_used(self.device)
+
+    def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, self._used())
+            time.sleep(self.interval_s)
+
+    def take(self) -> float:
+        """GiB: the highest reading since the last call (or the start), then start over from now."""
+        now = self._used()
+        peak, self.peak = max(self.peak, now), now
+        return peak / GIB
+
+
+def device_peak(device: torch.device) -> DevicePeak | None:
+    """A sampler of the device's used memory, or None off CUDA or without NVML (nvidia-ml-py)."""
+    if device.type != "cuda":
+        return None
+    try:
+        return DevicePeak(device)
+    except Exception:  # noqa: BLE001 - no NVML bindings or driver: the other readings remain
+        return None
+
+
 class MemoryLog:
-    """Readings taken after each phase of a step; `pop()` returns and clears them as flat metrics."""
+    """Readings taken after each phase of a step; `pop()` returns and clears them as flat metrics. On a GPU
+    `gpu_used_peak_gib` is the device's highest use during the phase (since the previous reading)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._metrics: dict[str, float] = {}
+        self._peak = device_peak(device)
 
     def record(self, phase: str) -> None:
         for key, value in memory_reading(self.device).items():
             self._metrics[f"memory/{phase}/{key}"] = value
+        if self._peak is not None:
+            self._metrics[f"memory/{phase}/gpu_used_peak_gib"] = self._peak.take()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 

@@ -57,11 +57,21 @@ def time_method(obj: Any, name: str) -> list[float]:
     return seconds
 
 
-def load_prompts(train: Path):
-    """Our verl-layout parquet as a TRL dataset: the chat `prompt` and the `reward_model` column."""
+def load_prompts(train: Path, columns: tuple[str, ...] = ("prompt", "reward_model")):
+    """Our verl-layout parquet as a TRL dataset: the chat `prompt` and the columns the reward reads."""
     from datasets import Dataset
 
-    return Dataset.from_parquet(str(train)).select_columns(["prompt", "reward_model"])
+    return Dataset.from_parquet(str(train)).select_columns(list(columns))
+
+
+def side_parser(description: str, default_steps: int) -> argparse.ArgumentParser:
+    """The arguments of a TRL side script: model folder, parquet, output JSON, steps."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--train", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=default_steps)
+    return parser
 
 
 def run(model: Path, train: Path, out_dir: Path, settings: MatchedGRPO) -> dict[str, Any]:
@@ -94,11 +104,7 @@ def run(model: Path, train: Path, out_dir: Path, settings: MatchedGRPO) -> dict[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--train", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=MatchedGRPO.steps)
+    parser = side_parser(__doc__, MatchedGRPO.steps)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     args = parser.parse_args()
     if args.threads:

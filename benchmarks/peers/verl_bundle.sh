@@ -6,8 +6,11 @@
 # tensordict is pinned to 0.10.0 (verl 0.9.1 declares <=0.10; with the project's 0.15, three of verl's own
 # tensordict tests fail: NonTensorData concatenation keeps every value instead of the first), so .peerwhl
 # is installed into its own folder, /tmp/verl_site, which only verl's process puts first on PYTHONPATH.
+# .peerwhl/trl/ holds TRL's side: trl 1.16.0 (it accepts vLLM 0.22-0.31, so the staged 0.26.0) and the two
+# packages its GRPOTrainer imports that the GPU image lacks, datasets and multiprocess (dill comes with .vllm2;
+# accelerate, pandas, pyarrow, xxhash, requests are in the image); installed into /tmp/trl_site.
 #
-# Usage, from the project's root:  benchmarks/peers/verl_bundle.sh     (about 1 minute; ~10 MB)
+# Usage, from the project's root:  benchmarks/peers/verl_bundle.sh     (about 1 minute; ~6 MB)
 set -euo pipefail
 root=$(git rev-parse --show-toplevel); cd "$root"
 exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
@@ -21,9 +24,11 @@ python3 -m pip download -q --no-deps "${plat[@]}" -d "$out" \
   verl==0.9.1 tensordict==0.10.0 'pyvers<0.2,>=0.1' torchdata==0.11.0 TransferQueue==0.1.11 \
   'datasets>=4.7' 'multiprocess<0.70.20' orjson uvicorn model-hosting-container-standards jmespath loguru \
   pylatexenc codetiming 2> >(quiet)
-du -sh "$out"
+python3 -m pip download -q --no-deps "${plat[@]}" -d "$out/trl" trl==1.16.0 'datasets>=4.7' 'multiprocess<0.70.20' 2> >(quiet)
+du -sh "$out" "$out/trl"
 cat <<'EOT'
 On the GPU machine (after the vLLM and .devwhl calls), name .peerwhl in carry and start with
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/verl_site .peerwhl/*.whl || exit;
-then run verl with PYTHONPATH=/tmp/verl_site:/tmp/site:$PWD (benchmarks/peers/verl_gpu.py does this).
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/verl_site .peerwhl/*.whl &&
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/trl_site .peerwhl/trl/*.whl || exit;
+then `python3 -m benchmarks.peers.verl_gpu` gives verl PYTHONPATH=/tmp/verl_site:... and TRL /tmp/trl_site:...
 EOT

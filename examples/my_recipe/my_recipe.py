@@ -16,7 +16,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from omegaconf import DictConfig
 
 from group_filter import group_advantages
@@ -42,10 +41,8 @@ class FilteredPolicyGradient(StepLoop):
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
         timer, actor, n, settings = PhaseTimer(), self.roles.actor, self.cfg.actor_rollout_ref.rollout.n, self.cfg.group_filter
-        uids = np.array([f"{self.global_step}-{i}" for i in range(len(batch))], dtype=object)
-        rollout = batch.union(DataProto.from_dict(non_tensors={"uid": uids})).repeat(n, interleave=True)
-        with timer("generate"):
-            rollout = self.roles.generate_sequences(rollout)
+        with timer("generate"):  # generation_input: a uid per prompt, n copies of each, a sampling seed
+            rollout = self.roles.generate_sequences(self.generation_input(batch))
         with timer("reward"):
             scores = self.data.reward_fn(rollout)[0].sum(-1)
         advantages, kept = group_advantages(scores, rollout.non_tensor_batch["uid"], settings.min_spread, settings.scale_by_std)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Mapping
 
 from single_controller.decorator import SPEC_ATTRIBUTE, get_method_spec
@@ -24,10 +25,17 @@ def _as_class_with_args(value: Any) -> RayClassWithInitArgs:
     return value if isinstance(value, RayClassWithInitArgs) else RayClassWithInitArgs(value)
 
 
-def _forwarder(role: str, method: str, spec: Any) -> Callable[..., Any]:
+def _forwarder(role: str, method: str, spec: Any, is_async: bool = False) -> Callable[..., Any]:
     # The role's own method is already the @register wrapper, so shards are resolved there, not here.
-    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.role_instances[role], method)(*args, **kwargs)
+    if is_async:  # an `async def` role method: the fused actor awaits it too
+
+        async def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return await getattr(self.role_instances[role], method)(*args, **kwargs)
+
+    else:
+
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return getattr(self.role_instances[role], method)(*args, **kwargs)
 
     forward.__name__ = role_method_name(role, method)
     if spec is not None:
@@ -94,9 +102,10 @@ def create_colocated_worker_raw_cls(class_dict: Mapping[str, Any]) -> type:
         if hasattr(ColocatedWorker, role) or role in ("role_instances", "fused_worker_dict"):
             raise ValueError(f"role name {role!r} is an attribute of the fused worker class; pick another name")
         for attr in dir(cia.cls):
-            spec = get_method_spec(getattr(cia.cls, attr, None))
+            method = getattr(cia.cls, attr, None)
+            spec = get_method_spec(method)
             if spec is not None:
-                namespace[role_method_name(role, attr)] = _forwarder(role, attr, spec)
+                namespace[role_method_name(role, attr)] = _forwarder(role, attr, spec, inspect.iscoroutinefunction(method))
         for query in _ROLE_QUERIES:
             namespace[role_method_name(role, query)] = _forwarder(role, query, None)
     return type("Colocated_" + "_".join(roles), (ColocatedWorker,), namespace)

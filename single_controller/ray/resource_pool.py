@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
 PG_READY_TIMEOUT_S = 60.0
 
@@ -17,8 +17,9 @@ class RankSlot:
 
     placement_group: PlacementGroup
     bundle_index: int
-    local_rank: int
+    local_rank: int  # among the pool's ranks on the same Ray node
     local_world_size: int
+    node_id: str  # the Ray node the slot's placement group was reserved on
 
 
 class RayResourcePool:
@@ -55,6 +56,8 @@ class RayResourcePool:
         self.detached = detached
         self.gpus_per_process = gpus_per_process
         self._placement_groups: list[PlacementGroup] | None = None
+        self._group_counts: list[int] = []  # processes per placement group, in rank order
+        self._group_nodes: list[str] = []  # the Ray node of each placement group, in rank order
 
     @property
     def world_size(self) -> int:
@@ -92,7 +95,11 @@ class RayResourcePool:
         return targets
 
     def placement_groups(self) -> list[PlacementGroup]:
-        """Create (once) and return the placement groups, waiting until they are reserved."""
+        """Create (once) and return the placement groups, waiting until they are reserved.
+
+        Groups that Ray put on the same node come out next to each other (in the order they were asked
+        for otherwise), so that the ranks of each node are consecutive.
+        """
         if self._placement_groups is not None:
             return self._placement_groups
         groups = []
@@ -115,16 +122,35 @@ class RayResourcePool:
                     remove_placement_group(g)
                 raise RuntimeError(
                     f"could not reserve {self.process_on_nodes[index]} x {self._bundle()} on one node (pool node "
-                    f"{index}) within {PG_READY_TIMEOUT_S:.0f}s; cluster resources available: "
-                    f"{ray.available_resources()}. Use fewer processes, cpus_per_process, or use_gpu=False."
+                    f"{index}) within {PG_READY_TIMEOUT_S:.0f}s; alive nodes and their resources: "
+                    f"{_alive_node_resources()}; available now: {ray.available_resources()}. Use fewer processes "
+                    "per node, fewer cpus_per_process, use_gpu=False, or add nodes."
                 ) from None
-        self._placement_groups = groups
-        return groups
+        nodes = [_node_of(pg) for pg in groups]
+        order = sorted(range(len(groups)), key=lambda i: nodes.index(nodes[i]))
+        self._placement_groups = [groups[i] for i in order]
+        self._group_counts = [self.process_on_nodes[i] for i in order]
+        self._group_nodes = [nodes[i] for i in order]
+        return self._placement_groups
+
+    def node_ids(self) -> list[str]:
+        """The Ray node of each placement group, in rank order (equal ids: Ray packed them on one node)."""
+        self.placement_groups()
+        return list(self._group_nodes)
 
     def rank_slots(self) -> list[RankSlot]:
+        """One slot per rank: ranks fill the placement groups in order, so a node's ranks are consecutive."""
+        groups = self.placement_groups()
+        ranks_on_node: dict[str, int] = {}
+        for count, node in zip(self._group_counts, self._group_nodes):
+            ranks_on_node[node] = ranks_on_node.get(node, 0) + count
+        seen: dict[str, int] = {}
         slots = []
-        for pg, count in zip(self.placement_groups(), self.process_on_nodes):
-            slots.extend(RankSlot(pg, i, i, count) for i in range(count))
+        for pg, count, node in zip(groups, self._group_counts, self._group_nodes):
+            for bundle in range(count):
+                local_rank = seen.get(node, 0)
+                seen[node] = local_rank + 1
+                slots.append(RankSlot(pg, bundle, local_rank, ranks_on_node[node], node))
         return slots
 
     def release(self) -> None:
@@ -132,3 +158,18 @@ class RayResourcePool:
         for pg in self._placement_groups or []:
             remove_placement_group(pg)
         self._placement_groups = None
+        self._group_counts, self._group_nodes = [], []
+
+
+def _node_of(pg: PlacementGroup) -> str:
+    """The node a reserved STRICT_PACK placement group lives on (all its bundles share it)."""
+    return placement_group_table(pg)["bundles_to_node_id"][0]
+
+
+def _alive_node_resources() -> list[str]:
+    return [
+        f"{n['NodeManagerAddress']} (node {n['NodeID'][:12]}): {n['Resources'].get('CPU', 0):g} CPU, "
+        f"{n['Resources'].get('GPU', 0):g} GPU"
+        for n in ray.nodes()
+        if n.get("Alive")
+    ]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 import re
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from single_controller.errors import WorkerCallTimeout, WorkerDiedError, WorkerGroupError
+from single_controller.errors import NodeLostError, WorkerCallTimeout, WorkerDiedError, WorkerGroupError
+from single_controller.ray.node_loss import LostNode, find_lost_nodes, node_may_be_lost, wait_for_lost_nodes
+from single_controller.worker import NodeInfo
 
 # While some ranks still run, the finished ones are checked for errors this often: a failure reaches
 # the driver within this interval even when the other ranks hang (e.g. in a collective with it).
@@ -39,12 +41,14 @@ def wait_for_outputs(
     timeout_s: float | None = None,
     recent_calls: Callable[[int], list[str]] | None = None,
     on_ready: Callable[[], None] | None = None,
+    node_info: Sequence[NodeInfo] = (),
 ) -> list[Any]:
     """Return the outputs of `refs` (one per rank in `ranks`), or raise naming what failed where.
 
     `recent_calls(rank)` lists the methods last sent to that rank's actor (this call included); a dead
     actor's error quotes them, since the death may have happened after the previous call finished.
-    `on_ready()` runs once every rank has finished, before the outputs are fetched.
+    `on_ready()` runs once every rank has finished, before the outputs are fetched. With the group's
+    `node_info`, a failure checks whether Ray lost a node of the group and names it with its ranks.
     """
     report = functools.partial(_failure_error, recent_calls=recent_calls or (lambda rank: []))
     rank_of = dict(zip(refs, ranks))
@@ -60,8 +64,10 @@ def wait_for_outputs(
         if _failures(new, rank_of):
             ray.wait(running, num_returns=len(running), timeout=FAILURE_GRACE_S)
             ready, running = ray.wait(refs, num_returns=len(refs), timeout=0)
+            lost = _lost_nodes(node_info, _failures(ready, rank_of), running)
+            ready, running = ray.wait(refs, num_returns=len(refs), timeout=0)
             unfinished = sorted(rank_of[r] for r in running)
-            raise report(group, method, _failures(ready, rank_of), unfinished, describe_rank)
+            raise report(group, method, _failures(ready, rank_of), unfinished, describe_rank, lost=lost)
         if deadline is not None and time.monotonic() >= deadline:
             stuck = sorted(rank_of[r] for r in running)
             raise WorkerCallTimeout(
@@ -72,7 +78,21 @@ def wait_for_outputs(
     try:
         return ray.get(refs)
     except (RayTaskError, RayActorError):
-        raise report(group, method, _failures(refs, rank_of), [], describe_rank) from None
+        failures = _failures(refs, rank_of)
+        raise report(group, method, failures, [], describe_rank, lost=_lost_nodes(node_info, failures, [])) from None
+
+
+def _lost_nodes(
+    node_info: Sequence[NodeInfo], failures: dict[int, BaseException], running: list[ray.ObjectRef]
+) -> list[LostNode]:
+    """The group's nodes Ray has declared dead. When ranks lost their peers or became unreachable, their
+    node may be gone without Ray knowing yet: wait (bounded) for Ray to declare it."""
+    if not node_info:
+        return []
+    lost = find_lost_nodes(node_info)
+    if not lost and node_may_be_lost(list(failures.values())):
+        lost = wait_for_lost_nodes(node_info, running)
+    return lost
 
 
 def _failure_error(
@@ -82,8 +102,11 @@ def _failure_error(
     unfinished: list[int],
     describe_rank: Callable[[int], str],
     recent_calls: Callable[[int], list[str]],
+    lost: Sequence[LostNode] = (),
 ) -> WorkerGroupError:
-    parts = []
+    lost_ranks = sorted({rank for node in lost for rank in node.ranks})
+    unfinished = [rank for rank in unfinished if rank not in lost_ranks]
+    parts = [node.describe() for node in lost]
     died = False
     for rank in sorted(failures):
         error = failures[rank]
@@ -97,10 +120,14 @@ def _failure_error(
             f"(ranks {unfinished} had not finished {FAILURE_GRACE_S:g}s after the first failure; they may be "
             "blocked in a collective with the failed rank)"
         )
-    if died:
+    if died or lost:
         parts.append(DEATH_ADVICE)
+    details = _ANSI_ESCAPE.sub("", "\n".join(parts))
+    if lost:
+        ranks = sorted(set(failures) | set(lost_ranks))
+        return NodeLostError(group, method, ranks, details, {node.node_id: list(node.ranks) for node in lost})
     error_type = WorkerDiedError if died else WorkerGroupError
-    return error_type(group, method, sorted(failures), _ANSI_ESCAPE.sub("", "\n".join(parts)))
+    return error_type(group, method, sorted(failures), details)
 
 
 DEATH_ADVICE = (

@@ -5,30 +5,30 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import ray
 import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from single_controller import worker as worker_env
 from single_controller.call_timing import record_async_call, record_driver_call
 from single_controller.decorator import Execute, MethodSpec, get_method_spec
 from single_controller.dispatch import DispatchEntry, resolve_dispatch
 from single_controller.dispatch_result import per_rank_arguments
 from single_controller.errors import WorkerGroupError
 from single_controller.mesh import MeshPlacement, complete_placements
+from single_controller.ray.actor_env import actor_runtime_env, check_user_env, rank_env
 from single_controller.ray.class_with_args import RayClassWithInitArgs, plain_class
 from single_controller.ray.colocated import FUSED_EXECUTE_METHOD, ColocatedWorker, role_method_name
+from single_controller.ray.placement import describe_placement, preset_master_addr
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.ray.waiting import wait_for_outputs
 from single_controller.shards import ExclusiveChunk, JoinablePart, PaddedShard
-from single_controller.worker import NodeInfo, Worker
+from single_controller.worker import ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RESERVE_MASTER_PORT, NodeInfo, Worker
 
 DETACHED_NAMESPACE = "single_controller"
 INIT_TIMEOUT_S = 180.0
-LOOPBACK = "127.0.0.1"
 
 
 def _actor_name(name_prefix: str, rank: int) -> str:
@@ -71,7 +71,9 @@ class RayWorkerGroup:
         name_prefix: str | None = None,
         detached: bool = False,
         call_timeout_s: float | None = None,
+        worker_env: Mapping[str, str] | None = None,
     ) -> None:
+        """`worker_env`: extra environment variables for every worker (verl's keyword; see actor_env.py)."""
         if ray_cls_with_init is None:
             raise ValueError("RayWorkerGroup needs ray_cls_with_init=RayClassWithInitArgs(WorkerClass, ...)")
         if resource_pool is None:
@@ -94,7 +96,7 @@ class RayWorkerGroup:
                 "otherwise its placement groups vanish with this driver"
             )
         self.worker_class = ray_cls_with_init.cls
-        self._workers = self._create_workers(resource_pool, ray_cls_with_init)
+        self._workers = self._create_workers(resource_pool, ray_cls_with_init, check_user_env(worker_env, "worker_env"))
         self._call_log = CallLog(len(self._workers))
         self._node_info = self._fetch_node_info()
         self._bind_registered_methods(ray_cls_with_init.cls)
@@ -143,31 +145,26 @@ class RayWorkerGroup:
         group.detached = True
         return group
 
-    def _create_workers(self, pool: RayResourcePool, cia: RayClassWithInitArgs) -> list[Any]:
+    def _create_workers(self, pool: RayResourcePool, cia: RayClassWithInitArgs, user_env: dict[str, str]) -> list[Any]:
         remote_cls = ray.remote(cia.cls)
         slots = pool.rank_slots()
         world_size = len(slots)
+        master_host = preset_master_addr([slot.node_id for slot in slots])
         workers: list[Any] = []
         master: tuple[str, int] | None = None
+        user_runtime_env = dict(cia.actor_options.get("runtime_env") or {})
+        check_user_env(user_runtime_env.get("env_vars"), "runtime_env['env_vars'] of RayClassWithInitArgs.update_options")
         for rank, slot in enumerate(slots):
-            env = {
-                worker_env.ENV_RANK: str(rank),
-                worker_env.ENV_WORLD_SIZE: str(world_size),
-                worker_env.ENV_LOCAL_RANK: str(slot.local_rank),
-                worker_env.ENV_LOCAL_WORLD_SIZE: str(slot.local_world_size),
-                worker_env.ENV_GROUP_NAME: self.name,
-            }
+            env = rank_env(rank, world_size, slot, self.name)
             if master is None:
-                env[worker_env.ENV_RESERVE_MASTER_PORT] = "1"
-                if len(pool.process_on_nodes) == 1:
-                    env[worker_env.ENV_MASTER_ADDR] = LOOPBACK  # one node: keep the rendezvous off the network
+                env[ENV_RESERVE_MASTER_PORT] = "1"
+                if master_host is not None:
+                    env[ENV_MASTER_ADDR] = master_host
             else:
-                env[worker_env.ENV_MASTER_ADDR], env[worker_env.ENV_MASTER_PORT] = master[0], str(master[1])
+                env[ENV_MASTER_ADDR], env[ENV_MASTER_PORT] = master[0], str(master[1])
             options: dict[str, Any] = {**pool.actor_resources(), **cia.actor_options}
-            runtime_env = dict(options.pop("runtime_env", {}) or {})
-            runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
             options.update(
-                runtime_env=runtime_env,
+                runtime_env=actor_runtime_env(user_runtime_env, user_env, env),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(slot.placement_group, slot.bundle_index),
             )
             if self.detached:
@@ -237,6 +234,10 @@ class RayWorkerGroup:
     def call_log(self) -> CallLog:
         return self._call_log
 
+    def describe_placement(self) -> str:
+        """Which ranks run on which node: 'ranks 0-1 on node 3a457eb4c2f1 (10.0.0.1), ranks 2-3 on ...'."""
+        return describe_placement(self._node_info)
+
     def describe_rank(self, rank: int) -> str:
         info = self._node_info[rank] if rank < len(self._node_info) else None
         where = f" (node {info.node_id[:12]} {info.ip}, pid {info.pid})" if info else ""
@@ -261,7 +262,7 @@ class RayWorkerGroup:
     ) -> list[Any]:
         return wait_for_outputs(
             refs, ranks, self.name, method, self.describe_rank, self.call_timeout_s, recent_calls=self._recent_calls,
-            on_ready=on_ready,
+            on_ready=on_ready, node_info=self._node_info,
         )
 
     def _call(

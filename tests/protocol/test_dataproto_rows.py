@@ -70,24 +70,26 @@ def test_repeat_interleave_and_tile(sample_factory):
     assert_dataproto_equal(data, before)
 
 
-def test_reorder_returns_new(sample):
+def test_reorder_changes_self_like_verl_and_leaves_shared_tensors_alone(sample):
     before = copy.deepcopy(sample)
+    view = sample[0:6]  # shares the tensors of `sample`
     order = [5, 3, 1, 0, 2, 4]
-    reordered = sample.reorder(torch.tensor(order))
-    assert uids(reordered) == [f"uid-{i}" for i in order]
-    assert torch.equal(reordered.batch["values"], sample.batch["values"][order])
-    assert not shares_memory(reordered, sample)
-    assert_dataproto_equal(sample, before)
-    assert uids(sample.reorder(np.array(order))) == uids(reordered)
+    returned = sample.reorder(torch.tensor(order))
+    assert returned is sample  # verl reorders in place; returning self also allows `data = data.reorder(idx)`
+    assert uids(sample) == [f"uid-{i}" for i in order]
+    assert torch.equal(sample.batch["values"], before.batch["values"][order])
+    assert not shares_memory(sample, view)
+    assert_dataproto_equal(view, before)  # the rows other DataProtos hold are not rewritten
+    assert uids(before.reorder(np.array(order))) == uids(sample)
 
 
-def test_reorder_requires_permutation(sample):
-    with pytest.raises(ValueError, match="permutation"):
-        sample.reorder([0, 0, 1, 2, 3, 4])
-    with pytest.raises(ValueError, match="permutation"):
-        sample.reorder([0, 1])
-    with pytest.raises(TypeError, match="sequence"):
+def test_reorder_takes_any_index_like_batch_indexing(sample):
+    assert uids(sample.reorder([0, 0, 1])) == ["uid-0", "uid-0", "uid-1"]  # repeats and subsets, as batch[idx]
+    assert uids(sample.reorder(torch.tensor([True, False, True]))) == ["uid-0", "uid-1"]
+    with pytest.raises(TypeError, match="sequence of row indices"):
         sample.reorder(3)
+    with pytest.raises(IndexError, match="outside"):
+        sample.reorder([7])
 
 
 def test_to_returns_new_container(sample):

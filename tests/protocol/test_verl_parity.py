@@ -70,24 +70,31 @@ def test_data_proto_item_from_int_index():
 # ---------------------------------------------------------------- unions
 
 
-def test_union_tensor_dict_adds_keys_without_touching_inputs_and_rejects_conflicts():
+def test_union_tensor_dict_fills_the_first_in_place_and_rejects_conflicts():
     a = TensorDict({"x": torch.arange(3)}, batch_size=[3])
     b = TensorDict({"x": torch.arange(3), "y": torch.ones(3)}, batch_size=[3])
-    merged = union_tensor_dict(a, b)
-    assert sorted(merged.keys()) == ["x", "y"] and list(a.keys()) == ["x"]
-    with pytest.raises(AssertionError, match="key 'x' is in both TensorDicts with different values"):
-        union_tensor_dict(a, TensorDict({"x": torch.zeros(3, dtype=torch.int64)}, batch_size=[3]))
-    with pytest.raises(ProtocolValueError, match=r"batch sizes differ: \[3\] vs \[2\]"):
+    merged = union_tensor_dict(a, b)  # verl-ported code often ignores the return value: `a` itself gains the keys
+    assert merged is a and sorted(a.keys()) == ["x", "y"] and sorted(b.keys()) == ["x", "y"]
+    a = TensorDict({"x": torch.arange(3)}, batch_size=[3])
+    # verl asserts on a conflict: the error is an AssertionError whose message names the key
+    with pytest.raises(AssertionError, match="key 'x' is in tensor_dict1 and tensor_dict2 with different values"):
+        union_tensor_dict(a, TensorDict({"x": torch.zeros(3, dtype=torch.int64), "z": torch.ones(3)}, batch_size=[3]))
+    assert list(a.keys()) == ["x"]  # a conflict adds nothing
+    with pytest.raises(AssertionError, match=r"must have identical batch sizes, got \[3\] and \[2\]"):
         union_tensor_dict(a, TensorDict({}, batch_size=[2]))
+    # verl compares with Tensor.equal: the same values in another dtype are no conflict; the first dict's tensor stays
+    same_values = union_tensor_dict(a, TensorDict({"x": torch.arange(3, dtype=torch.int32)}, batch_size=[3]))
+    assert same_values["x"].dtype == torch.int64
 
 
 def test_union_numpy_dict_treats_nan_and_objects_as_values():
     a = {"s": np.array([1.0, np.nan]), "o": np.array([{"k": 1}, None], dtype=object)}
     b = {"s": np.array([1.0, np.nan]), "t": np.array(["p", "q"], dtype=object)}
     merged = union_numpy_dict(a, b)
-    assert sorted(merged) == ["o", "s", "t"] and sorted(a) == ["o", "s"]
-    with pytest.raises(AssertionError, match="key 's' is in both dicts with different values"):
-        union_numpy_dict(a, {"s": np.array([2.0, np.nan])})
+    assert merged is a and sorted(a) == ["o", "s", "t"]
+    with pytest.raises(AssertionError, match="key 's' is in tensor_dict1 and tensor_dict2 with different values"):
+        union_numpy_dict(a, {"s": np.array([2.0, np.nan]), "u": np.array([1, 2])})
+    assert "u" not in a
     with pytest.raises(ProtocolTypeError, match=r"tensor_dict2\['s'\] must be a numpy array"):
         union_numpy_dict(a, {"s": [1.0, 2.0]})
 
@@ -100,6 +107,8 @@ def test_fold_and_unfold_batch_dim_round_trip():
     folded = fold_batch_dim(data, 2)
     assert len(folded) == 2 and folded.batch["pair"].shape == (2, 3, 2)
     assert folded.non_tensor_batch["uid"].tolist() == [["u0", "u1", "u2"], ["u3", "u4", "u5"]]
+    assert folded.batch["x"].tolist() == [[0, 1, 2], [3, 4, 5]]  # row i of the fold holds samples i*3 .. i*3+2
+    assert folded.batch.batch_size == (2,) and folded.meta_info == {"step": 1}
     assert data.non_tensor_batch["uid"].shape == (6,)  # input unchanged
     assert_dataproto_equal(unfold_batch_dim(folded, batch_dims=2), data)
     with pytest.raises(AssertionError, match="length 6 is not divisible by new_batch_size 4"):
@@ -128,11 +137,15 @@ def test_unfold_column_chunks_splits_chosen_keys_and_repeats_the_rest():
     assert out.batch["x"].tolist() == [10, 10, 20, 20]
     assert out.non_tensor_batch["tag"].tolist() == [["a"], ["b"], ["c"], ["d"]]
     repeated = data.unfold_column_chunks(2)
-    assert repeated.batch["cols"].shape == (4, 4)
+    assert repeated.batch["cols"].tolist() == [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]
+    assert repeated.non_tensor_batch["tag"].tolist() == [["a", "b"], ["a", "b"], ["c", "d"], ["c", "d"]]
+    # like verl, a split key that this DataProto does not have is ignored (the others still split)
+    partly = data.unfold_column_chunks(2, split_keys=["cols", "not_here"])
+    assert partly.batch["cols"].tolist() == out.batch["cols"].tolist() and partly.non_tensor_batch["tag"].shape == (4, 2)
     with pytest.raises(AssertionError, match="'cols' has shape \\[2, 4\\]; its second dimension must be divisible by n_split=3"):
         data.unfold_column_chunks(3, split_keys=["cols"])
-    with pytest.raises(ProtocolValueError, match=r"split_keys \['nope'\] not found"):
-        data.unfold_column_chunks(2, split_keys=["nope"])
+    with pytest.raises(ProtocolTypeError, match="split_keys must be a list of keys"):
+        data.unfold_column_chunks(2, split_keys="cols")
 
 
 def test_select_idxs_and_slice():

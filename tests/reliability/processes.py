@@ -28,7 +28,7 @@ def child_env(**extra: str) -> dict[str, str]:
 class ChildProcess:
     """A child process whose stdout+stderr go to `log_path`; remembers every descendant it has seen."""
 
-    def __init__(self, args: list[str], log_path: Path, cwd: Path | None = None) -> None:
+    def __init__(self, args: list[str], log_path: Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
         self._log = open(log_path, "w")
         # A background launcher may leave SIGINT ignored, and an ignored signal stays ignored across exec
@@ -42,7 +42,7 @@ class ChildProcess:
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
                 cwd=str(cwd or REPO_ROOT),
-                env=child_env(),
+                env=child_env(**(env or {})),
                 start_new_session=True,  # its own session: the test's terminal signals never reach it
             )
         finally:

@@ -77,6 +77,14 @@ def test_invalid_config_values_list_what_is_valid(override, expected):
     assert expected in str(info.value)
 
 
+def test_lora_with_the_megatron_backend_is_refused_before_ray_starts(small_assets, tmp_path, capsys):
+    overrides = short_run(small_assets, tmp_path, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.strategy=megatron")
+    assert main(overrides) == 2
+    err = capsys.readouterr().err
+    assert "error: actor_rollout_ref.model.lora_rank=8 needs actor_rollout_ref.actor.strategy=fsdp" in err
+    assert not (tmp_path / "logs").exists()  # refused by the input checks, before the run set anything up
+
+
 # ---- model, tokenizer, data (the trainer fails before starting any worker) -----------------------------
 
 
@@ -109,9 +117,9 @@ def test_dataset_missing_a_required_column(small_assets, tmp_path):
         run(load_config(short_run({**small_assets, "train": train}, tmp_path)))
 
 
-def test_dataset_with_an_empty_split(ray_cluster, small_assets, tmp_path):
+def test_dataset_with_an_empty_split(small_assets, tmp_path):
     train = _write_parquet(pq.read_table(small_assets["train"]).slice(0, 0), tmp_path / "empty.parquet")
-    with pytest.raises(ValueError, match=r"parquet file .*empty.parquet has no rows"):
+    with pytest.raises(InputError, match=r"data.train_files: parquet file .*empty.parquet has no rows"):
         run(load_config(short_run({**small_assets, "train": train}, tmp_path)))
 
 

@@ -6,22 +6,10 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from tests.reliability.conftest import short_run
+from tests.reliability.conftest import error_lines, short_run
 from trainer import checkpointing
 from trainer.config_loader import ConfigError, load_config
 from trainer.main import main
-
-
-@pytest.fixture
-def no_ray(monkeypatch):
-    def must_not_start(cfg):
-        raise AssertionError("Ray was started for an input that should have failed before it")
-
-    monkeypatch.setattr("trainer.run_setup.init_ray", must_not_start)
-
-
-def error_lines(capsys) -> list[str]:
-    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
 
 
 def test_help_prints_the_usage(capsys):

@@ -77,3 +77,59 @@ def test_ctrl_c_stops_the_run_and_its_ray_processes(small_assets, tmp_path, extr
     assert "interrupted: stopping the workers and releasing their placement groups" in child.output
     assert "KeyboardInterrupt" in child.output
     assert leftovers == [], f"processes of the interrupted run still alive: {leftovers}"
+
+
+def test_ctrl_c_then_resume_logs_each_step_once_to_every_tracker(ray_cluster, small_assets, tmp_path, monkeypatch):
+    """Interrupted after logging step 3 with the checkpoint of step 2, then resumed: metrics.jsonl and
+    TensorBoard hold each step once with the resumed run's values for 3 and 4; wandb (offline) and mlflow
+    (its local store) continue the same run and received each step once (step 3 as first logged)."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.reliability import pausing_tracker
+    from tests.trainer.wandb_offline import offline_runs
+    from trainer.config_loader import load_config
+    from trainer.main import run
+
+    out = tmp_path / "out"
+    logs = out / "logs"
+    trackers = f"trainer.logger=[console,jsonl,tensorboard,wandb,mlflow,{pausing_tracker.__file__}:PausingTracker]"
+    small = ("trainer.n_gpus_per_node=1", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2")
+    overrides = short_run(small_assets, out, "trainer.total_training_steps=4", "trainer.save_freq=2", trackers, *small)
+    for name in ("WANDB_DIR", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    child = ChildProcess(["-m", "trainer.main", *overrides], tmp_path / "run.log", env={"WANDB_MODE": "offline"})
+    try:
+        child.wait_for((logs / pausing_tracker.PAUSED_MARKER).exists, 240, "step 3 logged")
+        child.proc.send_signal(signal.SIGINT)
+        assert child.wait_exit(60) != 0
+    finally:
+        child.stop_leftovers(grace_s=20)
+    assert "KeyboardInterrupt" in child.output
+    stopped = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in stopped] == [1, 2, 3] and checkpointing.find_resume_dir(out, "auto") == out / "global_step_2"
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    resumed = run(load_config(overrides))
+    assert [r["step"] for r in resumed] == [3, 4]
+    records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    assert records == stopped[:2] + resumed  # steps 3 and 4 as the resumed run logged them, once
+    received = [json.loads(line) for line in (logs / pausing_tracker.RECEIVED_FILE).read_text().splitlines()]
+    assert [r.get("step", r.get("resume_step")) for r in received] == [None, 1, 2, 3, 2, 3, 4]  # resume_step: None, then 2
+
+    events = EventAccumulator(str(logs / "tensorboard"))
+    events.Reload()
+    wall = [(e.step, e.value) for e in events.Scalars("timing/wall_step_s")]
+    assert [step for step, _ in wall] == [1, 2, 3, 4]
+    assert [value for _, value in wall] == pytest.approx([r["timing/wall_step_s"] for r in stopped[:2] + resumed])
+
+    wandb_id = json.loads((logs / "wandb_run.json").read_text())["run_id"]
+    runs = offline_runs(logs / "wandb", wandb_id)
+    assert [[h["_step"] for h in r["history"]] for r in runs] == [[1, 2, 3], [4]]
+    assert runs[0]["config"]["trainer"]["total_training_steps"] == 4
+
+    mlflow_id = json.loads((logs / "mlflow_run.json").read_text())["run_id"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{logs / 'mlflow.db'}")
+    points = [(m.step, m.value) for m in client.get_metric_history(mlflow_id, "timing/wall_step_s")]
+    assert points == [(r["step"], r["timing/wall_step_s"]) for r in stopped + resumed[1:]]
+    assert client.get_run(mlflow_id).data.params["trainer.save_freq"] == "2"

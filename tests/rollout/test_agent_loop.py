@@ -273,7 +273,8 @@ def test_holes_are_never_trained():
     assert torch.all(advantages[mask == 0] == 0) and torch.all(advantages[0, mask[0] == 1] > 0)
     assert last_valid_positions(mask).tolist() == [4, 5]
     cfg = {"loss_agg_mode": "token-mean", "entropy_coeff": 0.01, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2,
-           "clip_ratio_c": 3.0, "use_kl_loss": True, "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.1}
+           "clip_ratio_c": 3.0, "use_kl_loss": True, "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.1,
+           "policy_loss": {"loss_mode": "vanilla"}}
     for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
         log_probs = torch.randn(2, 6, requires_grad=True)
         entropy = torch.rand(2, 6, requires_grad=True)

@@ -53,7 +53,7 @@ def slow_tool(engine, tmp: Path) -> dict:
     agent = make_agent(response_length=96, tools=[], environment=f"{tools_file}:GateEnvironment", max_turns=2,
                        max_tokens_per_turn=12, tool_timeout_s=300.0)
     agent.parser = AlwaysCall()  # every turn calls the tool: two model turns around one call, then max_turns
-    stream = GenerationStream(ContinuousEngine(engine.llm, params, 0), GroupFactory(params, agent), StreamSettings(1, "wait", "continue"))
+    stream = GenerationStream(ContinuousEngine(engine, params, 0), GroupFactory(params, agent), StreamSettings(1, "wait", "continue"))
     gate, started = tmp / "gate", tmp / "started"
     fast = [f"fast-{i}" for i in range(4)]
     stream.submit(_groups(stream.factory, ["slow", *fast], [{"gate": str(gate), "started": str(started)}] + [{}] * 4))
@@ -88,7 +88,7 @@ def dropped_in_flight(engine) -> dict:
     from workers.rollout.stream.jobs import ContinuousEngine
 
     params = SamplingParams(True, 1.0, 1.0, 0, 160, (EOS,), PAD)
-    stream = GenerationStream(ContinuousEngine(engine.llm, params, 0), GroupFactory(params, None), StreamSettings(0, "drop", "continue"))
+    stream = GenerationStream(ContinuousEngine(engine, params, 0), GroupFactory(params, None), StreamSettings(0, "drop", "continue"))
     stream.submit(_groups(stream.factory, [f"g{i}" for i in range(6)], [{}] * 6))
     try:
         while True:  # until a moment when some groups are generating, every one of them with tokens

@@ -103,3 +103,23 @@ def test_sync_after_an_optimizer_step_changes_the_engine(ray_cluster, tiny_asset
         assert (out.batch["rollout_log_probs"][mask] - recomputed[mask]).abs().max() < 1e-3
     finally:
         roles.shutdown()
+
+
+def test_ignore_eos_runs_vllm_responses_to_full_length(ray_cluster, tiny_assets):
+    """rollout.ignore_eos on vLLM: no response stops at EOS, and the engine's log-probs of the tokens after an
+    EOS match the trainer's (the response mask covers them)."""
+    length, eos = 32, 2  # the tiny character tokenizer's EOS id
+    cfg = load_config([
+        f"actor_rollout_ref.model.path={tiny_assets['model']}", "actor_rollout_ref.rollout.name=vllm",
+        "trainer.n_gpus_per_node=1", f"data.max_response_length={length}", "actor_rollout_ref.rollout.ignore_eos=true",
+        "actor_rollout_ref.rollout.temperature=2.0",  # vLLM's highest: flat enough over 100 tokens that EOS is sampled
+    ])
+    roles = RoleGroups.build(cfg, reference=False, critic=False)
+    try:
+        out = roles.generate_sequences(_prompts(rows=16))
+        recomputed = roles.actor.compute_log_prob(out).batch["old_log_probs"]
+    finally:
+        roles.shutdown()
+    assert out.batch["response_mask"].sum(1).tolist() == [length] * 16
+    assert (out.batch["responses"][:, :-1] == eos).any()  # some response went on past an EOS
+    assert (out.batch["rollout_log_probs"] - recomputed).abs().max() < 1e-3

@@ -1,6 +1,7 @@
 """torch.distributed inside a group, mesh dispatch on a 2x2 mesh, and placement over two nodes."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -65,8 +66,10 @@ _TWO_NODE_SCRIPT = textwrap.dedent(
 
 
 def test_two_node_placement_with_cluster_utils():
+    # Ray's one-machine mode keeps every node on 127.0.0.1 (tests/multinode has the full multi-node tests).
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     result = subprocess.run(
-        [sys.executable, "-c", _TWO_NODE_SCRIPT], cwd=REPO_ROOT, capture_output=True, text=True, timeout=180
+        [sys.executable, "-c", _TWO_NODE_SCRIPT], cwd=REPO_ROOT, capture_output=True, text=True, timeout=180, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])

@@ -36,6 +36,15 @@ def test_tutorial_dispatch_splits_in_order_and_merges_worker_metrics(generator):
     assert out.meta_info == {"metrics": {"rows": [ROWS // n] * n, "rank": list(range(n))}}
 
 
+def test_collect_fn_written_with_torch_cat_concatenates_the_dataprotos(generator):
+    n = generator.world_size
+    out = generator.generate_collected_with_torch_cat(prompts())
+    assert isinstance(out, DataProto)
+    assert out.batch["x"].tolist() == [2 * row for row in range(ROWS)]
+    assert out.batch["rank"].tolist() == [row // (ROWS // n) for row in range(ROWS)]
+    assert out.meta_info == {"metrics": {"rank": list(range(n))}}
+
+
 def test_malformed_dispatch_results_name_method_function_and_shapes(generator):
     n = generator.world_size
     with pytest.raises(DispatchError) as unsplit:

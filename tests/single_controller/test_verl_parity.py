@@ -69,10 +69,15 @@ def test_update_dispatch_mode_applies_to_groups_created_afterwards(ray_cluster):
     assert resolve_dispatch(name).dispatch_fn(WorkerGroupSize(3), 10) == [10, 11, 12]
     with pytest.raises(AssertionError, match="'NEVER_REGISTERED' is not registered"):
         update_dispatch_mode("NEVER_REGISTERED", print, print)
-    with pytest.raises(DispatchError, match="read-only"):
+    with pytest.raises(DispatchError, match=r"must be a dict with exactly the keys \['dispatch_fn', 'collect_fn'\]"):
         DISPATCH_MODE_FN_REGISTRY[Dispatch.ONE_TO_ALL] = {}
     pair = get_predefined_dispatch_fn(Dispatch.ONE_TO_ALL)
     assert set(pair) == {"dispatch_fn", "collect_fn"} and Dispatch.ONE_TO_ALL in DISPATCH_MODE_FN_REGISTRY
+    assert "VERL_PARITY_UPDATED" in DISPATCH_MODE_FN_REGISTRY and "NEVER_REGISTERED" not in DISPATCH_MODE_FN_REGISTRY
+    with pytest.raises(KeyError, match="'NEVER_REGISTERED' is not registered"):
+        DISPATCH_MODE_FN_REGISTRY["NEVER_REGISTERED"]
+    del DISPATCH_MODE_FN_REGISTRY[Dispatch.VERL_PARITY_UPDATED]
+    assert name not in DISPATCH_MODE_FN_REGISTRY
 
 
 class WorkerGroupSize:
@@ -112,6 +117,7 @@ def test_fused_worker_roles_see_each_other_and_fuw_execute_reaches_any_method(ra
         actor, critic = group.actor.describe(), group.critic.describe()
         assert [a["critic_value"] for a in actor] == [7, 7]
         assert [a["pid"] for a in actor] == [c["pid"] for c in critic]  # one process per rank holds both roles
+        assert group.actor.scaled_lr(3) == [1.5, 1.5]  # an async role method, awaited inside the fused actor
         with pytest.raises(ValueError, match="cannot fuse role 'actor'"):
             group.fuse(["actor"])
         with pytest.raises(WorkerGroupError, match="needs '<role>_fwmn_<method>'"):

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import torch
+from tensordict import NonTensorData, TensorDict
 
 from protocol import DataProto
 from single_controller.base import Worker
@@ -27,6 +29,10 @@ def dispatch_data(worker_group, data):
 
 def collect_data(worker_group, data):
     return DataProto.concat(data)
+
+
+def collect_with_torch_cat(worker_group, output):
+    return torch.cat(output)  # the outputs are DataProtos: torch.cat means DataProto.concat
 
 
 # ---- malformed dispatch functions (each must give one clear error) -----------------------------------
@@ -53,6 +59,12 @@ class TutorialGenerator(Worker):
     def generate_sequences(self, data):
         out = DataProto.from_dict({"x": data.batch["x"], "rank": torch.full((len(data),), self.rank)})
         out.meta_info["metrics"] = {"rows": len(data), "rank": self.rank}
+        return out
+
+    @register(dispatch_mode={"dispatch_fn": dispatch_data, "collect_fn": collect_with_torch_cat})
+    def generate_collected_with_torch_cat(self, data):
+        out = DataProto.from_dict({"x": data.batch["x"] * 2, "rank": torch.full((len(data),), self.rank)})
+        out.meta_info["metrics"] = {"rank": self.rank}
         return out
 
     @register(dispatch_mode={"dispatch_fn": dispatch_first_only, "collect_fn": collect_data})
@@ -133,6 +145,11 @@ class ActorRole(Worker):
         critic = self.get_fused_worker_by_name("critic")
         return {"role": "actor", "rank": self.rank, "pid": os.getpid(), "critic_value": critic.value}
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    async def scaled_lr(self, factor):
+        await asyncio.sleep(0)
+        return self.lr * factor
+
     def learning_rate(self):
         return self.lr
 
@@ -145,3 +162,66 @@ class CriticRole(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def describe(self):
         return {"role": "critic", "rank": self.rank, "pid": os.getpid()}
+
+
+# ---- a worker ported from verl's TensorDict-era workers -----------------------------------------------
+
+
+class InnerEngine(Worker):
+    """Built inside PortedWorker (not an actor), as verl's engine workers build their TrainingWorker: both
+    ranks are DP rank 0 of mesh "train", and only rank 0's output is collected."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._register_dispatch_collect_info("train", dp_rank=0, is_collect=self.rank == 0)
+
+
+class PortedWorker(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine = InnerEngine()
+        self.set_dispatch_collect(mesh_name="actor", **self.engine.get_dispatch_collect())
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def score_td(self, td):
+        turns = [len(turn_list) for turn_list in td["turn_scores"]]
+        out = TensorDict(
+            {"doubled": td["x"] * 2, "rank": torch.full((len(td),), self.rank), "turns": torch.tensor(turns)},
+            batch_size=[len(td)],
+        )
+        out["temperature"] = NonTensorData(td["temperature"])
+        return out
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    def count_rows_td(self, td):
+        return {"rank": self.rank, "rows": len(td)}
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
+    def compute_on_mesh(self, td):
+        return TensorDict({"x": td["x"], "producer": torch.full((len(td),), self.rank)}, batch_size=[len(td)])
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def dispatch_collect_info(self):
+        return self.get_dispatch_collect()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_again(self):
+        self.set_dispatch_collect("actor", {"train": 0}, {"train": True})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_conflicting(self):
+        self.set_dispatch_collect("other", {"a": 0, "b": 1}, {"a": True, "b": True})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    async def async_identity(self, value):
+        await asyncio.sleep(0)
+        return {"rank": self.rank, "value": value}
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    async def async_double(self, data):
+        await asyncio.sleep(0)
+        return DataProto.from_dict({"y": data.batch["x"] * 2, "rank": torch.full((len(data),), self.rank)})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def environment(self, names):
+        return {name: os.environ.get(name) for name in names}

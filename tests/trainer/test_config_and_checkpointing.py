@@ -28,7 +28,7 @@ def test_defaults_and_algorithm_group():
         ("trainer.placement=somewhere", r"trainer.placement='somewhere' is not valid; choose one of \['colocated', 'separate'\]"),
         ("data.train_batch_size=0", r"data.train_batch_size=0 must be a positive integer"),
         ("data.train_batch_size=12", r"ppo_mini_batch_size=8 \(prompts\) must divide data.train_batch_size=12"),
-        ("trainer.logger=[console,wandb]", r"unknown entries \['wandb'\]"),
+        ("trainer.logger=[console,swanlab]", r"unknown entries \['swanlab'\]; valid are \['console', 'jsonl', 'tensorboard', 'wandb', 'mlflow'\]"),
     ],
 )
 def test_bad_overrides_name_the_problem_and_the_valid_choices(override, expected):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 import torch
 
 from protocol import DataProto
@@ -77,3 +78,22 @@ def hf_response_log_probs(model: torch.nn.Module, data: DataProto, temperature: 
         ).logits
     logits = logits[:, -length - 1 : -1].float() / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+
+
+def assert_resume_round_trip(group: RayWorkerGroup, data: DataProto, path: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Update, save to `path`, update, load, update again: the load restores the saved log-probs and the
+    repeated update lands where the first did (equal only if the optimizer state, the LR step and the
+    shuffle counter came back too). Returns rank 0's metrics of the update after the save and after the load."""
+    group.update_actor(data)  # optimizer state and LR schedule are non-trivial at the save
+    group.save_checkpoint(path)
+    saved = group.compute_log_prob(data).batch["old_log_probs"]
+    first = group.update_actor(data)
+    after_first = group.compute_log_prob(data).batch["old_log_probs"]
+    assert not torch.allclose(after_first, saved, atol=1e-4)
+    group.load_checkpoint(path)
+    torch.testing.assert_close(group.compute_log_prob(data).batch["old_log_probs"], saved, atol=1e-6, rtol=0)
+    again = group.update_actor(data)
+    assert again[0]["lr"] == first[0]["lr"]
+    assert again[0]["pg_loss"] == pytest.approx(first[0]["pg_loss"], abs=1e-6)
+    torch.testing.assert_close(group.compute_log_prob(data).batch["old_log_probs"], after_first, atol=1e-6, rtol=0)
+    return first[0], again[0]

@@ -99,6 +99,27 @@ def test_uneven_eos_across_ranks_does_not_hang(actor_group):
     pytest.fail("no call had ranks finishing at different steps; raise the temperature or the length")
 
 
+def test_ignore_eos_runs_every_response_to_full_length(pool_1, tiny_model_dir):
+    """rollout.ignore_eos: HF generate does not stop at EOS, EOS stays a scored token of the response."""
+    from transformers import AutoModelForCausalLM
+
+    config = actor_config(tiny_model_dir, rollout={"response_length": RESPONSE_LENGTH, "ignore_eos": True})
+    group = make_group(pool_1, ActorRolloutRefWorker, config, "actor_rollout")
+    try:
+        prompts = random_prompts(16, [3, 5], seed=10)
+        prompts.meta_info.update(temperature=50.0, seed=4)  # near-uniform over 64 tokens: EOS is sampled often
+        out = group.generate_sequences(prompts)
+        log_probs = group.compute_log_prob(out).batch["old_log_probs"]
+    finally:
+        group.kill()
+    assert out.batch["response_mask"].sum(1).tolist() == [RESPONSE_LENGTH] * 16
+    eos = out.batch["responses"] == EOS
+    assert eos[:, :-1].any()  # some response went on past an EOS
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    # scored at the sampling temperature (carried in meta_info), every position included
+    torch.testing.assert_close(log_probs, hf_response_log_probs(reference, out, 50.0), atol=1e-5, rtol=0)
+
+
 def test_meta_info_seed_makes_sampling_reproducible(actor_group):
     def sample(seed: int) -> torch.Tensor:
         prompts = random_prompts(4, [3, 5], seed=8)

@@ -10,10 +10,13 @@ from workers.config import actor_rollout_ref_config, critic_config, mini_batch_p
 def test_defaults_are_filled_and_values_normalised():
     config = actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"optim": {"lr": 1}}})
     assert config["model"] == {"path": "/m", "dtype": "auto", "enable_gradient_checkpointing": False,
-                               "attn_implementation": None, "use_remove_padding": None}
+                               "attn_implementation": None, "use_remove_padding": None, "lora_rank": 0, "lora_alpha": 16,
+                               "target_modules": "all-linear", "exclude_modules": None}
+    assert "lora_rank" not in critic_config({"model": {"path": "/m"}})["model"]  # LoRA is the actor's
     assert config["actor"]["optim"]["lr"] == 1.0 and isinstance(config["actor"]["optim"]["lr"], float)
     assert config["actor"]["ppo_epochs"] == 1 and config["actor"]["loss_agg_mode"] == "token-mean"
     assert config["rollout"]["response_length"] == 512 and config["rollout"]["do_sample"] is True
+    assert config["rollout"]["ignore_eos"] is False
     assert config["seed"] == 0 and config["rollout"]["name"] == "hf" and config["rollout"]["n"] == 1
     assert config["ref"]["log_prob_micro_batch_size_per_gpu"] == 8
     assert critic_config({"model": {"path": "/m"}})["cliprange_value"] == 0.5
@@ -57,6 +60,14 @@ def test_unknown_key_lists_valid_keys():
         ({"rollout": {"placement": "separate"}}, r"placement='separate' needs rollout.name='vllm'"),
         ({"rollout": {"name": "vllm", "tensor_model_parallel_size": 2}}, r"tensor_model_parallel_size=2 needs rollout.name='vllm' and rollout.placement='separate'"),
         ({"actor": {"fsdp": {"param_offload": "yes"}}}, r"actor.fsdp.param_offload' must be a bool"),
+        ({"rollout": {"ignore_eos": "yes"}}, r"rollout.ignore_eos' must be a bool"),
+        ({"rollout": {"ignore_eos": True, "multi_turn": {"enable": True}}}, r"ignore_eos=true cannot be combined with rollout.multi_turn.enable"),
+        ({"model": {"lora_rank": -1}}, r"model.lora_rank' must be an int >= 0"),
+        ({"model": {"lora_alpha": 0}}, r"model.lora_alpha' must be a float > 0"),
+        ({"model": {"target_modules": []}}, r"model.target_modules' must be 'all-linear' or a list of module names"),
+        ({"model": {"exclude_modules": [""]}}, r"model.exclude_modules' must be None or a module name"),
+        ({"model": {"lora_rank": 8}, "actor": {"strategy": "megatron"}}, r"model.lora_rank=8 needs actor.strategy=fsdp"),
+        ({"model": {"lora_rank": 1024}, "rollout": {"name": "vllm"}}, r"model.lora_rank=1024 is above vLLM's largest adapter rank 512"),
     ],
 )
 def test_bad_values_name_key_and_expectation(override, message):
@@ -92,3 +103,16 @@ def test_packing_and_token_budgets_are_refused_with_megatron():
     with pytest.raises(ValueError, match="not supported with megatron"):
         critic_config({"model": {"path": "/m"}, "strategy": "megatron", "use_dynamic_bsz": True})
     assert actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"strategy": "megatron"}})["model"]["use_remove_padding"] is None
+
+
+def test_the_reference_offload_follows_the_actor_and_is_fsdp_only():
+    from trainer.config_loader import load_config
+    from trainer.role_groups import actor_worker_config
+
+    offloaded = actor_worker_config(load_config(["actor_rollout_ref.actor.fsdp.param_offload=true"]))
+    assert actor_rollout_ref_config(offloaded)["ref"]["fsdp"]["param_offload"] is True
+    kept = actor_worker_config(load_config(["actor_rollout_ref.actor.fsdp.param_offload=true", "actor_rollout_ref.ref.fsdp.param_offload=false"]))
+    assert actor_rollout_ref_config(kept)["ref"]["fsdp"]["param_offload"] is False
+    assert actor_rollout_ref_config({"model": {"path": "/m"}})["ref"]["fsdp"]["param_offload"] is False
+    with pytest.raises(ValueError, match="ref.fsdp.param_offload apply to actor.strategy='fsdp' only"):
+        actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"strategy": "megatron"}, "ref": {"fsdp": {"param_offload": True}}})

@@ -1,5 +1,5 @@
 """Pure-torch RL post-training algorithms: masked ops, advantage estimators,
-policy/value losses, entropy/log-prob helpers, KL penalties and controllers."""
+policy (PPO, GSPO) and value losses, entropy/log-prob helpers, KL penalties and controllers."""
 
 from .advantages import (
     ADVANTAGE_ESTIMATORS,

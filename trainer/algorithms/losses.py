@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from trainer.algorithm_names import LOSS_AGG_MODES, POLICY_LOSS_MODES
+
+from .gspo import LOG_RATIO_BOUND, gspo_token_ratios
 from .masked import masked_mean, masked_sum
 
 __all__ = ["LOSS_AGG_MODES", "agg_loss", "compute_policy_loss", "compute_value_loss"]
-
-LOSS_AGG_MODES: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
 
 
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
@@ -55,13 +51,16 @@ def compute_policy_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     token_weights: torch.Tensor | None = None,
+    loss_mode: str = "vanilla",
 ) -> dict[str, torch.Tensor]:
-    """Clipped PPO surrogate with dual clip for negative advantages.
+    """Clipped PPO surrogate with dual clip for negative advantages (``loss_mode="vanilla"``), or GSPO's.
 
     With ``r = exp(log_prob - old_log_prob)``:
     ``L = max(-A r, -A clip(r, 1 - low, 1 + high))`` and, where ``A < 0``,
     additionally ``L = min(L, -A c)`` (dual clip: bounds the loss when a
     token that became much *more* likely has a negative advantage).
+    ``loss_mode="gspo"``: ``r`` is the response's sequence ratio on every token (``gspo.py``) and there is
+    no dual clip (``clip_ratio_c`` unused, ``pg_clipfrac_lower`` 0), as in GSPO.
 
     Args:
         old_log_prob, log_prob, advantages, response_mask: ``[batch, len]``;
@@ -78,14 +77,18 @@ def compute_policy_loss(
 
     Raises:
         ValueError: if ``clip_ratio_c <= 1`` (the dual-clip bound must lie above the
-            unclipped ratio of 1).
+            unclipped ratio of 1), or for an unknown ``loss_mode``.
     """
     if not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0 for dual-clip PPO, got {clip_ratio_c}")
+    if loss_mode not in POLICY_LOSS_MODES:
+        raise ValueError(f"unknown policy loss_mode {loss_mode!r}; valid: {list(POLICY_LOSS_MODES)}")
 
     log_ratio = log_prob - old_log_prob
-    # Clamp before exp: a huge ratio would overflow to inf and the clip cannot undo that.
-    ratio = torch.exp(torch.clamp(log_ratio, min=-20.0, max=20.0))
+    if loss_mode == "gspo":
+        ratio = gspo_token_ratios(log_prob, old_log_prob, response_mask)
+    else:  # clamp before exp: a huge ratio would overflow to inf and the clip cannot undo that
+        ratio = torch.exp(torch.clamp(log_ratio, min=-LOG_RATIO_BOUND, max=LOG_RATIO_BOUND))
     ppo_kl = masked_mean(-log_ratio, response_mask).detach()
 
     loss_unclipped = -advantages * ratio
@@ -95,6 +98,8 @@ def compute_policy_loss(
 
     loss_dual_bound = -advantages * clip_ratio_c
     negative = advantages < 0
+    if loss_mode == "gspo":  # GSPO clips the sequence ratio only
+        negative = torch.zeros_like(negative)
     loss_mat = torch.where(negative, torch.minimum(loss_ppo, loss_dual_bound), loss_ppo)
     dual_active = negative & (loss_ppo > loss_dual_bound)
     clipfrac_lower = masked_mean(dual_active.to(loss_ppo.dtype), response_mask)

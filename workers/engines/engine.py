@@ -200,11 +200,9 @@ class TrainEngine:
             return IpcEngineSync(train, engines, path.feeding_rank, vocab_size, verify, tolerance)
         options = {"tensor_model_parallel_size": infer.tensor_parallel_size, "verify_sync": verify,
                    "verify_tolerance": tolerance}
-        # The engine may have loaded other weights than the module holds: the first sync is not checked for a
-        # change of weights (later ones are, against the module's own fingerprint of what it sends).
-        sync = SeparateWeightSync(train, engines, options, infer.model_path, self.use_gpu, engines_start_from_trainer=False)
-        sync.synced_version = -1  # always send on the first call
-        return sync
+        # The engine may have loaded other weights than the module holds: the first call always sends, and is
+        # not checked for a change of weights (later ones are, against the module's fingerprint of what it sends).
+        return SeparateWeightSync(train, engines, options, infer.model_path, self.use_gpu, engines_start_from_trainer=False)
 
     def shutdown(self) -> None:
         if self.group is not None:

@@ -1,4 +1,5 @@
-"""The actor's loss on one micro-batch: clipped PPO surrogate, entropy bonus and KL-to-reference loss."""
+"""The actor's loss on one micro-batch: clipped policy surrogate (PPO's token ratio, or GSPO's sequence ratio:
+`policy_loss.loss_mode`), entropy bonus and KL-to-reference loss."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def actor_loss_from_log_probs(
         clip_ratio_c=actor_cfg["clip_ratio_c"],
         loss_agg_mode=mode,
         token_weights=is_weights,
+        loss_mode=actor_cfg["policy_loss"]["loss_mode"],
     )
     loss = policy["pg_loss"] - entropy_coeff * entropy_loss
     metrics = {name: float(value.detach()) for name, value in policy.items()}

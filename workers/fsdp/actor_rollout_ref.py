@@ -4,6 +4,9 @@ Roles:
     "actor_rollout"      the trainable policy; generates and computes its own log-probs
     "actor_rollout_ref"  the same, plus a separate frozen copy of the initial policy for ref log-probs
     "ref"                only the frozen reference policy
+
+With LoRA (`model.lora_rank` > 0) the actor trains adapters over a frozen base, and the reference is that
+base: the actor's forward with the adapters disabled, in either actor role (no second model is loaded).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.sequences import require_batch_keys, response_log_probs_and_entropy
 from workers.fsdp.sft_update import SFT_KEYS, sft_loss_from_log_probs, with_loss_mask
 from workers.fsdp.weight_sender import WeightSenderMixin
+from workers.lora.model import adapters_disabled
 from workers.memory import MemoryLog
 from workers.rollout.agent.worker_glue import build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.sampling import SamplingParams, model_token_ids, sampling_params
@@ -50,6 +54,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         self.update_calls = 0  # part of the checkpoint: seeds the mini-batch shuffles
         self.hybrid_rollout = None  # a vLLM engine in this process (rollout.name=vllm, placement=hybrid)
         self.offloader: Offloader | None = None
+        self.ref_offloader: Offloader | None = None  # the frozen reference's parameters (ref.fsdp.param_offload)
         self.agent = None  # the multi-turn tool-calling rollout (rollout.multi_turn.enable)
         self.init_actor_state()
 
@@ -67,8 +72,10 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             self.offloader = Offloader(
                 self.actor.module, self.actor.optimizer, self.actor.device, fsdp["param_offload"], fsdp["optimizer_offload"]
             )
-        if self.role in ("actor_rollout_ref", "ref"):
+        if self.role == "ref" or (self.role == "actor_rollout_ref" and self.actor.lora is None):
+            # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.
             self.ref = FSDPEngine(AutoModelForCausalLM, cfg["model"], self.rank)
+            self.ref_offloader = Offloader(self.ref.module, None, self.ref.device, cfg["ref"]["fsdp"]["param_offload"], False)
         rollout = cfg["rollout"]
         if self.actor is not None and rollout["name"] == "vllm" and rollout["placement"] == "hybrid":
             from workers.rollout.hybrid import FSDPWeightSource, HybridRollout
@@ -80,8 +87,9 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         device = (self.actor or self.ref).device
         self.memory = MemoryLog(device)
         self.memory.record("init")
-        if self.offloader is not None:
-            self.offloader.offload()
+        for offloader in (self.offloader, self.ref_offloader):
+            if offloader is not None:
+                offloader.offload()
         # Each rank samples from its own stream, reproducibly.
         torch.manual_seed(cfg["seed"] + self.rank)
 
@@ -126,7 +134,9 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         seed = prompts.meta_info.get("seed")
         if self.hybrid_rollout is not None:
             inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
-            multi_turn = None if self.agent is None else lambda engine: vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank)
+            multi_turn = None if self.agent is None else (
+                lambda engine: vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)
+            )
             result, metrics = self.hybrid_rollout.generate(
                 inputs, params, seed, self.rank, self.weights_version, after_sync=self.offloader.offload, run=multi_turn
             )
@@ -183,9 +193,18 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
 
     @register(Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        """Reference-policy log-probs of the responses: `ref_log_prob` [B, R]."""
-        engine = self._engine("ref", "compute_ref_log_prob")
-        out = self._log_probs(engine, data, "ref", False, "compute_ref_log_prob")
+        """Reference-policy log-probs of the responses: `ref_log_prob` [B, R]. With LoRA the reference is the
+        actor's base model: the same forward with every adapter disabled."""
+        if self.actor is not None and self.actor.lora is not None:
+            engine = self._resident_actor("compute_ref_log_prob")
+            with adapters_disabled(engine.module):
+                out = self._log_probs(engine, data, "ref", False, "compute_ref_log_prob")
+            self._end_phase("ref_log_prob")
+        else:
+            engine = self._engine("ref", "compute_ref_log_prob")
+            self.ref_offloader.load()
+            out = self._log_probs(engine, data, "ref", False, "compute_ref_log_prob")
+            self.ref_offloader.offload()
         return DataProto.from_dict({"ref_log_prob": out["log_probs"]})
 
     # ---- training -------------------------------------------------------------------------------------
@@ -270,4 +289,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             self._resident_actor("export_hf").export_hf(path)
             self._end_phase("export_hf")
         else:
-            self._engine("ref", "export_hf").export_hf(path)
+            engine = self._engine("ref", "export_hf")
+            self.ref_offloader.load()
+            engine.export_hf(path)
+            self.ref_offloader.offload()

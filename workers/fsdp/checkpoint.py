@@ -69,32 +69,61 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
 
 
+def _options(trainable_only: bool) -> StateDictOptions:
+    # Frozen parameters (a LoRA run's base weights) come from the model folder, not from the checkpoint.
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+
+def _state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer, trainable_only: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
+    if trainable_only:  # ignore_frozen_params keeps a frozen tied weight under its second name (lm_head)
+        trainable = {name for name, param in model.named_parameters() if param.requires_grad}
+        model_sd = {name: value for name, value in model_sd.items() if name in trainable}
+    return model_sd, optim_sd
+
+
 def save_sharded(
-    path: str, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any], rank: int
+    path: str, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any], rank: int, trainable_only: bool = False
 ) -> None:
-    """Collective: every rank writes its model/optimizer shard and its own extra state."""
+    """Collective: every rank writes its model/optimizer shard and its own extra state. With
+    `trainable_only`, frozen parameters are left out (they are reloaded from the model folder)."""
     os.makedirs(path, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = _state_dicts(model, optimizer, trainable_only)
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=os.path.join(path, DCP_SUBDIR))
     torch.save({**extra, "rng": rng_state()}, extra_state_path(path, rank))
     dist.barrier()  # the checkpoint is complete only when every rank has written
 
 
-def load_sharded(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, rank: int) -> dict[str, Any]:
-    """Collective: restore model, optimizer and RNG states; returns the extra state saved by `save_sharded`."""
+def load_sharded(
+    path: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    rank: int,
+    trainable_only: bool = False,
+    must_match: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Collective: restore model, optimizer and RNG states; returns the extra state saved by `save_sharded`.
+    `must_match` entries (e.g. the LoRA settings) must equal the saved extra state's, or it raises naming them."""
     extra_file = extra_state_path(path, rank)
     if not os.path.isfile(extra_file):
         raise FileNotFoundError(
             f"no checkpoint for rank {rank} at {path!r} (missing {os.path.basename(extra_file)}); a checkpoint "
             "must be loaded by a group of the same world size that saved it"
         )
+    extra = torch.load(extra_file, weights_only=True)
+    for key, expected in (must_match or {}).items():
+        if extra.get(key) != expected:
+            raise ValueError(f"checkpoint {path!r} was saved with {key}={extra.get(key)!r}, this run has {key}={expected!r}; resume with the same settings")
     # The templates tell DCP which shard of each tensor this rank reads (the optimizer state is created).
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = _state_dicts(model, optimizer, trainable_only)
     state = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=os.path.join(path, DCP_SUBDIR))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    extra = torch.load(extra_file, weights_only=True)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=_options(trainable_only)
+    )
     set_rng_state(extra.pop("rng"))
+    for key in must_match or {}:
+        extra.pop(key, None)
     return extra
 
 

@@ -6,14 +6,18 @@ what is specific to their role (losses, generation, output keys).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 from torch import nn
 
 from workers.fsdp import checkpoint
+from workers.fsdp.lora_export import export_lora_hf
 from workers.fsdp.model_loading import compute_dtype, load_sharded_model, worker_device
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clip_gradients
+from workers.lora.model import adapter_parameter_names
+from workers.lora.spec import LoraSpec
 
 
 class FSDPEngine:
@@ -37,8 +41,10 @@ class FSDPEngine:
         self.device = worker_device()
         self.dtype = compute_dtype(model_cfg["dtype"], self.device)
         self.trainable = optim_cfg is not None
+        # LoRA (model_cfg["lora_rank"] > 0) applies to trainable models; a frozen one is the plain base model.
+        self.lora: LoraSpec | None = LoraSpec.from_model_config(model_cfg) if self.trainable else None
         self.module: nn.Module = load_sharded_model(
-            auto_class, model_cfg, self.device, self.trainable, config_overrides, seed
+            auto_class, model_cfg, self.device, self.trainable, config_overrides, seed, self.lora
         )
         self.optimizer = build_optimizer(self.module, optim_cfg) if optim_cfg is not None else None
         self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_cfg) if self.optimizer is not None else None
@@ -69,18 +75,33 @@ class FSDPEngine:
         self._require_trainable("lr_scheduler_step")
         self.lr_scheduler.step()
 
+    def synced_parameter_names(self) -> list[str] | None:
+        """What a weight sync sends: the adapter factors with LoRA (the engine keeps the base), else None (all)."""
+        return adapter_parameter_names(self.module) if self.lora is not None else None
+
     # ---- checkpoints ----------------------------------------------------------------------------------
+    def _lora_state(self) -> dict[str, Any]:
+        # Recorded in every checkpoint: a LoRA checkpoint holds only the adapter, so the settings must match.
+        return {"lora": None if self.lora is None else dataclasses.asdict(self.lora)}
+
     def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
+        """Model (with LoRA: the adapter only) and optimizer shards, LR schedule, RNG and the caller's `extra`."""
         self._require_trainable("save_checkpoint")
-        state = {"lr_scheduler": self.lr_scheduler.state_dict(), **(extra or {})}
-        checkpoint.save_sharded(path, self.module, self.optimizer, state, self.rank)
+        state = {"lr_scheduler": self.lr_scheduler.state_dict(), **self._lora_state(), **(extra or {})}
+        checkpoint.save_sharded(path, self.module, self.optimizer, state, self.rank, trainable_only=self.lora is not None)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Restore everything `save_checkpoint` wrote; returns the caller's `extra` entries."""
         self._require_trainable("load_checkpoint")
-        extra = checkpoint.load_sharded(path, self.module, self.optimizer, self.rank)
+        extra = checkpoint.load_sharded(
+            path, self.module, self.optimizer, self.rank, trainable_only=self.lora is not None, must_match=self._lora_state()
+        )
         self.lr_scheduler.load_state_dict(extra.pop("lr_scheduler"))
         return extra
 
     def export_hf(self, path: str) -> None:
-        checkpoint.export_hf(self.module, self.auto_class, path, self.model_path, self.rank)
+        """An HF folder of the model; with LoRA the merged model, plus the adapter alone in `path/lora_adapter`."""
+        if self.lora is None:
+            checkpoint.export_hf(self.module, self.auto_class, path, self.model_path, self.rank)
+        else:
+            export_lora_hf(self.module, self.auto_class, path, self.model_path, self.rank, self.lora)

@@ -10,6 +10,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig
 
+from workers.lora.model import add_lora_adapters
+from workers.lora.spec import LoraSpec
 from workers.packing.forward import enable_packing
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,16 +52,18 @@ def load_sharded_model(
     trainable: bool,
     config_overrides: dict[str, Any] | None = None,
     seed: int = 0,
+    lora: LoraSpec | None = None,
 ) -> nn.Module:
     """`auto_class.from_pretrained(path)` sharded over all ranks with FSDP2.
 
     Trainable models keep float32 master parameters and run forward/backward in the compute dtype through
     `MixedPrecisionPolicy` (gradients reduced in float32). Frozen models are simply loaded in the compute
-    dtype. `seed` is set before loading so heads missing from the checkpoint (a new value or score head)
-    get the same initial values on every rank.
+    dtype. With `lora` (trainable models) the base weights are frozen in the compute dtype and only the
+    float32 adapter factors train. `seed` is set before loading so heads missing from the checkpoint (a new
+    value or score head) and LoRA's random A factors get the same initial values on every rank.
     """
     dtype = compute_dtype(model_cfg["dtype"], device)
-    load_dtype = torch.float32 if trainable else dtype
+    load_dtype = torch.float32 if trainable and lora is None else dtype
     # Overrides go onto the config object: from_pretrained would hand unknown config keys to __init__.
     config = AutoConfig.from_pretrained(model_cfg["path"])
     for key, value in (config_overrides or {}).items():
@@ -76,6 +80,8 @@ def load_sharded_model(
         eos = model.config.eos_token_id
         model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
     model.requires_grad_(trainable)
+    if trainable and lora is not None:
+        add_lora_adapters(model, lora)
     enable_packing(model, model_cfg["use_remove_padding"])
 
     mesh = device_mesh(device)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from single_controller import Dispatch, register
-from workers.rollout.buckets import BucketLayout
+from workers.rollout.buckets import BucketLayout, payload_bytes
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
 from workers.rollout.verify import TRAINER_FINGERPRINT, WeightFingerprint, probe_sequences, trainer_log_probs
 from workers.rollout.weight_sync import (
@@ -59,8 +59,10 @@ class WeightSenderMixin(SyncGroupHostMixin):
 
     @register(Dispatch.RANK_ZERO)
     def weight_sync_layouts(self) -> list[BucketLayout]:
-        """The bucket plan (names, shapes, engine dtype) both sides follow."""
-        return plan_model_buckets(self._sync_source().module, self._sync_dtype(), self.config["rollout"]["weight_sync_bucket_mb"] << 20)
+        """The bucket plan (names, shapes, engine dtype) both sides follow; with LoRA, the adapter factors only."""
+        engine = self._sync_source()
+        bucket_bytes = self.config["rollout"]["weight_sync_bucket_mb"] << 20
+        return plan_model_buckets(engine.module, self._sync_dtype(), bucket_bytes, engine.synced_parameter_names())
 
     @register(Dispatch.ONE_TO_ALL)
     def broadcast_weights(self, layouts: list[BucketLayout], fingerprint: bool = False) -> dict[str, float]:
@@ -75,7 +77,11 @@ class WeightSenderMixin(SyncGroupHostMixin):
             engine.module, layouts, self._sync_group if self.rank == 0 else None, engine.device,
             sender=self._broadcast_sender, fingerprint=taken,
         )
-        metrics = {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
+        metrics = {
+            "rollout/sync_s": time.perf_counter() - start,
+            "rollout/sync_gib": sent / GIB,
+            "rollout/sync_bytes": float(payload_bytes(layouts)) if sent else 0.0,  # rank 0 sends, the others gather
+        }
         return metrics if taken is None else {**metrics, TRAINER_FINGERPRINT: taken.value}
 
     # ---- CUDA IPC (separate engines on this rank's GPU: fractional GPU shares) ------------------------------

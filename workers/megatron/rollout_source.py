@@ -20,6 +20,7 @@ class MegatronWeightSource:
         self.engine = engine
         self.model_path, self.device, self.dtype = engine.model_path, engine.device, engine.dtype
         self.vocab_size = engine.layout.vocab_size
+        self.lora = None  # the Megatron backend trains every weight
 
     def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]:
         from transformers import AutoModelForCausalLM

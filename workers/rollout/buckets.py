@@ -76,6 +76,11 @@ def plan_buckets(
     return buckets
 
 
+def payload_bytes(layouts: Sequence[BucketLayout]) -> int:
+    """Bytes of the tensors the buckets hold (their sizes without the alignment gaps): what a sync moves."""
+    return sum(slot.nbytes for layout in layouts for slot in layout.slots)
+
+
 def empty_bucket(layout: BucketLayout, device: torch.device | str) -> torch.Tensor:
     return torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
 

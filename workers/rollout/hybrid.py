@@ -2,7 +2,7 @@
 
 Per generate call: wake the engine, load the actor's current weights if they changed (or were
 released by sleep), optionally verify them, generate, then sleep again so the actor has
-the device for log-probs and the update.
+the device for log-probs and the update. A LoRA actor sends only its adapter (see workers/lora).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import torch
 
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.model_loading import compute_dtype
-from workers.rollout.buckets import BucketLayout
+from workers.lora.model import adapter_parameter_names
+from workers.lora.spec import LoraSpec
+from workers.rollout.buckets import BucketLayout, payload_bytes
 from workers.rollout.verify import (
     DEFAULT_TOLERANCE, WeightFingerprint, compare_log_probs, fingerprinted, probe_sequences, require_changed, require_match,
     trainer_log_probs,
@@ -33,6 +35,7 @@ class WeightSource(Protocol):
     device: torch.device
     dtype: torch.dtype
     vocab_size: int
+    lora: LoraSpec | None  # a LoRA trainer sends only its adapter; the engine keeps the folder's base weights
 
     def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]: ...
 
@@ -52,9 +55,11 @@ class FSDPWeightSource:
         self.actor = actor
         self.model_path, self.device, self.dtype = actor.model_path, actor.device, actor.dtype
         self.vocab_size = actor.module.config.vocab_size
+        self.lora = actor.lora
 
     def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]:
-        return plan_model_buckets(self.actor.module, dtype, bucket_bytes)
+        names = None if self.lora is None else adapter_parameter_names(self.actor.module)
+        return plan_model_buckets(self.actor.module, dtype, bucket_bytes, names)
 
     def named_weights(self, layouts: list[BucketLayout]) -> Iterator[tuple[str, torch.Tensor]]:
         return named_full_parameters(self.actor.module, layouts)
@@ -76,12 +81,15 @@ class HybridRollout:
         self.source = source
         self.cfg = rollout_cfg
         self.dtype = engine_dtype(rollout_cfg, source)
-        self.engine = VLLMEngine(source.model_path, rollout_cfg, self.dtype, source.device, seed)
+        self.engine = VLLMEngine(source.model_path, rollout_cfg, self.dtype, source.device, seed, lora=source.lora)
         self.layouts: list[BucketLayout] = source.sync_layouts(self.dtype, rollout_cfg["weight_sync_bucket_mb"] << 20)
-        self.synced_version = 0  # the engine loaded the same folder the actor started from
-        # The trainer-side fingerprint of what the engine holds (the model folder, as the trainer would send it).
+        # The engine loaded the same folder the actor started from; a LoRA engine has no adapter yet, so its
+        # first sync (before the first generate) always runs.
+        self.synced_version = 0 if source.lora is None else -1
+        # The trainer-side fingerprint of what the engine holds (the model folder, as the trainer would send
+        # it); unknown for a LoRA engine before its first adapter, so that first sync checks the probe only.
         self.trainer_fingerprint: float | None = None
-        if rollout_cfg["verify_sync"]:
+        if rollout_cfg["verify_sync"] and source.lora is None:
             self.trainer_fingerprint = self._trainer_fingerprint()
 
     def _trainer_fingerprint(self) -> float:
@@ -99,11 +107,13 @@ class HybridRollout:
         sent = WeightFingerprint()
         pairs = self.source.named_weights(self.layouts)
         start = time.perf_counter()
-        loaded = self.engine.load_weights(fingerprinted(pairs, sent) if verify else pairs)
+        load = self.engine.load_weights if self.source.lora is None else self.engine.load_adapter
+        loaded = load(fingerprinted(pairs, sent) if verify else pairs)
         seconds = time.perf_counter() - start
         metrics = {
             "rollout/sync_s": seconds,
             "rollout/sync_gib": sum(b.nbytes for b in self.layouts) / GIB,
+            "rollout/sync_bytes": float(payload_bytes(self.layouts)),
             "rollout/sync_tensors": float(loaded),
         }
         if verify:
@@ -115,7 +125,11 @@ class HybridRollout:
         return metrics
 
     def sync_now(self, version: int) -> dict[str, float]:
-        """Wake the engine, bring it to `version` (a full load if sleep released its weights), sleep again."""
+        """Bring the engine to `version` now. An engine that sleeps between calls would drop the weights
+        (or the adapter) at its next sleep, so nothing is loaded here: the next `generate` wakes it and
+        loads them once (one load per step instead of one per sync call)."""
+        if self.engine.sleeps_between_calls:
+            return {}
         released = self.engine.wake_up()
         metrics = self.sync(version, force=released)
         self.engine.sleep()

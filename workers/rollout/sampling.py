@@ -25,6 +25,9 @@ class SamplingParams:
     response_length: int
     eos_token_ids: tuple[int, ...]
     pad_token_id: int
+    # Keep sampling past EOS (an EOS token is then an ordinary token of the response): every response is
+    # response_length tokens long and all of them count (verl's rollout.ignore_eos, vLLM's ignore_eos).
+    ignore_eos: bool = False
 
     def generation_config(self) -> GenerationConfig:
         # A fresh config: nothing from the checkpoint's generation_config.json (top_k=50, repetition
@@ -33,7 +36,10 @@ class SamplingParams:
         return GenerationConfig(
             do_sample=self.do_sample,
             max_new_tokens=self.response_length,
-            eos_token_id=list(self.eos_token_ids),
+            # No stop token when ignoring EOS. An empty list, not None: generate() would fill None from the
+            # model's own generation config. (min_new_tokens would instead forbid EOS, changing the
+            # distribution the trainer's log-probs assume.)
+            eos_token_id=[] if self.ignore_eos else list(self.eos_token_ids),
             pad_token_id=self.pad_token_id,
             num_beams=1,
             use_cache=True,
@@ -69,6 +75,7 @@ def sampling_params(
         response_length=int(rollout_cfg["response_length"]),
         eos_token_ids=eos_ids,
         pad_token_id=eos_ids[0] if pad is None else int(pad),
+        ignore_eos=bool(rollout["ignore_eos"]),
     )
 
 

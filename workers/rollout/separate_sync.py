@@ -23,14 +23,15 @@ class SeparateWeightSync:
         engines_start_from_trainer: bool = True,
     ) -> None:
         """`engines_start_from_trainer`: the engines hold the trainer's weights at `connect()` (both loaded
-        the same folder); when not, the first sync's change of weights is not checked (the probe still is)."""
+        the same folder); when not (another source, or a LoRA trainer whose adapter the engines do not have
+        yet), the first `sync()` always sends, and its change of weights is not checked (the probe still is)."""
         self.actor, self.rollout, self.cfg = actor, rollout, rollout_cfg
         self.engines_start_from_trainer = engines_start_from_trainer
         self.backend = "nccl" if use_gpu else "gloo"
         self.vocab_size = AutoConfig.from_pretrained(model_path).vocab_size
         self.layouts: list | None = None
         self.trainer_fingerprint: float | None = None  # of the weights the engines hold, taken on the trainer
-        self.synced_version = 0  # the engines loaded the folder the actor started from
+        self.synced_version = 0 if engines_start_from_trainer else -1  # 0: the engines loaded the actor's folder
         self.actor_version = 0  # the actor's weights version at the last sync() (synced or not)
 
     def connect(self) -> None:
@@ -105,15 +106,20 @@ class IpcRolloutSync:
 
 
 def rollout_weight_sync(
-    actor: Any, rollout: Any, rollout_cfg: dict[str, Any], model_path: str, use_gpu: bool
+    actor: Any, rollout: Any, rollout_cfg: dict[str, Any], model_path: str, use_gpu: bool, engines_start_from_trainer: bool = True
 ) -> SeparateWeightSync | IpcRolloutSync:
     """The sync of a separate rollout group, by where its engines run: on GPUs of their own (broadcast, NCCL;
-    gloo on CPU), or on the actor ranks' GPUs (CUDA IPC)."""
+    gloo on CPU), or on the actor ranks' GPUs (CUDA IPC). `engines_start_from_trainer` as in `SeparateWeightSync`."""
     from workers.engines.sync_path import CUDA_IPC, choose_sync_path
 
     path = choose_sync_path(actor.node_info, rollout.node_info, use_gpu, rollout_cfg["tensor_model_parallel_size"])
     if path.kind != CUDA_IPC:
-        return SeparateWeightSync(actor, rollout, rollout_cfg, model_path, use_gpu)
+        return SeparateWeightSync(actor, rollout, rollout_cfg, model_path, use_gpu, engines_start_from_trainer)
+    if not engines_start_from_trainer:
+        raise ValueError(
+            "the rollout engines share the actor's GPUs (CUDA IPC weight sync), which sends full weights only, not a "
+            "LoRA adapter: give the engines GPUs of their own (trainer.gpus_per_process=1, rollout.gpus_per_engine=null)"
+        )
     if not hasattr(actor, "send_ipc"):
         raise ValueError(
             f"the rollout engines share the actor's GPUs, which needs a CUDA IPC weight sync that the "

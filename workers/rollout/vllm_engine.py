@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from workers.lora.spec import LoraSpec
+from workers.lora.vllm_adapter import adapter_request, engine_options
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.shaping import assemble_rollout, pad_token_lists
 from workers.rollout.sync_group import SyncGroupAddress
@@ -41,7 +43,9 @@ def vllm_sampling(params: Any, max_tokens: int, seed: int | None, min_tokens: in
         temperature=params.temperature if params.do_sample else 0.0,
         top_p=params.top_p if params.do_sample else 1.0,
         top_k=params.top_k if params.do_sample else 0,
-        stop_token_ids=list(params.eos_token_ids),
+        # ignore_eos: vLLM skips its own EOS check, and no stop token may end the response early either.
+        stop_token_ids=[] if params.ignore_eos else list(params.eos_token_ids),
+        ignore_eos=params.ignore_eos,
         logprobs=0,
         detokenize=False,
         seed=seed,
@@ -56,7 +60,11 @@ def sampled_tokens(output: Any) -> tuple[list[int], list[float]]:
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, rollout: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int) -> None:
+    def __init__(
+        self, model_path: str, rollout: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int, lora: LoraSpec | None = None
+    ) -> None:
+        """With `lora` the engine serves the trainer's LoRA adapter over the model folder's weights: each sync
+        replaces the adapter (`load_adapter` / `receive_adapter`) and every generate uses it."""
         tp = rollout["tensor_model_parallel_size"]
         if tp == 1:
             # Keep the engine in this process: tensors can then be passed to it without serialization.
@@ -73,6 +81,11 @@ class VLLMEngine:
         self.sleep_enabled = bool(rollout["enable_sleep"]) and device.type == "cuda"
         self.free_cache_engine = bool(rollout["free_cache_engine"])
         self.asleep = False
+        self.lora = lora
+        self.lora_request = None  # set by the first adapter sync; until then the adapter is the identity (B = 0)
+        # A LoRA engine keeps its base weights while asleep (level 1: backed up in host memory): only the
+        # adapter is ever sent. Level 2 discards the weights; the next sync re-sends all of them.
+        self.sleep_level = 2 if lora is None else 1
         kwargs: dict[str, Any] = dict(
             model=model_path,
             dtype=_DTYPE_NAMES[dtype],
@@ -88,6 +101,8 @@ class VLLMEngine:
             # The checkpoint's generation_config.json must not change sampling defaults.
             generation_config="vllm",
         )
+        if lora is not None:
+            kwargs.update(engine_options(lora))
         if device.type == "cuda":
             kwargs.update(gpu_memory_utilization=float(rollout["gpu_memory_utilization"]), enable_sleep_mode=self.sleep_enabled)
         else:
@@ -118,12 +133,12 @@ class VLLMEngine:
             )
             for i, length in enumerate(forced)
         ]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.lora_request)
         sampled = [sampled_tokens(o) for o in outputs]
         tokens, log_probs = [t for t, _ in sampled], [lp for _, lp in sampled]
         cpu_prompts = {k: v.cpu() for k, v in prompts.items()}
-        generated = pad_token_lists(tokens, params.response_length, params.pad_token_id)
-        batch = assemble_rollout(cpu_prompts, generated, params, [len(t) for t in tokens])
+        lengths = torch.tensor([len(t) for t in tokens])
+        batch = assemble_rollout(cpu_prompts, pad_token_lists(tokens, params.response_length, params.pad_token_id), params, lengths)
         rollout_lp = torch.zeros(len(tokens), params.response_length, dtype=torch.float32)
         for i, row in enumerate(log_probs):
             row = row[: params.response_length]
@@ -137,7 +152,7 @@ class VLLMEngine:
 
         rows = [row.tolist() for row in sequences]
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False, lora_request=self.lora_request)
         return torch.tensor(
             [[float(step[t].logprob) for step, t in zip(o.prompt_logprobs[1:], r[1:])] for o, r in zip(outputs, rows)]
         )
@@ -148,7 +163,9 @@ class VLLMEngine:
         from vllm import SamplingParams, TokensPrompt
 
         params = SamplingParams(**{"max_tokens": 16, "logprobs": 0, "detokenize": False, **sampling})
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False, lora_request=self.lora_request
+        )
         return [dict(zip(("token_ids", "log_probs"), sampled_tokens(output))) for output in outputs]
 
     # ---- weights --------------------------------------------------------------------------------------
@@ -157,6 +174,27 @@ class VLLMEngine:
         (count,) = self.llm.collective_rpc("sc_load_named_weights", args=(pairs,))
         self.after_weight_update()
         return count
+
+    def load_adapter(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """In-process: the trainer's `(name, tensor)` adapter factors become the engine's adapter; returns how
+        many tensors were loaded."""
+        (count,) = self.llm.collective_rpc("sc_load_lora", args=(pairs, self._adapter_config()))
+        self._adapter_updated()
+        return count
+
+    def receive_adapter(self, layouts: list[BucketLayout]) -> None:
+        """Broadcast path: receive the adapter factors laid out as `layouts` and make them the adapter."""
+        self.llm.collective_rpc("sc_receive_lora_broadcast", args=(layouts, self._adapter_config()))
+        self._adapter_updated()
+
+    def _adapter_config(self) -> dict[str, Any]:
+        if self.lora is None:
+            raise RuntimeError("this engine was built without LoRA (model.lora_rank=0); it takes full weights")
+        return self.lora.adapter_config()
+
+    def _adapter_updated(self) -> None:
+        self.lora_request = adapter_request()
+        self.after_weight_update()
 
     def join_weight_sync_group(self, address: SyncGroupAddress, first_rank: int) -> None:
         self.llm.collective_rpc("sc_join_weight_sync_group", args=(address, first_rank))
@@ -180,11 +218,17 @@ class VLLMEngine:
         return float(sum(self.llm.collective_rpc("sc_weights_fingerprint")))
 
     # ---- residency ------------------------------------------------------------------------------------
+    @property
+    def sleeps_between_calls(self) -> bool:
+        """Whether `sleep` releases the weights (GPU sleep mode with free_cache_engine)."""
+        return bool(self.sleep_enabled and self.free_cache_engine)
+
     def sleep(self) -> None:
         """Release the weights and the KV cache (GPU with enable_sleep and free_cache_engine; a no-op on
-        CPU). The weights are discarded, not kept on the host: the trainer re-sends them on wake."""
-        if self.sleep_enabled and self.free_cache_engine and not self.asleep:
-            self.llm.sleep(level=2)
+        CPU). The weights are discarded, not kept on the host: the trainer re-sends them on wake. A LoRA
+        engine keeps its base weights in host memory instead; the trainer re-sends the adapter."""
+        if self.sleeps_between_calls and not self.asleep:
+            self.llm.sleep(level=self.sleep_level)
             self.asleep = True
 
     def release_all(self) -> None:
@@ -221,8 +265,8 @@ class VLLMEngine:
             self.asleep = what == "weights"
 
     def wake_up(self) -> bool:
-        """Re-allocate the weights, then the KV cache; True when the weights were discarded and must be
-        synced again."""
+        """Re-allocate the weights, then the KV cache; True when the weights (with LoRA: the adapter, whose
+        slots are refilled by a new registration) must be synced again."""
         if not self.asleep:
             return False
         # The trainer's freed activations and gradients sit in PyTorch's cache, invisible to vLLM's

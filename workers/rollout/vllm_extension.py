@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from workers.lora.vllm_adapter import adapter_fingerprint, register_adapter
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
 from workers.rollout.weight_sync import IpcReceiver, receive_broadcast_buckets
@@ -49,6 +50,14 @@ class WeightSyncExtension:
         """Load `(name, tensor)` pairs (HF names); only usable when the caller shares our process."""
         return self._reload(pairs)
 
+    # ---- LoRA adapter (model.lora_rank > 0: the base stays as loaded, only the adapter is sent) ----------
+    def sc_load_lora(self, pairs: Iterable[tuple[str, torch.Tensor]], adapter_config: dict[str, Any]) -> int:
+        """In-process: make `(trainer name, tensor)` pairs of the adapter factors the engine's adapter."""
+        return register_adapter(self.model_runner, pairs, adapter_config)
+
+    def sc_receive_lora_broadcast(self, layouts: list[BucketLayout], adapter_config: dict[str, Any]) -> int:
+        return register_adapter(self.model_runner, receive_broadcast_buckets(layouts, self._sync_group, self.device), adapter_config)
+
     # ---- broadcast ------------------------------------------------------------------------------------
     def sc_join_weight_sync_group(self, address: SyncGroupAddress, first_rank: int) -> None:
         """Join as rank `first_rank + self.rank` (engine workers take consecutive ranks)."""
@@ -70,6 +79,8 @@ class WeightSyncExtension:
 
     # ---- checks ---------------------------------------------------------------------------------------
     def sc_weights_fingerprint(self) -> float:
-        """Sum of |w| over the engine's parameters: changes when any weight changes (for sync checks)."""
+        """Sum of |w| over the engine's parameters and its LoRA adapter: changes when any weight changes (for
+        sync checks)."""
         model = self.model_runner.get_model()
-        return float(sum(p.detach().double().abs().sum().item() for p in model.parameters()))
+        base = float(sum(p.detach().double().abs().sum().item() for p in model.parameters()))
+        return base + adapter_fingerprint(self.model_runner)

@@ -11,10 +11,12 @@ from typing import Any
 import torch
 
 from protocol import DataProto
+from protocol.meta_merge import ROLLOUT_WEIGHTS_VERSION  # meta_info key: the weights version a batch was generated with
 from single_controller import Dispatch, Worker, register
 from workers.config import actor_rollout_ref_config
 from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.fsdp.sequences import require_batch_keys
+from workers.lora.spec import LoraSpec
 from workers.memory import MemoryLog
 from workers.rollout.agent.worker_glue import build_agent, vllm_agent_generate
 from workers.rollout.buckets import BucketLayout
@@ -26,8 +28,6 @@ from workers.rollout.verify import probe_sequences
 from workers.rollout.vllm_engine import VLLMEngine
 
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
-# meta_info key of a generated batch: the actor's weights version the engine generated it with.
-ROLLOUT_WEIGHTS_VERSION = "rollout_weights_version"
 
 
 class VLLMRolloutWorker(StreamWorkerMixin, Worker):
@@ -48,7 +48,8 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
         device = worker_device()
         name = rollout["dtype"] if rollout["dtype"] != "auto" else model["dtype"]
         self.dtype = compute_dtype(name, device)
-        self.engine = VLLMEngine(model["path"], rollout, self.dtype, device, seed=self.config["seed"] + self.rank)
+        self.lora = LoraSpec.from_model_config(model)  # LoRA: the engine keeps the folder's base, syncs the adapter
+        self.engine = VLLMEngine(model["path"], rollout, self.dtype, device, seed=self.config["seed"] + self.rank, lora=self.lora)
         self.token_ids = folder_token_ids(model["path"])
         self.agent = build_agent(rollout, model["path"], self.token_ids[0])
         self.memory = MemoryLog(device)
@@ -68,7 +69,7 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
         inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
         with self._engine_idle():
             if self.agent is not None:
-                result = vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank)
+                result = vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)
             else:
                 forced = forced_lengths(prompts.non_tensor_batch, len(prompts), params.response_length)
                 result = engine.generate(inputs, params, prompts.meta_info.get("seed"), self.rank, forced)
@@ -91,11 +92,14 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
 
     @register(Dispatch.ONE_TO_ALL, blocking=False)
     def receive_weights(self, layouts: list[BucketLayout], version: int | None = None) -> None:
-        """Load the broadcast weights; `version` is the actor's weights version they are (stamped on every
-        batch generated with them)."""
+        """Load the broadcast weights (with LoRA: the adapter); `version` is the actor's weights version they
+        are (stamped on every batch generated with them)."""
         engine = self._require_engine("receive_weights")
         with self._engine_idle():
-            engine.receive_broadcast(layouts)
+            if self.lora is None:
+                engine.receive_broadcast(layouts)
+            else:
+                engine.receive_adapter(layouts)
             self._set_version(version)
 
     def _set_version(self, version: int | None) -> None:

@@ -13,7 +13,7 @@ Tensors are cast to the engine's dtype on the way. Names are the Hugging Face ch
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,9 +36,14 @@ def _full(param: torch.Tensor) -> torch.Tensor:
     return full_tensor() if callable(full_tensor) else param
 
 
-def plan_model_buckets(module: nn.Module, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]:
-    """Buckets of `module`'s parameters (global shapes, cast to `dtype`), in `named_parameters` order."""
-    return plan_buckets(((name, tuple(p.shape), dtype) for name, p in module.named_parameters()), bucket_bytes)
+def plan_model_buckets(
+    module: nn.Module, dtype: torch.dtype, bucket_bytes: int, names: Collection[str] | None = None
+) -> list[BucketLayout]:
+    """Buckets of `module`'s parameters (global shapes, cast to `dtype`), in `named_parameters` order; only
+    those in `names` when given (a LoRA sync: the adapter factors)."""
+    wanted = None if names is None else set(names)
+    specs = ((name, tuple(p.shape), dtype) for name, p in module.named_parameters() if wanted is None or name in wanted)
+    return plan_buckets(specs, bucket_bytes)
 
 
 def gathered_buckets(

@@ -28,6 +28,7 @@ class PreparedModel:
     model_path: str
     device: torch.device
     dtype: torch.dtype
+    lora: None = None  # the strategy API syncs whole models (LoRA runs through the trainer's FSDP actor)
 
 
 def repoint_optimizer(optimizer: torch.optim.Optimizer, names: dict[int, str], sharded: dict[str, nn.Parameter]) -> None:

@@ -38,8 +38,11 @@ def hf_agent_generate(
         return agent.run(inputs, samples, HFTurns(model, params, device, synced), params, seed, rank)
 
 
-def vllm_agent_generate(agent: AgentRollout, llm: Any, prompts: DataProto, params: SamplingParams, rank: int) -> dict[str, torch.Tensor]:
+def vllm_agent_generate(
+    agent: AgentRollout, llm: Any, prompts: DataProto, params: SamplingParams, rank: int, lora_request: Any = None
+) -> dict[str, torch.Tensor]:
+    """Continuous-batching turns on a vLLM `LLM`; `lora_request` names the synced LoRA adapter (None: none)."""
     seed = prompts.meta_info.get("seed")
     inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
     samples = sample_fields(prompts.non_tensor_batch, len(prompts))
-    return agent.run(inputs, samples, VLLMTurns(llm, params, seed, rank), params, seed, rank)
+    return agent.run(inputs, samples, VLLMTurns(llm, params, seed, rank, lora_request), params, seed, rank)

@@ -155,7 +155,7 @@ class GroupFactory:
         if self.agent is None:
             jobs = [e.job for e in group.episodes]
             generated = pad_token_lists([j.tokens for j in jobs], self.params.response_length, self.params.pad_token_id)
-            result = assemble_rollout(prompts, generated, self.params, [len(j.tokens) for j in jobs])
+            result = assemble_rollout(prompts, generated, self.params, torch.tensor([len(j.tokens) for j in jobs]))
             log_probs = torch.zeros(len(jobs), self.params.response_length, dtype=torch.float32)
             for i, job in enumerate(jobs):
                 row = job.log_probs[: self.params.response_length]

@@ -54,8 +54,10 @@ class ContinuousEngine:
     """`add(job)`, then `step()` repeatedly; `park()` / `resume(restart)` around a weight update.
     Not thread-safe: one thread at a time (the caller holds the stream's engine turn)."""
 
-    def __init__(self, llm: Any, params: SamplingParams, version: int) -> None:
-        self.engine = llm.llm_engine
+    def __init__(self, vllm: Any, params: SamplingParams, version: int) -> None:
+        """`vllm`: the worker's `VLLMEngine` (its LLM, and the LoRA adapter it serves, if any)."""
+        self.vllm = vllm
+        self.engine = vllm.llm.llm_engine
         self.params = params
         self.version = version  # the actor's weights version the engine holds
         self.running: dict[str, TurnJob] = {}
@@ -69,7 +71,8 @@ class ContinuousEngine:
         sampling = vllm_sampling(self.params, remaining, job.submission_seed(), max(0, job.min_tokens - len(job.tokens)))
         sampling.output_kind = RequestOutputKind.DELTA  # each step hands back only its new tokens
         request_id = f"stream-{next(_REQUEST_IDS)}"
-        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=job.context + job.tokens), sampling)
+        prompt = TokensPrompt(prompt_token_ids=job.context + job.tokens)
+        self.engine.add_request(request_id, prompt, sampling, lora_request=self.vllm.lora_request)
         self.running[request_id] = job
 
     def step(self) -> list[TurnJob]:

@@ -41,7 +41,7 @@ class StreamWorkerMixin:
             rollout = self.config["rollout"]
             params = sampling_params(rollout, {}, *self.token_ids)
             settings = StreamSettings(int(rollout["max_staleness"]), rollout["stale_groups"], rollout["partial_rollout"])
-            engine = ContinuousEngine(self.engine.llm, params, self.weights_version)
+            engine = ContinuousEngine(self.engine, params, self.weights_version)
             self.stream = GenerationStream(engine, GroupFactory(params, self.agent), settings)
         return self.stream
 

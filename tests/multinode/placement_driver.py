@@ -1,0 +1,74 @@
+"""Driver of the placement tests, run on the multi-node cluster (RAY_ADDRESS): places worker groups over
+two nodes (one group, colocated roles, separate groups), reads back where each rank runs and what
+rendezvous environment it sees, and all-reduces across the nodes. Prints `RESULT {json}`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import ray
+
+from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from single_controller.ray.placement import preset_master_addr
+from tests.multinode.workers import NodeProbe
+
+
+def one_group() -> dict:
+    pool = RayResourcePool([2, 2], use_gpu=False, name_prefix="probe_")
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(NodeProbe), name_prefix="probe")
+    try:
+        return {
+            "pool_nodes": pool.node_ids(),
+            "preset_master_addr": preset_master_addr([slot.node_id for slot in pool.rank_slots()]),
+            "where": group.where(),
+            "all_reduce": group.all_reduce_rank(),
+            "placement": group.describe_placement(),
+        }
+    finally:
+        group.kill()
+        pool.release()
+
+
+def colocated_roles() -> dict:
+    pool = RayResourcePool([2, 2], use_gpu=False, name_prefix="colocated_")
+    group = RayWorkerGroup(pool, create_colocated_worker_cls({"first": NodeProbe, "second": NodeProbe}), name_prefix="colocated")
+    roles = group.spawn()
+    try:
+        return {
+            "first": roles["first"].where(),
+            "second": roles["second"].where(),
+            "all_reduce": roles["first"].all_reduce_rank(),
+        }
+    finally:
+        group.kill()
+        pool.release()
+
+
+def separate_groups() -> dict:
+    pools = [RayResourcePool([1, 1], use_gpu=False, name_prefix=f"{n}_") for n in ("a", "b")]
+    groups = [RayWorkerGroup(p, RayClassWithInitArgs(NodeProbe), name_prefix=f"separate_{i}") for i, p in enumerate(pools)]
+    try:
+        return {
+            "where": [g.where() for g in groups],
+            "all_reduce": [g.all_reduce_rank() for g in groups],
+        }
+    finally:
+        for group, pool in zip(groups, pools):
+            group.kill()
+            pool.release()
+
+
+def main() -> None:
+    ray.init()
+    result = {"node_ips": {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}}
+    for case in (one_group, colocated_roles, separate_groups):
+        started = time.monotonic()
+        result[case.__name__] = case()
+        print(f"{case.__name__}: {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""A node lost mid-run: the driver stops in bounded time with an error naming the node and the ranks it
+held, and no worker process is left. Once through the trainer (node shut down: Ray knows at once), once
+through a worker group in a gloo collective (node killed: Ray knows after its health check)."""
+
+import time
+
+import psutil
+import pytest
+
+from single_controller.ray.node_loss import NODE_LOSS_WAIT_S
+from tests.multinode.cluster import driver_script, tagged_json
+from tests.multinode.trainer_runs import multinode_run, placed_nodes
+
+pytestmark = pytest.mark.slow
+
+FIRST_STEP_TIMEOUT_S = 600
+# From the node's removal to the driver's exit: the driver raises within seconds of Ray declaring the node
+# dead, then stops the workers; the margin is for a busy machine.
+EXIT_AFTER_LOSS_S = 180
+WORKERS_GONE_S = 60
+
+
+def test_node_lost_mid_run_names_the_node_and_its_ranks(restore_nodes, small_assets, tmp_path):
+    cluster = restore_nodes
+    run = multinode_run(small_assets, tmp_path / "run", "trainer.total_training_steps=100", "trainer.save_at_end=false")
+    child = cluster.start_driver(run, tmp_path / "run.log")
+    try:
+        child.wait_for(lambda: "step 1: reward/mean=" in child.output, FIRST_STEP_TIMEOUT_S, "the first step")
+        _, victim = placed_nodes(child.output, cluster.worker_nodes)
+        workers = cluster.actor_processes()
+        assert len(workers) == 4, [p.cmdline() for p in workers]
+        cluster.request(op="remove", node_id=victim)
+        removed_at = time.monotonic()
+        returncode = child.wait_exit(EXIT_AFTER_LOSS_S)
+        exit_s = time.monotonic() - removed_at
+    finally:
+        leftovers = child.stop_leftovers()
+    output = child.output
+    assert returncode != 0, output[-6000:]
+    assert "NodeLostError" in output, output[-6000:]
+    assert f"node {victim} (127.0.0.1) was lost (Ray: received SIGTERM); ranks [2, 3] ran on it" in output, output[-6000:]
+    assert exit_s < EXIT_AFTER_LOSS_S
+    _, alive = psutil.wait_procs(workers, timeout=WORKERS_GONE_S)
+    assert alive == [], f"worker processes left after the driver stopped: {[p.pid for p in alive]}"
+    assert leftovers == []
+
+
+def test_node_killed_abruptly_is_named_after_rays_health_check(restore_nodes, tmp_path):
+    """SIGKILL of the node's raylet (a machine gone): the surviving ranks see their gloo peers vanish at
+    once, before Ray knows; the driver waits (bounded) for Ray to declare the node dead, then names it."""
+    cluster = restore_nodes
+    child = cluster.start_driver([driver_script("node_loss_driver.py")], tmp_path / "driver.log")
+    try:
+        child.wait_for(lambda: "PLACED " in child.output, FIRST_STEP_TIMEOUT_S, "the group's placement")
+        nodes = tagged_json(child.output, "PLACED ")
+        victim = nodes[2]
+        assert nodes[3] == victim and nodes[0] != victim
+        workers = cluster.actor_processes()
+        removed_at = time.time()
+        cluster.request(op="remove", node_id=victim, graceful=False)
+        returncode = child.wait_exit(EXIT_AFTER_LOSS_S)
+    finally:
+        leftovers = child.stop_leftovers()
+    result = tagged_json(child.output, "RESULT ")
+    assert returncode == 0 and result, child.output[-6000:]
+    assert result["error"] == "NodeLostError", result
+    assert result["lost_nodes"] == {victim: [2, 3]} and set(result["ranks"]) >= {2, 3}, result
+    assert f"node {victim} (127.0.0.1) was lost (Ray: health check failed" in result["message"], result["message"]
+    assert result["raised_at"] - removed_at < NODE_LOSS_WAIT_S + 30  # Ray's detection, then at most the bounded wait
+    _, alive = psutil.wait_procs(workers, timeout=WORKERS_GONE_S)
+    assert alive == [], f"worker processes left after the driver stopped: {[p.pid for p in alive]}"
+    assert leftovers == []

@@ -1,0 +1,176 @@
+"""The memory plan of a config: which terms sharding, offload, LoRA, checkpointing, micro-batches and the vLLM
+engine change, the fit verdict and the vLLM start-up check. Model folders hold only a config.json (the Qwen2.5-7B
+and -3B shapes), which is all the plan reads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from trainer.config_loader import load_config
+from trainer.memory_plan import build_plan, misfit_message, render_plan
+from trainer.memory_plan.shape import ModelShape
+
+GIB = 1 << 30
+QWEN_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, intermediate_size=18944, tie_word_embeddings=False)
+QWEN_3B = dict(model_type="qwen2", vocab_size=151936, hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
+               num_key_value_heads=2, intermediate_size=11008, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("memory_plan_models")
+    paths = {}
+    for name, config in (("7B", QWEN_7B), ("3B", QWEN_3B)):
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps(config))
+        paths[name] = str(root / name)
+    return paths
+
+
+def scale_config(model: str, *extra: str, lora_rank: int = 0):
+    """The GRPO setup of benchmarks/scale_step.py: 8 prompts x 8 responses x 512 tokens on one GPU."""
+    cfg = load_config([
+        f"actor_rollout_ref.model.path={model}", "trainer.n_gpus_per_node=1", "data.max_prompt_length=96",
+        "data.max_response_length=512", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.fsdp.param_offload=true",
+        "actor_rollout_ref.actor.fsdp.optimizer_offload=true", "actor_rollout_ref.model.enable_gradient_checkpointing=true", *extra,
+    ])
+    if lora_rank:  # the key of the LoRA branch; set directly so this works before and after it exists
+        OmegaConf.update(cfg, "actor_rollout_ref.model.lora_rank", lora_rank, force_add=True)
+    return cfg
+
+
+def plan_of(cfg, gib: float | None = 139.8):
+    return build_plan(cfg, int(gib * GIB) if gib else None)
+
+
+def part(plan, phase: str, column: str) -> float:
+    return plan.row(phase).parts[column] / GIB
+
+
+def test_full_fine_tuning_state_is_16_bytes_per_parameter_and_shards_over_the_pool(folders):
+    params = ModelShape.from_config(QWEN_7B).total_params()
+    one = plan_of(scale_config(folders["7B"]))
+    update = one.row("update_actor").parts
+    # AdamW's two float32 moments; the fused GPU step adds no temporary, so the peak is the end of the forward
+    assert update["optimizer"] == pytest.approx(8 * params, rel=1e-6)
+    assert update["grads"] >= 4 * params
+    assert one.row("update_actor").moment == "forward/backward"
+    # fp32 master weights; the reference follows the actor's param_offload (on the host outside its pass)
+    assert part(one, "init", "weights") == pytest.approx(4 * params / GIB, rel=1e-6)
+    resident_ref = plan_of(scale_config(folders["7B"], "actor_rollout_ref.ref.fsdp.param_offload=false"))
+    assert part(resident_ref, "init", "weights") == pytest.approx((4 * params + 2 * params) / GIB, rel=1e-6)
+    two = plan_of(scale_config(folders["7B"], "trainer.n_gpus_per_node=2"))
+    assert part(two, "init", "weights") == pytest.approx(part(one, "init", "weights") / 2, rel=1e-6)
+    resident = ("actor_rollout_ref.actor.fsdp.optimizer_offload=false",)
+    one, two = (plan_of(scale_config(folders["7B"], *resident, f"trainer.n_gpus_per_node={n}")) for n in (1, 2))
+    assert part(one, "old_log_prob", "optimizer") == pytest.approx(8 * params / GIB, rel=1e-6)
+    assert part(two, "old_log_prob", "optimizer") == pytest.approx(part(one, "old_log_prob", "optimizer") / 2, rel=1e-6)
+
+
+def test_7b_full_fine_tuning_fits_one_h200_not_one_h100_and_the_message_says_what_to_change(folders):
+    assert plan_of(scale_config(folders["7B"])).fits() is True  # 139.8 GiB
+    h100 = ("actor_rollout_ref.rollout.gpu_memory_utilization=0.4",)  # the engine itself starts there
+    plan = plan_of(scale_config(folders["7B"], *h100), gib=79.6)
+    assert plan.fits() is False and not plan.problems
+    message = misfit_message(plan)
+    assert "\n" not in message and "update_actor (forward/backward)" in message
+    assert "lora_rank" in message and "trainer.memory_check=warn" in message
+    # without the reference offload the H200 is short
+    assert plan_of(scale_config(folders["7B"], "actor_rollout_ref.ref.fsdp.param_offload=false")).fits() is False
+
+
+def test_offload_moves_the_actor_state_out_of_the_phases_that_do_not_need_it(folders):
+    on = plan_of(scale_config(folders["3B"]))
+    off = plan_of(scale_config(folders["3B"], "actor_rollout_ref.actor.fsdp.param_offload=false",
+                               "actor_rollout_ref.actor.fsdp.optimizer_offload=false"))
+    actor_weights = 4 * ModelShape.from_config(QWEN_3B).total_params() / GIB
+    assert part(off, "ref_log_prob", "weights") - part(on, "ref_log_prob", "weights") == pytest.approx(actor_weights, rel=1e-6)
+    assert part(on, "old_log_prob", "optimizer") == 0 and part(off, "old_log_prob", "optimizer") > 0
+    assert part(on, "update_actor", "optimizer") == part(off, "update_actor", "optimizer")  # loaded for the update
+    # loaded for old log-probs; the reference (following param_offload) is on the host then
+    ref_weights = 2 * ModelShape.from_config(QWEN_3B).total_params() / GIB
+    assert part(off, "old_log_prob", "weights") - part(on, "old_log_prob", "weights") == pytest.approx(ref_weights, rel=1e-6)
+
+
+def test_lora_trains_adapters_over_a_frozen_bf16_base_and_uses_it_as_the_reference(folders):
+    full = plan_of(scale_config(folders["7B"]))
+    lora = plan_of(scale_config(folders["7B"], lora_rank=64))
+    params = ModelShape.from_config(QWEN_7B).total_params()
+    assert part(lora, "init", "weights") < 2.2 * params / GIB  # bf16 base + fp32 adapters, no reference copy
+    assert part(lora, "update_actor", "optimizer") < 0.025 * part(full, "update_actor", "optimizer")  # 2.1% of the weights
+    assert lora.row("ref_log_prob").role == "actor" and full.row("ref_log_prob").role == "ref"
+    assert lora.fits() is True
+    assert "LoRA rank 64" in render_plan(lora)
+
+
+def test_checkpointing_changes_only_the_update_activations(folders):
+    on = plan_of(scale_config(folders["3B"]))
+    off = plan_of(scale_config(folders["3B"], "actor_rollout_ref.model.enable_gradient_checkpointing=false"))
+    assert part(off, "update_actor", "activations") > 5 * part(on, "update_actor", "activations")
+    assert part(off, "old_log_prob", "activations") == part(on, "old_log_prob", "activations")
+    assert part(off, "update_actor", "logits") == part(on, "update_actor", "logits")
+
+
+def test_logits_scale_with_the_micro_batch_rows_and_packing_counts_response_tokens(folders):
+    # LoRA: the update's peak is the end of the forward (its optimizer step is small), where the logits are.
+    eight = plan_of(scale_config(folders["3B"], lora_rank=8))
+    four = plan_of(scale_config(folders["3B"], "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", lora_rank=8))
+    assert part(four, "update_actor", "logits") == pytest.approx(part(eight, "update_actor", "logits") / 2)
+    assert part(four, "old_log_prob", "logits") == pytest.approx(part(eight, "old_log_prob", "logits") / 2)
+    # 26 bytes per (response token x vocabulary entry) in training: 8 rows x 512 response tokens x 151936
+    assert part(eight, "update_actor", "logits") == pytest.approx(26 * 8 * 512 * 151936 / GIB)
+    budget = plan_of(scale_config(folders["3B"], "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2048", lora_rank=8))
+    assert part(budget, "update_actor", "logits") == pytest.approx(26 * 2048 * 151936 / GIB)
+
+
+def test_the_hybrid_engine_takes_its_share_while_awake_only(folders):
+    plan = plan_of(scale_config(folders["3B"], "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"), gib=80)
+    assert part(plan, "generate", "engine") == pytest.approx(32.0)
+    assert all(part(plan, p, "engine") == 0 for p in ("old_log_prob", "ref_log_prob", "update_actor"))
+    awake = plan_of(scale_config(folders["3B"], "actor_rollout_ref.rollout.enable_sleep=false"), gib=80)
+    assert part(awake, "update_actor", "engine") == pytest.approx(40.0)
+    separate = plan_of(scale_config(folders["3B"], "actor_rollout_ref.rollout.placement=separate",
+                                    "actor_rollout_ref.rollout.num_engines=2"), gib=80)
+    assert [g.name for g in separate.groups] == ["trainer GPUs", "rollout GPUs"] and separate.groups[1].gpus == 2
+    assert part(separate, "generate", "engine") == 0 and separate.groups[1].peak.parts["engine"] == 40 * GIB
+
+
+def test_vllm_refuses_to_start_when_the_resident_models_leave_less_than_its_budget(folders):
+    plan = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.gpu_memory_utilization=0.8"))
+    assert plan.fits() is False
+    (problem,) = plan.problems
+    assert "asks 111.8 GiB when the hybrid vLLM engine starts" in problem and "lower it to at most 0.69" in problem
+    assert misfit_message(plan).startswith("memory plan: actor_rollout_ref.rollout.gpu_memory_utilization=0.8")
+
+
+def test_unknown_gpu_memory_prints_without_a_verdict(folders):
+    plan = plan_of(scale_config(folders["3B"]), gib=None)
+    assert plan.fits() is None
+    text = render_plan(plan)
+    assert "the GPU's memory is unknown: set trainer.gpu_memory_gib" in text
+
+
+def test_a_critic_and_a_reward_model_share_the_colocated_gpus_or_get_their_own(folders):
+    extra = ("algorithm=ppo", f"reward.reward_model.enable=true", f"reward.reward_model.model.path={folders['3B']}")
+    colocated = plan_of(scale_config(folders["3B"], *extra), gib=80)
+    phases = [r.phase for r in colocated.groups[0].rows]
+    assert {"values", "update_critic", "reward_model"} <= set(phases)
+    critic_state = ModelShape.from_config(QWEN_3B).total_params("value") * 12 / GIB  # weights + AdamW moments
+    assert part(colocated, "old_log_prob", "weights") + part(colocated, "old_log_prob", "optimizer") > critic_state
+    separate = plan_of(scale_config(folders["3B"], *extra, "trainer.placement=separate"), gib=80)
+    assert [g.name for g in separate.groups] == ["actor GPUs", "critic GPUs", "reward_model GPUs"]
+
+
+def test_a_model_folder_without_config_json_is_named(tmp_path):
+    cfg = scale_config(str(tmp_path))
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.model.path=.* has no config.json"):
+        build_plan(cfg, 80 * GIB)

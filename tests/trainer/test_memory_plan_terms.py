@@ -1,0 +1,233 @@
+"""The memory plan's formulas against real models on CPU: parameter counts against Hugging Face models built
+from the same config (and PEFT's adapters), saved-for-backward bytes against autograd's saved tensors, and the
+logits / forward / backward peaks against torch's own accounting (MemTracker). Attention is measured with
+SDPA's flash kernel (4-D inputs, no padding: keys and values stay at their own heads); on GPU the packed varlen
+kernel repeats them to the query heads, a term only a GPU run confirms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import (
+    AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification, LlamaConfig, MistralConfig,
+    Qwen2Config, Qwen3Config,
+)
+
+from protocol import DataProto
+from trainer.memory_plan import terms
+from trainer.memory_plan.shape import ModelShape, lora_params, lora_targets
+from workers.fsdp.sequences import response_log_probs_and_entropy
+from workers.packing.forward import enable_packing
+
+SMALL = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
+CONFIGS = {
+    "qwen2 untied": Qwen2Config(**SMALL),
+    "qwen2 tied": Qwen2Config(**SMALL, tie_word_embeddings=True),
+    "llama with biases, MHA": LlamaConfig(**{**SMALL, "num_key_value_heads": 4}, attention_bias=True, mlp_bias=True),
+    "qwen3 (qk-norm, head_dim 32)": Qwen3Config(**SMALL, head_dim=32),
+    "mistral GQA 4:1": MistralConfig(**{**SMALL, "num_key_value_heads": 1}, head_dim=16),
+}
+
+
+def _meta(auto_class, config):
+    with torch.device("meta"):
+        return auto_class.from_config(config)
+
+
+def _count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_parameter_counts_equal_the_hugging_face_models(name):
+    config = CONFIGS[name]
+    shape = ModelShape.from_config(config.to_dict())
+    assert shape.exact
+    assert shape.total_params() == _count(_meta(AutoModelForCausalLM, config))
+    config.num_labels = 1
+    assert shape.total_params("value") == _count(_meta(AutoModelForTokenClassification, config))  # the critic
+    assert shape.total_params("score") == _count(_meta(AutoModelForSequenceClassification, config))  # a reward model
+
+
+def test_tied_embeddings_drop_the_head_and_gqa_narrows_keys_and_values():
+    untied, tied = (ModelShape.from_config(CONFIGS[k].to_dict()) for k in ("qwen2 untied", "qwen2 tied"))
+    assert untied.total_params() - tied.total_params() == 96 * 64
+    mha = ModelShape.from_config(Qwen2Config(**{**SMALL, "num_key_value_heads": 4}).to_dict())
+    assert mha.layer_params() - untied.layer_params() == 2 * (64 * 32 + 32)  # k and v: 4 heads of 16 instead of 2
+
+
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"]])
+def test_lora_parameter_counts_equal_peft(targets):
+    config = CONFIGS["qwen2 untied"]
+    model = get_peft_model(AutoModelForCausalLM.from_config(config), LoraConfig(r=8, target_modules=targets))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert lora_params(ModelShape.from_config(config.to_dict()), 8, lora_targets(targets)) == trainable
+    assert lora_targets("all-linear", exclude_modules=["down_proj"])[-1] == "up_proj"
+
+
+# ---- saved tensors ---------------------------------------------------------------------------------------
+
+ACT = Qwen2Config(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
+
+
+def _saved_bytes(model, rows: int, length: int = 64) -> int:
+    """Bytes of the distinct storages autograd saves in a forward (parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        return t
+
+    ids = torch.randint(0, 64, (rows, length), generator=torch.Generator().manual_seed(rows))
+    embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    inputs = dict(inputs_embeds=embeds, position_ids=torch.arange(length).expand(rows, length), logits_to_keep=torch.arange(0), use_cache=False)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(**inputs)
+    return sum(seen.values())
+
+
+def _per_token_saved(model) -> float:
+    """Saved bytes per token (the difference of two batch sizes, so fixed costs cancel)."""
+    return (_saved_bytes(model, 8) - _saved_bytes(model, 4)) / (4 * 64)
+
+
+@pytest.mark.parametrize(("dtype", "checkpointing"), [(torch.bfloat16, False), (torch.float32, False), (torch.bfloat16, True)])
+def test_saved_activations_equal_autograds_saved_tensors(dtype, checkpointing):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(ACT).to(dtype).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    e = torch.finfo(dtype).bits // 8
+    shape = ModelShape.from_config(ACT.to_dict())
+    expected = terms.model_saved_bytes(shape, e, checkpointing, kv_repeated=False) - 8  # no token ids: embeddings fed
+    assert _per_token_saved(model) == expected
+
+
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"]])
+def test_lora_saved_activations_equal_autograds_saved_tensors(targets):
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(ACT).requires_grad_(False)
+    model = get_peft_model(base, LoraConfig(r=8, target_modules=targets, lora_dropout=0.0)).to(torch.bfloat16).train()
+    train = terms.Trainability(full=False, lora_rank=8, lora_targets=lora_targets(targets))
+    expected = terms.model_saved_bytes(ModelShape.from_config(ACT.to_dict()), 2, False, train, kv_repeated=False) - 8
+    assert _per_token_saved(model) == expected
+    assert expected < terms.model_saved_bytes(ModelShape.from_config(ACT.to_dict()), 2, False, kv_repeated=False) - 8
+
+
+# ---- peaks (torch's MemTracker) -----------------------------------------------------------------------------
+
+
+def _peak_without_params(model, step) -> int:
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        step()
+    snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    kinds = {str(kind).split(".")[-1]: size for kind, size in snapshot.items()}
+    return kinds["Total"] - kinds["PARAM"] - kinds["BUFFER"] - kinds["GRAD"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("use", ["log_probs_and_entropy", "log_probs", "train"])
+def test_logits_peak_equals_the_allocated_bytes(dtype, use):
+    """Logits dominate (vocabulary 8192, hidden 32, short rows): the measured peak is the formula within 3%."""
+    vocab = 8192
+    config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, vocab_size=vocab)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(dtype)
+    enable_packing(model, True)
+    rows, prompt, response = 16, 8, 128
+    ids = torch.randint(0, vocab, (rows, prompt + response))
+    mask = torch.ones_like(ids)
+    micro = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(1) - 1, "responses": ids[:, prompt:]})
+
+    def step():
+        if use == "train":
+            model.train()
+            log_probs, _ = response_log_probs_and_entropy(model, micro, torch.device("cpu"), 1.0, True, entropy_grad=False)
+            log_probs.sum().backward()
+        else:
+            with torch.no_grad():
+                response_log_probs_and_entropy(model, micro, torch.device("cpu"), 1.0, use == "log_probs_and_entropy")
+
+    measured = _peak_without_params(model, step)
+    expected = terms.logits_bytes(rows * response, vocab, torch.finfo(dtype).bits // 8, use)
+    assert abs(measured / expected - 1) < 0.03, (measured, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("intermediate", [256, 1024])
+def test_forward_and_backward_peaks_match_torchs_accounting(dtype, intermediate):
+    """The fitted terms (MLP-heavy and norm-heavy shapes) within 10% of the measured peaks."""
+    config = Qwen2Config(hidden_size=128, intermediate_size=intermediate, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
+    shape, e = ModelShape.from_config(config.to_dict()), torch.finfo(dtype).bits // 8
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).to(dtype).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        rows, length = 4, 128
+        ids = torch.randint(0, 64, (rows, length))
+        positions = torch.arange(length).expand(rows, length)
+
+        def train_step():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                model.model(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state.sum().backward()
+
+        measured = _peak_without_params(model, train_step) / (rows * length)
+        expected = terms.model_saved_bytes(shape, e, checkpointing, kv_repeated=False)
+        expected += terms.backward_peak_bytes(shape, e, checkpointing, kv_repeated=False)
+        assert abs(measured / expected - 1) < 0.10, (checkpointing, measured, expected)
+    model.zero_grad(set_to_none=True)
+
+    def forward():
+        with torch.no_grad(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            model.model(input_ids=ids, position_ids=positions, use_cache=False)
+
+    measured = _peak_without_params(model, forward) / (rows * length)
+    assert abs(measured / terms.forward_peak_bytes(shape, e) - 1) < 0.10
+
+
+# ---- against GPU measurements ---------------------------------------------------------------------------------
+
+# Allocator peaks (GiB) that benchmarks/packing.py measured on an H100 (docs/benchmarks.md, 2026-11-24): one FSDP2
+# rank, bf16 compute, float32 master weights and AdamW state, gradient checkpointing, 8192 token slots per micro-batch.
+PACKING_H100 = {("0.5B", "padded"): (24.98, 30.71), ("0.5B", "packed"): (22.27, 26.32),
+                ("1.5B", "padded"): (36.90, 46.90), ("1.5B", "packed"): (34.19, 42.49)}
+
+
+@pytest.mark.parametrize(("size", "mode"), list(PACKING_H100))
+def test_terms_reproduce_the_packing_benchmarks_gpu_peaks(size, mode):
+    """The old-log-prob and update peaks of that run, estimated from its (deterministic) batch, within 7%."""
+    from benchmarks.packing import SHAPES, length_spread, rollout_batch
+    from trainer.memory_plan.residency import role_memory
+    from trainer.memory_plan.setup import ModelRole
+    from workers.fsdp.micro_batching import MicroBatching
+
+    hidden, intermediate, layers, heads, kv_heads, vocab = SHAPES[size]
+    shape = ModelShape.from_config(dict(model_type="qwen2", hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                                        num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab, tie_word_embeddings=True))
+    memory = role_memory(ModelRole("actor", shape, "lm", 2, "fsdp", terms.FULL, checkpointing=True), gpus=1)
+    data = rollout_batch(*length_spread(64, 1024, 3072, seed=0), 64, seed=1)
+    width, response = data.batch["input_ids"].shape[1], data.batch["responses"].shape[1]
+    if mode == "packed":
+        micros, _ = MicroBatching(1, 8192).split(data, torch.device("cpu"))
+        tokens = max(int(m.batch["attention_mask"].sum()) for m in micros)
+        # Logits are computed where a real token predicts a real response token.
+        predicted = max(int((m.batch["response_mask"] & m.batch["attention_mask"][:, -response - 1 : -1]).sum()) for m in micros)
+    else:
+        rows = 8192 // width
+        tokens, predicted = rows * width, rows * response
+    resident = memory.weights + memory.optimizer + memory.gathered
+    log_prob = resident + tokens * terms.forward_peak_bytes(shape, 2) + terms.logits_bytes(predicted, vocab, 2, "log_probs_and_entropy")
+    saved = terms.model_saved_bytes(shape, 2, True) + terms.backward_peak_bytes(shape, 2, True)
+    update = resident + memory.grads + memory.reduce + tokens * saved + terms.logits_bytes(predicted, vocab, 2, "train")
+    measured_log_prob, measured_update = PACKING_H100[(size, mode)]
+    assert abs(measured_log_prob / (log_prob / 2**30) - 1) < 0.07
+    assert abs(measured_update / (update / 2**30) - 1) < 0.07

@@ -1,0 +1,87 @@
+"""Conditions a plan must meet besides its peak (the vLLM engine's start), and the notes printed with it."""
+
+from __future__ import annotations
+
+from trainer.memory_plan.gpu import GIB
+from trainer.memory_plan.plan import RUNTIME_BYTES
+from trainer.memory_plan.residency import role_memory
+from trainer.memory_plan.setup import PlanSetup
+
+# What vLLM needs besides its weights inside its budget to start: activations of its profiling run and a
+# KV cache of a useful size (an allowance).
+ENGINE_HEADROOM_BYTES = 1 << 30
+
+
+def gib(value: float) -> str:
+    return f"{value / GIB:.1f} GiB"
+
+
+def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
+    """vLLM refuses to start when the GPU's free memory is below its budget (gpu_memory_utilization x the
+    GPU), and cannot serve when its budget does not hold its weights and a KV cache."""
+    rollout = setup.rollout
+    if rollout.name != "vllm" or not gpu_bytes or not setup.on_gpu:
+        return []
+    problems = []
+    budget = int(rollout.gpu_memory_utilization * gpu_bytes)
+    key = "actor_rollout_ref.rollout.gpu_memory_utilization"
+    engine_gpus = 1 if rollout.placement == "hybrid" else rollout.tp
+    weights = setup.actor.e * setup.actor.shape.total_params() // engine_gpus
+    if budget < weights + ENGINE_HEADROOM_BYTES:
+        problems.append(
+            f"{key}={rollout.gpu_memory_utilization} gives the vLLM engine {gib(budget)} per GPU, less than its weights "
+            f"({gib(weights)}) plus room for a KV cache; raise it"
+        )
+    if rollout.placement == "hybrid":
+        # The engine starts after the actor (and a separate reference) loaded, before anything is offloaded.
+        before = RUNTIME_BYTES
+        for role in (setup.actor, setup.ref):
+            if role is not None:
+                mem = role_memory(role, setup.gpus_per_pool)
+                before += mem.weights + (mem.grads if role.strategy == "megatron" else 0)
+        free = gpu_bytes - before
+        if free < budget:
+            most = max(0.0, free / gpu_bytes)
+            problems.append(
+                f"{key}={rollout.gpu_memory_utilization} asks {gib(budget)} when the hybrid vLLM engine starts, but only "
+                f"{gib(free)} are free then (the actor's and reference's weights are on the GPU); vLLM refuses to "
+                f"start: lower it to at most {most:.2f}"
+            )
+    return problems
+
+
+def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
+    notes = [
+        f"sequences at their maximum: {setup.prompt} prompt + {setup.response} response tokens, every response full "
+        f"length; micro-batches of {setup.update.tokens} tokens (update), {setup.old_log_prob.tokens} (old log-probs), "
+        f"{'packed' if setup.packed else 'padded'}",
+        f"'other' holds {gib(RUNTIME_BYTES)} per GPU process for the CUDA context, cuBLAS/NCCL workspaces and "
+        "allocator slack (an allowance), and weight-sync buffers",
+    ]
+    actor = setup.actor
+    if actor.train is not None and actor.train.lora_rank:
+        notes.append(
+            f"LoRA rank {actor.train.lora_rank} on {list(actor.train.lora_targets)}: base weights frozen in the compute "
+            "dtype, float32 adapters with their gradients and AdamW state; the reference is the base model (adapters "
+            "off); a sleeping vLLM engine keeps its base weights in host memory"
+        )
+    if setup.rollout.name == "vllm" and not gpu_bytes:
+        notes.append("the GPU's memory is unknown: the vLLM engine's share (gpu_memory_utilization x the GPU) is left "
+                     "out; set trainer.gpu_memory_gib")
+    if setup.on_gpu and setup.rollout.name == "vllm" and setup.rollout.placement == "hybrid" and not setup.rollout.sleeps:
+        notes.append("the hybrid engine does not sleep (rollout.enable_sleep / free_cache_engine false): it keeps its "
+                     "share of the GPU in every phase")
+    host = 0
+    mem = role_memory(actor, setup.gpus_per_pool)
+    host += mem.weights if actor.param_offload else 0
+    host += mem.optimizer if actor.optimizer_offload else 0
+    if host:
+        notes.append(f"host memory for the actor's offloaded state: {gib(host)} per GPU")
+    roles = [r for r in (setup.actor, setup.ref, setup.critic, setup.reward_model) if r is not None]
+    if any(r.strategy == "megatron" for r in roles):
+        notes.append("Megatron terms (tensor/pipeline slices, vocabulary-parallel logits) are approximations; the FSDP "
+                     "terms are the ones checked against measured allocations")
+    inexact = sorted({r.shape.model_type for r in roles if not r.shape.exact})
+    if inexact:
+        notes.append(f"model type(s) {inexact}: counted as Llama-style decoders (parameter counts may differ)")
+    return notes

@@ -1,0 +1,224 @@
+"""The memory plan: for each group of GPUs (the trainer pool, the rollout engines' pool, a role's own pool
+with trainer.placement=separate), the peak bytes on one GPU in each phase of a step, split by kind.
+
+Each phase's row is its peak moment: what is resident then (the models' state, minus what the config
+offloads to the host between phases), plus that moment's compute memory. Phases and residency follow the
+workers: the actor worker loads its parameters for generate/sync, old log-probs and the update (and for
+the reference log-probs with LoRA), its optimizer state for the update only; the reference, critic and
+reward model never offload; a hybrid vLLM engine holds `gpu_memory_utilization` x the GPU while awake
+(generate) and nothing while asleep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainer.memory_plan.residency import RoleMemory, role_memory
+from trainer.memory_plan.setup import Batching, ModelRole, PlanSetup
+from trainer.memory_plan.terms import (
+    Trainability, backward_peak_bytes, forward_peak_bytes, kv_cache_bytes, logits_bytes, model_saved_bytes,
+)
+
+COLUMNS = ("weights", "grads", "optimizer", "activations", "logits", "engine", "other")
+# Per GPU process: CUDA context, cuBLAS/NCCL workspaces, allocator slack (an allowance, not computed).
+RUNTIME_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Row:
+    role: str
+    phase: str
+    moment: str
+    parts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+@dataclass(frozen=True)
+class GpuGroup:
+    name: str
+    gpus: int
+    rows: tuple[Row, ...]
+
+    @property
+    def peak(self) -> Row:
+        return max(self.rows, key=lambda row: row.total)
+
+
+@dataclass
+class MemoryPlan:
+    groups: list[GpuGroup]
+    gpu_bytes: int | None
+    gpu_source: str
+    problems: list[str] = field(default_factory=list)  # start-up conditions that fail regardless of the peak
+    notes: list[str] = field(default_factory=list)
+    settings_on: set[str] = field(default_factory=set)  # remedies the run already uses (not suggested again)
+
+    def peak(self) -> tuple[GpuGroup, Row]:
+        group = max(self.groups, key=lambda g: g.peak.total)
+        return group, group.peak
+
+    def fits(self) -> bool | None:
+        """None when the GPU's memory is unknown."""
+        if self.gpu_bytes is None:
+            return None
+        return not self.problems and self.peak()[1].total <= self.gpu_bytes
+
+    def row(self, phase: str) -> Row | None:
+        """The highest row of `phase` over the groups (None when no group runs it)."""
+        rows = [r for g in self.groups for r in g.rows if r.phase == phase]
+        return max(rows, key=lambda r: r.total) if rows else None
+
+
+def _parts(**values: int) -> dict[str, int]:
+    return {column: int(values.get(column, 0)) for column in COLUMNS}
+
+
+class _TrainerGpu:
+    """One GPU of a trainer pool and the models on it."""
+
+    def __init__(self, setup: PlanSetup, roles: list[ModelRole], engine: int, broadcast_staging: int) -> None:
+        self.setup = setup
+        self.roles = {role.name: role for role in roles}
+        self.memory: dict[str, RoleMemory] = {r.name: role_memory(r, setup.gpus_per_pool) for r in roles}
+        self.engine = engine  # a hybrid engine's bytes while awake (0: none here)
+        self.staging = broadcast_staging
+
+    def has(self, name: str) -> bool:
+        return name in self.roles
+
+    def resident(self, actor_loaded: bool, with_optimizer: bool, engine_awake: bool, optimizer_state: bool = True,
+                 loaded: tuple[str, ...] = ()) -> dict[str, int]:
+        """What sits on the GPU between computations; `optimizer_state` False before the first step
+        (AdamW creates its moments lazily); `loaded` names other offloading roles brought in for the phase."""
+        weights = grads = optimizer = 0
+        for name, mem in self.memory.items():
+            role = self.roles[name]
+            offloaded = role.param_offload and not (actor_loaded if name == "actor" else name in loaded)
+            weights += 0 if offloaded else mem.weights
+            if role.strategy == "megatron":
+                grads += mem.grads  # Megatron's gradient buffer lives as long as the model
+            optimizer_off = name == "actor" and role.optimizer_offload and not with_optimizer
+            optimizer += mem.optimizer if optimizer_state and not optimizer_off else 0
+        engine = self.engine if engine_awake or not self.setup.rollout.sleeps else 0
+        return _parts(weights=weights, grads=grads, optimizer=optimizer, engine=engine, other=RUNTIME_BYTES + self.staging)
+
+    def forward(self, name: str, batch: Batching, logits_use: str | None) -> tuple[int, int, int]:
+        """(compute copies, activations, logits) of a no-grad pass of model `name`."""
+        role, mem = self.roles[name], self.memory[name]
+        tp = role.tp if role.strategy == "megatron" else 1
+        activations = batch.tokens * forward_peak_bytes(role.shape, role.e) // tp
+        logits = logits_bytes(batch.response_tokens, role.shape.vocab, role.e, logits_use) // tp if logits_use else 0
+        return mem.gathered, activations, logits
+
+    def backward(self, name: str, batch: Batching, logits: bool) -> tuple[int, int, int, int]:
+        """(compute copies, reduce buffers, activations, logits) at the end of a training forward."""
+        role, mem = self.roles[name], self.memory[name]
+        train = role.train or Trainability(full=True)
+        tp = role.tp if role.strategy == "megatron" else 1
+        per_token = model_saved_bytes(role.shape, role.e, role.checkpointing, train)
+        per_token += backward_peak_bytes(role.shape, role.e, role.checkpointing, train)
+        activations = batch.tokens * per_token // tp
+        logit_bytes = logits_bytes(batch.response_tokens, role.shape.vocab, role.e, "train") // tp if logits else 0
+        return mem.gathered, mem.reduce, activations, logit_bytes
+
+
+def _add(parts: dict[str, int], **extra: int) -> dict[str, int]:
+    return {column: parts[column] + int(extra.get(column, 0)) for column in COLUMNS}
+
+
+def _sync_transient(gpu: _TrainerGpu) -> int:
+    """In-process sync: one bucket in the engine's dtype plus the float32 whole of the tensor being gathered."""
+    mem, role = gpu.memory["actor"], gpu.roles["actor"]
+    if role.train is not None and not role.train.full:  # LoRA: the adapter factors only
+        return role.e * mem.synced_params
+    bucket = min(gpu.setup.rollout.bucket_bytes, role.e * mem.synced_params)
+    return max(bucket, mem.largest_tensor) + mem.largest_tensor * 4 // role.e
+
+
+def _generate_row(gpu: _TrainerGpu) -> Row:
+    setup, actor = gpu.setup, gpu.roles["actor"]
+    rollout = setup.rollout
+    base = gpu.resident(actor_loaded=True, with_optimizer=False, engine_awake=True)
+    if rollout.name == "vllm" and rollout.placement == "hybrid":
+        return Row("actor", "generate", "weight sync, engine awake", _add(base, other=_sync_transient(gpu)))
+    if rollout.name == "vllm":
+        return Row("actor", "generate", "weight broadcast to the engines", _add(base, other=_sync_transient(gpu)))
+    mem = gpu.memory["actor"]
+    sequences, prompts = setup.rows_per_gpu, setup.rows_per_gpu * setup.prompt
+    cache = kv_cache_bytes(actor.shape, actor.e, sequences, setup.prompt + setup.response)
+    prefill = prompts * forward_peak_bytes(actor.shape, actor.e)
+    replica = actor.e * actor.shape.total_params() if actor.strategy == "megatron" else mem.gathered
+    return Row("actor", "generate", "HF generate: key/value cache + prefill",
+               _add(base, weights=replica, activations=cache + prefill, logits=3 * 4 * sequences * actor.shape.vocab))
+
+
+def _trainer_rows(gpu: _TrainerGpu) -> list[Row]:
+    setup = gpu.setup
+    rows: list[Row] = []
+    if gpu.has("actor"):
+        moment = "vLLM engine started" if gpu.engine else "models loaded"
+        rows.append(Row("actor", "init", moment, gpu.resident(True, False, True, optimizer_state=False)))
+        rows.append(_generate_row(gpu))
+        copies, acts, logits = gpu.forward("actor", setup.old_log_prob, "log_probs_and_entropy")
+        rows.append(Row("actor", "old_log_prob", "log-probs + entropy", _add(gpu.resident(True, False, False), weights=copies, activations=acts, logits=logits)))
+    if setup.lora_reference and gpu.has("actor"):
+        copies, acts, logits = gpu.forward("actor", setup.ref_log_prob, "log_probs")
+        rows.append(Row("actor", "ref_log_prob", "base model (adapters off)", _add(gpu.resident(True, False, False), weights=copies, activations=acts, logits=logits)))
+    elif gpu.has("ref"):
+        copies, acts, logits = gpu.forward("ref", setup.ref_log_prob, "log_probs")
+        rows.append(Row("ref", "ref_log_prob", "log-probs", _add(gpu.resident(False, False, False, loaded=("ref",)), weights=copies, activations=acts, logits=logits)))
+    if gpu.has("critic") and setup.critic_forward is not None and setup.critic_update is not None:
+        copies, acts, _ = gpu.forward("critic", setup.critic_forward, None)
+        rows.append(Row("critic", "values", "forward", _add(gpu.resident(False, False, False), weights=copies, activations=acts)))
+        rows.append(_update_row(gpu, "critic", "update_critic", setup.critic_update, logits=False))
+    if gpu.has("reward_model") and setup.reward_forward is not None:
+        copies, acts, _ = gpu.forward("reward_model", setup.reward_forward, None)
+        rows.append(Row("reward_model", "reward_model", "forward", _add(gpu.resident(False, False, False), weights=copies, activations=acts)))
+    if gpu.has("actor"):
+        rows.append(_update_row(gpu, "actor", "update_actor", setup.update, logits=True))
+    return rows
+
+
+def _update_row(gpu: _TrainerGpu, name: str, phase: str, batch: Batching, logits: bool) -> Row:
+    """The larger of the end of a training forward (activations and logits kept for backward, gradients of
+    earlier micro-batches) and the optimizer step (on CPU, foreach AdamW's temporary; fused AdamW on GPU makes none)."""
+    mem = gpu.memory[name]
+    base = gpu.resident(actor_loaded=True, with_optimizer=True, engine_awake=False)
+    grads = 0 if gpu.roles[name].strategy == "megatron" else mem.grads  # Megatron's buffer is already resident
+    copies, reduce, acts, logit_bytes = gpu.backward(name, batch, logits)
+    backward = _add(base, weights=copies, grads=grads + reduce, activations=acts, logits=logit_bytes)
+    step = _add(base, grads=grads, optimizer=0 if gpu.setup.on_gpu and gpu.roles[name].strategy == "fsdp" else mem.step_temporary)
+    if sum(step.values()) > sum(backward.values()):
+        return Row(name, phase, "optimizer step", step)
+    return Row(name, phase, "forward/backward", backward)
+
+
+def build_groups(setup: PlanSetup, gpu_bytes: int | None) -> list[GpuGroup]:
+    """The GPU groups of the run and their rows."""
+    rollout = setup.rollout
+    engine_bytes = int(rollout.gpu_memory_utilization * gpu_bytes) if gpu_bytes else 0
+    hybrid = rollout.name == "vllm" and rollout.placement == "hybrid" and setup.on_gpu
+    separate = rollout.name == "vllm" and rollout.placement == "separate"
+    staging = 0
+    if separate:  # the broadcast sender's two staging buffers (rank 0), kept between syncs
+        actor_mem = role_memory(setup.actor, setup.gpus_per_pool)
+        staging = 2 * max(rollout.bucket_bytes, actor_mem.largest_tensor) if actor_mem.synced_params == setup.actor.shape.total_params() else 0
+    actor_roles = [setup.actor] + ([setup.ref] if setup.ref else [])
+    others = [r for r in (setup.critic, setup.reward_model) if r is not None]
+    n = setup.gpus_per_pool
+    groups: list[GpuGroup] = []
+    if setup.placement == "separate":
+        groups.append(GpuGroup("actor GPUs", n, tuple(_trainer_rows(_TrainerGpu(setup, actor_roles, engine_bytes if hybrid else 0, staging)))))
+        for role in others:
+            groups.append(GpuGroup(f"{role.name} GPUs", n, tuple(_trainer_rows(_TrainerGpu(setup, [role], 0, 0)))))
+    else:
+        gpu = _TrainerGpu(setup, actor_roles + others, engine_bytes if hybrid else 0, staging)
+        groups.append(GpuGroup("trainer GPUs", n, tuple(_trainer_rows(gpu))))
+    if separate:
+        engine = _parts(engine=engine_bytes, other=RUNTIME_BYTES)
+        gpus = rollout.num_engines * rollout.tp
+        groups.append(GpuGroup("rollout GPUs", gpus, (Row("rollout", "rollout_generate", "engine (weights + KV cache)", engine),)))
+    return groups

@@ -1,0 +1,94 @@
+"""The plan as a table (`trainer.plan_only=true`), as one summary line, and as one line saying why it does not fit."""
+
+from __future__ import annotations
+
+from trainer.memory_plan.checks import gib
+from trainer.memory_plan.gpu import GIB
+from trainer.memory_plan.plan import COLUMNS, MemoryPlan, Row
+
+# What lowers each kind of memory, for the message of a plan that does not fit.
+SHARD = "more GPUs to shard over (trainer.n_gpus_per_node)"
+LORA = "LoRA (actor_rollout_ref.model.lora_rank)"
+PARAM_OFFLOAD = "actor_rollout_ref.actor.fsdp.param_offload=true"
+OPTIMIZER_OFFLOAD = "actor_rollout_ref.actor.fsdp.optimizer_offload=true (between updates)"
+SMALLER_MICRO = "smaller micro-batches (actor.ppo_micro_batch_size_per_gpu, rollout/ref.log_prob_micro_batch_size_per_gpu, or the *_max_token_len_per_gpu budgets)"
+# What lowers each column, most effective first; `misfit_message` lists each suggestion once and leaves out
+# the offload settings a run already has.
+REMEDIES = {
+    "weights": (SHARD, PARAM_OFFLOAD, LORA),
+    "grads": (SHARD, LORA),
+    "optimizer": (SHARD, LORA, OPTIMIZER_OFFLOAD),
+    "activations": ("actor_rollout_ref.model.enable_gradient_checkpointing=true", SMALLER_MICRO),
+    "logits": (SMALLER_MICRO,),
+    "engine": ("a lower actor_rollout_ref.rollout.gpu_memory_utilization",),
+    "other": ("a smaller actor_rollout_ref.rollout.weight_sync_bucket_mb",),
+}
+
+
+def _remedies(columns: list[str], already: set[str]) -> str:
+    listed = list(dict.fromkeys(r for c in columns for r in REMEDIES[c] if r not in already))
+    return ", ".join(listed[:-1]) + f" or {listed[-1]}" if len(listed) > 1 else "".join(listed)
+
+
+def _cell(value: int) -> str:
+    return f"{value / GIB:.1f}" if value else "-"
+
+
+def render_plan(plan: MemoryPlan) -> str:
+    gpu = gib(plan.gpu_bytes) if plan.gpu_bytes else "unknown"
+    header = ["role", "phase", "peak moment", *COLUMNS, "total/GPU", "GPU"]
+    lines = [f"memory plan per GPU, GiB (GPU memory: {gpu}, {plan.gpu_source})"]
+    for group in plan.groups:
+        table = [header] + [
+            [row.role, row.phase, row.moment, *(_cell(row.parts[c]) for c in COLUMNS), f"{row.total / GIB:.1f}",
+             f"{plan.gpu_bytes / GIB:.1f}" if plan.gpu_bytes else "?"]
+            for row in group.rows
+        ]
+        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        lines.append(f"\n{group.name} ({group.gpus}):")
+        for i, cells in enumerate(table):
+            lines.append("  " + "  ".join(c.ljust(w) if j < 3 else c.rjust(w) for j, (c, w) in enumerate(zip(cells, widths))))
+            if i == 0:
+                lines.append("  " + "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append(verdict(plan))
+    lines.extend(f"problem: {p}" for p in plan.problems)
+    lines.extend(f"note: {n}" for n in plan.notes)
+    return "\n".join(lines)
+
+
+def _where(plan: MemoryPlan) -> tuple[str, Row]:
+    group, row = plan.peak()
+    return f"{group.name}, {row.phase} ({row.moment})", row
+
+
+def verdict(plan: MemoryPlan) -> str:
+    where, row = _where(plan)
+    if plan.gpu_bytes is None:
+        return f"peak {gib(row.total)} per GPU ({where}); the GPU's memory is unknown: set trainer.gpu_memory_gib to check the fit"
+    spare = plan.gpu_bytes - row.total
+    if plan.fits():
+        return f"fits: peak {gib(row.total)} of {gib(plan.gpu_bytes)} per GPU ({where}), {gib(spare)} to spare"
+    if spare < 0:
+        return f"does not fit: peak {gib(row.total)} of {gib(plan.gpu_bytes)} per GPU ({where}), short by {gib(-spare)}"
+    return f"does not fit: peak {gib(row.total)} of {gib(plan.gpu_bytes)} per GPU ({where}), but vLLM cannot start (below)"
+
+
+def summary_line(plan: MemoryPlan) -> str:
+    return f"memory plan: {verdict(plan)}; trainer.plan_only=true prints the table"
+
+
+def misfit_message(plan: MemoryPlan) -> str:
+    """One line: what does not fit, what to change, how to see the table or run anyway."""
+    if plan.problems:
+        reason = plan.problems[0]
+    else:
+        where, row = _where(plan)
+        largest = sorted((c for c in COLUMNS if row.parts[c]), key=lambda c: row.parts[c], reverse=True)[:2]
+        terms = ", ".join(f"{c} {gib(row.parts[c])}" for c in largest)
+        remedy = _remedies(largest, plan.settings_on)
+        reason = (
+            f"{where} needs {gib(row.total)} per GPU but the GPU has {gib(plan.gpu_bytes or 0)} (largest: {terms}); "
+            f"try {remedy}"
+        )
+    return f"memory plan: {reason}; trainer.plan_only=true prints the plan, trainer.memory_check=warn runs anyway"

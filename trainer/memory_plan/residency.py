@@ -1,0 +1,95 @@
+"""Per-GPU bytes of one model's state (weights, gradients, optimizer) and of its compute-time copies, as the
+FSDP2 and Megatron workers hold them.
+
+FSDP2 (workers/fsdp/model_loading.py, optim.py): a trainable model keeps float32 master weights sharded over
+the pool, float32 gradients and AdamW's two float32 moments; on CPU `optimizer.step()` (foreach AdamW)
+makes one float32 temporary of the moments' size (on GPU the fused AdamW makes none). A frozen model (reference, reward model) is stored in the compute
+dtype. With LoRA the base is frozen in the compute dtype and only the float32 adapter factors train.
+In a forward/backward FSDP2 holds unsharded compute-dtype copies of the root unit (embedding, final norm,
+head) and of the layer being computed plus the one prefetched; backward reduces one layer's gradients at a
+time (its compute-dtype gradients, a float32 copy and the float32 shard).
+Megatron (workers/megatron/engine.py): compute-dtype weights (Float16Module), a float32 gradient buffer and
+float32 main weights + moments (sharded over data-parallel ranks with the distributed optimizer), per
+tensor x pipeline parallel slice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer.memory_plan.setup import ModelRole
+from trainer.memory_plan.shape import lora_params
+from trainer.memory_plan.terms import FP32
+
+ADAM_MOMENTS = 2 * FP32
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class RoleMemory:
+    """Bytes on each GPU of the role's pool."""
+
+    weights: int  # parameter shards as stored
+    grads: int  # sharded gradients (after a backward; freed after each optimizer step)
+    optimizer: int  # optimizer state (after the first step)
+    step_temporary: int  # foreach AdamW's temporary during optimizer.step() (CPU; the fused GPU step has none)
+    gathered: int  # compute copies alive during a forward/backward (FSDP2 unsharded units)
+    reduce: int  # one layer's gradient reduction buffers during backward
+    largest_tensor: int  # bytes of the largest whole parameter in the compute dtype (a weight-sync slot)
+    synced_params: int  # parameters a weight sync sends (the adapters only, with LoRA)
+
+
+def role_memory(role: ModelRole, gpus: int) -> RoleMemory:
+    shape, e = role.shape, role.e
+    total = shape.total_params(role.head)
+    layer, root = shape.layer_params(), shape.root_params(role.head)
+    largest = e * shape.largest_tensor()
+    if role.strategy == "megatron":
+        return _megatron_memory(role, gpus, largest)
+    if role.train is None:  # frozen, stored in the compute dtype
+        return RoleMemory(e * _ceil_div(total, gpus), 0, 0, 0, e * (root + 2 * layer), 0, largest, total)
+    if role.train.full:
+        local = _ceil_div(total, gpus)
+        return RoleMemory(
+            weights=FP32 * local, grads=FP32 * local, optimizer=ADAM_MOMENTS * local, step_temporary=FP32 * local,
+            gathered=e * (root + 2 * layer), reduce=(e + FP32 + _ceil_div(FP32, gpus)) * layer,
+            largest_tensor=largest, synced_params=total,
+        )
+    adapters = lora_params(shape, role.train.lora_rank, role.train.lora_targets)
+    local_adapters = _ceil_div(adapters, gpus)
+    layer_adapters = adapters // max(shape.layers, 1)
+    return RoleMemory(
+        weights=e * _ceil_div(total, gpus) + FP32 * local_adapters, grads=FP32 * local_adapters,
+        optimizer=ADAM_MOMENTS * local_adapters, step_temporary=FP32 * local_adapters,
+        gathered=e * (root + 2 * (layer + layer_adapters)), reduce=(e + FP32 + _ceil_div(FP32, gpus)) * layer_adapters,
+        largest_tensor=largest, synced_params=adapters,
+    )
+
+
+def megatron_stage_params(role: ModelRole) -> int:
+    """Parameters of the largest pipeline stage (layers split evenly; the embedding on the first stage, the
+    head, or with tied embeddings a copy of the embedding, on the last)."""
+    shape = role.shape
+    layers = _ceil_div(shape.layers, role.pp) * shape.layer_params()
+    head = shape.head_params(role.head) or (shape.embedding_params() if role.pp > 1 else 0)
+    if role.pp == 1:
+        return layers + shape.root_params(role.head)
+    return layers + max(shape.embedding_params(), head + shape.hidden)
+
+
+def _megatron_memory(role: ModelRole, gpus: int, largest: int) -> RoleMemory:
+    e = role.e
+    local = _ceil_div(megatron_stage_params(role), role.tp)
+    if role.train is None:
+        return RoleMemory(e * local, 0, 0, 0, 0, 0, largest, role.shape.total_params(role.head))
+    dp = max(1, gpus // (role.tp * role.pp))
+    shards = dp if role.distributed_optimizer else 1
+    main_weights = FP32 if e < FP32 else 0  # the mixed-precision optimizer's float32 copy
+    return RoleMemory(
+        weights=e * local, grads=FP32 * local, optimizer=_ceil_div((main_weights + ADAM_MOMENTS) * local, shards),
+        step_temporary=_ceil_div(FP32 * local, shards), gathered=0, reduce=0, largest_tensor=largest,
+        synced_params=role.shape.total_params(role.head),
+    )

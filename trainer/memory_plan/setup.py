@@ -1,0 +1,184 @@
+"""What the memory plan needs from the trainer's config: models, parallelism, offload, micro-batches.
+
+Sequence lengths are taken at their maximum (data.max_prompt_length + data.max_response_length, every
+response full length): the plan is an upper bound for a fit check, not a forecast of a typical step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from trainer.memory_plan.shape import ModelShape, lora_targets, read_shape
+from trainer.memory_plan.terms import FP32, Trainability
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _get(cfg: DictConfig, key: str, default: Any = None) -> Any:
+    value = OmegaConf.select(cfg, key, default=default)
+    return default if value is None else value
+
+
+def dtype_bytes(name: str, on_gpu: bool) -> int:
+    """Bytes per element of the compute dtype ("auto": bf16 on GPU, float32 on CPU, as the workers choose)."""
+    if name == "auto":
+        return 2 if on_gpu else FP32
+    return _DTYPE_BYTES[name]
+
+
+@dataclass(frozen=True)
+class Batching:
+    """Rows and tokens of the largest micro-batch of one pass on one GPU."""
+
+    rows: int
+    tokens: int  # prompt + response tokens through the layers
+    response_tokens: int  # tokens whose log-probs (logits) are computed
+
+    @classmethod
+    def of(cls, rows_per_gpu: int, micro_rows: int, dynamic: bool, budget: int, prompt: int, response: int) -> "Batching":
+        """Fixed micro-batches of `micro_rows` rows, or (dynamic) up to `budget` tokens; a token-budget
+        micro-batch may hold only response tokens (an upper bound)."""
+        if dynamic:
+            tokens = min(budget, rows_per_gpu * (prompt + response))
+            return cls(rows=rows_per_gpu, tokens=tokens, response_tokens=min(tokens, rows_per_gpu * response))
+        rows = max(1, min(micro_rows, rows_per_gpu))
+        return cls(rows=rows, tokens=rows * (prompt + response), response_tokens=rows * response)
+
+
+@dataclass(frozen=True)
+class ModelRole:
+    """One model of the run as it sits on its GPUs."""
+
+    name: str  # actor, ref, critic, reward_model
+    shape: ModelShape
+    head: str  # lm, value, score
+    e: int  # compute dtype bytes
+    strategy: str  # fsdp | megatron
+    train: Trainability | None  # None: frozen
+    checkpointing: bool = False
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    tp: int = 1
+    pp: int = 1
+    distributed_optimizer: bool = False
+
+
+@dataclass(frozen=True)
+class RolloutSetup:
+    name: str  # hf | vllm
+    placement: str  # hybrid | separate
+    gpu_memory_utilization: float
+    sleeps: bool  # hybrid vLLM on GPU releases weights and KV cache between generations
+    num_engines: int
+    tp: int
+    bucket_bytes: int
+
+
+@dataclass(frozen=True)
+class PlanSetup:
+    on_gpu: bool
+    gpus_per_pool: int  # trainer.n_gpus_per_node x trainer.nnodes
+    placement: str  # colocated | separate
+    prompt: int
+    response: int
+    rows_per_gpu: int  # rollout rows each trainer GPU holds
+    actor: ModelRole
+    ref: ModelRole | None  # a separate reference model (None: none, or LoRA's base model serves as reference)
+    lora_reference: bool  # the reference log-probs come from the actor's base (LoRA, adapters disabled)
+    critic: ModelRole | None
+    reward_model: ModelRole | None
+    rollout: RolloutSetup
+    update: Batching
+    old_log_prob: Batching
+    ref_log_prob: Batching
+    critic_forward: Batching | None
+    critic_update: Batching | None
+    reward_forward: Batching | None
+    packed: bool
+
+
+def _lora(model: DictConfig) -> Trainability:
+    rank = int(model.get("lora_rank", 0) or 0)
+    if rank <= 0:
+        return Trainability(full=True)
+    targets = lora_targets(model.get("target_modules", "all-linear"), model.get("exclude_modules", None))
+    return Trainability(full=False, lora_rank=rank, lora_targets=targets)
+
+
+def _megatron(section: DictConfig) -> dict[str, Any]:
+    mega = section.get("megatron") or {}
+    return {
+        "tp": int(mega.get("tensor_model_parallel_size", 1)),
+        "pp": int(mega.get("pipeline_model_parallel_size", 1)),
+        "distributed_optimizer": bool(mega.get("use_distributed_optimizer", False)),
+    }
+
+
+def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
+    """Read the plan's inputs from a loaded trainer config; ValueError names a model folder without a config.json."""
+    arr = cfg.actor_rollout_ref
+    world = int(_get(cfg, "trainer.n_gpus_per_node", 1)) * int(_get(cfg, "trainer.nnodes", 1))
+    prompt, response = int(cfg.data.max_prompt_length), int(cfg.data.max_response_length)
+    n = int(arr.rollout.n)
+    rows = max(1, -(-int(cfg.data.train_batch_size) * n // world))
+    mini_rows = max(1, int(arr.actor.ppo_mini_batch_size) * n // world)
+    e = dtype_bytes(str(arr.model.dtype), on_gpu)
+    strategy = str(_get(cfg, "actor_rollout_ref.actor.strategy", "fsdp"))
+    train = _lora(arr.model) if strategy == "fsdp" else Trainability(full=True)
+    fsdp = arr.actor.get("fsdp") or {}
+    actor_shape = read_shape(str(arr.model.path), "actor_rollout_ref.model.path")
+    parallel = _megatron(arr.actor) if strategy == "megatron" else {}
+    actor = ModelRole(
+        "actor", actor_shape, "lm", e, strategy, train, bool(arr.model.enable_gradient_checkpointing) and strategy == "fsdp",
+        bool(fsdp.get("param_offload", False)) and on_gpu, bool(fsdp.get("optimizer_offload", False)) and on_gpu, **parallel,
+    )
+    uses_reference = bool(arr.actor.use_kl_loss) or bool(_get(cfg, "algorithm.use_kl_in_reward", False))
+    lora_reference = uses_reference and train.lora_rank > 0
+    ref_offload = bool((arr.ref.get("fsdp") or {}).get("param_offload", False)) and on_gpu and strategy == "fsdp"
+    ref = (
+        ModelRole("ref", actor_shape, "lm", e, strategy, None, param_offload=ref_offload, **parallel)
+        if uses_reference and not lora_reference
+        else None
+    )
+    critic = critic_update = critic_forward = None
+    if str(_get(cfg, "algorithm.adv_estimator", "grpo")) == "gae":
+        section = cfg.critic
+        critic_e = dtype_bytes(str(section.model.dtype), on_gpu)
+        critic_strategy = str(section.get("strategy", "fsdp"))
+        critic = ModelRole(
+            "critic", read_shape(str(section.model.path), "critic.model.path"), "value", critic_e, critic_strategy,
+            Trainability(full=True), bool(section.model.enable_gradient_checkpointing) and critic_strategy == "fsdp",
+            **(_megatron(section) if critic_strategy == "megatron" else {}),
+        )
+        dynamic = bool(section.use_dynamic_bsz)
+        critic_update = Batching.of(mini_rows, int(section.ppo_micro_batch_size_per_gpu), dynamic, int(section.ppo_max_token_len_per_gpu), prompt, response)
+        critic_forward = Batching.of(rows, int(section.get("forward_micro_batch_size_per_gpu", 8)), dynamic,
+                                     int(section.get("forward_max_token_len_per_gpu", 32768)), prompt, response)
+    reward_model = reward_forward = None
+    rm = cfg.reward.reward_model
+    if bool(rm.enable) and rm.model.path:
+        reward_model = ModelRole("reward_model", read_shape(str(rm.model.path), "reward.reward_model.model.path"), "score",
+                                 dtype_bytes(str(rm.model.dtype), on_gpu), "fsdp", None)
+        reward_forward = Batching.of(rows, int(rm.micro_batch_size_per_gpu), bool(rm.use_dynamic_bsz), int(rm.forward_max_token_len_per_gpu), prompt, response)
+    ro = arr.rollout
+    rollout = RolloutSetup(
+        name=str(ro.name), placement=str(ro.placement), gpu_memory_utilization=float(ro.gpu_memory_utilization),
+        sleeps=bool(ro.enable_sleep) and bool(ro.free_cache_engine) and on_gpu, num_engines=int(ro.num_engines),
+        tp=int(ro.tensor_model_parallel_size), bucket_bytes=int(ro.weight_sync_bucket_mb) << 20,
+    )
+    log_dynamic = bool(ro.log_prob_use_dynamic_bsz)
+    return PlanSetup(
+        on_gpu=on_gpu, gpus_per_pool=world, placement=str(_get(cfg, "trainer.placement", "colocated")), prompt=prompt,
+        response=response, rows_per_gpu=rows, actor=actor, ref=ref, lora_reference=lora_reference, critic=critic,
+        reward_model=reward_model, rollout=rollout,
+        update=Batching.of(mini_rows, int(arr.actor.ppo_micro_batch_size_per_gpu), bool(arr.actor.use_dynamic_bsz),
+                           int(arr.actor.ppo_max_token_len_per_gpu), prompt, response),
+        old_log_prob=Batching.of(rows, int(ro.log_prob_micro_batch_size_per_gpu), log_dynamic, int(ro.log_prob_max_token_len_per_gpu), prompt, response),
+        ref_log_prob=Batching.of(rows, int(arr.ref.log_prob_micro_batch_size_per_gpu), bool(arr.ref.log_prob_use_dynamic_bsz),
+                                 int(arr.ref.log_prob_max_token_len_per_gpu), prompt, response),
+        critic_forward=critic_forward, critic_update=critic_update, reward_forward=reward_forward,
+        packed=arr.model.use_remove_padding is not False and strategy == "fsdp",
+    )

@@ -1,0 +1,132 @@
+"""Bytes of each memory term, as the workers' code allocates them (read from workers/fsdp and
+trainer/algorithms/logits.py, checked on CPU against torch's own accounting in the tests).
+
+Per token of a micro-batch:
+- `layer_saved_bytes`: what one decoder layer keeps for backward (autograd's saved tensors);
+- `forward_peak_bytes`: the largest live intermediate of a no-grad forward (the gated MLP);
+- `backward_peak_bytes`: what one layer's backward allocates on top of the saved tensors.
+Per (response token x vocabulary entry): `logits_bytes`, for the three ways the workers use logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer.memory_plan.shape import LINEAR_NAMES, ModelShape
+
+FP32 = 4
+# log_probs_from_logits runs the log-softmax of half-precision logits over this many rows at a time.
+LOG_SOFTMAX_CHUNK = 1024
+# Per (response token x vocabulary entry), in bytes, with half-precision logits (bf16/fp16 compute):
+#   the logits / temperature (2), then entropy_from_logits' float32 copy, shifted copy, softmax, clamped
+#   copy and product (5 x 4) alive together;
+HALF_LOG_PROBS_AND_ENTROPY = 22
+#   in training the log-softmax chunks are also kept for backward (4): 2 + 4 + 20.
+HALF_TRAIN = 26
+# With float32 logits (float32 compute) the float32 copy is the logits themselves, and the log-probs come
+# from logsumexp, which keeps the logits (already counted) for backward.
+FP32_LOG_PROBS_AND_ENTROPY = 20
+FP32_TRAIN = 20
+
+
+@dataclass(frozen=True)
+class Trainability:
+    """Which weights of a model get gradients: all (full fine-tuning), none (frozen), or LoRA adapters on
+    `lora_targets` over a frozen base."""
+
+    full: bool
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
+
+    def linear_needs_input(self, name: str) -> bool:
+        """A linear keeps its input for backward when its weight trains or an adapter reads the input."""
+        return self.full or (self.lora_rank > 0 and name in self.lora_targets)
+
+
+FULL = Trainability(full=True)
+
+
+def layer_saved_bytes(shape: ModelShape, e: int, train: Trainability = FULL, kv_repeated: bool = True) -> int:
+    """Bytes per token one decoder layer keeps for backward, without gradient checkpointing.
+
+    RMSNorm (computed in float32): its float32 input (4h) and 1/rms (4), plus the normalized input when its
+    weight trains (e*h, for the weight's gradient); the norm's output when a following linear keeps it;
+    attention (flash / varlen / SDPA kernels): queries, keys and values (at the query heads when
+    `kv_repeated`: the packed varlen path and SDPA with a padding mask repeat them for GQA), the output and
+    the per-head log-sum-exp; the gated MLP: gate output (SiLU's input),
+    SiLU output and up output (the product's inputs), and the product (down_proj's input) when down_proj
+    keeps it; each adapter keeps its rank-r intermediate.
+    """
+    h, i = shape.hidden, shape.intermediate
+    norm_weight = e * h if train.full else 0
+    norm = FP32 * h + FP32 + norm_weight
+    qkv_keep = any(train.linear_needs_input(n) for n in ("q_proj", "k_proj", "v_proj"))
+    mlp_keep = any(train.linear_needs_input(n) for n in ("gate_proj", "up_proj"))
+    saved = 2 * norm + e * h * (qkv_keep + mlp_keep)
+    kv_width = shape.q_width if kv_repeated else shape.kv_width
+    saved += e * shape.q_width + 2 * e * kv_width + FP32 * shape.heads + e * shape.q_width
+    saved += 3 * e * i + e * i * train.linear_needs_input("down_proj")
+    if shape.qk_norm:
+        widths = shape.q_width + shape.kv_width
+        saved += FP32 * widths + FP32 * (shape.heads + shape.kv_heads) + (e * widths if train.full else 0)
+    if train.lora_rank:
+        saved += e * train.lora_rank * sum(1 for n in LINEAR_NAMES if n in train.lora_targets)
+    return saved
+
+
+def model_saved_bytes(shape: ModelShape, e: int, checkpointing: bool, train: Trainability = FULL, kv_repeated: bool = True) -> int:
+    """Bytes per token the whole decoder keeps for backward (the LM head's side is in `logits_bytes`).
+    With gradient checkpointing only each layer's input stays; its activations are recomputed in backward
+    (`backward_peak_bytes` adds the one layer being recomputed)."""
+    per_layer = e * shape.hidden if checkpointing else layer_saved_bytes(shape, e, train, kv_repeated)
+    final_norm = FP32 * shape.hidden + FP32 + (e * shape.hidden if train.full else 0)
+    rotary = 0 if checkpointing else 2 * e * shape.head_dim  # cos/sin, shared by the layers that keep them
+    return shape.layers * per_layer + final_norm + rotary + 8  # + the token ids
+
+
+def backward_peak_bytes(shape: ModelShape, e: int, checkpointing: bool, train: Trainability = FULL, kv_repeated: bool = True) -> int:
+    """Bytes per token that the backward of the layers allocates beyond the saved tensors (fitted to torch's
+    allocations on CPU, tests/trainer/test_memory_plan_terms.py): without checkpointing the gradients of the
+    MLP's intermediates minus the saved ones they free, and the norms' float32 gradients; with
+    checkpointing the recomputed layer's saved tensors plus its MLP gradients."""
+    h, i = shape.hidden, shape.intermediate
+    if checkpointing:
+        return layer_saved_bytes(shape, e, train, kv_repeated) + 2 * e * (i - h)
+    return e * i + 16 * h if e < FP32 else 2 * e * i + FP32 * h
+
+
+def forward_peak_bytes(shape: ModelShape, e: int) -> int:
+    """Bytes per token of the largest moment inside one layer of a no-grad forward: the gated MLP's SiLU
+    output, up output and their product (or attention's queries, keys and values at the query heads, their
+    copies and the output, when larger), next to the residual stream, the layer's input, the norm's output
+    and its float32 temporaries (4e + 1 bytes per hidden unit, fitted on CPU)."""
+    mlp = 3 * e * shape.intermediate
+    attention = 6 * e * shape.q_width
+    return max(mlp, attention) + (4 * e + 1) * shape.hidden
+
+
+def logits_bytes(response_tokens: int, vocab: int, e: int, use: str) -> int:
+    """Peak bytes of the logits side of a pass over `response_tokens` predicted tokens:
+    - "log_probs_and_entropy" (old log-probs, no grad), "train" (the actor update; entropy with or without
+      gradient peaks the same): coefficients above;
+    - "log_probs" (reference, no grad, no entropy): the logits and the temperature-scaled copy together,
+      or the scaled copy plus the log-softmax of the previous chunk and the current chunk (float32 copy and
+      result), whichever is larger."""
+    n, v = response_tokens, vocab
+    if use == "train":
+        return (HALF_TRAIN if e < FP32 else FP32_TRAIN) * n * v
+    if use == "log_probs_and_entropy":
+        return (HALF_LOG_PROBS_AND_ENTROPY if e < FP32 else FP32_LOG_PROBS_AND_ENTROPY) * n * v
+    if use != "log_probs":
+        raise ValueError(f"unknown logits use {use!r}")
+    if e == FP32:  # log-probs as z[label] - logsumexp(z): one float32 temporary of the logits
+        return 2 * FP32 * n * v
+    first = min(n, LOG_SOFTMAX_CHUNK)
+    second = min(max(n - LOG_SOFTMAX_CHUNK, 0), LOG_SOFTMAX_CHUNK)
+    chunks = max(2 * FP32 * first, FP32 * first + 2 * FP32 * second) * v
+    return max(2 * e * n * v, e * n * v + chunks)
+
+
+def kv_cache_bytes(shape: ModelShape, e: int, sequences: int, length: int) -> int:
+    """HF generate's key/value cache: every layer's keys and values for the whole batch."""
+    return sequences * length * shape.layers * 2 * shape.kv_width * e

@@ -1,0 +1,50 @@
+"""LoRA adapters on a Hugging Face model, through transformers' PEFT integration (peft's LoRA layers).
+
+The model stays the HF class it was (`model.add_adapter`), not a `PeftModel` wrapper: FSDP2's root unit,
+HF `generate`, packed attention and gradient checkpointing see the same module tree as without LoRA; the
+adapted linears become peft `LoraLayer`s holding `base_layer` plus the `lora_A`/`lora_B` factors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from peft.tuners.tuners_utils import cast_adapter_dtype
+from torch import nn
+
+from workers.lora.spec import ADAPTER_NAME, LoraSpec, is_adapter_parameter
+
+
+def add_lora_adapters(model: nn.Module, spec: LoraSpec) -> None:
+    """Inject the adapter (A random, B zero: the model computes what it did) and freeze everything else."""
+    model.requires_grad_(False)
+    try:
+        model.add_adapter(spec.peft_config(), adapter_name=ADAPTER_NAME)
+    except ValueError as error:  # peft: no module matched target_modules (minus exclude_modules)
+        raise ValueError(
+            f"actor_rollout_ref.model.target_modules={spec.target_modules!r} (exclude_modules={spec.exclude_modules!r}) "
+            f"selects no layer of {type(model).__name__} for LoRA: {error}"
+        ) from None
+    # Float32 adapter factors (the optimizer's master weights) under a half-precision frozen base.
+    cast_adapter_dtype(model, ADAPTER_NAME)
+    trained = [p for name, p in model.named_parameters() if is_adapter_parameter(name)]
+    if not trained:
+        raise ValueError(f"LoRA added no adapter factors to {type(model).__name__} (target_modules={spec.target_modules!r})")
+    for name, param in model.named_parameters():
+        param.requires_grad_(is_adapter_parameter(name))
+
+
+def adapter_parameter_names(model: nn.Module) -> list[str]:
+    """The adapter factors' parameter names, in `named_parameters` order (what a LoRA weight sync sends)."""
+    return [name for name, _ in model.named_parameters() if is_adapter_parameter(name)]
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """The base model inside the block (every LoRA layer skips its adapter), the adapted one after it."""
+    model.disable_adapters()
+    try:
+        yield
+    finally:
+        model.enable_adapters()

@@ -1,0 +1,117 @@
+"""What a LoRA run trains, from `actor_rollout_ref.model` (verl's keys): rank, alpha, target/excluded modules.
+
+`LoraSpec` is plain, picklable data: the FSDP actor builds its PEFT adapters from it, the vLLM engines get
+the same adapter description (PEFT's `adapter_config.json` fields), and an export writes it next to the
+adapter's tensors. Parameter names: inside the trainer an adapter factor is
+`model.layers.0.self_attn.q_proj.lora_A.default.weight` (transformers' PEFT integration, adapter "default");
+PEFT's saved format (and what vLLM parses) is `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ADAPTER_NAME = "default"  # the one adapter a LoRA run trains
+_FACTORS = (".lora_A.", ".lora_B.")
+_PEFT_PREFIX = "base_model.model."
+# vLLM allocates adapter slots of one of these ranks (`max_lora_rank`); an adapter may use any rank up to it.
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    rank: int
+    alpha: float
+    target_modules: str | tuple[str, ...]  # "all-linear" or module names
+    exclude_modules: str | tuple[str, ...] | None
+
+    @classmethod
+    def from_model_config(cls, model_cfg: Mapping[str, Any]) -> "LoraSpec | None":
+        """None when `lora_rank` is 0 or absent (full fine-tuning)."""
+        rank = int(model_cfg.get("lora_rank", 0) or 0)
+        if rank == 0:
+            return None
+        return cls(
+            rank=rank,
+            alpha=float(model_cfg.get("lora_alpha", 16)),
+            target_modules=_names(model_cfg.get("target_modules", "all-linear")),
+            exclude_modules=None if model_cfg.get("exclude_modules") is None else _names(model_cfg["exclude_modules"]),
+        )
+
+    @property
+    def scaling(self) -> float:
+        """What the adapter's product B·A is multiplied by (PEFT's plain LoRA: alpha / r)."""
+        return self.alpha / self.rank
+
+    def peft_config(self) -> Any:
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,
+            target_modules=_peft_names(self.target_modules),
+            exclude_modules=None if self.exclude_modules is None else _peft_names(self.exclude_modules),
+            lora_dropout=0.0,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+
+    def adapter_config(self) -> dict[str, Any]:
+        """The fields of PEFT's `adapter_config.json` that vLLM reads (its `PEFTHelper`)."""
+        return {
+            "r": self.rank,
+            "lora_alpha": self.alpha,
+            "target_modules": _peft_names(self.target_modules),
+            "bias": "none",
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+        }
+
+    @property
+    def vllm_max_lora_rank(self) -> int:
+        for size in VLLM_MAX_LORA_RANKS:
+            if size >= self.rank:
+                return size
+        raise ValueError(f"lora_rank={self.rank} is above vLLM's largest adapter rank {VLLM_MAX_LORA_RANKS[-1]}")
+
+
+def _names(value: Any) -> str | tuple[str, ...]:
+    return value if isinstance(value, str) else tuple(str(v) for v in value)
+
+
+def _peft_names(value: str | tuple[str, ...]) -> str | list[str]:
+    return value if isinstance(value, str) else list(value)
+
+
+def is_adapter_parameter(name: str) -> bool:
+    """Whether a trainer parameter name is a LoRA factor (A or B)."""
+    return any(factor in name for factor in _FACTORS)
+
+
+def peft_tensor_name(name: str) -> str:
+    """A trainer parameter name of an adapter factor -> its name in PEFT's saved format (what vLLM parses)."""
+    for factor in _FACTORS:
+        marker = f"{factor}{ADAPTER_NAME}."
+        if marker in name:
+            return _PEFT_PREFIX + name.replace(marker, factor)
+    raise ValueError(f"{name!r} is not a LoRA factor of adapter {ADAPTER_NAME!r}")
+
+
+def check_lora_settings(config: Mapping[str, Any], where: str = "") -> None:
+    """Raise ValueError for LoRA settings the actor/rollout config cannot run (`where` prefixes the keys, e.g.
+    `actor_rollout_ref`): LoRA is built for the FSDP actor, and vLLM caps the adapter rank."""
+    rank = config["model"]["lora_rank"]
+    if rank == 0:
+        return
+    key = f"{where}." if where else ""
+    if config["actor"]["strategy"] != "fsdp":
+        raise ValueError(
+            f"{key}model.lora_rank={rank} needs {key}actor.strategy=fsdp: the Megatron backend trains every weight "
+            f"and has no LoRA; set {key}model.lora_rank=0 or {key}actor.strategy=fsdp"
+        )
+    if config["rollout"]["name"] == "vllm" and rank > VLLM_MAX_LORA_RANKS[-1]:
+        raise ValueError(
+            f"{key}model.lora_rank={rank} is above vLLM's largest adapter rank {VLLM_MAX_LORA_RANKS[-1]} ({key}rollout.name=vllm)"
+        )

@@ -1,0 +1,108 @@
+"""The trainer's LoRA adapter inside vLLM, taken from tensors in memory (no adapter folder on disk).
+
+vLLM loads adapters by path: per request, its worker's LoRA manager looks the adapter's id up in its cache
+and reads `lora_path` only on a miss. So the engine side of a sync builds vLLM's `LoRAModel` from the
+received tensors (`LoRAModel.from_lora_tensors`, the same call its folder loader ends in, with the same
+name mapping and validation), replaces the cached adapter of our fixed id with it, and every generate then
+names that id. The placeholder path is never read; a request reaching an engine that was not given the
+adapter fails there with vLLM's "adapter not found" naming it. These are vLLM internals (the runner's
+`lora_manager` and its `_adapter_manager`), present alike in vLLM 0.26 and 0.32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from workers.lora.spec import LoraSpec, peft_tensor_name
+
+ADAPTER_ID = 1  # one adapter per engine, replaced in place by every sync
+ADAPTER_LABEL = "actor_lora"
+ADAPTER_PATH = "in-memory:actor_lora (sent by the trainer's weight sync)"
+
+
+def engine_options(spec: LoraSpec) -> dict[str, Any]:
+    """`LLM(...)` arguments of an engine serving the trainer's adapter."""
+    return {"enable_lora": True, "max_lora_rank": spec.vllm_max_lora_rank, "max_loras": 1}
+
+
+def adapter_request() -> Any:
+    """The request naming the synced adapter (passed with every generate)."""
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=ADAPTER_LABEL, lora_int_id=ADAPTER_ID, lora_path=ADAPTER_PATH)
+
+
+def _lora_manager(model_runner: Any) -> Any:
+    manager = getattr(model_runner, "lora_manager", None)
+    if manager is None:
+        raise RuntimeError("this vLLM engine was started without LoRA (enable_lora); it cannot take an adapter")
+    return manager
+
+
+def _name_mapper(model: Any) -> Any:
+    """The model's HF -> vLLM renames, as vLLM's own adapter loader takes them (the method's name differs by
+    vLLM version)."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    for method in ("get_rename_mapper", "get_unstacked_mapper"):
+        if mapper is not None and hasattr(mapper, method):
+            return getattr(mapper, method)()
+    return mapper
+
+
+def _check_modules(adapters: Any, lora: Any) -> None:
+    supported = set()
+    for module in adapters.supported_lora_modules:
+        supported.update(adapters.packed_modules_mapping.get(module, [module]))
+    unsupported = sorted({name.rsplit(".", 1)[-1] for name in lora.loras} - supported - set(adapters.packed_modules_mapping))
+    if unsupported:
+        raise ValueError(
+            f"vLLM cannot apply LoRA to {unsupported} of this model (it supports {sorted(supported)}); leave them out "
+            "with actor_rollout_ref.model.exclude_modules"
+        )
+
+
+def register_adapter(model_runner: Any, named_tensors: Iterable[tuple[str, torch.Tensor]], adapter_config: dict[str, Any]) -> int:
+    """Inside a vLLM worker: make `named_tensors` (trainer names of the adapter factors) the adapter that
+    requests with `adapter_request()` use from now on. Returns how many tensors it took."""
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+
+    manager = _lora_manager(model_runner)
+    helper = PEFTHelper.from_dict(adapter_config)
+    helper.validate_legal(manager.lora_config)
+    dtype = manager.lora_config.lora_dtype
+    # Copies: vLLM scales lora_B in place when it packs the adapter, and these may be the trainer's tensors.
+    tensors = {peft_tensor_name(name): tensor.detach().to("cpu", dtype=dtype, copy=True) for name, tensor in named_tensors}
+    adapters = manager._adapter_manager
+    lora = LoRAModel.from_lora_tensors(
+        lora_model_id=ADAPTER_ID,
+        tensors=tensors,
+        peft_helper=helper,
+        device="cpu",
+        dtype=dtype,
+        model_vocab_size=manager.vocab_size,
+        weights_mapper=_name_mapper(adapters.model),
+        skip_prefixes=getattr(adapters.model, "lora_skip_prefixes", None),
+    )
+    _check_modules(adapters, lora)
+    adapters.remove_adapter(ADAPTER_ID)  # also frees its slot: the next request activates the new one
+    adapters.add_adapter(lora)
+    return len(tensors)
+
+
+def adapter_fingerprint(model_runner: Any) -> float:
+    """Sum of |w| over the cached adapter's factors (0 with none): changes when a sync changed the adapter."""
+    manager = getattr(model_runner, "lora_manager", None)
+    if manager is None:
+        return 0.0
+    total = 0.0
+    for lora in manager._adapter_manager.list_adapters().values():
+        for weights in lora.loras.values():
+            for factor in (weights.lora_a, weights.lora_b):
+                for tensor in factor if isinstance(factor, (list, tuple)) else [factor]:
+                    if tensor is not None:
+                        total += float(tensor.double().abs().sum())
+    return total
