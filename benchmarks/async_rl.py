@@ -72,11 +72,11 @@ def gpu_longtail(work: Path) -> tuple[list[str], dict[str, Any]]:
     lengths = force_lengths(train, (32, 64), 1024, 0.1, seed=0)
     overrides = [
         f"actor_rollout_ref.model.path={work / 'model'}", f"data.train_files={train}", f"data.val_files={val}", "trainer.device=cuda",
-        "trainer.gpus_per_process=0.5", "actor_rollout_ref.rollout.gpus_per_engine=0.5", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+        "trainer.gpus_per_process=0.5", "actor_rollout_ref.rollout.gpus_per_engine=0.5", "actor_rollout_ref.rollout.gpu_memory_utilization=0.25",
         "actor_rollout_ref.rollout.enforce_eager=false", "data.max_prompt_length=96", "data.max_response_length=1024",
         "data.train_batch_size=16", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-        "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192",
-        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192", "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096", "actor_rollout_ref.actor.optim.lr=1e-6",
     ]
     return overrides, {"params": params, "long_fraction": float(np.mean(np.array(lengths) == 1024))}
 
