@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from protocol import DataProto, DataProtoFuture
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from workers.rollout.agent.rollout import absolute_specs
-from workers.rollout.separate_sync import SeparateWeightSync
+from workers.rollout.separate_sync import IpcRolloutSync, SeparateWeightSync, rollout_weight_sync
 
 ACTOR_DIR, CRITIC_DIR = "actor", "critic"
 
@@ -74,13 +74,15 @@ class RoleGroups:
     reward_model: RayWorkerGroup | None = None
     groups: list[RayWorkerGroup] = field(default_factory=list)  # the groups owning actors (not role views)
     rollout: RayWorkerGroup | None = None  # vLLM engines with their own pool (rollout.placement=separate)
-    weight_sync: SeparateWeightSync | None = None
+    weight_sync: SeparateWeightSync | IpcRolloutSync | None = None
     driver_metrics: dict[str, float] = field(default_factory=dict)  # weight-sync results not yet reported
     # A generation started with `start_generation` and not fetched yet; while it runs the rollout group is
     # not called for its logs (its calls would wait behind the generation), which are taken just before.
     generation: DataProtoFuture | None = None
     parked_rollout_exec: list[list[tuple[str, float]]] = field(default_factory=list)
     parked_rollout_metrics: dict[str, float] = field(default_factory=dict)
+    # rollout.mode=async: the engines generate in the background; a weight sync pauses them around it.
+    streaming: bool = False
 
     @classmethod
     def build(cls, cfg: DictConfig, reference: bool | None = None, critic: bool | None = None) -> "RoleGroups":
@@ -108,7 +110,10 @@ class RoleGroups:
         groups: list[RayWorkerGroup] = []
 
         def new_pool(name: str) -> RayResourcePool:
-            pools.append(RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=use_gpu(cfg), name_prefix=name))
+            pools.append(RayResourcePool(
+                [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=use_gpu(cfg), name_prefix=name,
+                gpus_per_process=cfg.trainer.get("gpus_per_process", 1),
+            ))
             return pools[-1]
 
         def new_group(pool: RayResourcePool, role_cls: RayClassWithInitArgs, name: str) -> RayWorkerGroup:
@@ -134,7 +139,7 @@ class RoleGroups:
                 if group is not None:
                     group.init_model()
             if built.rollout is not None:
-                built.weight_sync = SeparateWeightSync(
+                built.weight_sync = rollout_weight_sync(
                     built.actor, built.rollout, actor_worker_config(cfg)["rollout"], cfg.actor_rollout_ref.model.path, use_gpu(cfg),
                     # A LoRA engine starts without the adapter: the first sync sends it (checked by the probe).
                     engines_start_from_trainer=cfg.actor_rollout_ref.model.lora_rank == 0,
@@ -151,18 +156,21 @@ class RoleGroups:
         from workers.rollout.vllm_worker import VLLMRolloutWorker
 
         rollout = cfg.actor_rollout_ref.rollout
-        pools.append(
-            RayResourcePool(
-                [rollout.num_engines], use_gpu=use_gpu(cfg), name_prefix="rollout_", gpus_per_process=rollout.tensor_model_parallel_size
-            )
-        )
+        gpus = rollout.get("gpus_per_engine") or rollout.tensor_model_parallel_size
+        pools.append(RayResourcePool([rollout.num_engines], use_gpu=use_gpu(cfg), name_prefix="rollout_", gpus_per_process=gpus))
         return new_group(pools[-1], RayClassWithInitArgs(VLLMRolloutWorker, config=actor_worker_config(cfg)), "rollout")
 
     # ---- rollout ----------------------------------------------------------------------------------------
     def sync_rollout_weights(self) -> dict[str, float]:
         """Bring the rollout engines up to the actor's current weights (a no-op when they already are, and
         for the HF engine, which generates with the actor's own model)."""
-        if self.weight_sync is not None:
+        if self.weight_sync is not None and self.streaming:
+            self.rollout.pause_generation()  # between two engine steps; in-flight responses are parked
+            try:
+                metrics = self.weight_sync.sync()
+            finally:
+                self.rollout.resume_generation()  # they go on with the new weights (or restart)
+        elif self.weight_sync is not None:
             metrics = self.weight_sync.sync()
         else:
             metrics = mean_over_workers(self.actor.sync_rollout_weights())
@@ -190,6 +198,16 @@ class RoleGroups:
             raise RuntimeError("no generation in flight; call start_generation(prompts) first")
         future, self.generation = self.generation, None
         return future.get()
+
+    def start_streaming(self) -> None:
+        """From now on the engines may be generating at any time (rollout.mode=async)."""
+        self.streaming = True
+
+    def stop_streaming(self) -> None:
+        """Stop the engines' background generation (what is in flight is dropped)."""
+        if self.streaming:
+            self.rollout.stop_stream()
+            self.streaming = False
 
     def actor_weights_version(self) -> int | None:
         """The actor's weights version at the last sync check (separate engines only)."""

@@ -13,6 +13,7 @@ again, with the checkpoint's weights (the in-flight generation of the stopped ru
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -74,6 +75,25 @@ class RolloutPipeline:
             raise ValueError(f"staleness={staleness!r}; valid: {list(STALENESS_VALUES)}")
         self.roles, self.staleness = roles, staleness
         self.in_flight = False
+
+    # ---- the step loop's batch source and checkpoint state -----------------------------------------------
+    def batches(self, loader: Any) -> LookaheadBatches:
+        return LookaheadBatches(loader)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any], path: Any) -> None:
+        open_prompts = (state.get("async_rollout") or {}).get("open")
+        if open_prompts:
+            print(
+                f"warning: {path} was saved by an asynchronous run (rollout.mode=async) with {len(open_prompts)} "
+                "prompts in flight or waiting; this run (rollout.mode=sync) goes on after them without training on them",
+                file=sys.stderr,
+            )
+
+    def close(self) -> None:
+        return None
 
     def rollout(self, prompts: DataProto, upcoming: Callable[[], DataProto | None], timer: PhaseTimer) -> DataProto:
         """This step's rollout. `upcoming()` gives the next step's prompts (None on the last step); with

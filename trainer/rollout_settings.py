@@ -5,6 +5,9 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 STALENESS_VALUES = (0, 1)  # steps between the weights that generate a batch and the update that uses it
+ROLLOUT_MODES = ("sync", "async")  # whole batches per step | a continuous stream of finished prompt groups
+STALE_GROUP_POLICIES = ("wait", "drop", "regenerate")  # mode=async: a group about to exceed max_staleness
+PARTIAL_ROLLOUT_MODES = ("continue", "abort")  # mode=async: responses in flight at a weight update
 
 
 def check_rollout_settings(cfg: DictConfig) -> list[str]:
@@ -22,6 +25,7 @@ def check_rollout_settings(cfg: DictConfig) -> list[str]:
             "actor_rollout_ref.rollout.staleness=1 needs engines of their own to generate while the actor trains: "
             f"set rollout.name=vllm and rollout.placement=separate (got name={rollout.name!r}, placement={rollout.placement!r})"
         )
+    problems += check_async_settings(cfg) + check_gpu_shares(cfg)
     cap = rollout.tis_imp_ratio_cap
     if cap is not None:
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 1:
@@ -30,5 +34,57 @@ def check_rollout_settings(cfg: DictConfig) -> list[str]:
             problems.append(
                 "actor_rollout_ref.rollout.tis_imp_ratio_cap needs the engine's log-probs of the sampled tokens, which "
                 f"rollout.name=vllm returns (got {rollout.name!r})"
+            )
+    return problems
+
+
+def check_async_settings(cfg: DictConfig) -> list[str]:
+    """Problems with rollout.mode / max_staleness / stale_groups / partial_rollout."""
+    rollout = cfg.actor_rollout_ref.rollout
+    mode = rollout.get("mode", "sync")
+    if mode not in ROLLOUT_MODES:
+        return [f"actor_rollout_ref.rollout.mode={mode!r} is not valid; choose one of {list(ROLLOUT_MODES)}"]
+    if mode == "sync":
+        return []
+    problems = []
+    if not (rollout.name == "vllm" and rollout.placement == "separate"):
+        problems.append(
+            "actor_rollout_ref.rollout.mode=async needs engines of their own generating while the actor trains: set "
+            f"rollout.name=vllm and rollout.placement=separate (got name={rollout.name!r}, placement={rollout.placement!r})"
+        )
+    if rollout.staleness != 0:
+        problems.append(
+            f"actor_rollout_ref.rollout.staleness={rollout.staleness!r} is the one-step-off setting of mode=sync; with "
+            "mode=async bound the staleness with rollout.max_staleness (and leave staleness at 0)"
+        )
+    k = rollout.max_staleness
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        problems.append(f"actor_rollout_ref.rollout.max_staleness={k!r} must be an integer >= 0 (weight versions)")
+    for key, valid in (("stale_groups", STALE_GROUP_POLICIES), ("partial_rollout", PARTIAL_ROLLOUT_MODES)):
+        if rollout[key] not in valid:
+            problems.append(f"actor_rollout_ref.rollout.{key}={rollout[key]!r} is not valid; choose one of {list(valid)}")
+    if cfg.algorithm.adv_estimator == "remax":
+        problems.append(
+            "algorithm=remax generates a greedy baseline of each step's prompts on demand, which mode=async does not "
+            "schedule; use rollout.mode=sync (optionally rollout.staleness=1) or another algorithm (grpo, rloo, ppo)"
+        )
+    return problems
+
+
+def check_gpu_shares(cfg: DictConfig) -> list[str]:
+    """trainer.gpus_per_process and rollout.gpus_per_engine: fractions of a GPU, so pools can share one."""
+    problems = []
+    share = cfg.trainer.get("gpus_per_process", 1)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        problems.append(f"trainer.gpus_per_process={share!r} must be a number in (0, 1] (GPUs each trainer process reserves)")
+    rollout = cfg.actor_rollout_ref.rollout
+    engine = rollout.get("gpus_per_engine")
+    if engine is not None:
+        if isinstance(engine, bool) or not isinstance(engine, (int, float)) or not 0 < engine <= 1:
+            problems.append(f"actor_rollout_ref.rollout.gpus_per_engine={engine!r} must be null or a number in (0, 1]")
+        elif rollout.tensor_model_parallel_size != 1 or rollout.placement != "separate":
+            problems.append(
+                "actor_rollout_ref.rollout.gpus_per_engine sets the GPU share of a separate engine of "
+                "tensor_model_parallel_size 1 (leave it null otherwise)"
             )
     return problems

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from protocol import DataProto
 from single_controller.errors import WorkerGroupError
 from trainer import checkpointing
+from trainer.async_rollout import AsyncRollout
 from trainer.rollout_pipeline import LookaheadBatches, RolloutPipeline, prompts_for_step
 from trainer.run_data import RunData
 from trainer.timing import PhaseTimer
@@ -34,9 +35,12 @@ class StepLoop:
         self.cfg, self.roles, self.data, self.tracker = cfg, roles, data, tracker
         self.global_step = 0
         self.checkpoint_root = Path(cfg.trainer.default_local_dir)
-        self.batches: LookaheadBatches | None = None  # the dataloader, while fit() runs
+        self.batches: LookaheadBatches | AsyncRollout | None = None  # the batch source, while fit() runs
+        rollout = cfg.actor_rollout_ref.rollout
         self.draws_in_step = 0  # batches taken from the dataloader in this step (its own batch included)
-        self.rollouts = RolloutPipeline(roles, cfg.actor_rollout_ref.rollout.get("staleness", 0))
+        self.rollouts: RolloutPipeline | AsyncRollout = (
+            AsyncRollout(roles, cfg) if rollout.get("mode", "sync") == "async" else RolloutPipeline(roles, rollout.get("staleness", 0))
+        )
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
         raise NotImplementedError
@@ -66,6 +70,11 @@ class StepLoop:
         resumed run goes on with the prompts that follow them."""
         if self.batches is None:
             raise RuntimeError("draw_prompts() takes prompts from the dataloader of a running fit(): call it in train_step")
+        if isinstance(self.rollouts, AsyncRollout):
+            raise RuntimeError(
+                "draw_prompts() needs actor_rollout_ref.rollout.mode=sync: with mode=async the engines take their prompts "
+                "from the dataloader themselves and each step trains on whatever groups finished"
+            )
         if self.rollouts.staleness:
             raise RuntimeError(
                 "draw_prompts() needs actor_rollout_ref.rollout.staleness=0: with staleness 1 the next step's batch is "
@@ -77,7 +86,10 @@ class StepLoop:
 
     def step_rollout(self, batch: DataProto, timer: PhaseTimer) -> DataProto:
         """This step's responses to `batch` (`rollout.n` per prompt, a uid per prompt): generated now, or
-        with rollout.staleness=1 during the previous step (see trainer/rollout_pipeline.py)."""
+        with rollout.staleness=1 during the previous step (see trainer/rollout_pipeline.py), or with
+        rollout.mode=async taken from the engines' stream, `batch` being their prompts (trainer/async_rollout.py)."""
+        if isinstance(self.rollouts, AsyncRollout):
+            return self.rollouts.rollout(timer)
         n, seed = self.cfg.actor_rollout_ref.rollout.n, self.cfg.trainer.seed
 
         def upcoming() -> DataProto | None:
@@ -90,7 +102,7 @@ class StepLoop:
     def save(self) -> Path:
         # The position before a batch taken ahead (in flight): a resumed run generates it again.
         loader_state = self.batches.state_dict() if self.batches is not None else self.data.train_loader.state_dict()
-        state = {"global_step": self.global_step, "dataloader": loader_state, **self.driver_state()}
+        state = {"global_step": self.global_step, "dataloader": loader_state, **self.rollouts.checkpoint_state(), **self.driver_state()}
         return checkpointing.save_checkpoint(self.checkpoint_root, self.global_step, state, self.roles.save, self.cfg.trainer.max_ckpt_to_keep)
 
     def maybe_resume(self) -> None:
@@ -106,6 +118,7 @@ class StepLoop:
             # The manifest matched, yet a worker could not read its shard: name the folder.
             raise checkpointing.CheckpointError(f"could not load checkpoint {path}: {error}") from error
         self.data.train_loader.load_state_dict(state["dataloader"])
+        self.rollouts.restore(state, path)
         self.restore_driver_state(state)
         self.global_step = state["global_step"]
         print(f"resumed from {path} at step {self.global_step}")
@@ -119,7 +132,7 @@ class StepLoop:
         self.maybe_resume()
         if cfg.val_before_train and self.global_step == 0 and self.data.val_batches:
             self.tracker.log(self.validate(), step=0)
-        self.batches = LookaheadBatches(self.data.train_loader)
+        self.batches = self.rollouts.batches(self.data.train_loader)
         progress = tqdm(total=cfg.total_training_steps, initial=self.global_step, desc=self.progress_desc, unit="step")
         while self.global_step < cfg.total_training_steps:
             start = time.perf_counter()
@@ -135,6 +148,7 @@ class StepLoop:
             progress.update(1)
             progress.set_postfix(self.progress_postfix(metrics))
         progress.close()
+        self.rollouts.close()  # async: the streams stop before the final save (their prompts stay open in it)
         if cfg.save_at_end and (cfg.save_freq <= 0 or self.global_step % cfg.save_freq):
             self.save()
         return self.tracker.history

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from trainer.algorithm_names import POLICY_LOSS_MODES
 from trainer.algorithms import KL_PENALTY_NAMES, LOSS_AGG_MODES
+from trainer.rollout_settings import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES
 from workers.lora.spec import check_lora_settings
 
 REQUIRED = object()  # default of keys the user must set
@@ -221,6 +222,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "placement": Field("hybrid", _one_of(*ROLLOUT_PLACEMENTS), f"one of {list(ROLLOUT_PLACEMENTS)} (vllm: in the actor's processes, or its own pool)"),
         "num_engines": Field(1, _int(1), "an int >= 1 (vllm separate placement: engine replicas, each on tensor_model_parallel_size devices)"),
         "tensor_model_parallel_size": Field(1, _int(1), "an int >= 1 (vllm; > 1 needs placement=separate)"),
+        "gpus_per_engine": Field(None, _optional(_float(0.0, 1.0, low_open=True)), "None (tensor_model_parallel_size) or a fraction in (0, 1] (vllm separate, tensor_model_parallel_size 1)"),
         "gpu_memory_utilization": Field(0.5, _float(0.0, 1.0, low_open=True), "a float in (0, 1] (vllm on GPU)"),
         "cpu_kv_cache_mb": Field(256, _int(1), "an int >= 1 (vllm on CPU: KV-cache size in MiB)"),
         "enforce_eager": Field(True, _bool, "a bool (vllm: no CUDA graphs / torch.compile)"),
@@ -233,6 +235,10 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "verify_tolerance": Field(None, _optional(_float(0.0, low_open=True)), "None (1e-3 fp32, 0.25 bf16) or a float > 0"),
         "staleness": Field(0, _one_of(0, 1), "0 or 1 (driver side: steps between generating and training on a batch)"),
         "tis_imp_ratio_cap": Field(None, _optional(_float(1.0)), "None (off) or a float >= 1 (driver side: truncated IS cap)"),
+        "mode": Field("sync", _one_of(*ROLLOUT_MODES), f"one of {list(ROLLOUT_MODES)} (async: the separate engines stream finished prompt groups)"),
+        "max_staleness": Field(1, _int(0), "an int >= 0 (async: weight versions a group may lag behind the update training on it)"),
+        "stale_groups": Field("wait", _one_of(*STALE_GROUP_POLICIES), f"one of {list(STALE_GROUP_POLICIES)} (async: a group about to exceed max_staleness)"),
+        "partial_rollout": Field("continue", _one_of(*PARTIAL_ROLLOUT_MODES), f"one of {list(PARTIAL_ROLLOUT_MODES)} (async: responses in flight at a weight update)"),
         "n": Field(1, _int(1), "an int >= 1 (responses per prompt; the driver repeats the prompts)"),
         "temperature": Field(1.0, _float(0.0, low_open=True), "a float > 0"),
         "top_p": Field(1.0, _float(0.0, 1.0, low_open=True), "a float in (0, 1]"),

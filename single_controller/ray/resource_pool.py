@@ -28,6 +28,8 @@ class RayResourcePool:
     Each process slot is a bundle of `cpus_per_process` CPUs (and `gpus_per_process` GPUs when `use_gpu`,
     e.g. a tensor-parallel engine that starts its own per-GPU processes); up to
     `max_colocate_count` worker groups can share the pool, each actor taking that fraction of its slot.
+    A `gpus_per_process` below 1 lets pools share a GPU (e.g. 0.5 each: a trainer and a rollout engine on one
+    GPU, in two pools); Ray decides which GPU each fractional slot lands on.
     """
 
     def __init__(
@@ -38,12 +40,12 @@ class RayResourcePool:
         name_prefix: str = "",
         cpus_per_process: float = 1.0,
         detached: bool = False,
-        gpus_per_process: int = 1,
+        gpus_per_process: float = 1,
     ) -> None:
         if not process_on_nodes or any(not isinstance(n, int) or n < 1 for n in process_on_nodes):
             raise ValueError(f"process_on_nodes must be a non-empty list of positive ints, got {process_on_nodes!r}")
-        if gpus_per_process < 1:
-            raise ValueError(f"gpus_per_process must be >= 1, got {gpus_per_process}")
+        if not gpus_per_process > 0 or (gpus_per_process > 1 and gpus_per_process != int(gpus_per_process)):
+            raise ValueError(f"gpus_per_process must be a fraction in (0, 1] or a whole number of GPUs, got {gpus_per_process}")
         if max_colocate_count < 1:
             raise ValueError(f"max_colocate_count must be >= 1, got {max_colocate_count}")
         self.process_on_nodes = list(process_on_nodes)

@@ -2,6 +2,8 @@
 
 import pytest
 
+from tests.workers.conftest import tiny_model_dir  # noqa: F401
+
 from single_controller.worker import NodeInfo
 from workers.engines.sync_path import CUDA_IPC, GLOO, NCCL, choose_sync_path
 
@@ -33,3 +35,26 @@ def test_an_engine_beside_rank_zero_that_ipc_cannot_serve_is_refused_with_what_t
     # One engine shares rank 0's GPU, the other has no train rank on its GPU.
     with pytest.raises(ValueError, match=r"inference rank 1 on GPU \['2'\] \(without a train rank\)"):
         choose_sync_path(_on([["0"]]), _on([["0"], ["2"]]), use_gpu=True, infer_tp=1)
+
+
+class _Group:
+    """What `rollout_weight_sync` reads of a worker group: where its ranks run (and, for the actor, whether
+    it has the CUDA IPC sender)."""
+
+    def __init__(self, node_info, sends_ipc=True):
+        self.node_info = node_info
+        self.worker_class = type("SomeActor", (), {})
+        if sends_ipc:
+            self.send_ipc = lambda *args: None
+
+
+def test_trainer_rollout_on_the_actors_gpu_syncs_by_cuda_ipc(tiny_model_dir):
+    from workers.rollout.separate_sync import IpcRolloutSync, SeparateWeightSync, rollout_weight_sync
+
+    options = {"tensor_model_parallel_size": 1, "verify_sync": False, "verify_tolerance": None}
+    shared = rollout_weight_sync(_Group(_on([["0"]])), _Group(_on([["0"]])), options, str(tiny_model_dir), use_gpu=True)
+    assert isinstance(shared, IpcRolloutSync) and shared.transfer.feeding_rank == (0,)  # one GPU, fractional shares
+    apart = rollout_weight_sync(_Group(_on([["0"]])), _Group(_on([["1"]])), options, str(tiny_model_dir), use_gpu=True)
+    assert isinstance(apart, SeparateWeightSync) and apart.backend == "nccl"
+    with pytest.raises(ValueError, match="give the engines GPUs of their own"):
+        rollout_weight_sync(_Group(_on([["0"]]), sends_ipc=False), _Group(_on([["0"]])), options, str(tiny_model_dir), use_gpu=True)

@@ -49,13 +49,24 @@ def test_kill_9_during_save_then_resume_from_the_last_whole_step(small_assets, t
     assert steps == [1, 2, 3]
 
 
-def test_ctrl_c_stops_the_run_and_its_ray_processes(small_assets, tmp_path):
-    overrides = short_run(small_assets, tmp_path / "out", "trainer.total_training_steps=500", "trainer.save_at_end=false")
+ASYNC_RUN = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate",
+             "actor_rollout_ref.rollout.mode=async", "trainer.n_gpus_per_node=1")
+
+
+@pytest.mark.parametrize(
+    "extra, workers",
+    [((), ("ray::Colocated",)), (ASYNC_RUN, ("ray::Colocated", "ray::VLLMRolloutWorker"))],
+    ids=["sync", "async_vllm_stream"],
+)
+def test_ctrl_c_stops_the_run_and_its_ray_processes(small_assets, tmp_path, extra, workers):
+    """Also while the rollout engines generate in their background thread (rollout.mode=async)."""
+    overrides = short_run(small_assets, tmp_path / "out", "trainer.total_training_steps=500", "trainer.save_at_end=false", *extra)
     child = ChildProcess(["-m", "trainer.main", *overrides], tmp_path / "run.log")
     try:
         child.wait_for(lambda: "step 1:" in child.output, 180, "a finished step")
         names = child.live_descendant_names()
-        assert any(name.startswith("ray::Colocated") for name in names), names
+        for worker in workers:
+            assert any(name.startswith(worker) for name in names), names
         interrupted_at = time.monotonic()
         child.proc.send_signal(signal.SIGINT)
         returncode = child.wait_exit(60)

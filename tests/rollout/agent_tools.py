@@ -2,6 +2,9 @@
 
 import asyncio
 import time
+from pathlib import Path
+
+from workers.rollout.agent import Environment
 
 
 def lookup(key: str) -> str:
@@ -34,3 +37,22 @@ async def async_hang(**_) -> str:
 def slow(seconds: float) -> str:
     time.sleep(float(seconds))
     return "slept"
+
+
+class GateEnvironment(Environment):
+    """One tool, `gate`: with `extra_info["gate"]` set, a call first creates the file `extra_info["started"]`,
+    then waits (up to 120 s) until the file `gate` exists; otherwise it returns at once."""
+
+    tool_names = ["gate"]
+
+    def reset(self, sample, seed):
+        info = sample.get("extra_info") or {}
+        self.gate, self.started = info.get("gate"), info.get("started")
+
+    def step(self, call):
+        if self.gate:
+            Path(self.started).touch()
+            deadline = time.monotonic() + 120
+            while not Path(self.gate).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return "open"

@@ -110,3 +110,15 @@ def test_shards_match_padding_then_chunking(total, parts):
     # Full chunks are views of the caller's tensor, not copies.
     if not padding_in_chunk(total, parts, 0):
         assert shards[0].batch["x"].data_ptr() == data.batch["x"].data_ptr()
+
+
+@pytest.mark.parametrize("gpus, valid", [(0.5, True), (1, True), (2, True), (0, False), (1.5, False), (-1, False)])
+def test_a_pool_slot_takes_a_fraction_of_a_gpu_or_whole_gpus(gpus, valid):
+    from single_controller.ray import RayResourcePool
+
+    if valid:
+        pool = RayResourcePool([1], use_gpu=True, gpus_per_process=gpus)
+        assert pool._bundle()["GPU"] == gpus and pool.actor_resources()["num_gpus"] == gpus / pool.max_colocate_count
+    else:
+        with pytest.raises(ValueError, match="fraction in"):
+            RayResourcePool([1], use_gpu=True, gpus_per_process=gpus)

@@ -144,6 +144,13 @@ def test_the_hybrid_engine_takes_its_share_while_awake_only(folders):
     assert part(separate, "generate", "engine") == 0 and separate.groups[1].peak.parts["engine"] == 40 * GIB
 
 
+def test_a_separate_engine_on_a_share_of_the_trainers_gpu_counts_there_in_every_phase(folders):
+    shared = plan_of(scale_config(folders["3B"], "actor_rollout_ref.rollout.placement=separate", "trainer.gpus_per_process=0.5",
+                                  "actor_rollout_ref.rollout.gpus_per_engine=0.5", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"), gib=80)
+    assert [g.name for g in shared.groups] == ["trainer GPUs"]  # no GPUs of its own
+    assert all(part(shared, p, "engine") == pytest.approx(24.0) for p in ("generate", "old_log_prob", "update_actor"))
+
+
 def test_vllm_refuses_to_start_when_the_resident_models_leave_less_than_its_budget(folders):
     plan = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.gpu_memory_utilization=0.8"))
     assert plan.fits() is False

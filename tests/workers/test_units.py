@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from workers.fsdp.checkpoint import rng_state, set_rng_state
-from workers.rollout.sampling import sampling_params
+from workers.rollout.sampling import forced_lengths, sampling_params
 from workers.rollout.shaping import assemble_rollout, response_mask_from_eos
 from workers.fsdp.optim import lr_factor_fn
 from workers.fsdp.ppo_loop import loss_units
@@ -51,6 +51,19 @@ def test_ignore_eos_generation_config_has_no_stop_token():
     assert _rollout_params(False).generation_config().eos_token_id == [1]
     config = _rollout_params(True, response_length=16).generation_config()
     assert config.eos_token_id == [] and config.max_new_tokens == 16 and not config.min_new_tokens
+
+
+def test_a_response_stopped_short_without_eos_ends_at_its_length():
+    """A forced length (or any stop before the response budget) with no EOS: the padding after it is not
+    part of the response."""
+    mask = torch.ones(2, 3, dtype=torch.long)
+    prompts = {"input_ids": torch.full((2, 3), 7), "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1}
+    generated = torch.tensor([[5, 6, 0, 0], [5, 1, 0, 0]])
+    out = assemble_rollout(prompts, generated, _rollout_params(False), lengths=torch.tensor([2, 2]))
+    assert out["response_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 0, 0]]
+    assert assemble_rollout(prompts, generated, _rollout_params(False))["response_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    infos = np.array([{"forced_response_length": 3}, {"forced_response_length": 99}, {}, None], dtype=object)
+    assert forced_lengths({"extra_info": infos}, 4, limit=8) == [3, 8, None, None]
 
 
 def test_lr_schedules():

@@ -200,7 +200,8 @@ def build_groups(setup: PlanSetup, gpu_bytes: int | None) -> list[GpuGroup]:
     """The GPU groups of the run and their rows."""
     rollout = setup.rollout
     engine_bytes = int(rollout.gpu_memory_utilization * gpu_bytes) if gpu_bytes else 0
-    hybrid = rollout.name == "vllm" and rollout.placement == "hybrid" and setup.on_gpu
+    # The engine's budget on a trainer GPU: a hybrid engine, or a separate one sharing the GPU.
+    hybrid = rollout.name == "vllm" and setup.on_gpu and (rollout.placement == "hybrid" or rollout.shares_trainer_gpu)
     separate = rollout.name == "vllm" and rollout.placement == "separate"
     staging = 0
     if separate:  # the broadcast sender's two staging buffers (rank 0), kept between syncs
@@ -217,7 +218,7 @@ def build_groups(setup: PlanSetup, gpu_bytes: int | None) -> list[GpuGroup]:
     else:
         gpu = _TrainerGpu(setup, actor_roles + others, engine_bytes if hybrid else 0, staging)
         groups.append(GpuGroup("trainer GPUs", n, tuple(_trainer_rows(gpu))))
-    if separate:
+    if separate and not rollout.shares_trainer_gpu:
         engine = _parts(engine=engine_bytes, other=RUNTIME_BYTES)
         gpus = rollout.num_engines * rollout.tp
         groups.append(GpuGroup("rollout GPUs", gpus, (Row("rollout", "rollout_generate", "engine (weights + KV cache)", engine),)))

@@ -75,6 +75,9 @@ class RolloutSetup:
     num_engines: int
     tp: int
     bucket_bytes: int
+    # A separate engine on a fraction of a trainer's GPU (rollout.gpus_per_engine < 1): its budget counts on
+    # that GPU, all the time (a separate engine never sleeps).
+    shares_trainer_gpu: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,10 +167,11 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
                                  dtype_bytes(str(rm.model.dtype), on_gpu), "fsdp", None)
         reward_forward = Batching.of(rows, int(rm.micro_batch_size_per_gpu), bool(rm.use_dynamic_bsz), int(rm.forward_max_token_len_per_gpu), prompt, response)
     ro = arr.rollout
+    shares = str(ro.placement) == "separate" and float(_get(cfg, "actor_rollout_ref.rollout.gpus_per_engine", None) or 1) < 1
     rollout = RolloutSetup(
         name=str(ro.name), placement=str(ro.placement), gpu_memory_utilization=float(ro.gpu_memory_utilization),
-        sleeps=bool(ro.enable_sleep) and bool(ro.free_cache_engine) and on_gpu, num_engines=int(ro.num_engines),
-        tp=int(ro.tensor_model_parallel_size), bucket_bytes=int(ro.weight_sync_bucket_mb) << 20,
+        sleeps=bool(ro.enable_sleep) and bool(ro.free_cache_engine) and on_gpu and not shares, num_engines=int(ro.num_engines),
+        tp=int(ro.tensor_model_parallel_size), bucket_bytes=int(ro.weight_sync_bucket_mb) << 20, shares_trainer_gpu=shares,
     )
     log_dynamic = bool(ro.log_prob_use_dynamic_bsz)
     return PlanSetup(

@@ -100,8 +100,9 @@ class HFInferenceWorker(Worker):
         return loaded
 
     @register(Dispatch.ONE_TO_ALL)
-    def finish_weight_load(self) -> None:
-        """Nothing cached from the old weights (HF generate keeps no prefix cache across calls)."""
+    def finish_weight_load(self, version: int | None = None) -> None:
+        """Nothing cached from the old weights (HF generate keeps no prefix cache across calls); `version`
+        (the trainer's weights version) is not tracked here."""
 
     @register(Dispatch.ONE_TO_ALL)
     def probe_log_probs(self, vocab_size: int) -> torch.Tensor:

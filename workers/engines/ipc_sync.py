@@ -25,14 +25,15 @@ class IpcEngineSync:
         handles = self.train.open_ipc_staging(self.layouts, sorted(set(self.feeding_rank)))
         self.infer.open_ipc_buffers([handles[rank] for rank in self.feeding_rank])
 
-    def sync(self) -> dict[str, float]:
+    def sync(self, version: int | None = None) -> dict[str, float]:
+        """Send the weights; `version` (the trainer's weights version, if it keeps one) goes to the engines."""
         if self.layouts is None:
             self._connect()
         workers = self.infer.workers
         targets = [[workers[i] for i, rank in enumerate(self.feeding_rank) if rank == train_rank]
                    for train_rank in range(self.train.world_size)]
         metrics = self.train.send_ipc(self.layouts, targets)[0]
-        self.infer.finish_weight_load()
+        self.infer.finish_weight_load(version)
         if self.verify:
             trainer = self.train.probe_log_probs()[0]
             engines = self.infer.probe_log_probs(self.vocab_size)

@@ -19,7 +19,7 @@ from workers.fsdp.offload import Offloader
 from workers.fsdp.weight_sender import SyncGroupHostMixin
 from workers.rollout.buckets import BucketLayout, plan_buckets
 from workers.rollout.verify import TRAINER_FINGERPRINT, WeightFingerprint, probe_sequences, trainer_log_probs
-from workers.rollout.weight_sync import IpcStagingBuffers, send_broadcast
+from workers.rollout.weight_sync import IpcStagingBuffers, send_broadcast, send_ipc_to_engines
 
 GIB = float(1 << 30)
 
@@ -160,18 +160,10 @@ class ModuleWorker(SyncGroupHostMixin, Worker):
     def send_ipc(self, layouts: list[BucketLayout], targets: list[list[Any]]) -> dict[str, float]:
         """Every rank exports (collective gathers); a rank with targets (inference worker handles on its GPU)
         packs each bucket into its staging buffers and has each target load it in place."""
-        import ray
-
         self.offloader.load()
         start = time.perf_counter()
-        engines = targets[self.rank]
-
-        def deliver(index: int, layout: BucketLayout) -> Any:
-            refs = [engine.load_ipc_bucket.remote(index, layout) for engine in engines]
-            return lambda: ray.get(refs)
-
         buckets = self._exported_buckets(layouts)  # the gathers run here, on every rank
-        sent = self._ipc.send(buckets, deliver) if engines else 0
+        sent = send_ipc_to_engines(self._ipc, buckets, targets[self.rank])
         return {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
 
     @register(Dispatch.ONE_TO_ALL)

@@ -16,7 +16,14 @@ from single_controller import Dispatch, register
 from workers.rollout.buckets import BucketLayout, payload_bytes
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
 from workers.rollout.verify import TRAINER_FINGERPRINT, WeightFingerprint, probe_sequences, trainer_log_probs
-from workers.rollout.weight_sync import BroadcastSender, broadcast_buckets, gathered_buckets, plan_model_buckets
+from workers.rollout.weight_sync import (
+    BroadcastSender,
+    IpcStagingBuffers,
+    broadcast_buckets,
+    gathered_buckets,
+    plan_model_buckets,
+    send_ipc_to_engines,
+)
 
 GIB = float(1 << 30)
 
@@ -76,6 +83,27 @@ class WeightSenderMixin(SyncGroupHostMixin):
             "rollout/sync_bytes": float(payload_bytes(layouts)) if sent else 0.0,  # rank 0 sends, the others gather
         }
         return metrics if taken is None else {**metrics, TRAINER_FINGERPRINT: taken.value}
+
+    # ---- CUDA IPC (separate engines on this rank's GPU: fractional GPU shares) ------------------------------
+    _ipc_staging: IpcStagingBuffers | None = None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def open_ipc_staging(self, layouts: list[BucketLayout], feeding_ranks: list[int]) -> Any:
+        """Ranks in `feeding_ranks` allocate their two staging buffers once and return their IPC handles."""
+        if self.rank not in feeding_ranks:
+            return None
+        self._ipc_staging = IpcStagingBuffers(layouts, self._sync_source().device)
+        return self._ipc_staging.handles
+
+    @register(Dispatch.ONE_TO_ALL)
+    def send_ipc(self, layouts: list[BucketLayout], targets: list[list[Any]]) -> dict[str, float]:
+        """Every rank gathers; a rank sharing its GPU with engines (`targets[rank]`, their actor handles)
+        packs each bucket and has them load it in place."""
+        engine = self._sync_source()
+        start = time.perf_counter()
+        buckets = gathered_buckets(engine.module, layouts, cast=False)
+        sent = send_ipc_to_engines(self._ipc_staging, buckets, targets[self.rank])
+        return {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
 
     @register(Dispatch.ONE_TO_ALL)
     def weights_fingerprint(self, layouts: list[BucketLayout]) -> float:

@@ -11,6 +11,9 @@ from transformers import GenerationConfig
 # meta_info keys a generate_sequences call may set to override the rollout config (e.g. greedy validation);
 # meta_info["seed"] (optional) makes the call's sampling depend only on (seed, rank).
 GENERATION_OVERRIDES = ("do_sample", "temperature", "top_p", "top_k")
+# extra_info key of a data row: the vLLM engines generate exactly this many response tokens for it (EOS is
+# held back until then). For workloads of a known length distribution (benchmarks/async_rl.py, tests).
+FORCED_RESPONSE_LENGTH = "forced_response_length"
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,15 @@ def sampling_params(
         pad_token_id=eos_ids[0] if pad is None else int(pad),
         ignore_eos=bool(rollout["ignore_eos"]),
     )
+
+
+def forced_lengths(non_tensor_batch: Mapping[str, Any], rows: int, limit: int) -> list[int | None]:
+    """Per row, the `extra_info[FORCED_RESPONSE_LENGTH]` (cut to `limit`, the response length), or None."""
+    infos = non_tensor_batch.get("extra_info")
+    if infos is None:
+        return [None] * rows
+    lengths = [info.get(FORCED_RESPONSE_LENGTH) if isinstance(info, Mapping) else None for info in infos]
+    return [None if length is None else max(1, min(int(length), limit)) for length in lengths]
 
 
 def folder_token_ids(model_path: str) -> tuple[tuple[int, ...], int | None]:

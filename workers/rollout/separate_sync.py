@@ -73,3 +73,57 @@ class SeparateWeightSync:
         trainer = self.actor.probe_log_probs()[0]
         engines = self.rollout.probe_log_probs(self.vocab_size)
         return verify_engines(trainer, engines, self.layouts[0].slots[0].dtype, self.cfg["verify_tolerance"], "broadcast weight sync")
+
+
+class IpcRolloutSync:
+    """The separate engines share the actor ranks' GPUs (fractional GPU shares: NCCL refuses two group ranks
+    on one device): each bucket goes by CUDA IPC from the actor rank on the engine's GPU
+    (`workers/engines/ipc_sync.py`). Same interface and version stamping as `SeparateWeightSync`; the
+    probe check runs when `verify_sync` is set."""
+
+    def __init__(self, actor: Any, rollout: Any, feeding_rank: tuple[int, ...], rollout_cfg: dict[str, Any], model_path: str) -> None:
+        from workers.engines.ipc_sync import IpcEngineSync
+
+        self.actor = actor
+        self.vocab_size = AutoConfig.from_pretrained(model_path).vocab_size
+        self.transfer = IpcEngineSync(
+            actor, rollout, feeding_rank, self.vocab_size, bool(rollout_cfg["verify_sync"]), rollout_cfg["verify_tolerance"]
+        )
+        self.synced_version = 0  # the engines loaded the folder the actor started from
+        self.actor_version = 0
+
+    def connect(self) -> None:
+        """Nothing to set up before the first sync (the staging buffers are mapped then)."""
+
+    def sync(self) -> dict[str, float]:
+        version = self.actor.current_weights_version()
+        self.actor_version = version
+        if version == self.synced_version:
+            return {}
+        metrics = self.transfer.sync(version)
+        self.synced_version = version
+        return metrics
+
+
+def rollout_weight_sync(
+    actor: Any, rollout: Any, rollout_cfg: dict[str, Any], model_path: str, use_gpu: bool, engines_start_from_trainer: bool = True
+) -> SeparateWeightSync | IpcRolloutSync:
+    """The sync of a separate rollout group, by where its engines run: on GPUs of their own (broadcast, NCCL;
+    gloo on CPU), or on the actor ranks' GPUs (CUDA IPC). `engines_start_from_trainer` as in `SeparateWeightSync`."""
+    from workers.engines.sync_path import CUDA_IPC, choose_sync_path
+
+    path = choose_sync_path(actor.node_info, rollout.node_info, use_gpu, rollout_cfg["tensor_model_parallel_size"])
+    if path.kind != CUDA_IPC:
+        return SeparateWeightSync(actor, rollout, rollout_cfg, model_path, use_gpu, engines_start_from_trainer)
+    if not engines_start_from_trainer:
+        raise ValueError(
+            "the rollout engines share the actor's GPUs (CUDA IPC weight sync), which sends full weights only, not a "
+            "LoRA adapter: give the engines GPUs of their own (trainer.gpus_per_process=1, rollout.gpus_per_engine=null)"
+        )
+    if not hasattr(actor, "send_ipc"):
+        raise ValueError(
+            f"the rollout engines share the actor's GPUs, which needs a CUDA IPC weight sync that the "
+            f"{actor.worker_class.__name__} actor does not have: give the engines GPUs of their own "
+            "(trainer.gpus_per_process=1, rollout.gpus_per_engine=null)"
+        )
+    return IpcRolloutSync(actor, rollout, path.feeding_rank, rollout_cfg, model_path)

@@ -38,20 +38,20 @@ def assemble_rollout(
     """Left-padded prompts + generated tokens [B, <=R] -> prompts, responses [B, R] (pad after the first
     EOS), input_ids / attention_mask / position_ids [B, P+R] and response_mask [B, R].
 
-    `params` provides response_length, eos_token_ids, pad_token_id and ignore_eos (`SamplingParams`). With
-    ignore_eos a response is every generated token, EOS included: `lengths` [B] (default: all of
-    `generated`'s columns) says how many each row has."""
+    `params` provides response_length, eos_token_ids, pad_token_id and ignore_eos (`SamplingParams`).
+    `lengths` [B] says how many tokens each row generated (default: all of `generated`'s columns): with
+    ignore_eos a response is every one of them, EOS included; otherwise a response ends at its first EOS or
+    at its length, whichever comes first (a response stopped short of R without an EOS: a forced length)."""
     input_ids, attention_mask, position_ids = prompts["input_ids"], prompts["attention_mask"], prompts["position_ids"]
     batch, length = input_ids.shape[0], params.response_length
     generated = generated[:, :length].to(input_ids.device, input_ids.dtype)
     responses = torch.full((batch, length), params.pad_token_id, dtype=input_ids.dtype, device=input_ids.device)
     responses[:, : generated.shape[1]] = generated
-    if params.ignore_eos:
-        if lengths is None:
-            lengths = torch.full((batch,), generated.shape[1])
-        mask = response_mask_from_lengths(lengths.clamp(max=length).to(input_ids.device), length)
-    else:
-        mask = response_mask_from_eos(responses, params.eos_token_ids)
+    if lengths is None:
+        lengths = torch.full((batch,), generated.shape[1])
+    mask = response_mask_from_lengths(lengths.clamp(max=length).to(input_ids.device), length)
+    if not params.ignore_eos:
+        mask = mask * response_mask_from_eos(responses, params.eos_token_ids)
     responses = torch.where(mask.bool(), responses, torch.full_like(responses, params.pad_token_id))
     offsets = torch.arange(1, length + 1, dtype=position_ids.dtype, device=position_ids.device)
     response_positions = position_ids[:, -1:] + offsets

@@ -30,14 +30,16 @@ def row_seed(call_seed: int, rank: int, row: int) -> int:
     return (call_seed * 1_000_003 + rank * 65_537 + row) % (2**31 - 1)
 
 
-def vllm_sampling(params: Any, max_tokens: int, seed: int | None) -> Any:
+def vllm_sampling(params: Any, max_tokens: int, seed: int | None, min_tokens: int = 0) -> Any:
     """vLLM's SamplingParams for one request from the rollout's sampling settings (greedy when not sampling),
-    with the engine's log-prob of each sampled token."""
+    with the engine's log-prob of each sampled token. `min_tokens` keeps EOS out until that many tokens
+    (a forced response length)."""
     from vllm import SamplingParams
 
     return SamplingParams(
         n=1,
         max_tokens=max_tokens,
+        min_tokens=min_tokens,
         temperature=params.temperature if params.do_sample else 0.0,
         top_p=params.top_p if params.do_sample else 1.0,
         top_k=params.top_k if params.do_sample else 0,
@@ -114,16 +116,22 @@ class VLLMEngine:
         self.llm = LLM(**kwargs)
 
     # ---- generation -----------------------------------------------------------------------------------
-    def generate(self, prompts: dict[str, torch.Tensor], params: Any, call_seed: int | None, rank: int) -> dict[str, torch.Tensor]:
+    def generate(
+        self, prompts: dict[str, torch.Tensor], params: Any, call_seed: int | None, rank: int, forced: list[int | None] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Left-padded prompts -> the rollout batch of `assemble_rollout` plus `rollout_log_probs` [B, R]
-        (the engine's log-probs of the sampled tokens, 0 after the response)."""
+        (the engine's log-probs of the sampled tokens, 0 after the response). `forced[i]`, when set, is row
+        i's exact response length."""
         from vllm import TokensPrompt
 
         ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
         requests = [TokensPrompt(prompt_token_ids=row[m].tolist()) for row, m in zip(ids, mask)]
+        forced = forced or [None] * len(requests)
         sampling = [
-            vllm_sampling(params, params.response_length, None if call_seed is None else row_seed(call_seed, rank, i))
-            for i in range(len(requests))
+            vllm_sampling(
+                params, length or params.response_length, None if call_seed is None else row_seed(call_seed, rank, i), length or 0
+            )
+            for i, length in enumerate(forced)
         ]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.lora_request)
         sampled = [sampled_tokens(o) for o in outputs]

@@ -20,8 +20,9 @@ from workers.lora.spec import LoraSpec
 from workers.memory import MemoryLog
 from workers.rollout.agent.worker_glue import build_agent, vllm_agent_generate
 from workers.rollout.buckets import BucketLayout
-from workers.rollout.sampling import folder_token_ids, sampling_params
+from workers.rollout.sampling import folder_token_ids, forced_lengths, sampling_params
 from workers.rollout.shaping import rollout_output
+from workers.rollout.stream.worker_methods import StreamWorkerMixin
 from workers.rollout.sync_group import SyncGroupAddress
 from workers.rollout.verify import probe_sequences
 from workers.rollout.vllm_engine import VLLMEngine
@@ -29,7 +30,10 @@ from workers.rollout.vllm_engine import VLLMEngine
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
-class VLLMRolloutWorker(Worker):
+class VLLMRolloutWorker(StreamWorkerMixin, Worker):
+    """Every method that uses the engine itself pauses the asynchronous stream (rollout.mode=async) around
+    it, so weight loads and synchronous generates find the engine idle."""
+
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
         self.config = actor_rollout_ref_config(config)
@@ -63,10 +67,12 @@ class VLLMRolloutWorker(Worker):
         require_batch_keys(prompts, PROMPT_KEYS, "generate_sequences")
         params = sampling_params(self.config["rollout"], prompts.meta_info, *self.token_ids)
         inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
-        if self.agent is not None:
-            result = vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)
-        else:
-            result = engine.generate(inputs, params, prompts.meta_info.get("seed"), self.rank)
+        with self._engine_idle():
+            if self.agent is not None:
+                result = vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)
+            else:
+                forced = forced_lengths(prompts.non_tensor_batch, len(prompts), params.response_length)
+                result = engine.generate(inputs, params, prompts.meta_info.get("seed"), self.rank, forced)
         self.memory.record("rollout_generate")
         output = rollout_output(prompts, result)
         output.meta_info[ROLLOUT_WEIGHTS_VERSION] = self.weights_version
@@ -89,12 +95,18 @@ class VLLMRolloutWorker(Worker):
         """Load the broadcast weights (with LoRA: the adapter); `version` is the actor's weights version they
         are (stamped on every batch generated with them)."""
         engine = self._require_engine("receive_weights")
-        if self.lora is None:
-            engine.receive_broadcast(layouts)
-        else:
-            engine.receive_adapter(layouts)
+        with self._engine_idle():
+            if self.lora is None:
+                engine.receive_broadcast(layouts)
+            else:
+                engine.receive_adapter(layouts)
+            self._set_version(version)
+
+    def _set_version(self, version: int | None) -> None:
         if version is not None:
             self.weights_version = version
+            if self.stream is not None:
+                self.stream.set_version(version)
 
     @register(Dispatch.ALL_TO_ALL)
     def open_ipc_buffers(self, handles: list[Any]) -> None:
@@ -104,28 +116,44 @@ class VLLMRolloutWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def load_ipc_bucket(self, index: int, layout: BucketLayout) -> int:
         """Called by the feeding train rank itself (through this actor's handle), once per bucket."""
-        return self._require_engine("load_ipc_bucket").load_ipc_bucket(index, layout)
+        engine = self._require_engine("load_ipc_bucket")
+        with self._engine_idle():
+            return engine.load_ipc_bucket(index, layout)
 
     @register(Dispatch.ONE_TO_ALL)
-    def finish_weight_load(self) -> None:
-        self._require_engine("finish_weight_load").after_weight_update()
+    def finish_weight_load(self, version: int | None = None) -> None:
+        """After the last IPC bucket; `version` as in `receive_weights`."""
+        engine = self._require_engine("finish_weight_load")
+        with self._engine_idle():
+            engine.after_weight_update()
+            self._set_version(version)
 
     @register(Dispatch.ONE_TO_ALL)
     def probe_log_probs(self, vocab_size: int) -> torch.Tensor:
-        return self._require_engine("probe_log_probs").prompt_log_probs(probe_sequences(vocab_size))
+        engine = self._require_engine("probe_log_probs")
+        with self._engine_idle():
+            return engine.prompt_log_probs(probe_sequences(vocab_size))
 
     @register(Dispatch.ONE_TO_ALL)
     def weights_fingerprint(self) -> float:
-        return self._require_engine("weights_fingerprint").fingerprint()
+        engine = self._require_engine("weights_fingerprint")
+        with self._engine_idle():
+            return engine.fingerprint()
 
     # ---- engine API (plain lists, residency) -----------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)
     def generate_tokens(self, prompts: list[list[int]], sampling: dict[str, Any] | None = None) -> list[dict[str, list]]:
-        return self._require_engine("generate").generate_token_lists(prompts, sampling or {})
+        engine = self._require_engine("generate")
+        with self._engine_idle():
+            return engine.generate_token_lists(prompts, sampling or {})
 
     @register(Dispatch.ONE_TO_ALL)
     def release(self) -> None:
-        self._require_engine("meta").release_all()
+        engine = self._require_engine("meta")
+        if self.stream is not None:  # the engine goes away: so does what it was generating
+            self.stream.stop()
+            self.stream = None
+        engine.release_all()
 
     @register(Dispatch.ONE_TO_ALL)
     def restore(self, what: str = "all") -> None:

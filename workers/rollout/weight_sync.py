@@ -234,6 +234,25 @@ class IpcStagingBuffers:
         return sent
 
 
+def send_ipc_to_engines(
+    staging: IpcStagingBuffers | None, buckets: Iterator[tuple[BucketLayout, list[torch.Tensor]]], engines: list[Any]
+) -> int:
+    """One train rank's part of a CUDA IPC sync: pack each bucket into `staging` and have every engine actor
+    in `engines` (on this rank's GPU) load it in place through its `load_ipc_bucket`. A rank feeding no
+    engine still produces the buckets (its part in collective gathers). Returns the bytes packed."""
+    if not engines:
+        for _ in buckets:
+            pass
+        return 0
+    import ray
+
+    def deliver(index: int, layout: BucketLayout) -> Callable[[], Any]:
+        refs = [engine.load_ipc_bucket.remote(index, layout) for engine in engines]
+        return lambda: ray.get(refs)
+
+    return staging.send(buckets, deliver)
+
+
 class IpcReceiver:
     """Engine side: the sender's staging buffers, mapped once."""
 

@@ -27,6 +27,8 @@ from workers.rollout.agent.environment import Environment
 from workers.rollout.agent.parsers import ToolCallParser
 from workers.rollout.agent.tools import ToolLimits, ToolOutcome, finished
 
+NO_VERSION = -1  # the weights version of a token no model sampled (tool and template text)
+
 
 @dataclass(frozen=True)
 class AgentSettings:
@@ -48,6 +50,7 @@ class TurnRequest:
 class TurnOutput:
     tokens: list[int]
     log_probs: list[float] | None = None
+    versions: list[int] | None = None  # the weights version that sampled each token (asynchronous rollout)
 
 
 class TurnGenerator(Protocol):
@@ -85,6 +88,7 @@ class Conversation:
     response: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)  # 1 = model token (trained), 0 = tool / template token
     log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # weights version per token, NO_VERSION on tool tokens
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -97,10 +101,11 @@ class Conversation:
     ended_with_eos: bool = False
     final_text: str = ""  # the text of the model's last turn
 
-    def append(self, tokens: list[int], model: bool, log_probs: list[float] | None = None) -> None:
+    def append(self, tokens: list[int], model: bool, log_probs: list[float] | None = None, versions: list[int] | None = None) -> None:
         self.response.extend(tokens)
         self.mask.extend([int(model)] * len(tokens))
         self.log_probs.extend(log_probs if log_probs is not None else [0.0] * len(tokens))
+        self.versions.extend(versions if versions is not None else [NO_VERSION] * len(tokens))
 
 
 class AgentLoop:
@@ -121,24 +126,24 @@ class AgentLoop:
         ready = list(conversations)
         while generator.any_work(bool(ready) or any(c.pending for c in conversations)):
             if ready or generator.lockstep:
-                requests = [self._request(c) for c in ready]
+                requests = [self.next_request(c) for c in ready]
                 for conversation, output in zip(ready, generator.generate(requests)):
-                    self._after_turn(conversation, output)
+                    self.after_turn(conversation, output)
             wait = concurrent.futures.ALL_COMPLETED if generator.lockstep else concurrent.futures.FIRST_COMPLETED
-            ready = self._collect(conversations, wait)
+            ready = self.ready_after_tools(conversations, wait)
 
     def _run_streaming(self, generator: StreamingTurnGenerator, conversations: list[Conversation]) -> None:
         try:
             for conversation in conversations:
-                generator.submit(self._request(conversation))
+                generator.submit(self.next_request(conversation))
             while generator.in_flight() or any(c.pending for c in conversations):
                 busy = generator.in_flight() > 0
                 if busy:
                     for request, output in generator.step():
-                        self._after_turn(conversations[request.row], output)
+                        self.after_turn(conversations[request.row], output)
                 # While the engine works, finished tool calls are picked up without waiting for more.
-                for conversation in self._collect(conversations, None if busy else concurrent.futures.FIRST_COMPLETED):
-                    generator.submit(self._request(conversation))
+                for conversation in self.ready_after_tools(conversations, None if busy else concurrent.futures.FIRST_COMPLETED):
+                    generator.submit(self.next_request(conversation))
         except BaseException:
             generator.cancel_all()
             raise
@@ -146,14 +151,17 @@ class AgentLoop:
     def _budget_left(self, conversation: Conversation) -> int:
         return self.settings.response_length - len(conversation.response)
 
-    def _request(self, conversation: Conversation) -> TurnRequest:
+    def next_request(self, conversation: Conversation) -> TurnRequest:
+        """The conversation's next model turn (its context so far, within the budget left)."""
         limit = min(self.settings.max_tokens_per_turn, self._budget_left(conversation))
         return TurnRequest(conversation.row, conversation.turns, conversation.prompt + conversation.response, limit)
 
-    def _after_turn(self, conversation: Conversation, output: TurnOutput) -> None:
+    def after_turn(self, conversation: Conversation, output: TurnOutput) -> None:
+        """Append a finished model turn; the conversation then ends or starts its tool calls (`pending`)."""
         tokens = list(output.tokens)[: min(self.settings.max_tokens_per_turn, self._budget_left(conversation))]
         log_probs = None if output.log_probs is None else list(output.log_probs)[: len(tokens)]
-        conversation.append(tokens, model=True, log_probs=log_probs)
+        versions = None if output.versions is None else list(output.versions)[: len(tokens)]
+        conversation.append(tokens, model=True, log_probs=log_probs, versions=versions)
         conversation.turns += 1
         conversation.ended_with_eos = self.bridge.ended_turn(tokens)
         conversation.final_text = self.bridge.decode(tokens)
@@ -172,7 +180,7 @@ class AgentLoop:
         conversation.pending += [finished(f"error: {message}", error=True) for message in parsed.errors]
         conversation.tool_calls += len(conversation.pending)
 
-    def _collect(self, conversations: list[Conversation], wait: str | None) -> list[Conversation]:
+    def ready_after_tools(self, conversations: list[Conversation], wait: str | None) -> list[Conversation]:
         """Conversations whose tool calls have all returned, with the results appended. `wait` (a
         `concurrent.futures` mode: all calls, or the first to return) waits first; None does not."""
         pending = [f for c in conversations for f in c.pending]

@@ -1,0 +1,202 @@
+"""rollout.mode=async: the separate vLLM engines generate all the time, the trainer takes each step's batch of
+finished prompt groups as soon as it is ready.
+
+Per step (`next()`, called by the step loop before `train_step`):
+1. sync the engines to the actor's newest weights: they pause between two engine steps, load them, and go on
+   with the responses in flight (partial rollouts) or restart them (`rollout.partial_rollout`);
+2. collect finished groups (all `rollout.n` responses of a prompt) from the engines into the buffer, hand out
+   new prompts while fewer than (max_staleness + 1) x train_batch_size are out (in progress, or finished and
+   waiting: the bound of the stream), and take `data.train_batch_size` groups when the staleness rules of
+   `trainer/async_buffer.py` allow;
+3. hand out replacements at once, up to max_staleness x train_batch_size out, so the engines keep
+   generating while the actor trains. (With the new weights one more batch may go out: every prompt handed
+   out at version v is among the first (v + max_staleness + 1) batches, so at most one batch is ever due at
+   once and nothing has to be thrown away. max_staleness 0 is the synchronous loop.)
+
+Every response carries the weights version of each token (`rollout_token_versions` [B, R]) and of its oldest
+and newest (`rollout_version_min` / `rollout_version_max`); `rollout_log_probs` are per token from the weights
+that sampled it, which is what the truncated importance sampling (`rollout.tis_imp_ratio_cap`) divides by.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from protocol import DataProto
+from trainer.async_buffer import FinishedGroup, GroupBuffer
+from trainer.prompt_feed import PromptFeed, PromptRef
+from trainer.timing import PhaseTimer
+from workers.rollout.stream.episodes import VERSION_MAX, VERSION_MIN
+
+POLL_S = 0.05  # how long one collect call waits at most for a finished group
+
+
+class AsyncRollout:
+    def __init__(self, roles: Any, cfg: DictConfig) -> None:
+        rollout = cfg.actor_rollout_ref.rollout
+        if roles.rollout is None:
+            raise RuntimeError("rollout.mode=async needs the separate rollout engines (rollout.placement=separate)")
+        self.roles, self.n = roles, int(rollout.n)
+        self.batch_size = int(cfg.data.train_batch_size)
+        self.max_staleness = int(rollout.max_staleness)
+        self.buffer = GroupBuffer(self.batch_size, int(rollout.max_staleness), rollout.stale_groups)
+        self.feed: PromptFeed | None = None
+        self.restored: dict[str, Any] | None = None  # the feed's state from a checkpoint, until fit() starts
+        self.engine_of: dict[str, int] = {}  # uid -> the engine generating it
+        self.in_progress: dict[str, int | None] = {}  # uid -> oldest token version, as the engines last said
+        self.counts = {"dropped": 0, "regenerated": 0}
+        self.taken: DataProto | None = None
+        self.phases: dict[str, float] = {}
+        self.step_metrics: dict[str, float] = {}
+
+    # ---- the step loop's batch source ------------------------------------------------------------------
+    def batches(self, loader: Any) -> "AsyncRollout":
+        self.feed = PromptFeed(loader)
+        if self.restored is not None:
+            self.feed.load_state_dict(self.restored)
+        return self
+
+    def next(self) -> DataProto:
+        """The prompts of this step's batch (one row per group, with `uid`); `rollout()` gives the responses."""
+        timer, started = PhaseTimer(), self.counts.copy()
+        with timer("sync_weights"):
+            self.roles.sync_rollout_weights()  # the engines pause around it (RoleGroups.streaming)
+        version = self.roles.actor_weights_version()
+        with timer("wait_rollout"):
+            groups = self._wait_for_batch(version)
+        for group in groups:
+            self.feed.settle(group.uid)
+        # Replacements start generating while the actor trains, with the weights before this update: at
+        # most max_staleness batches may be out then, or more would be due at once than a step can take.
+        self._hand_out(self.max_staleness * self.batch_size)
+        self.taken = DataProto.concat([g.rows for g in groups])
+        self.phases = timer.seconds
+        self.step_metrics = self._metrics(self.taken, version, started)
+        return prompts_of(self.taken, self.n)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The dataloader position after every prompt pulled (the open ones are in `checkpoint_state`)."""
+        return self.feed.loader.state_dict()
+
+    def rollout(self, timer: PhaseTimer) -> DataProto:
+        """The responses of the batch `next()` returned; its sync and wait times go to `timer`."""
+        for phase, seconds in self.phases.items():
+            timer.seconds[phase] = timer.seconds.get(phase, 0.0) + seconds
+        return self.taken
+
+    def metrics(self, rollout: DataProto) -> dict[str, float]:
+        return self.step_metrics
+
+    # ---- checkpoints ------------------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"async_rollout": self.feed.state_dict()} if self.feed is not None else {}
+
+    def restore(self, state: dict[str, Any], path: Any) -> None:
+        """Resuming from the checkpoint at `path`: its open prompts go out first (none when it was saved by a
+        synchronous run, whose dataloader position is all there is)."""
+        self.restored = state.get("async_rollout")
+
+    def close(self) -> None:
+        """Stop the engines' streams (what they were generating belongs to no step)."""
+        self.roles.stop_streaming()
+
+    # ---- the stream ---------------------------------------------------------------------------------------
+    def _wait_for_batch(self, version: int) -> list[FinishedGroup]:
+        wait_s = 0.0
+        while True:
+            self._collect(wait_s)
+            for group in self.buffer.expire(version):
+                self._stale(group.uid)
+            self._hand_out((self.max_staleness + 1) * self.batch_size)
+            taken = self.buffer.take(version, self.in_progress)
+            if taken is not None:
+                return taken
+            wait_s = POLL_S
+
+    def _collect(self, wait_s: float) -> None:
+        self.in_progress = {}
+        for rank, report in enumerate(self.roles.rollout.stream_collect(wait_s)):
+            for uid in report["stale"]:
+                self.engine_of.pop(uid, None)
+                self._stale(uid)
+            self.in_progress.update(report["in_progress"])
+            rows = report["rollout"]
+            if rows is None:
+                continue
+            uids = rows.non_tensor_batch["uid"]
+            for uid in dict.fromkeys(uids):
+                group = rows[np.flatnonzero(uids == uid)]
+                oldest, newest = version_bounds(group)
+                self.buffer.add(str(uid), group, oldest if oldest is not None else -1, newest)
+                self.engine_of.pop(str(uid), None)
+
+    def _stale(self, uid: str) -> None:
+        """A group too old to train on: its prompt is generated again (regenerate; wait, as a fallback) or
+        dropped (settled without training)."""
+        if self.buffer.policy == "drop":
+            self.feed.settle(uid)
+            self.counts["dropped"] += 1
+        else:
+            self.feed.requeue(uid)
+            self.counts["regenerated"] += 1
+
+    def _hand_out(self, bound: int) -> None:
+        """New prompts to the engines with the fewest groups while fewer than `bound` are out (generating,
+        or finished and not trained yet)."""
+        free = bound - self.feed.outstanding()
+        if free <= 0:
+            return
+        refs = self.feed.take(free)
+        load = [0] * self.roles.rollout.world_size
+        for rank in self.engine_of.values():
+            load[rank] += 1
+        share: list[list[PromptRef]] = [[] for _ in load]
+        for ref in refs:
+            rank = int(np.argmin(load))
+            share[rank].append(ref)
+            load[rank] += 1
+            self.engine_of[ref.uid] = rank
+        per_engine = [self.feed.rows(part).repeat(self.n, interleave=True) if part else None for part in share]
+        self.roles.start_streaming()
+        self.roles.rollout.stream_submit(per_engine)
+
+    def _metrics(self, rollout: DataProto, version: int, started: dict[str, int]) -> dict[str, float]:
+        oldest, newest = rollout.batch[VERSION_MIN], rollout.batch[VERSION_MAX]
+        sampled = oldest >= 0
+        staleness = (version - oldest[sampled]).float()
+        return {
+            "rollout/weights_version": float(oldest[sampled].min()) if sampled.any() else float(version),
+            "rollout/staleness": float(staleness.mean()) if sampled.any() else 0.0,
+            "rollout/staleness_max": float(staleness.max()) if sampled.any() else 0.0,
+            "rollout/multi_version_fraction": float((newest[sampled] > oldest[sampled]).float().mean()) if sampled.any() else 0.0,
+            "async/dropped_groups": float(self.counts["dropped"] - started["dropped"]),
+            "async/regenerated_groups": float(self.counts["regenerated"] - started["regenerated"]),
+            "async/dropped_total": float(self.counts["dropped"]),
+            "async/regenerated_total": float(self.counts["regenerated"]),
+            "async/buffered_groups": float(len(self.buffer)),
+            "async/in_progress_groups": float(len(self.engine_of)),
+        }
+
+
+def version_bounds(rows: DataProto) -> tuple[int | None, int]:
+    """A group's oldest token version (None when no row has a sampled token) and its newest."""
+    oldest = rows.batch[VERSION_MIN]
+    sampled = oldest[oldest >= 0]
+    return (int(sampled.min()) if len(sampled) else None), int(rows.batch[VERSION_MAX].max())
+
+
+def prompts_of(rollout: DataProto, n: int) -> DataProto:
+    """One row per group (groups are `n` consecutive rows): the prompt tensors as the dataloader gives them,
+    with every non-tensor field (`uid`, ground truth, ...)."""
+    heads = rollout[np.arange(0, len(rollout), n)]
+    width = heads.batch["prompts"].shape[1]
+    tensors: dict[str, torch.Tensor] = {
+        "input_ids": heads.batch["prompts"],
+        "attention_mask": heads.batch["attention_mask"][:, :width],
+        "position_ids": heads.batch["position_ids"][:, :width],
+    }
+    return DataProto.from_dict(tensors, {k: v for k, v in heads.non_tensor_batch.items()})
