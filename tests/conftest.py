@@ -35,3 +35,14 @@ def ray_cluster():
     _start_ray()
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fails the test if the run gets as far as starting Ray (the input should have failed before). A check
+    of `ray.is_initialized()` would not do: the session cluster may already be up in this process."""
+
+    def must_not_start(cfg):
+        raise AssertionError("Ray was started for an input that should have failed before it")
+
+    monkeypatch.setattr("trainer.run_setup.init_ray", must_not_start)

@@ -7,7 +7,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.megatron.workers import MegatronEngineProbe
+from tests.megatron.workers import ADAM_EPS, MegatronEngineProbe
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 
@@ -50,7 +50,7 @@ def _hf_reference(model: Qwen2ForCausalLM, batch: dict) -> dict:
 
     with torch.no_grad():
         log_probs, entropy = response_log_probs(slice(None))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS, weight_decay=0.0)
     for rows in (slice(0, 2), slice(2, 4)):
         lp, _ = response_log_probs(rows)
         rmask = batch["response_mask"][rows].float()

@@ -60,10 +60,22 @@ def separate_groups() -> dict:
             pool.release()
 
 
+def wait_for_released_cpus(timeout_s: float = 60.0) -> None:
+    """Placement groups are removed asynchronously: the next case picks its target nodes from the free
+    CPUs, so it starts only once the previous case's reservations are back (else two soft targets can
+    collapse onto the one node that still has room)."""
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0.0) < ray.cluster_resources().get("CPU", 0.0):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"CPUs not released after {timeout_s:.0f}s: {ray.available_resources()}")
+        time.sleep(0.2)
+
+
 def main() -> None:
     ray.init()
     result = {"node_ips": {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}}
     for case in (one_group, colocated_roles, separate_groups):
+        wait_for_released_cpus()
         started = time.monotonic()
         result[case.__name__] = case()
         print(f"{case.__name__}: {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)

@@ -8,16 +8,6 @@ from trainer.datasets.synthetic import write_synthetic_dataset
 from trainer.tiny_model import build_tiny_model
 
 
-@pytest.fixture
-def no_ray(monkeypatch):
-    """init_ray replaced by a function that fails the test: the input must fail (or finish) before Ray starts."""
-
-    def must_not_start(cfg):
-        raise AssertionError("Ray was started for an input that should have failed before it")
-
-    monkeypatch.setattr("trainer.run_setup.init_ray", must_not_start)
-
-
 @pytest.fixture(scope="session")
 def small_assets(tmp_path_factory) -> dict[str, str]:
     """The embedded tiny model and 64 synthetic training prompts, built once per session."""
@@ -40,15 +30,6 @@ def short_run(assets: dict[str, str], out_dir: Path, *extra: str) -> list[str]:
         "trainer.total_training_steps=2",
         *extra,
     ]
-
-
-@pytest.fixture
-def no_ray(monkeypatch):
-    """Fails the test if the run gets as far as starting Ray (the input should have failed before)."""
-    def must_not_start(cfg):
-        raise AssertionError("Ray was started for an input that should have failed before it")
-
-    monkeypatch.setattr("trainer.run_setup.init_ray", must_not_start)
 
 
 def error_lines(capsys) -> list[str]:

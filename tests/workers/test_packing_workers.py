@@ -29,7 +29,10 @@ def _group(pool, model_dir: str, packed_budget: bool):
     config = actor_config(
         model_dir,
         model={"use_remove_padding": packed_budget},
-        actor={"ppo_mini_batch_size": len(PROMPTS), "ppo_micro_batch_size_per_gpu": 2, "loss_agg_mode": "token-mean", **dynamic},
+        # Adam's first step is lr * g / (|g| + eps): with the default eps a near-zero gradient's rounding
+        # noise flips whole steps; eps=1e-4 keeps the update a smooth function of the gradient.
+        actor={"ppo_mini_batch_size": len(PROMPTS), "ppo_micro_batch_size_per_gpu": 2, "loss_agg_mode": "token-mean",
+               "optim": {"eps": 1e-4}, **dynamic},
         rollout={"log_prob_use_dynamic_bsz": packed_budget, "log_prob_max_token_len_per_gpu": 25},
     )
     return make_group(pool, ActorRolloutRefWorker, config, "actor_rollout")
