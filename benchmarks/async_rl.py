@@ -2,6 +2,7 @@
 step time, trained tokens/s, mean staleness and the reward curve of each, in one process.
 
     python -m benchmarks.async_rl --preset gpu-longtail [--steps 8] [--modes sync,one_step_off,async1,async2,async4]
+        [--long-tokens 1024] [--long-fraction 0.1]
     python -m benchmarks.async_rl --preset cpu-learning [--steps 40]
     python -m benchmarks.async_rl --preset cpu-longtail [--steps 6]      # the long-tail run at CPU size
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,14 @@ SEPARATE = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.pl
 SPEEDUP_TARGET, LEARNING_TOLERANCE = 1.8, 0.05
 
 
+@dataclass(frozen=True)
+class Tail:
+    """The long-tail presets' long responses: their length (None: the preset's) and share of the prompts."""
+
+    tokens: int | None
+    fraction: float
+
+
 def force_lengths(parquet: Path, short: tuple[int, int], long: int, long_fraction: float, seed: int) -> list[int]:
     """Give every prompt of `parquet` its response length (written into extra_info): `long` for a
     `long_fraction` of them, uniform in `short` otherwise. Returns the lengths."""
@@ -64,21 +74,22 @@ def force_lengths(parquet: Path, short: tuple[int, int], long: int, long_fractio
     return lengths
 
 
-def gpu_longtail(work: Path) -> tuple[list[str], dict[str, Any]]:
+def gpu_longtail(work: Path, tail: Tail) -> tuple[list[str], dict[str, Any]]:
     from benchmarks.gpu_grpo_step import QWEN2_0_5B, build_model
 
     params = build_model(work / "model", QWEN2_0_5B)
     train, val = write_synthetic_dataset(work / "data", train_size=512, val_size=16, tasks=("arithmetic",))
-    lengths = force_lengths(train, (32, 64), 1024, 0.1, seed=0)
+    long = tail.tokens or 1024
+    lengths = force_lengths(train, (32, 64), long, tail.fraction, seed=0)
     overrides = [
         f"actor_rollout_ref.model.path={work / 'model'}", f"data.train_files={train}", f"data.val_files={val}", "trainer.device=cuda",
         "trainer.gpus_per_process=0.5", "actor_rollout_ref.rollout.gpus_per_engine=0.5", "actor_rollout_ref.rollout.gpu_memory_utilization=0.25",
-        "actor_rollout_ref.rollout.enforce_eager=false", "data.max_prompt_length=96", "data.max_response_length=1024",
+        "actor_rollout_ref.rollout.enforce_eager=false", "data.max_prompt_length=96", f"data.max_response_length={long}",
         "data.train_batch_size=16", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
         "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096", "actor_rollout_ref.actor.optim.lr=1e-6",
     ]
-    return overrides, {"params": params, "long_fraction": float(np.mean(np.array(lengths) == 1024))}
+    return overrides, {"params": params, "long_tokens": long, "long_fraction": float(np.mean(np.array(lengths) == long))}
 
 
 def cpu_model_and_data(work: Path) -> tuple[Path, Path, Path]:
@@ -89,18 +100,19 @@ def cpu_model_and_data(work: Path) -> tuple[Path, Path, Path]:
     return Path(model), train, val
 
 
-def cpu_learning(work: Path) -> tuple[list[str], dict[str, Any]]:
+def cpu_learning(work: Path, tail: Tail) -> tuple[list[str], dict[str, Any]]:
     model, train, val = cpu_model_and_data(work)
     return [f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", f"data.val_files={val}"], {}
 
 
-def cpu_longtail(work: Path) -> tuple[list[str], dict[str, Any]]:
+def cpu_longtail(work: Path, tail: Tail) -> tuple[list[str], dict[str, Any]]:
     model, train, val = cpu_model_and_data(work)
-    lengths = force_lengths(train, (8, 16), 128, 0.1, seed=0)
+    long = tail.tokens or 128
+    lengths = force_lengths(train, (8, 16), long, tail.fraction, seed=0)
     overrides = [f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", f"data.val_files={val}",
-                 "data.max_response_length=128", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
+                 f"data.max_response_length={long}", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
                  "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
-    return overrides, {"long_fraction": float(np.mean(np.array(lengths) == 128))}
+    return overrides, {"long_tokens": long, "long_fraction": float(np.mean(np.array(lengths) == long))}
 
 
 PRESETS = {"gpu-longtail": gpu_longtail, "cpu-learning": cpu_learning, "cpu-longtail": cpu_longtail}
@@ -159,6 +171,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="steps per mode (default: 8 gpu-longtail, 40 cpu-learning, 6 cpu-longtail)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--seeds", default="0", help="trainer.seed of each run, comma-separated (measures are averaged)")
+    parser.add_argument("--long-tokens", type=int, default=None, help="length of the long tail (default: 1024 gpu-longtail, 128 cpu-longtail)")
+    parser.add_argument("--long-fraction", type=float, default=0.1, help="share of prompts forced to the long length")
     parser.add_argument("--workdir", default="/tmp/async_rl")
     parser.add_argument("--out", default=None, help="JSON results (default results/async_rl_<preset>.json)")
     args, extra = parser.parse_known_args()
@@ -170,7 +184,7 @@ def main() -> None:
     out = Path(args.out or f"results/async_rl_{args.preset}.json")
     work = Path(args.workdir) / args.preset
     started = time.perf_counter()
-    overrides, workload = PRESETS[args.preset](work)
+    overrides, workload = PRESETS[args.preset](work, Tail(args.long_tokens, args.long_fraction))
     runs: dict[str, dict[str, Any]] = {}
     seeds = [int(seed) for seed in args.seeds.split(",")]
     for mode in modes:

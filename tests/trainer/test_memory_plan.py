@@ -62,12 +62,17 @@ def test_full_fine_tuning_state_is_16_bytes_per_parameter_and_shards_over_the_po
     assert update["optimizer"] == pytest.approx(8 * params, rel=1e-6)
     assert update["grads"] >= 4 * params
     assert one.row("update_actor").moment == "forward/backward"
-    # fp32 master weights; the reference follows the actor's param_offload (on the host outside its pass)
-    assert part(one, "init", "weights") == pytest.approx(4 * params / GIB, rel=1e-6)
-    resident_ref = plan_of(scale_config(folders["7B"], "actor_rollout_ref.ref.fsdp.param_offload=false"))
-    assert part(resident_ref, "init", "weights") == pytest.approx((4 * params + 2 * params) / GIB, rel=1e-6)
-    two = plan_of(scale_config(folders["7B"], "trainer.n_gpus_per_node=2"))
-    assert part(two, "init", "weights") == pytest.approx(part(one, "init", "weights") / 2, rel=1e-6)
+    # Offloaded models (the reference follows the actor's param_offload) leave before the engine starts.
+    assert one.row("init").moment == "vLLM engine started" and part(one, "init", "weights") == 0
+    on_gpu = ("actor_rollout_ref.actor.fsdp.param_offload=false", "actor_rollout_ref.ref.fsdp.param_offload=false")
+    resident = plan_of(scale_config(folders["7B"], *on_gpu))
+    assert part(resident, "init", "weights") == pytest.approx((4 * params + 2 * params) / GIB, rel=1e-6)  # fp32 + bf16
+    two = plan_of(scale_config(folders["7B"], *on_gpu, "trainer.n_gpus_per_node=2"))
+    assert part(two, "init", "weights") == pytest.approx(part(resident, "init", "weights") / 2, rel=1e-6)
+    # A small engine: the moment the models are loaded, before their offload, is the larger one.
+    small_engine = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.gpu_memory_utilization=0.1"))
+    assert small_engine.row("init").moment == "models loaded"
+    assert part(small_engine, "init", "weights") == pytest.approx(6 * params / GIB, rel=1e-6)
     resident = ("actor_rollout_ref.actor.fsdp.optimizer_offload=false",)
     one, two = (plan_of(scale_config(folders["7B"], *resident, f"trainer.n_gpus_per_node={n}")) for n in (1, 2))
     assert part(one, "old_log_prob", "optimizer") == pytest.approx(8 * params / GIB, rel=1e-6)

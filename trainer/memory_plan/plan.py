@@ -155,12 +155,22 @@ def _generate_row(gpu: _TrainerGpu) -> Row:
                _add(base, weights=replica, activations=cache + prefill, logits=3 * 4 * sequences * actor.shape.vocab))
 
 
+def _init_row(gpu: _TrainerGpu) -> Row:
+    """The larger of two moments: every model just loaded (before any offload), and the engine started
+    (the workers offload their models first, so offloaded weights are not under the engine's start)."""
+    every_model = tuple(gpu.memory)
+    loaded = Row("actor", "init", "models loaded", gpu.resident(True, False, False, optimizer_state=False, loaded=every_model))
+    if not gpu.engine:
+        return loaded
+    started = Row("actor", "init", "vLLM engine started", gpu.resident(False, False, True, optimizer_state=False))
+    return started if started.total >= loaded.total else loaded
+
+
 def _trainer_rows(gpu: _TrainerGpu) -> list[Row]:
     setup = gpu.setup
     rows: list[Row] = []
     if gpu.has("actor"):
-        moment = "vLLM engine started" if gpu.engine else "models loaded"
-        rows.append(Row("actor", "init", moment, gpu.resident(True, False, True, optimizer_state=False)))
+        rows.append(_init_row(gpu))
         rows.append(_generate_row(gpu))
         copies, acts, logits = gpu.forward("actor", setup.old_log_prob, "log_probs_and_entropy")
         rows.append(Row("actor", "old_log_prob", "log-probs + entropy", _add(gpu.resident(True, False, False), weights=copies, activations=acts, logits=logits)))

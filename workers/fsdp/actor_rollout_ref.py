@@ -76,6 +76,11 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.
             self.ref = FSDPEngine(AutoModelForCausalLM, cfg["model"], self.rank)
             self.ref_offloader = Offloader(self.ref.module, None, self.ref.device, cfg["ref"]["fsdp"]["param_offload"], False)
+        # Offloaded models leave the GPU before the engine starts: it then finds its whole budget free, and
+        # the start's peak is the engine's, not the engine's plus every model's (the memory plan's init row).
+        for offloader in (self.offloader, self.ref_offloader):
+            if offloader is not None:
+                offloader.offload()
         rollout = cfg["rollout"]
         if self.actor is not None and rollout["name"] == "vllm" and rollout["placement"] == "hybrid":
             from workers.rollout.hybrid import FSDPWeightSource, HybridRollout
@@ -87,9 +92,6 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         device = (self.actor or self.ref).device
         self.memory = MemoryLog(device)
         self.memory.record("init")
-        for offloader in (self.offloader, self.ref_offloader):
-            if offloader is not None:
-                offloader.offload()
         # Each rank samples from its own stream, reproducibly.
         torch.manual_seed(cfg["seed"] + self.rank)
 
