@@ -8,86 +8,15 @@ allowed. The trainer passes `OmegaConf.to_container(cfg.actor_rollout_ref)`; Dic
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from trainer.algorithm_names import POLICY_LOSS_MODES
 from trainer.algorithms import KL_PENALTY_NAMES, LOSS_AGG_MODES
 from trainer.rollout_settings import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES
+from workers.config_fields import (
+    REQUIRED, Field, betas, boolean, float_in, int_at_least, module_names, non_empty_str, one_of, optional, spec_list, token_ids,
+)
 from workers.lora.spec import check_lora_settings
-
-REQUIRED = object()  # default of keys the user must set
-
-
-@dataclass(frozen=True)
-class Field:
-    """One leaf key: its default and a check returning the normalised value or raising ValueError."""
-
-    default: Any
-    check: Callable[[Any], Any]
-    expected: str  # shown in errors, e.g. "an int >= 1"
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _float(low: float | None = None, high: float | None = None, low_open: bool = False) -> Callable[[Any], Any]:
-    def check(value: Any) -> float:
-        ok = _is_number(value)
-        ok = ok and (low is None or (value > low if low_open else value >= low)) and (high is None or value <= high)
-        if not ok:
-            raise ValueError
-        return float(value)
-
-    return check
-
-
-def _int(low: int) -> Callable[[Any], Any]:
-    def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError
-        return value
-
-    return check
-
-
-def _optional(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else inner(value)
-
-
-def _one_of(*choices: Any) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if value not in choices:
-            raise ValueError
-        return value
-
-    return check
-
-
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError
-    return value
-
-
-def _non_empty_str(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError
-    return value
-
-
-def _token_ids(value: Any) -> int | list[int]:
-    if isinstance(value, (list, tuple)) and value and all(_int(0)(v) is not None for v in value):
-        return [int(v) for v in value]
-    return _int(0)(value)
-
-
-def _betas(value: Any) -> list[float]:
-    if not isinstance(value, (list, tuple)) or len(value) != 2:
-        raise ValueError
-    return [_float(0.0, 1.0)(v) for v in value]
-
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ROLLOUT_ENGINES = ("hf", "vllm")
@@ -98,187 +27,172 @@ STRATEGIES = ("fsdp", "megatron")
 
 def megatron_spec() -> dict[str, Any]:
     return {
-        "tensor_model_parallel_size": Field(1, _int(1), "an int >= 1 (must divide the attention and key/value heads)"),
-        "pipeline_model_parallel_size": Field(1, _int(1), "an int >= 1 (must divide the layers)"),
-        "sequence_parallel": Field(False, _bool, "a bool (split activations along the sequence over the TP ranks)"),
-        "use_distributed_optimizer": Field(False, _bool, "a bool (shard the fp32 weights and Adam state over DP ranks)"),
+        "tensor_model_parallel_size": Field(1, int_at_least(1), "an int >= 1 (must divide the attention and key/value heads)"),
+        "pipeline_model_parallel_size": Field(1, int_at_least(1), "an int >= 1 (must divide the layers)"),
+        "sequence_parallel": Field(False, boolean, "a bool (split activations along the sequence over the TP ranks)"),
+        "use_distributed_optimizer": Field(False, boolean, "a bool (shard the fp32 weights and Adam state over DP ranks)"),
     }
-
-
-def _spec_list(value: Any) -> list[str]:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and ":" in v for v in value):
-        raise ValueError
-    return list(value)
 
 
 def multi_turn_spec() -> dict[str, Any]:
     """Multi-turn tool-calling rollouts (workers/rollout/agent, docs/agents.md)."""
     return {
-        "enable": Field(False, _bool, "a bool (generate with tool calls over several turns)"),
-        "format": Field("hermes", _one_of("hermes", "tiny"), "one of ['hermes', 'tiny'] (how tool calls are written)"),
-        "tools": Field([], _spec_list, "a list of 'path/to/file.py:function' strings"),
-        "environment": Field(None, _optional(_non_empty_str), "None or 'path/to/file.py:EnvironmentClass'"),
-        "tool_role": Field("tool", _non_empty_str, "the chat-template role of tool results (a string)"),
-        "max_turns": Field(4, _int(1), "an int >= 1 (model turns per conversation)"),
-        "max_tokens_per_turn": Field(None, _optional(_int(1)), "None (the response length) or an int >= 1"),
-        "tool_timeout_s": Field(10.0, _float(0.0, low_open=True), "a float > 0 (seconds per tool call)"),
-        "tool_max_output_chars": Field(2048, _int(1), "an int >= 1 (longer tool output is cut)"),
+        "enable": Field(False, boolean, "a bool (generate with tool calls over several turns)"),
+        "format": Field("hermes", one_of("hermes", "tiny"), "one of ['hermes', 'tiny'] (how tool calls are written)"),
+        "tools": Field([], spec_list, "a list of 'path/to/file.py:function' strings"),
+        "environment": Field(None, optional(non_empty_str), "None or 'path/to/file.py:EnvironmentClass'"),
+        "tool_role": Field("tool", non_empty_str, "the chat-template role of tool results (a string)"),
+        "max_turns": Field(4, int_at_least(1), "an int >= 1 (model turns per conversation)"),
+        "max_tokens_per_turn": Field(None, optional(int_at_least(1)), "None (the response length) or an int >= 1"),
+        "tool_timeout_s": Field(10.0, float_in(0.0, low_open=True), "a float > 0 (seconds per tool call)"),
+        "tool_max_output_chars": Field(2048, int_at_least(1), "an int >= 1 (longer tool output is cut)"),
     }
 
 
 def _strategy_field(role: str) -> Field:
-    return Field("fsdp", _one_of(*STRATEGIES), f"one of {list(STRATEGIES)} (training backend of the {role}; megatron: pip install -e \".[megatron]\")")
+    return Field("fsdp", one_of(*STRATEGIES), f"one of {list(STRATEGIES)} (training backend of the {role}; megatron: pip install -e \".[megatron]\")")
 
 MODEL_SPEC: dict[str, Any] = {
-    "path": Field(REQUIRED, _non_empty_str, "a local directory or hub id (string)"),
-    "dtype": Field("auto", _one_of(*DTYPES), f"one of {list(DTYPES)} (auto: bfloat16 on GPU, float32 on CPU)"),
-    "enable_gradient_checkpointing": Field(False, _bool, "a bool"),
-    "attn_implementation": Field(None, _optional(_non_empty_str), "None (HF default) or e.g. 'sdpa', 'eager'"),
+    "path": Field(REQUIRED, non_empty_str, "a local directory or hub id (string)"),
+    "dtype": Field("auto", one_of(*DTYPES), f"one of {list(DTYPES)} (auto: bfloat16 on GPU, float32 on CPU)"),
+    "enable_gradient_checkpointing": Field(False, boolean, "a bool"),
+    "attn_implementation": Field(None, optional(non_empty_str), "None (HF default) or e.g. 'sdpa', 'eager'"),
     "use_remove_padding": Field(
-        None, _optional(_bool), "None (packed, padding-free forwards where the model supports them), true (required) or false"
+        None, optional(boolean), "None (packed, padding-free forwards where the model supports them), true (required) or false"
     ),
 }
-
-
-def _module_names(value: Any) -> str | list[str]:
-    """A PEFT module selector: one name / "all-linear", or a non-empty list of names."""
-    if isinstance(value, str) and value:
-        return value
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v for v in value):
-        return list(value)
-    raise ValueError
 
 
 # LoRA (verl's keys), actor only: lora_rank > 0 trains adapters of that rank instead of every weight.
 ACTOR_MODEL_SPEC: dict[str, Any] = {
     **MODEL_SPEC,
-    "lora_rank": Field(0, _int(0), "an int >= 0 (0: train every weight; > 0: LoRA adapters of this rank)"),
-    "lora_alpha": Field(16, _float(0.0, low_open=True), "a float > 0 (LoRA scaling is lora_alpha / lora_rank)"),
-    "target_modules": Field("all-linear", _module_names, "'all-linear' or a list of module names, e.g. [q_proj, v_proj]"),
-    "exclude_modules": Field(None, _optional(_module_names), "None or a module name / list of names kept without LoRA"),
+    "lora_rank": Field(0, int_at_least(0), "an int >= 0 (0: train every weight; > 0: LoRA adapters of this rank)"),
+    "lora_alpha": Field(16, float_in(0.0, low_open=True), "a float > 0 (LoRA scaling is lora_alpha / lora_rank)"),
+    "target_modules": Field("all-linear", module_names, "'all-linear' or a list of module names, e.g. [q_proj, v_proj]"),
+    "exclude_modules": Field(None, optional(module_names), "None or a module name / list of names kept without LoRA"),
 }
 
 
 def optim_spec(default_lr: float) -> dict[str, Any]:
     return {
-        "lr": Field(default_lr, _float(0.0), "a float >= 0"),
-        "weight_decay": Field(0.01, _float(0.0), "a float >= 0"),
-        "betas": Field([0.9, 0.999], _betas, "two floats in [0, 1]"),
-        "eps": Field(1e-8, _float(0.0, low_open=True), "a float > 0"),
-        "warmup_steps": Field(0, _int(0), "an int >= 0"),
-        "lr_scheduler": Field("constant", _one_of(*LR_SCHEDULERS), f"one of {list(LR_SCHEDULERS)}"),
-        "min_lr_ratio": Field(0.0, _float(0.0, 1.0), "a float in [0, 1] (cosine floor, as a fraction of lr)"),
-        "total_training_steps": Field(None, _optional(_int(1)), "None or an int >= 1 (set by the trainer)"),
+        "lr": Field(default_lr, float_in(0.0), "a float >= 0"),
+        "weight_decay": Field(0.01, float_in(0.0), "a float >= 0"),
+        "betas": Field([0.9, 0.999], betas, "two floats in [0, 1]"),
+        "eps": Field(1e-8, float_in(0.0, low_open=True), "a float > 0"),
+        "warmup_steps": Field(0, int_at_least(0), "an int >= 0"),
+        "lr_scheduler": Field("constant", one_of(*LR_SCHEDULERS), f"one of {list(LR_SCHEDULERS)}"),
+        "min_lr_ratio": Field(0.0, float_in(0.0, 1.0), "a float in [0, 1] (cosine floor, as a fraction of lr)"),
+        "total_training_steps": Field(None, optional(int_at_least(1)), "None or an int >= 1 (set by the trainer)"),
     }
 
 
 def _dynamic_forward_spec(prefix: str) -> dict[str, Any]:
     """Token-budget micro-batches of a forward-only pass (log-probs)."""
     return {
-        f"{prefix}_use_dynamic_bsz": Field(False, _bool, f"a bool (micro-batches filled up to {prefix}_max_token_len_per_gpu tokens)"),
-        f"{prefix}_max_token_len_per_gpu": Field(32768, _int(1), "an int >= 1 (tokens per micro-batch with the dynamic batch size)"),
+        f"{prefix}_use_dynamic_bsz": Field(False, boolean, f"a bool (micro-batches filled up to {prefix}_max_token_len_per_gpu tokens)"),
+        f"{prefix}_max_token_len_per_gpu": Field(32768, int_at_least(1), "an int >= 1 (tokens per micro-batch with the dynamic batch size)"),
     }
 
 
 def _ppo_spec() -> dict[str, Any]:
     """Keys shared by the actor and the critic updates."""
     return {
-        "ppo_epochs": Field(1, _int(1), "an int >= 1"),
-        "ppo_mini_batch_size": Field(256, _int(1), "an int >= 1 (samples, global over all ranks)"),
-        "ppo_micro_batch_size_per_gpu": Field(4, _int(1), "an int >= 1"),
-        "grad_clip": Field(1.0, _float(0.0, low_open=True), "a float > 0"),
-        "loss_agg_mode": Field("token-mean", _one_of(*LOSS_AGG_MODES), f"one of {list(LOSS_AGG_MODES)}"),
-        "shuffle": Field(True, _bool, "a bool"),
-        "use_dynamic_bsz": Field(False, _bool, "a bool (micro-batches filled up to ppo_max_token_len_per_gpu tokens instead of a row count)"),
-        "ppo_max_token_len_per_gpu": Field(16384, _int(1), "an int >= 1 (tokens per update micro-batch with use_dynamic_bsz)"),
+        "ppo_epochs": Field(1, int_at_least(1), "an int >= 1"),
+        "ppo_mini_batch_size": Field(256, int_at_least(1), "an int >= 1 (samples, global over all ranks)"),
+        "ppo_micro_batch_size_per_gpu": Field(4, int_at_least(1), "an int >= 1"),
+        "grad_clip": Field(1.0, float_in(0.0, low_open=True), "a float > 0"),
+        "loss_agg_mode": Field("token-mean", one_of(*LOSS_AGG_MODES), f"one of {list(LOSS_AGG_MODES)}"),
+        "shuffle": Field(True, boolean, "a bool"),
+        "use_dynamic_bsz": Field(False, boolean, "a bool (micro-batches filled up to ppo_max_token_len_per_gpu tokens instead of a row count)"),
+        "ppo_max_token_len_per_gpu": Field(16384, int_at_least(1), "an int >= 1 (tokens per update micro-batch with use_dynamic_bsz)"),
     }
 
 
 ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
-    "seed": Field(0, _int(0), "an int >= 0 (mini-batch shuffling; sampling adds the rank)"),
+    "seed": Field(0, int_at_least(0), "an int >= 0 (mini-batch shuffling; sampling adds the rank)"),
     "model": ACTOR_MODEL_SPEC,
     "actor": {
         "optim": optim_spec(1e-6),
         **_ppo_spec(),
-        "clip_ratio_low": Field(0.2, _float(0.0), "a float >= 0"),
-        "clip_ratio_high": Field(0.2, _float(0.0), "a float >= 0"),
-        "clip_ratio_c": Field(3.0, _float(1.0, low_open=True), "a float > 1 (dual-clip bound)"),
+        "clip_ratio_low": Field(0.2, float_in(0.0), "a float >= 0"),
+        "clip_ratio_high": Field(0.2, float_in(0.0), "a float >= 0"),
+        "clip_ratio_c": Field(3.0, float_in(1.0, low_open=True), "a float > 1 (dual-clip bound)"),
         "policy_loss": {
-            "loss_mode": Field("vanilla", _one_of(*POLICY_LOSS_MODES), f"one of {list(POLICY_LOSS_MODES)} (token-level PPO ratio, or GSPO's sequence ratio)"),
+            "loss_mode": Field("vanilla", one_of(*POLICY_LOSS_MODES), f"one of {list(POLICY_LOSS_MODES)} (token-level PPO ratio, or GSPO's sequence ratio)"),
         },
-        "entropy_coeff": Field(0.0, _float(), "a float"),
-        "use_kl_loss": Field(False, _bool, "a bool"),
-        "kl_loss_coef": Field(0.001, _float(0.0), "a float >= 0"),
-        "kl_loss_type": Field("low_var_kl", _one_of(*KL_PENALTY_NAMES), f"one of {list(KL_PENALTY_NAMES)}"),
+        "entropy_coeff": Field(0.0, float_in(), "a float"),
+        "use_kl_loss": Field(False, boolean, "a bool"),
+        "kl_loss_coef": Field(0.001, float_in(0.0), "a float >= 0"),
+        "kl_loss_type": Field("low_var_kl", one_of(*KL_PENALTY_NAMES), f"one of {list(KL_PENALTY_NAMES)}"),
         "strategy": _strategy_field("actor and reference"),
         "megatron": megatron_spec(),
         "fsdp": {
-            "param_offload": Field(False, _bool, "a bool (keep the actor's parameters on the host between phases; GPU only)"),
-            "optimizer_offload": Field(False, _bool, "a bool (keep the optimizer state on the host between updates; GPU only)"),
+            "param_offload": Field(False, boolean, "a bool (keep the actor's parameters on the host between phases; GPU only)"),
+            "optimizer_offload": Field(False, boolean, "a bool (keep the optimizer state on the host between updates; GPU only)"),
         },
     },
     "rollout": {
-        "name": Field("hf", _one_of(*ROLLOUT_ENGINES), f"one of {list(ROLLOUT_ENGINES)} (HF generate on the FSDP model, or vLLM)"),
-        "placement": Field("hybrid", _one_of(*ROLLOUT_PLACEMENTS), f"one of {list(ROLLOUT_PLACEMENTS)} (vllm: in the actor's processes, or its own pool)"),
-        "num_engines": Field(1, _int(1), "an int >= 1 (vllm separate placement: engine replicas, each on tensor_model_parallel_size devices)"),
-        "tensor_model_parallel_size": Field(1, _int(1), "an int >= 1 (vllm; > 1 needs placement=separate)"),
-        "gpus_per_engine": Field(None, _optional(_float(0.0, 1.0, low_open=True)), "None (tensor_model_parallel_size) or a fraction in (0, 1] (vllm separate, tensor_model_parallel_size 1)"),
-        "gpu_memory_utilization": Field(0.5, _float(0.0, 1.0, low_open=True), "a float in (0, 1] (vllm on GPU)"),
-        "cpu_kv_cache_mb": Field(256, _int(1), "an int >= 1 (vllm on CPU: KV-cache size in MiB)"),
-        "enforce_eager": Field(True, _bool, "a bool (vllm: no CUDA graphs / torch.compile)"),
-        "enable_sleep": Field(True, _bool, "a bool (vllm hybrid on GPU: release weights and KV cache while the actor trains)"),
-        "free_cache_engine": Field(True, _bool, "a bool (vllm: actually sleep after each generate when enable_sleep)"),
-        "max_model_len": Field(None, _optional(_int(1)), "None (prompt + response length, set by the trainer) or an int >= 1"),
-        "dtype": Field("auto", _one_of(*DTYPES), f"one of {list(DTYPES)} (vllm; auto: the actor's compute dtype)"),
-        "weight_sync_bucket_mb": Field(512, _int(1), "an int >= 1 (MiB per weight-sync bucket)"),
-        "verify_sync": Field(False, _bool, "a bool (after each sync, compare the engine's log-probs of a probe batch with the trainer's)"),
-        "verify_tolerance": Field(None, _optional(_float(0.0, low_open=True)), "None (1e-3 fp32, 0.25 bf16) or a float > 0"),
-        "staleness": Field(0, _one_of(0, 1), "0 or 1 (driver side: steps between generating and training on a batch)"),
-        "tis_imp_ratio_cap": Field(None, _optional(_float(1.0)), "None (off) or a float >= 1 (driver side: truncated IS cap)"),
-        "mode": Field("sync", _one_of(*ROLLOUT_MODES), f"one of {list(ROLLOUT_MODES)} (async: the separate engines stream finished prompt groups)"),
-        "max_staleness": Field(1, _int(0), "an int >= 0 (async: weight versions a group may lag behind the update training on it)"),
-        "stale_groups": Field("wait", _one_of(*STALE_GROUP_POLICIES), f"one of {list(STALE_GROUP_POLICIES)} (async: a group about to exceed max_staleness)"),
-        "partial_rollout": Field("continue", _one_of(*PARTIAL_ROLLOUT_MODES), f"one of {list(PARTIAL_ROLLOUT_MODES)} (async: responses in flight at a weight update)"),
-        "n": Field(1, _int(1), "an int >= 1 (responses per prompt; the driver repeats the prompts)"),
-        "temperature": Field(1.0, _float(0.0, low_open=True), "a float > 0"),
-        "top_p": Field(1.0, _float(0.0, 1.0, low_open=True), "a float in (0, 1]"),
-        "top_k": Field(0, _int(0), "an int >= 0 (0 = off)"),
-        "response_length": Field(512, _int(1), "an int >= 1 (max new tokens)"),
-        "do_sample": Field(True, _bool, "a bool"),
-        "ignore_eos": Field(False, _bool, "a bool (keep sampling past EOS: every response is response_length tokens, all trained on)"),
-        "eos_token_id": Field(None, _optional(_token_ids), "None (from the model) or an int / list of ints"),
-        "pad_token_id": Field(None, _optional(_int(0)), "None (from the model) or an int"),
-        "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
+        "name": Field("hf", one_of(*ROLLOUT_ENGINES), f"one of {list(ROLLOUT_ENGINES)} (HF generate on the FSDP model, or vLLM)"),
+        "placement": Field("hybrid", one_of(*ROLLOUT_PLACEMENTS), f"one of {list(ROLLOUT_PLACEMENTS)} (vllm: in the actor's processes, or its own pool)"),
+        "num_engines": Field(1, int_at_least(1), "an int >= 1 (vllm separate placement: engine replicas, each on tensor_model_parallel_size devices)"),
+        "tensor_model_parallel_size": Field(1, int_at_least(1), "an int >= 1 (vllm; > 1 needs placement=separate)"),
+        "gpus_per_engine": Field(None, optional(float_in(0.0, 1.0, low_open=True)), "None (tensor_model_parallel_size) or a fraction in (0, 1] (vllm separate, tensor_model_parallel_size 1)"),
+        "gpu_memory_utilization": Field(0.5, float_in(0.0, 1.0, low_open=True), "a float in (0, 1] (vllm on GPU)"),
+        "cpu_kv_cache_mb": Field(256, int_at_least(1), "an int >= 1 (vllm on CPU: KV-cache size in MiB)"),
+        "enforce_eager": Field(True, boolean, "a bool (vllm: no CUDA graphs / torch.compile)"),
+        "enable_sleep": Field(True, boolean, "a bool (vllm hybrid on GPU: release weights and KV cache while the actor trains)"),
+        "free_cache_engine": Field(True, boolean, "a bool (vllm: actually sleep after each generate when enable_sleep)"),
+        "max_model_len": Field(None, optional(int_at_least(1)), "None (prompt + response length, set by the trainer) or an int >= 1"),
+        "dtype": Field("auto", one_of(*DTYPES), f"one of {list(DTYPES)} (vllm; auto: the actor's compute dtype)"),
+        "weight_sync_bucket_mb": Field(512, int_at_least(1), "an int >= 1 (MiB per weight-sync bucket)"),
+        "verify_sync": Field(False, boolean, "a bool (after each sync, compare the engine's log-probs of a probe batch with the trainer's)"),
+        "verify_tolerance": Field(None, optional(float_in(0.0, low_open=True)), "None (1e-3 fp32, 0.25 bf16) or a float > 0"),
+        "staleness": Field(0, one_of(0, 1), "0 or 1 (driver side: steps between generating and training on a batch)"),
+        "tis_imp_ratio_cap": Field(None, optional(float_in(1.0)), "None (off) or a float >= 1 (driver side: truncated IS cap)"),
+        "mode": Field("sync", one_of(*ROLLOUT_MODES), f"one of {list(ROLLOUT_MODES)} (async: the separate engines stream finished prompt groups)"),
+        "max_staleness": Field(1, int_at_least(0), "an int >= 0 (async: weight versions a group may lag behind the update training on it)"),
+        "stale_groups": Field("wait", one_of(*STALE_GROUP_POLICIES), f"one of {list(STALE_GROUP_POLICIES)} (async: a group about to exceed max_staleness)"),
+        "partial_rollout": Field("continue", one_of(*PARTIAL_ROLLOUT_MODES), f"one of {list(PARTIAL_ROLLOUT_MODES)} (async: responses in flight at a weight update)"),
+        "n": Field(1, int_at_least(1), "an int >= 1 (responses per prompt; the driver repeats the prompts)"),
+        "temperature": Field(1.0, float_in(0.0, low_open=True), "a float > 0"),
+        "top_p": Field(1.0, float_in(0.0, 1.0, low_open=True), "a float in (0, 1]"),
+        "top_k": Field(0, int_at_least(0), "an int >= 0 (0 = off)"),
+        "response_length": Field(512, int_at_least(1), "an int >= 1 (max new tokens)"),
+        "do_sample": Field(True, boolean, "a bool"),
+        "ignore_eos": Field(False, boolean, "a bool (keep sampling past EOS: every response is response_length tokens, all trained on)"),
+        "eos_token_id": Field(None, optional(token_ids), "None (from the model) or an int / list of ints"),
+        "pad_token_id": Field(None, optional(int_at_least(0)), "None (from the model) or an int"),
+        "log_prob_micro_batch_size_per_gpu": Field(8, int_at_least(1), "an int >= 1"),
         "multi_turn": multi_turn_spec(),
         **_dynamic_forward_spec("log_prob"),
     },
     "ref": {
-        "log_prob_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
+        "log_prob_micro_batch_size_per_gpu": Field(8, int_at_least(1), "an int >= 1"),
         **_dynamic_forward_spec("log_prob"),
         "fsdp": {
-            "param_offload": Field(False, _bool, "a bool (keep the reference's parameters on the host outside its log-prob pass; GPU only)"),
+            "param_offload": Field(False, boolean, "a bool (keep the reference's parameters on the host outside its log-prob pass; GPU only)"),
         },
     },
 }
 
 CRITIC_SPEC: dict[str, Any] = {
-    "seed": Field(0, _int(0), "an int >= 0 (value-head init and mini-batch shuffling)"),
+    "seed": Field(0, int_at_least(0), "an int >= 0 (value-head init and mini-batch shuffling)"),
     "model": MODEL_SPEC,
     "optim": optim_spec(1e-5),
     **_ppo_spec(),
     "strategy": _strategy_field("critic"),
     "megatron": megatron_spec(),
-    "forward_micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
-    "forward_max_token_len_per_gpu": Field(32768, _int(1), "an int >= 1 (tokens per compute_values micro-batch with use_dynamic_bsz)"),
-    "cliprange_value": Field(0.5, _float(0.0), "a float >= 0"),
+    "forward_micro_batch_size_per_gpu": Field(8, int_at_least(1), "an int >= 1"),
+    "forward_max_token_len_per_gpu": Field(32768, int_at_least(1), "an int >= 1 (tokens per compute_values micro-batch with use_dynamic_bsz)"),
+    "cliprange_value": Field(0.5, float_in(0.0), "a float >= 0"),
 }
 
 REWARD_MODEL_SPEC: dict[str, Any] = {
-    "seed": Field(0, _int(0), "an int >= 0 (init of a score head missing from the checkpoint)"),
+    "seed": Field(0, int_at_least(0), "an int >= 0 (init of a score head missing from the checkpoint)"),
     "model": MODEL_SPEC,
-    "micro_batch_size_per_gpu": Field(8, _int(1), "an int >= 1"),
-    "use_dynamic_bsz": Field(False, _bool, "a bool (micro-batches filled up to forward_max_token_len_per_gpu tokens)"),
-    "forward_max_token_len_per_gpu": Field(32768, _int(1), "an int >= 1 (tokens per micro-batch with use_dynamic_bsz)"),
+    "micro_batch_size_per_gpu": Field(8, int_at_least(1), "an int >= 1"),
+    "use_dynamic_bsz": Field(False, boolean, "a bool (micro-batches filled up to forward_max_token_len_per_gpu tokens)"),
+    "forward_max_token_len_per_gpu": Field(32768, int_at_least(1), "an int >= 1 (tokens per micro-batch with use_dynamic_bsz)"),
 }
 
 
