@@ -129,7 +129,10 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         position_ids [B, P+R], response_mask [B, R]; other keys and meta_info of the input carried over."""
         if self.config["rollout"]["placement"] == "separate":
             raise RuntimeError("rollout.placement='separate': generate_sequences runs on the rollout worker group, not the actor")
-        engine = self._resident_actor("generate_sequences")
+        if self.hybrid_rollout is not None:  # the actor's weights come to the GPU only if a sync sends them
+            engine = self._engine("actor", "generate_sequences")
+        else:
+            engine = self._resident_actor("generate_sequences")
         require_batch_keys(prompts, PROMPT_KEYS, "generate_sequences")
         params = self._sampling_params(prompts.meta_info, engine.module)
         check_same_length(len(prompts), engine.device, "generate_sequences")
@@ -140,7 +143,8 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
                 lambda engine: vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)
             )
             result, metrics = self.hybrid_rollout.generate(
-                inputs, params, seed, self.rank, self.weights_version, after_sync=self.offloader.offload, run=multi_turn
+                inputs, params, seed, self.rank, self.weights_version,
+                before_sync=self.offloader.load, after_sync=self.offloader.offload, run=multi_turn,
             )
             self.step_metrics.update(metrics)
         elif self.agent is not None:
@@ -158,8 +162,8 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
     def sync_rollout_weights(self) -> dict[str, float]:
         """Hybrid vLLM: load the actor's current weights into this rank's engine now (generate_sequences
         also does it when they are stale); returns sync metrics ({} when already current)."""
-        if self.hybrid_rollout is None:
-            return {}
+        if self.hybrid_rollout is None or self.hybrid_rollout.syncs_at_generate:
+            return {}  # a sleeping engine takes the weights at its next generate: nothing to load here
         self._resident_actor("sync_rollout_weights")
         metrics = self.hybrid_rollout.sync_now(self.weights_version)
         self._end_phase("sync")

@@ -124,11 +124,17 @@ class HybridRollout:
         self.synced_version = version
         return metrics
 
+    @property
+    def syncs_at_generate(self) -> bool:
+        """The engine sleeps between calls, dropping the weights (or the adapter) each time: `generate`
+        loads them, and `sync_now` has nothing to do (so the caller need not bring the actor's weights)."""
+        return self.engine.sleeps_between_calls
+
     def sync_now(self, version: int) -> dict[str, float]:
         """Bring the engine to `version` now. An engine that sleeps between calls would drop the weights
         (or the adapter) at its next sleep, so nothing is loaded here: the next `generate` wakes it and
         loads them once (one load per step instead of one per sync call)."""
-        if self.engine.sleeps_between_calls:
+        if self.syncs_at_generate:
             return {}
         released = self.engine.wake_up()
         metrics = self.sync(version, force=released)
@@ -155,10 +161,14 @@ class HybridRollout:
         version: int,
         after_sync: Callable[[], None] | None = None,
         run: Callable[[VLLMEngine], dict[str, torch.Tensor]] | None = None,
+        before_sync: Callable[[], None] | None = None,
     ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        """Wake, sync if needed, run `after_sync` (e.g. offload the actor's parameters so the engine has
-        the memory), generate (or `run(engine)`, e.g. a multi-turn rollout), sleep."""
+        """Wake; if the engine needs weights, run `before_sync` (e.g. bring the offloaded actor's parameters
+        to the GPU: skipped when nothing is sent) and sync; run `after_sync` (e.g. offload them again so the
+        engine has the memory), generate (or `run(engine)`, e.g. a multi-turn rollout), sleep."""
         released = self.engine.wake_up()
+        if before_sync is not None and (released or version != self.synced_version):
+            before_sync()
         metrics = self.sync(version, force=released)
         if after_sync is not None:
             after_sync()
