@@ -60,7 +60,8 @@ def turns_against_hf(engine, model_path: str) -> dict:
 
 
 def continuous_scheduling(engine) -> dict:
-    """Scripted tool calls over the real engine: row 0's first tool sleeps 1.5 s, row r's others 0.03 r s."""
+    """Scripted tool calls over the real engine: row 0's first tool sleeps 4 s (long enough for the other rows
+    to finish their turns on a loaded 2-core machine), row r's others 0.03 r s."""
     from tests.rollout.test_agent_loop import EOS, PARAMS, TOKENIZER, call, make_agent, prompt_batch, tools
     from workers.rollout.agent.engines import VLLMTurns
     from workers.rollout.agent.loop import AgentLoop
@@ -69,7 +70,7 @@ def continuous_scheduling(engine) -> dict:
     def script(request):
         if request.turn == 2:
             return "done"
-        return call("slow", seconds=1.5 if request.row == request.turn == 0 else round(0.03 * request.row, 2))
+        return call("slow", seconds=4.0 if request.row == request.turn == 0 else round(0.03 * request.row, 2))
 
     agent = make_agent(tools=tools("slow"), response_length=300, max_turns=3, max_tokens_per_turn=96)
     stream = ScriptedStream(TOKENIZER, EOS, script, VLLMTurns(engine.llm, PARAMS, call_seed=7, rank=0))
