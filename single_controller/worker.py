@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -23,7 +24,12 @@ ENV_MASTER_ADDR = "MASTER_ADDR"
 ENV_MASTER_PORT = "MASTER_PORT"
 # Set by the worker group on rank 0 only: reserve a master port in this process and report it.
 ENV_RESERVE_MASTER_PORT = "SINGLE_CONTROLLER_RESERVE_MASTER_PORT"
+# The key in Ray's key-value store under which rank 0 publishes its master address; the other ranks, started
+# at the same time, read it there before their __init__ runs.
+ENV_MASTER_RENDEZVOUS = "SINGLE_CONTROLLER_MASTER_RENDEZVOUS"
 ENV_GROUP_NAME = "SINGLE_CONTROLLER_GROUP_NAME"
+RENDEZVOUS_NAMESPACE = "single_controller_rendezvous"
+MASTER_WAIT_TIMEOUT_S = 180.0
 
 # The reserved socket stays open for the life of the process: it is bound with SO_REUSEADDR but never
 # listens, so torch's TCPStore (which also sets SO_REUSEADDR) can bind the same port, while no other
@@ -51,6 +57,31 @@ def _reserve_master_port() -> None:
     os.environ[ENV_MASTER_PORT] = str(sock.getsockname()[1])
 
 
+def _publish_master_address(key: str) -> None:
+    from ray.experimental import internal_kv
+
+    address = f"{os.environ[ENV_MASTER_ADDR]}:{os.environ[ENV_MASTER_PORT]}"
+    internal_kv._internal_kv_put(key, address, namespace=RENDEZVOUS_NAMESPACE)
+
+
+def _await_master_address(key: str) -> None:
+    """Blocks until rank 0 has published its master address, then sets it in this process's environment."""
+    from ray.experimental import internal_kv
+
+    deadline = time.monotonic() + MASTER_WAIT_TIMEOUT_S
+    pause = 0.01
+    while (value := internal_kv._internal_kv_get(key, namespace=RENDEZVOUS_NAMESPACE)) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"rank {os.environ.get(ENV_RANK)} of worker group {os.environ.get(ENV_GROUP_NAME)!r}: rank 0 did not "
+                f"report its master address within {MASTER_WAIT_TIMEOUT_S:.0f}s (did rank 0 fail to start?)"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+    address, port = value.decode().rsplit(":", 1)
+    os.environ[ENV_MASTER_ADDR], os.environ[ENV_MASTER_PORT] = address, port
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """Where a worker runs, reported to the driver for placement checks and error messages."""
@@ -65,10 +96,10 @@ class NodeInfo:
 class Worker:
     """Base class for worker-group members.
 
-    Rank, world size and local rank come from the environment the worker group sets, so they are valid
-    in `__init__` already. Call `torch.distributed.init_process_group()` (or `self.init_process_group()`)
-    in a registered method, not in `__init__`: rank 0 must finish `__init__` and report its master port
-    before the other ranks are started.
+    Rank, world size, local rank and the master address come from the environment the worker group sets,
+    so they are valid in `__init__` already. The ranks start together: rank 0 reserves a master port before
+    its `__init__` and the others wait for it before theirs. Calling `torch.distributed.init_process_group()`
+    (or `self.init_process_group()`) in a registered method such as `init_model` keeps `__init__` quick.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "Worker":
@@ -78,8 +109,13 @@ class Worker:
         instance.fused_worker_dict: dict[str, Worker] = {}
         # (method, seconds inside it) per registered call, popped by the driver to measure overhead
         instance._sc_exec_seconds = deque(maxlen=MAX_RECORDS)
+        rendezvous = os.environ.get(ENV_MASTER_RENDEZVOUS)
         if os.environ.get(ENV_RESERVE_MASTER_PORT) == "1" and int(os.environ.get(ENV_RANK, "0")) == 0:
             _reserve_master_port()
+            if rendezvous:
+                _publish_master_address(rendezvous)
+        elif rendezvous and not os.environ.get(ENV_MASTER_PORT):
+            _await_master_address(rendezvous)
         return instance
 
     # ---- identity --------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ PROTECTED_ENV = frozenset(
         worker_env.ENV_MASTER_ADDR,
         worker_env.ENV_MASTER_PORT,
         worker_env.ENV_RESERVE_MASTER_PORT,
+        worker_env.ENV_MASTER_RENDEZVOUS,
         worker_env.ENV_GROUP_NAME,
         ENV_RAY_LOCAL_RANK,
         ENV_RAY_LOCAL_WORLD_SIZE,

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 import ray
 import torch
+from ray.experimental import internal_kv
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from single_controller.call_timing import record_async_call, record_driver_call
@@ -25,7 +26,14 @@ from single_controller.ray.placement import describe_placement, preset_master_ad
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.ray.waiting import wait_for_outputs
 from single_controller.shards import ExclusiveChunk, JoinablePart, PaddedShard
-from single_controller.worker import ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RESERVE_MASTER_PORT, NodeInfo, Worker
+from single_controller.worker import (
+    ENV_MASTER_ADDR,
+    ENV_MASTER_RENDEZVOUS,
+    ENV_RESERVE_MASTER_PORT,
+    RENDEZVOUS_NAMESPACE,
+    NodeInfo,
+    Worker,
+)
 
 DETACHED_NAMESPACE = "single_controller"
 INIT_TIMEOUT_S = 180.0
@@ -96,9 +104,19 @@ class RayWorkerGroup:
                 "otherwise its placement groups vanish with this driver"
             )
         self.worker_class = ray_cls_with_init.cls
-        self._workers = self._create_workers(resource_pool, ray_cls_with_init, check_user_env(worker_env, "worker_env"))
+        user_env = check_user_env(worker_env, "worker_env")
+        rendezvous = f"{self.name}/{uuid.uuid4().hex}"
+        self._workers = []
+        try:
+            self._workers = self._create_workers(resource_pool, ray_cls_with_init, user_env, rendezvous)
+            self._wait_for_rank0(self._workers[0])
+            self._node_info = self._fetch_node_info()
+        except BaseException:
+            self.kill()  # ranks that did start would otherwise wait for rank 0 or hold their resources
+            raise
+        finally:
+            internal_kv._internal_kv_del(rendezvous, namespace=RENDEZVOUS_NAMESPACE)
         self._call_log = CallLog(len(self._workers))
-        self._node_info = self._fetch_node_info()
         self._bind_registered_methods(ray_cls_with_init.cls)
 
     # ---- construction ----------------------------------------------------------------------------------
@@ -145,23 +163,25 @@ class RayWorkerGroup:
         group.detached = True
         return group
 
-    def _create_workers(self, pool: RayResourcePool, cia: RayClassWithInitArgs, user_env: dict[str, str]) -> list[Any]:
+    def _create_workers(
+        self, pool: RayResourcePool, cia: RayClassWithInitArgs, user_env: dict[str, str], rendezvous: str
+    ) -> list[Any]:
+        """Starts every rank at once (their imports overlap); rank 0 publishes its master address under
+        `rendezvous` and the other ranks read it before their `__init__` (see `Worker.__new__`)."""
         remote_cls = ray.remote(cia.cls)
         slots = pool.rank_slots()
         world_size = len(slots)
         master_host = preset_master_addr([slot.node_id for slot in slots])
         workers: list[Any] = []
-        master: tuple[str, int] | None = None
         user_runtime_env = dict(cia.actor_options.get("runtime_env") or {})
         check_user_env(user_runtime_env.get("env_vars"), "runtime_env['env_vars'] of RayClassWithInitArgs.update_options")
         for rank, slot in enumerate(slots):
             env = rank_env(rank, world_size, slot, self.name)
-            if master is None:
+            env[ENV_MASTER_RENDEZVOUS] = rendezvous
+            if rank == 0:
                 env[ENV_RESERVE_MASTER_PORT] = "1"
                 if master_host is not None:
                     env[ENV_MASTER_ADDR] = master_host
-            else:
-                env[ENV_MASTER_ADDR], env[ENV_MASTER_PORT] = master[0], str(master[1])
             options: dict[str, Any] = {**pool.actor_resources(), **cia.actor_options}
             options.update(
                 runtime_env=actor_runtime_env(user_runtime_env, user_env, env),
@@ -171,21 +191,18 @@ class RayWorkerGroup:
                 options.update(
                     name=_actor_name(self.name, rank), namespace=DETACHED_NAMESPACE, lifetime="detached"
                 )
-            worker = remote_cls.options(**options).remote(*cia.args, **cia.kwargs)
-            workers.append(worker)
-            if master is None:
-                master = self._rank0_master_address(worker)
+            workers.append(remote_cls.options(**options).remote(*cia.args, **cia.kwargs))
+            self._workers = workers  # so that a failure part-way kills the ranks already started
         return workers
 
-    def _rank0_master_address(self, rank0: Any) -> tuple[str, int]:
+    def _wait_for_rank0(self, rank0: Any) -> tuple[str, int]:
+        """Rank 0's master address, or an error naming rank 0 if it failed or hung in __init__."""
         try:
             return ray.get(rank0.sc_master_address.remote(), timeout=INIT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise WorkerGroupError(
                 self.name, "__init__", [0],
-                f"rank 0 did not finish __init__ within {INIT_TIMEOUT_S:.0f}s. If __init__ calls "
-                "torch.distributed.init_process_group, move that into a registered method (e.g. init_model): "
-                "the other ranks are started only after rank 0 reports its master port.",
+                f"rank 0 did not finish __init__ within {INIT_TIMEOUT_S:.0f}s",
             ) from None
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
             raise WorkerGroupError(self.name, "__init__", [0], f"rank 0 failed to start:\n{error}") from None

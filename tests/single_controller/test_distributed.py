@@ -1,10 +1,21 @@
 """torch.distributed inside a group and mesh dispatch on a 2x2 mesh (placement over several nodes:
 tests/multinode)."""
 
+import time
+
+import pytest
+import ray
 import torch
 
+from single_controller import WorkerGroupError
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.single_controller.workers import DistributedWorker, MeshWorker, make_batch
+from tests.single_controller.workers import (
+    DistributedWorker,
+    InitJoinsDistributedWorker,
+    MeshWorker,
+    Rank0FailsInInitWorker,
+    make_batch,
+)
 
 
 def test_gloo_all_reduce_across_group(cpu_pool_2):
@@ -20,6 +31,32 @@ def test_two_groups_get_distinct_master_ports(cpu_pool_2):
     port_a, port_b = a.init_dist()[0], b.init_dist()[0]
     assert port_a != port_b
     assert a.all_reduce_rank() == b.all_reduce_rank() == [3.0, 3.0]
+
+
+def test_ranks_start_together_so_init_can_join_the_process_group(cpu_pool_2):
+    # Every rank has the master address before its __init__ and none waits for another's __init__.
+    group = RayWorkerGroup(cpu_pool_2, RayClassWithInitArgs(InitJoinsDistributedWorker), name_prefix="init_joins")
+    try:
+        assert group.all_reduce_rank() == [3.0, 3.0]
+    finally:
+        group.kill()
+
+
+def _pool_cpus_in_use(pool: RayResourcePool) -> float:
+    keys = [f"CPU_group_{pg.id.hex()}" for pg in pool.placement_groups()]
+    total, available = ray.cluster_resources(), ray.available_resources()
+    return sum(total.get(k, 0.0) - available.get(k, 0.0) for k in keys)
+
+
+def test_rank0_failing_in_init_is_named_and_the_other_ranks_are_killed(cpu_pool_2):
+    before = _pool_cpus_in_use(cpu_pool_2)  # groups of earlier tests may still hold slots
+    with pytest.raises(WorkerGroupError, match="rank 0 failed to start:(.|\\n)*rank 0 cannot load its model"):
+        RayWorkerGroup(cpu_pool_2, RayClassWithInitArgs(Rank0FailsInInitWorker), name_prefix="rank0_fails")
+    # Rank 1 started beside rank 0 and was killed with it: the pool's CPUs come back.
+    deadline = time.monotonic() + 30
+    while _pool_cpus_in_use(cpu_pool_2) > before:
+        assert time.monotonic() < deadline, f"{_pool_cpus_in_use(cpu_pool_2) - before} CPUs of the pool still held"
+        time.sleep(0.1)
 
 
 def test_mesh_dispatch_on_2x2_mesh(ray_cluster):

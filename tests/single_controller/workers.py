@@ -139,6 +139,27 @@ class DistributedWorker(Worker):
         return float(t.item())
 
 
+class InitJoinsDistributedWorker(Worker):
+    """Joins torch.distributed in __init__: works only when every rank starts with the master address set."""
+
+    def __init__(self) -> None:
+        self.init_process_group(backend="gloo")
+
+    @register(Dispatch.ONE_TO_ALL)
+    def all_reduce_rank(self) -> float:
+        return DistributedWorker.all_reduce_rank(self)
+
+
+class Rank0FailsInInitWorker(Worker):
+    def __init__(self) -> None:
+        if self.rank == 0:
+            raise RuntimeError("rank 0 cannot load its model")
+
+    @register(Dispatch.ONE_TO_ALL)
+    def ping(self) -> int:
+        return self.rank
+
+
 class MeshWorker(Worker):
     """Declares a 2x2 (dp x tp) mesh; reports which chunk each rank saw."""
 

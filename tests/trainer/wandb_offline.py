@@ -45,7 +45,8 @@ def offline_runs(wandb_dir: Path, run_id: str) -> list[dict[str, Any]]:
     from wandb.proto import wandb_internal_pb2
 
     runs = []
-    for log in sorted(Path(wandb_dir).glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")):
+    # Two runs started within one second share a folder name, so wandb adds "-1" to the second's.
+    for log in sorted(Path(wandb_dir).glob(f"offline-run-*-{run_id}*/run-{run_id}.wandb")):
         run: dict[str, Any] = {"history": [], "config": {}}
         for payload in _payloads(log.read_bytes()):
             record = wandb_internal_pb2.Record()
