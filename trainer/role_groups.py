@@ -117,24 +117,28 @@ class RoleGroups:
             return pools[-1]
 
         def new_group(pool: RayResourcePool, role_cls: RayClassWithInitArgs, name: str) -> RayWorkerGroup:
-            groups.append(RayWorkerGroup(pool, role_cls, name_prefix=name, call_timeout_s=timeout))
-            print(f"worker group {name!r}: {groups[-1].describe_placement()}", flush=True)
+            # Every group's processes start side by side; `started` waits for them all.
+            groups.append(RayWorkerGroup(pool, role_cls, name_prefix=name, call_timeout_s=timeout, wait_started=False))
             return groups[-1]
+
+        def started() -> None:
+            for group in groups:
+                group.wait_started()
+                print(f"worker group {group.name!r}: {group.describe_placement()}", flush=True)
 
         try:
             if cfg.trainer.placement == "colocated":
-                role_classes = {"actor": actor_cls, **extra_roles}
-                views = new_group(new_pool("all_roles_"), create_colocated_worker_cls(role_classes), "roles").spawn()
-                built = cls(views["actor"], views.get("critic"), uses_reference, pools, views.get("reward_model"))
+                fused = new_group(new_pool("all_roles_"), create_colocated_worker_cls({"actor": actor_cls, **extra_roles}), "roles")
             else:
-                separate = {"actor": new_group(new_pool("actor_"), actor_cls, "actor")}
-                for name, role_cls in extra_roles.items():
-                    separate[name] = new_group(new_pool(f"{name}_"), role_cls, name)
-                built = cls(separate["actor"], separate.get("critic"), uses_reference, pools, separate.get("reward_model"))
-            rollout_cfg = cfg.actor_rollout_ref.rollout
-            if rollout_cfg.name == "vllm" and rollout_cfg.placement == "separate":
-                built.rollout = cls._separate_rollout(cfg, new_group, pools)
-            built.groups = groups
+                by_role = {"actor": new_group(new_pool("actor_"), actor_cls, "actor")}
+                by_role.update({name: new_group(new_pool(f"{name}_"), c, name) for name, c in extra_roles.items()})
+            rollout = cls._separate_rollout(cfg, new_group, pools)
+            started()
+            if cfg.trainer.placement == "colocated":
+                by_role = fused.spawn()  # per-role views of the fused actors
+            built = cls(
+                by_role["actor"], by_role.get("critic"), uses_reference, pools, by_role.get("reward_model"), groups=groups, rollout=rollout
+            )
             for group in (built.actor, built.critic, built.reward_model, built.rollout):
                 if group is not None:
                     group.init_model()
@@ -152,10 +156,13 @@ class RoleGroups:
         return built
 
     @staticmethod
-    def _separate_rollout(cfg: DictConfig, new_group: Any, pools: list[RayResourcePool]) -> RayWorkerGroup:
+    def _separate_rollout(cfg: DictConfig, new_group: Any, pools: list[RayResourcePool]) -> RayWorkerGroup | None:
+        """The vLLM engines' group of rollout.placement=separate (none otherwise)."""
         from workers.rollout.vllm_worker import VLLMRolloutWorker
 
         rollout = cfg.actor_rollout_ref.rollout
+        if rollout.name != "vllm" or rollout.placement != "separate":
+            return None
         gpus = rollout.get("gpus_per_engine") or rollout.tensor_model_parallel_size
         pools.append(RayResourcePool([rollout.num_engines], use_gpu=use_gpu(cfg), name_prefix="rollout_", gpus_per_process=gpus))
         return new_group(pools[-1], RayClassWithInitArgs(VLLMRolloutWorker, config=actor_worker_config(cfg)), "rollout")

@@ -80,8 +80,11 @@ class RayWorkerGroup:
         detached: bool = False,
         call_timeout_s: float | None = None,
         worker_env: Mapping[str, str] | None = None,
+        wait_started: bool = True,
     ) -> None:
-        """`worker_env`: extra environment variables for every worker (verl's keyword; see actor_env.py)."""
+        """`worker_env`: extra environment variables for every worker (verl's keyword; see actor_env.py).
+        `wait_started=False` returns once the actors are requested, so that several groups start side by
+        side; call `wait_started()` on each before using it."""
         if ray_cls_with_init is None:
             raise ValueError("RayWorkerGroup needs ray_cls_with_init=RayClassWithInitArgs(WorkerClass, ...)")
         if resource_pool is None:
@@ -105,19 +108,39 @@ class RayWorkerGroup:
             )
         self.worker_class = ray_cls_with_init.cls
         user_env = check_user_env(worker_env, "worker_env")
-        rendezvous = f"{self.name}/{uuid.uuid4().hex}"
+        self._rendezvous: str | None = f"{self.name}/{uuid.uuid4().hex}"
         self._workers = []
+        self._node_info: list[NodeInfo] = []
         try:
-            self._workers = self._create_workers(resource_pool, ray_cls_with_init, user_env, rendezvous)
+            self._workers = self._create_workers(resource_pool, ray_cls_with_init, user_env, self._rendezvous)
+        except BaseException:
+            self._abandon_start()
+            raise
+        self._call_log = CallLog(len(self._workers))
+        self._bind_registered_methods(ray_cls_with_init.cls)
+        if wait_started:
+            self.wait_started()
+
+    def wait_started(self) -> "RayWorkerGroup":
+        """Waits until every rank has finished `__init__` (at once if it already has); returns the group."""
+        if self._rendezvous is None:
+            return self
+        try:
             self._wait_for_rank0(self._workers[0])
             self._node_info = self._fetch_node_info()
         except BaseException:
-            self.kill()  # ranks that did start would otherwise wait for rank 0 or hold their resources
+            self._abandon_start()
             raise
-        finally:
-            internal_kv._internal_kv_del(rendezvous, namespace=RENDEZVOUS_NAMESPACE)
-        self._call_log = CallLog(len(self._workers))
-        self._bind_registered_methods(ray_cls_with_init.cls)
+        self._forget_rendezvous()
+        return self
+
+    def _abandon_start(self) -> None:
+        self.kill()  # ranks that did start would otherwise wait for rank 0 or hold their resources
+        self._forget_rendezvous()
+
+    def _forget_rendezvous(self) -> None:
+        internal_kv._internal_kv_del(self._rendezvous, namespace=RENDEZVOUS_NAMESPACE)
+        self._rendezvous = None
 
     # ---- construction ----------------------------------------------------------------------------------
     @classmethod
@@ -137,6 +160,7 @@ class RayWorkerGroup:
         group.worker_class = worker_cls
         group._mesh_cache = {}
         group._workers = list(workers)
+        group._rendezvous = None  # started already
         group._call_log = call_log if call_log is not None else CallLog(len(group._workers))
         group._node_info = node_info if node_info is not None else group._fetch_node_info()
         group._bind_registered_methods(worker_cls)
@@ -192,7 +216,7 @@ class RayWorkerGroup:
                     name=_actor_name(self.name, rank), namespace=DETACHED_NAMESPACE, lifetime="detached"
                 )
             workers.append(remote_cls.options(**options).remote(*cia.args, **cia.kwargs))
-            self._workers = workers  # so that a failure part-way kills the ranks already started
+            self._workers = workers  # so that a failure part-way kills the ranks already requested
         return workers
 
     def _wait_for_rank0(self, rank0: Any) -> tuple[str, int]:

@@ -29,6 +29,16 @@ def test_two_groups_share_one_pool(cpu_pool_2):
     assert torch.equal(b.plus_offset(make_batch(3)).batch["y"], torch.arange(3) + 2)
 
 
+def test_groups_requested_together_start_side_by_side(cpu_pool_2):
+    a = RayWorkerGroup(cpu_pool_2, RayClassWithInitArgs(EchoWorker, offset=1), name_prefix="side_a", wait_started=False)
+    b = RayWorkerGroup(cpu_pool_2, RayClassWithInitArgs(EchoWorker, offset=2), name_prefix="side_b", wait_started=False)
+    assert a.node_info == [] and b.node_info == []  # not waited for yet
+    assert b.wait_started() is b and a.wait_started() is a and a.wait_started() is a  # any order, more than once
+    assert len(a.node_info) == len(b.node_info) == 2 and "ranks 0-1 on node" in a.describe_placement()
+    assert torch.equal(a.plus_offset(make_batch(3)).batch["y"], torch.arange(3) + 1)
+    assert torch.equal(b.plus_offset(make_batch(3)).batch["y"], torch.arange(3) + 2)
+
+
 def test_colocated_roles_share_one_process_per_slot(cpu_pool_2):
     cls = create_colocated_worker_cls({"actor": RayClassWithInitArgs(ActorRole, lr=0.5), "ref": RefRole})
     group = RayWorkerGroup(cpu_pool_2, cls, name_prefix="colocated")
