@@ -139,7 +139,8 @@ class RayWorkerGroup:
         self._forget_rendezvous()
 
     def _forget_rendezvous(self) -> None:
-        internal_kv._internal_kv_del(self._rendezvous, namespace=RENDEZVOUS_NAMESPACE)
+        if self._rendezvous is not None:
+            internal_kv._internal_kv_del(self._rendezvous, namespace=RENDEZVOUS_NAMESPACE)
         self._rendezvous = None
 
     # ---- construction ----------------------------------------------------------------------------------
