@@ -7,9 +7,7 @@ import time
 import uuid
 from typing import Any, Callable, Iterable, Mapping
 
-import numpy as np
 import ray
-import torch
 from ray.experimental import internal_kv
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -20,12 +18,14 @@ from single_controller.dispatch_result import per_rank_arguments
 from single_controller.errors import WorkerGroupError
 from single_controller.mesh import MeshPlacement, complete_placements
 from single_controller.ray.actor_env import actor_runtime_env, check_user_env, rank_env
+from single_controller.ray.call_log import CallLog
 from single_controller.ray.class_with_args import RayClassWithInitArgs, plain_class
 from single_controller.ray.colocated import FUSED_EXECUTE_METHOD, ColocatedWorker, role_method_name
 from single_controller.ray.placement import describe_placement, preset_master_addr
 from single_controller.ray.resource_pool import RayResourcePool
+from single_controller.ray.shared_objects import SharedObjects
 from single_controller.ray.waiting import wait_for_outputs
-from single_controller.shards import ExclusiveChunk, JoinablePart, PaddedShard
+from single_controller.shards import JoinablePart
 from single_controller.worker import (
     ENV_MASTER_ADDR,
     ENV_MASTER_RENDEZVOUS,
@@ -41,27 +41,6 @@ INIT_TIMEOUT_S = 180.0
 
 def _actor_name(name_prefix: str, rank: int) -> str:
     return f"{name_prefix}_{rank}"
-
-
-class CallLog:
-    """The last methods sent to each rank's actor, shared by every view of the same actors.
-
-    When an actor dies, Ray only says the call in flight failed; the calls before it tell the user what
-    the worker was doing (it may have died after finishing the previous call, e.g. while idle).
-    """
-
-    KEEP = 2
-
-    def __init__(self, world_size: int) -> None:
-        self._calls: list[list[str]] = [[] for _ in range(world_size)]
-
-    def record(self, rank: int, method: str) -> None:
-        calls = self._calls[rank]
-        calls.append(method)
-        del calls[: -self.KEEP]
-
-    def recent(self, rank: int) -> list[str]:
-        return list(self._calls[rank]) if rank < len(self._calls) else []
 
 
 class RayWorkerGroup:
@@ -357,7 +336,7 @@ class RayWorkerGroup:
         return fetch, timed_collect
 
     def _submit(self, method: str, ranks: list[int], args: tuple, kwargs: dict) -> list[ray.ObjectRef]:
-        shared = _SharedObjects()
+        shared = SharedObjects()
         refs = []
         for rank in ranks:
             rank_args = [shared.place(a[rank], a) for a in args]
@@ -431,38 +410,6 @@ class RayWorkerGroup:
 
     def __repr__(self) -> str:
         return f"RayWorkerGroup({self.name!r}, world_size={self.world_size})"
-
-
-# A DataProto chunk at least this large that goes to a single rank is read in place by that rank.
-EXCLUSIVE_CHUNK_MIN_BYTES = 1 << 20
-
-
-def _dataproto_bytes(value: Any) -> int:
-    from protocol import DataProto
-
-    data = value.data if isinstance(value, PaddedShard) else value
-    return data.nbytes if isinstance(data, DataProto) else 0
-
-
-class _SharedObjects:
-    """Stores a large value sent to several ranks once, and marks large single-rank chunks exclusive."""
-
-    def __init__(self) -> None:
-        self._refs: dict[int, ray.ObjectRef] = {}
-
-    def place(self, value: Any, all_ranks: list[Any]) -> Any:
-        from protocol import DataProto
-
-        if not isinstance(value, (DataProto, PaddedShard, torch.Tensor, np.ndarray)):
-            return value
-        if sum(1 for v in all_ranks if v is value) < 2:
-            if _dataproto_bytes(value) >= EXCLUSIVE_CHUNK_MIN_BYTES:
-                return ExclusiveChunk(ray.put(value))
-            return value
-        key = id(value)
-        if key not in self._refs:
-            self._refs[key] = ray.put(value)
-        return self._refs[key]
 
 
 def spawn_roles(group: RayWorkerGroup, roles: Iterable[str] | None = None) -> dict[str, RayWorkerGroup]:

@@ -101,10 +101,10 @@ def test_generic_execute_helpers(echo):
 
 
 def test_value_sent_to_several_ranks_is_put_once(ray_cluster):
-    from single_controller.ray.worker_group import _SharedObjects
+    from single_controller.ray.shared_objects import SharedObjects
 
     data = make_batch(4)
-    shared = _SharedObjects()
+    shared = SharedObjects()
     first, second = shared.place(data, [data, data]), shared.place(data, [data, data])
     assert isinstance(first, ray_cluster.ObjectRef) and first == second
     other = make_batch(4)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import NonTensorData, TensorDict
+from tensordict import TensorDict
 
 from protocol import DataProto
 from single_controller import WorkerGroupError
