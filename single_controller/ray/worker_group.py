@@ -30,13 +30,14 @@ from single_controller.worker import (
     ENV_MASTER_ADDR,
     ENV_MASTER_RENDEZVOUS,
     ENV_RESERVE_MASTER_PORT,
+    MASTER_WAIT_TIMEOUT_S,
     RENDEZVOUS_NAMESPACE,
     NodeInfo,
     Worker,
 )
 
 DETACHED_NAMESPACE = "single_controller"
-INIT_TIMEOUT_S = 180.0
+INIT_TIMEOUT_S = MASTER_WAIT_TIMEOUT_S  # one bound on a rank's start, driver and worker side
 
 
 def _actor_name(name_prefix: str, rank: int) -> str:
@@ -88,10 +89,10 @@ class RayWorkerGroup:
         self.worker_class = ray_cls_with_init.cls
         user_env = check_user_env(worker_env, "worker_env")
         self._rendezvous: str | None = f"{self.name}/{uuid.uuid4().hex}"
-        self._workers = []
+        self._workers: list[Any] = []
         self._node_info: list[NodeInfo] = []
         try:
-            self._workers = self._create_workers(resource_pool, ray_cls_with_init, user_env, self._rendezvous)
+            self._create_workers(resource_pool, ray_cls_with_init, user_env, self._rendezvous)
         except BaseException:
             self._abandon_start()
             raise
@@ -169,14 +170,14 @@ class RayWorkerGroup:
 
     def _create_workers(
         self, pool: RayResourcePool, cia: RayClassWithInitArgs, user_env: dict[str, str], rendezvous: str
-    ) -> list[Any]:
-        """Starts every rank at once (their imports overlap); rank 0 publishes its master address under
+    ) -> None:
+        """Requests every rank at once into `self._workers` (their imports overlap; after a failure part-way
+        the ranks already requested are there to kill); rank 0 publishes its master address under
         `rendezvous` and the other ranks read it before their `__init__` (see `Worker.__new__`)."""
         remote_cls = ray.remote(cia.cls)
         slots = pool.rank_slots()
         world_size = len(slots)
         master_host = preset_master_addr([slot.node_id for slot in slots])
-        workers: list[Any] = []
         user_runtime_env = dict(cia.actor_options.get("runtime_env") or {})
         check_user_env(user_runtime_env.get("env_vars"), "runtime_env['env_vars'] of RayClassWithInitArgs.update_options")
         for rank, slot in enumerate(slots):
@@ -195,14 +196,12 @@ class RayWorkerGroup:
                 options.update(
                     name=_actor_name(self.name, rank), namespace=DETACHED_NAMESPACE, lifetime="detached"
                 )
-            workers.append(remote_cls.options(**options).remote(*cia.args, **cia.kwargs))
-            self._workers = workers  # so that a failure part-way kills the ranks already requested
-        return workers
+            self._workers.append(remote_cls.options(**options).remote(*cia.args, **cia.kwargs))
 
-    def _wait_for_rank0(self, rank0: Any) -> tuple[str, int]:
-        """Rank 0's master address, or an error naming rank 0 if it failed or hung in __init__."""
+    def _wait_for_rank0(self, rank0: Any) -> None:
+        """Returns once rank 0 has finished __init__; raises an error naming rank 0 if it failed or hung."""
         try:
-            return ray.get(rank0.sc_master_address.remote(), timeout=INIT_TIMEOUT_S)
+            ray.get(rank0.sc_master_address.remote(), timeout=INIT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise WorkerGroupError(
                 self.name, "__init__", [0],
