@@ -17,9 +17,9 @@ import time
 import numpy as np
 
 from benchmarks.learning import report
-from trainer.agent_tasks.vault import ANSWER_CREDIT, CALL_CREDIT
 from trainer.config_loader import load_config
 from trainer.main import run
+from workers.agent_tasks.vault import ANSWER_CREDIT, CALL_CREDIT
 
 TARGET = 0.8 * (CALL_CREDIT + ANSWER_CREDIT)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from benchmarks.learning import run_learning_benchmark
 from benchmarks.learning_dpo import window_mean
 from recipes import raft
-from recipes.runner import load_recipe_config
+from trainer.recipe_runner import load_recipe_config
 
 MEASURES = (
     "val_reward_baseline", "val_reward_final", "train_reward_first_steps", "train_reward_last_steps",

@@ -7,8 +7,8 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.algorithms.dpo import DPO_LOSS_TYPES
 from trainer.config_loader import ConfigError, load_config
+from workers.rl_math.dpo import DPO_LOSS_TYPES
 
 
 def _keys_near(cfg: DictConfig, path: str) -> str:

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 
 from protocol import DataProto
-from trainer.algorithms import masked_sum
 from workers.fsdp.dpo_update import SIDE_KEYS
+from workers.rl_math.masked import masked_sum
 
 
 def pack_pairs(rollout: DataProto, chosen: np.ndarray, rejected: np.ndarray) -> DataProto:

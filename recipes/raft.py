@@ -19,11 +19,11 @@ from typing import Any
 from omegaconf import DictConfig
 
 from protocol import DataProto
-from recipes.runner import recipe_main
 from recipes.sft_batch import sft_batch
 from trainer.algorithms.selection import best_per_prompt
 from trainer.launch import run_loop
 from trainer.ppo_trainer import mean_metrics
+from trainer.recipe_runner import recipe_main
 from trainer.role_groups import RoleGroups
 from trainer.step_loop import StepLoop
 from trainer.timing import PhaseTimer

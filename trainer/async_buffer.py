@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.rollout_settings import STALE_GROUP_POLICIES
+from workers.rollout_choices import STALE_GROUP_POLICIES
 
 
 @dataclass

@@ -9,10 +9,10 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.algorithm_names import LOSS_AGG_MODES, POLICY_LOSS_MODES
 from trainer.algorithm_settings import check_algorithm_settings
 from trainer.rollout_settings import check_rollout_settings
 from trainer.trackers.spec import entry_problem
+from workers.rl_math.names import LOSS_AGG_MODES, POLICY_LOSS_MODES
 
 CONFIG_MODULE = "trainer.config"
 CONFIG_NAME = "trainer"

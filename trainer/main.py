@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     recipe = next((a for a in args if a.startswith("recipe=")), None)
     if recipe is not None:  # `recipe=<name or path>`: hand the other arguments to that recipe
-        from recipes.runner import find_recipe, recipe_main
+        from trainer.recipe_runner import find_recipe, recipe_main
 
         try:
             module = find_recipe(recipe.split("=", 1)[1])

@@ -13,8 +13,7 @@ from protocol import DataProto
 from trainer.advantage import compute_advantage, token_level_rewards
 from trainer.agent_metrics import agent_metrics
 from trainer.algorithm_settings import gen_batch_size
-from trainer.algorithms import make_kl_controller, masked_mean
-from trainer.algorithms.rollout_correction import ROLLOUT_IS_WEIGHTS, truncated_is_weights
+from trainer.algorithms import make_kl_controller
 from trainer.balance import balance_batch
 from trainer.dynamic_sampling import ScoredRollout, fill_with_mixed_groups, rows_per_prompt
 from trainer.overhead import reset_call_logs, step_overhead
@@ -24,6 +23,8 @@ from trainer.run_data import RunData
 from trainer.step_loop import StepLoop
 from trainer.timing import PhaseTimer
 from trainer.tracking import Tracker
+from workers.rl_math.masked import masked_mean
+from workers.rl_math.rollout_correction import ROLLOUT_IS_WEIGHTS, truncated_is_weights
 
 RewardFn = Callable[[DataProto], tuple[Any, dict[str, float]]]
 

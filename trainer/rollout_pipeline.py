@@ -22,7 +22,7 @@ import numpy as np
 from protocol import DataProto
 from protocol.meta_merge import ROLLOUT_WEIGHTS_VERSION, SEED_KEY
 from trainer.timing import PhaseTimer
-from trainer.rollout_settings import STALENESS_VALUES
+from workers.rollout_choices import STALENESS_VALUES
 
 
 def sampling_seed(seed: int, step: int, draw: int) -> int:

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-STALENESS_VALUES = (0, 1)  # steps between the weights that generate a batch and the update that uses it
-ROLLOUT_MODES = ("sync", "async")  # whole batches per step | a continuous stream of finished prompt groups
-STALE_GROUP_POLICIES = ("wait", "drop", "regenerate")  # mode=async: a group about to exceed max_staleness
-PARTIAL_ROLLOUT_MODES = ("continue", "abort")  # mode=async: responses in flight at a weight update
+from workers.rollout_choices import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES, STALENESS_VALUES
 
 
 def check_rollout_settings(cfg: DictConfig) -> list[str]:

@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.algorithm_names import POLICY_LOSS_MODES
-from trainer.algorithms import KL_PENALTY_NAMES, LOSS_AGG_MODES
-from trainer.rollout_settings import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES
 from workers.config_fields import (
     REQUIRED, Field, betas, boolean, float_in, int_at_least, module_names, non_empty_str, one_of, optional, spec_list, token_ids,
 )
 from workers.lora.spec import check_lora_settings
+from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, POLICY_LOSS_MODES
+from workers.rollout_choices import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES, STALENESS_VALUES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ROLLOUT_ENGINES = ("hf", "vllm")
@@ -147,7 +146,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "weight_sync_bucket_mb": Field(512, int_at_least(1), "an int >= 1 (MiB per weight-sync bucket)"),
         "verify_sync": Field(False, boolean, "a bool (after each sync, compare the engine's log-probs of a probe batch with the trainer's)"),
         "verify_tolerance": Field(None, optional(float_in(0.0, low_open=True)), "None (1e-3 fp32, 0.25 bf16) or a float > 0"),
-        "staleness": Field(0, one_of(0, 1), "0 or 1 (driver side: steps between generating and training on a batch)"),
+        "staleness": Field(0, one_of(*STALENESS_VALUES), "0 or 1 (driver side: steps between generating and training on a batch)"),
         "tis_imp_ratio_cap": Field(None, optional(float_in(1.0)), "None (off) or a float >= 1 (driver side: truncated IS cap)"),
         "mode": Field("sync", one_of(*ROLLOUT_MODES), f"one of {list(ROLLOUT_MODES)} (async: the separate engines stream finished prompt groups)"),
         "max_staleness": Field(1, int_at_least(0), "an int >= 0 (async: weight versions a group may lag behind the update training on it)"),

@@ -20,8 +20,8 @@ from omegaconf import DictConfig
 
 from group_filter import group_advantages
 from protocol import DataProto
-from recipes.runner import recipe_main
 from trainer.launch import run_loop
+from trainer.recipe_runner import recipe_main
 from trainer.role_groups import RoleGroups
 from trainer.step_loop import StepLoop
 from trainer.timing import PhaseTimer

@@ -4,8 +4,8 @@ samples) gives the same kept responses, NLL and gradient norm on both backends (
 import pytest
 
 from recipes import raft
-from recipes.runner import load_recipe_config
 from tests.e2e.conftest import run_overrides
+from trainer.recipe_runner import load_recipe_config
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 pytestmark = pytest.mark.slow

@@ -8,12 +8,12 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from tests.packing.test_packed_forward import CONFIG, rollout_batch
-from trainer.algorithms import LOSS_AGG_MODES
 from workers.config import actor_rollout_ref_config
 from workers.fsdp.actor_loss import actor_micro_loss
 from workers.fsdp.dist_utils import single_process_group
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.rl_math.names import LOSS_AGG_MODES
 
 PROMPTS = [9, 3, 6, 2, 7, 4, 9, 5]
 RESPONSES = [12, 2, 5, 9, 1, 12, 3, 7]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trainer.algorithms.dpo import dpo_loss
+from workers.rl_math.dpo import dpo_loss
 
 T = torch.tensor
 

@@ -10,11 +10,11 @@ import torch
 from protocol import DataProto
 from recipes import raft
 from recipes.raft import run
-from recipes.runner import load_recipe_config
 from recipes.sft_batch import sft_batch
 from tests.e2e.conftest import run_overrides
 from tests.workers.helpers import actor_config, make_group
 from trainer.algorithms.selection import best_per_prompt
+from trainer.recipe_runner import load_recipe_config
 from workers.fsdp import ActorRolloutRefWorker
 
 

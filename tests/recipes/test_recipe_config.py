@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from protocol import DataProto
-from recipes.runner import find_recipe
 from recipes.config import ConfigError, load_recipe_config
 from recipes.custom_worker_example import concat_in_row_order, split_by_prompt
 from recipes.pair_batch import pack_pairs, pad_for_ranks
 from trainer.main import main as trainer_main
+from trainer.recipe_runner import find_recipe
 from workers.fsdp.dpo_update import PAIR_KEYS, DPOSettings
 
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from trainer import checkpointing
 from trainer.main import main
+from workers import checkpoint_format
 
 
 def pausing(write_manifest: Callable[[Path, int], Path], step: int, marker: Path) -> Callable[[Path, int], Path]:
@@ -25,5 +25,5 @@ def pausing(write_manifest: Callable[[Path, int], Path], step: int, marker: Path
 
 if __name__ == "__main__":
     step, marker, *overrides = sys.argv[1:]
-    checkpointing.write_manifest = pausing(checkpointing.write_manifest, int(step), Path(marker))
+    checkpoint_format.write_manifest = pausing(checkpoint_format.write_manifest, int(step), Path(marker))
     sys.exit(main(overrides))

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from trainer import checkpointing
-from trainer.checkpointing import CheckpointError, checkpoint_problem, find_resume_dir, save_checkpoint
+from workers import checkpoint_format
+from workers.checkpoint_format import CheckpointError, checkpoint_problem, find_resume_dir, save_checkpoint
 
 
 def save(root, step, keep=None):
@@ -20,7 +20,7 @@ def save(root, step, keep=None):
 
 def test_manifest_lists_every_file_with_its_size(tmp_path):
     folder = save(tmp_path, 1)
-    manifest = json.loads((folder / checkpointing.MANIFEST_FILE).read_text())
+    manifest = json.loads((folder / checkpoint_format.MANIFEST_FILE).read_text())
     assert manifest["complete"] is True and manifest["step"] == 1
     assert manifest["files"] == {"actor/shard_0.bin": 1000, "driver_state.json": len(json.dumps({"global_step": 1}))}
     assert checkpoint_problem(folder) is None

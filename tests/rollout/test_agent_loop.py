@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from protocol import DataProto
-from trainer.agent_tasks.vault import CODE_CHARS, VaultEnvironment
-from trainer.algorithms import compute_grpo_outcome_advantage, last_valid_positions
+from trainer.algorithms import compute_grpo_outcome_advantage
 from trainer.rewards.env_reward import EnvRewardManager
 from trainer.tiny_model import build_char_tokenizer
+from workers.agent_tasks.vault import CODE_CHARS, VaultEnvironment
 from workers.config import fill_config, multi_turn_spec
 from workers.fsdp.actor_loss import actor_loss_from_log_probs
+from workers.rl_math.masked import last_valid_positions
 from workers.rollout.agent import ParsedTurn, ToolCall, make_parser
 from workers.rollout.agent.batch import conversation_batch
 from workers.rollout.agent.loop import AgentLoop, TurnOutput
@@ -158,7 +159,7 @@ def test_bad_tool_specs_name_the_problem():
     with pytest.raises(AttributeError, match="defines no 'nothing'"):
         make_agent(tools=tools("nothing"))
     with pytest.raises(ValueError, match="either `environment` or `tools`"):
-        make_agent(environment="trainer.agent_tasks.vault:VaultEnvironment")
+        make_agent(environment="workers.agent_tasks.vault:VaultEnvironment")
 
 
 # ---- scheduling ------------------------------------------------------------------------------------------
@@ -237,7 +238,7 @@ def test_a_failed_streaming_rollout_cancels_its_requests():
 
 # ---- environments, rewards and losses --------------------------------------------------------------------
 def test_environment_reward_on_the_last_model_token():
-    agent = make_agent(tools=[], environment="trainer.agent_tasks.vault:VaultEnvironment", format="tiny")
+    agent = make_agent(tools=[], environment="workers.agent_tasks.vault:VaultEnvironment", format="tiny")
 
     def script(request):  # call, then copy the code from the tool message
         return "!" if request.turn == 0 else TOKENIZER.decode(request.context).split("tool\n")[-1][:1]

@@ -44,7 +44,7 @@ def test_optimizer_step_equals_hand_written_fsdp_and_offload_round_trip_is_bit_e
 
 
 def test_checkpoint_round_trip_in_the_atomic_format(probe, tmp_path):
-    from trainer.checkpointing import checkpoint_problem
+    from workers.checkpoint_format import checkpoint_problem
 
     outs = probe.checkpoint_round_trip(str(tmp_path / "ckpt"))
     for out in outs:

@@ -13,26 +13,20 @@ from trainer.algorithms import (
     ADVANTAGE_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
-    agg_loss,
     apply_kl_penalty,
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
-    compute_policy_loss,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
-    compute_value_loss,
-    entropy_from_logits,
     get_advantage_estimator,
-    kl_penalty,
-    log_probs_from_logits,
     make_kl_controller,
-    masked_mean,
-    masked_sum,
-    masked_var,
-    masked_whiten,
 )
+from workers.rl_math.kl import kl_penalty
+from workers.rl_math.logits import entropy_from_logits, log_probs_from_logits
+from workers.rl_math.losses import agg_loss, compute_policy_loss, compute_value_loss
+from workers.rl_math.masked import masked_mean, masked_sum, masked_var, masked_whiten
 
 NAN = float("nan")
 T = torch.tensor
@@ -423,3 +417,23 @@ def test_make_kl_controller():
         make_kl_controller("adaptive", kl_coef=0.2)
     with pytest.raises(ValueError, match=r"Unknown KL controller kind 'pid'.*'fixed', 'adaptive'"):
         make_kl_controller("pid", kl_coef=0.2)
+
+
+# What `trainer.algorithms` exported before the workers' math moved to workers/rl_math/ (docs name the path).
+PUBLIC_NAMES = (
+    "ADVANTAGE_ESTIMATORS KL_PENALTY_NAMES LOSS_AGG_MODES AdaptiveKLController FixedKLController KLController agg_loss "
+    "apply_kl_penalty compute_gae_advantage_return compute_grpo_outcome_advantage compute_policy_loss "
+    "compute_reinforce_plus_plus_baseline_outcome_advantage compute_reinforce_plus_plus_outcome_advantage "
+    "compute_remax_outcome_advantage compute_rloo_outcome_advantage compute_value_loss entropy_from_logits "
+    "get_advantage_estimator kl_penalty log_probs_from_logits make_kl_controller last_valid_positions masked_mean "
+    "masked_sum masked_var masked_whiten"
+).split()
+
+
+def test_trainer_algorithms_keeps_its_public_names():
+    import trainer.algorithms as public
+
+    assert sorted(public.__all__) == sorted(PUBLIC_NAMES)
+    assert all(hasattr(public, name) for name in PUBLIC_NAMES)
+    # The workers' math is re-exported, not copied: one function under both paths.
+    assert public.agg_loss is agg_loss and public.masked_whiten is masked_whiten and public.kl_penalty is kl_penalty

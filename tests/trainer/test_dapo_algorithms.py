@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from protocol import DataProto
-from trainer.algorithm_names import LOSS_AGG_MODES
-from trainer.algorithms import LOSS_AGG_MODES as LOSS_CODE_MODES
-from trainer.algorithms import agg_loss, compute_grpo_outcome_advantage, compute_policy_loss
+from trainer.algorithms import compute_grpo_outcome_advantage
 from trainer.dynamic_sampling import ScoredRollout, fill_with_mixed_groups, metric_values, rows_per_prompt, split_groups
 from trainer.rewards.overlong import add_overlong_penalty, overlong_penalty
 from trainer.rollout_pipeline import prompts_for_step
+from workers.rl_math.losses import LOSS_AGG_MODES as LOSS_CODE_MODES
+from workers.rl_math.losses import agg_loss, compute_policy_loss
+from workers.rl_math.names import LOSS_AGG_MODES
 
 # ---------------------------------------------------------------- group filtering
 

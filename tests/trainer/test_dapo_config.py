@@ -3,9 +3,9 @@ before anything starts."""
 
 import pytest
 
-from trainer.algorithm_names import LOSS_AGG_MODES
 from trainer.config_loader import load_config
 from trainer.main import main
+from workers.rl_math.names import LOSS_AGG_MODES
 
 
 def test_the_dapo_preset_holds_dapos_defaults():

@@ -1,5 +1,11 @@
-"""Pure-torch RL post-training algorithms: masked ops, advantage estimators,
-policy (PPO, GSPO) and value losses, entropy/log-prob helpers, KL penalties and controllers."""
+"""Pure-torch RL post-training algorithms: the driver's advantage estimators and KL controllers here, and the
+math the workers run (masked ops, policy (PPO, GSPO) and value losses, entropy/log-prob helpers, per-token KL
+penalties) re-exported from ``workers/rl_math/``, where it lives below the workers that call it."""
+
+from workers.rl_math.kl import KL_PENALTY_NAMES, kl_penalty
+from workers.rl_math.logits import entropy_from_logits, log_probs_from_logits
+from workers.rl_math.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss, compute_value_loss
+from workers.rl_math.masked import last_valid_positions, masked_mean, masked_sum, masked_var, masked_whiten
 
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
@@ -11,18 +17,7 @@ from .advantages import (
     compute_rloo_outcome_advantage,
     get_advantage_estimator,
 )
-from .kl import (
-    KL_PENALTY_NAMES,
-    AdaptiveKLController,
-    FixedKLController,
-    KLController,
-    apply_kl_penalty,
-    kl_penalty,
-    make_kl_controller,
-)
-from .logits import entropy_from_logits, log_probs_from_logits
-from .losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss, compute_value_loss
-from .masked import last_valid_positions, masked_mean, masked_sum, masked_var, masked_whiten
+from .kl_control import AdaptiveKLController, FixedKLController, KLController, apply_kl_penalty, make_kl_controller
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

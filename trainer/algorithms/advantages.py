@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .masked import masked_whiten
+from workers.rl_math.masked import masked_whiten
 
 __all__ = [
     "compute_gae_advantage_return",

@@ -28,7 +28,7 @@ synthetic/char_class (the default task) exists so that a RANDOM tiny model
   * Prompt length: at most 50 tokens with the tiny character tokenizer (arithmetic
     prompts up to 70), so max_prompt_length 64 (96 with arithmetic) fits.
 
-synthetic/tool_vault is the multi-turn tool task (trainer/agent_tasks/vault.py, docs/agents.md).
+synthetic/tool_vault is the multi-turn tool task (workers/agent_tasks/vault.py, docs/agents.md).
 
 synthetic/arithmetic is a GSM8K-style family for real models: "what is 12 + 7 * 3?"
 with the answer expected after `####`; scored by exact match (see
@@ -118,7 +118,7 @@ _TOOL_VAULT_PROMPTS = ("what is the code?", "open the vault.", "tell me the code
 
 def make_tool_vault_row(rng: random.Random) -> dict[str, Any]:
     """One tool_vault example: the code is drawn per conversation by the environment
-    (trainer/agent_tasks/vault.py), so the row holds no answer."""
+    (workers/agent_tasks/vault.py), so the row holds no answer."""
     return {
         "data_source": TOOL_VAULT_SOURCE,
         "prompt": [{"role": "user", "content": rng.choice(_TOOL_VAULT_PROMPTS)}],

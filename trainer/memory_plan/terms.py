@@ -1,5 +1,5 @@
 """Bytes of each memory term, as the workers' code allocates them (read from workers/fsdp and
-trainer/algorithms/logits.py, checked on CPU against torch's own accounting in the tests).
+workers/rl_math/logits.py, checked on CPU against torch's own accounting in the tests).
 
 Per token of a micro-batch:
 - `layer_saved_bytes`: what one decoder layer keeps for backward (autograd's saved tensors);

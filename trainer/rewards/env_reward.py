@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from protocol import DataProto
-from trainer.algorithms import last_valid_positions
+from workers.rl_math.masked import last_valid_positions
 
 
 class EnvRewardManager:

@@ -1,41 +1,24 @@
 """Load the reward function named in the config: a dotted module path or a .py file.
 
-Only importlib is used, never eval. A file is executed as a fresh module that is NOT
-registered in sys.modules: Ray's cloudpickle then ships its functions to workers by
-value, whereas a registered name would be pickled by reference and fail to import there.
+Only importlib is used, never eval. A file runs as a fresh module that is not registered in sys.modules
+(workers/user_code.py says why).
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
 import os
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from workers.user_code import load_python_file
 
 from .registry import compute_score
 
 
 def _is_file_path(path: str) -> bool:
     return path.endswith(".py") or "/" in path or os.sep in path
-
-
-def load_python_file(path: str, what: str = "reward function") -> ModuleType:
-    """Execute the .py file at `path` as a fresh, unregistered module (`what` names it in errors)."""
-    file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        raise FileNotFoundError(f"{what} file {path!r} does not exist (resolved to {file})")
-    # Unique per file so two reward files with the same stem never clash in tracebacks/logs.
-    digest = hashlib.sha1(str(file).encode()).hexdigest()[:8]
-    spec = importlib.util.spec_from_file_location(f"_reward_{file.stem}_{digest}", file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {what} file {file} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _load_module(path: str) -> ModuleType:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from protocol import DataProto
-from trainer.algorithms import last_valid_positions
+from workers.rl_math.masked import last_valid_positions
 
 from .registry import compute_score as default_compute_score
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.algorithms import last_valid_positions
+from workers.rl_math.masked import last_valid_positions
 
 
 def overlong_penalty(lengths: torch.Tensor, max_response_length: int, buffer_len: int, penalty_factor: float) -> torch.Tensor:

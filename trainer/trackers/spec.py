@@ -83,7 +83,7 @@ def _missing_packages(entry: str) -> list[str]:
 
 def load_tracker_class(entry: str) -> type:
     """The class named by a `path/to/file.py:ClassName` entry, checked against the tracker interface."""
-    from trainer.rewards.loader import load_python_file
+    from workers.user_code import load_python_file
 
     match = CUSTOM_ENTRY.match(entry)
     if match is None:

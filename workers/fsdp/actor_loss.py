@@ -9,9 +9,10 @@ import torch
 from torch import nn
 
 from protocol import DataProto
-from trainer.algorithms import agg_loss, compute_policy_loss, kl_penalty
-from trainer.algorithms.rollout_correction import ROLLOUT_IS_WEIGHTS
 from workers.fsdp.sequences import response_log_probs_and_entropy, response_mask
+from workers.rl_math.kl import kl_penalty
+from workers.rl_math.losses import agg_loss, compute_policy_loss
+from workers.rl_math.rollout_correction import ROLLOUT_IS_WEIGHTS
 
 
 def required_update_keys(actor_cfg: dict[str, Any]) -> list[str]:

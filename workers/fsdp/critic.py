@@ -9,13 +9,14 @@ from transformers import AutoModelForTokenClassification
 
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
-from trainer.algorithms import compute_value_loss, masked_mean
 from workers.config import critic_config, mini_batch_per_rank
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.fsdp.sequences import require_batch_keys, response_mask, response_values
+from workers.rl_math.losses import compute_value_loss
+from workers.rl_math.masked import masked_mean
 
 VALUE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 UPDATE_KEYS = (*VALUE_KEYS, "values", "returns")

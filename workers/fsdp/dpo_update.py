@@ -17,11 +17,11 @@ import torch.distributed as dist
 from torch import nn
 
 from protocol import DataProto
-from trainer.algorithms import masked_sum
-from trainer.algorithms.dpo import dpo_loss
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.sequences import response_log_probs_and_entropy
+from workers.rl_math.dpo import dpo_loss
+from workers.rl_math.masked import masked_sum
 
 PAIR_SIDES = ("chosen", "rejected")
 SIDE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")

@@ -10,13 +10,13 @@ from transformers import AutoModelForSequenceClassification
 
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
-from trainer.algorithms import last_valid_positions
 from workers.config import reward_model_config
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.sequences import SEQUENCE_KEYS, require_batch_keys, response_mask
 from workers.packing.forward import is_packed, packed_token_outputs
+from workers.rl_math.masked import last_valid_positions
 
 SCORE_KEYS = (*SEQUENCE_KEYS, "responses")
 

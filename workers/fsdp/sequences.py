@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from protocol import DataProto
-from trainer.algorithms import entropy_from_logits, log_probs_from_logits
 from workers.packing.forward import is_packed, packed_response_log_probs_and_entropy, packed_response_values
+from workers.rl_math.logits import entropy_from_logits, log_probs_from_logits
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from protocol import DataProto
-from trainer.algorithms import agg_loss
+from workers.rl_math.losses import agg_loss
 
 SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 

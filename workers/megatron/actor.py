@@ -21,7 +21,6 @@ from transformers import AutoModelForCausalLM
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
 from single_controller.mesh import MeshDispatch
-from trainer.algorithms import masked_sum
 from workers.actor_state import ActorStateMixin
 from workers.config import actor_rollout_ref_config, mini_batch_per_rank
 from workers.fsdp.actor_loss import actor_loss_from_log_probs, required_update_keys
@@ -36,6 +35,7 @@ from workers.megatron.parallel import MEGATRON_MESH, init_megatron_parallel
 from workers.megatron.ppo_loop import run_ppo_updates
 from workers.megatron.vocab_parallel import log_probs_and_entropy
 from workers.memory import MemoryLog
+from workers.rl_math.masked import masked_sum
 from workers.rollout.sampling import folder_token_ids, model_token_ids, sampling_params
 from workers.rollout.shaping import rollout_output
 

@@ -9,7 +9,6 @@ import torch
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
 from single_controller.mesh import MeshDispatch
-from trainer.algorithms import compute_value_loss, masked_mean
 from workers.config import critic_config, mini_batch_per_rank
 from workers.fsdp.critic import UPDATE_KEYS, VALUE_KEYS
 from workers.fsdp.ppo_loop import PPOSchedule
@@ -18,6 +17,8 @@ from workers.megatron.engine import MegatronEngine
 from workers.megatron.model import ParallelSettings
 from workers.megatron.parallel import MEGATRON_MESH, init_megatron_parallel
 from workers.megatron.ppo_loop import run_ppo_updates
+from workers.rl_math.losses import compute_value_loss
+from workers.rl_math.masked import masked_mean
 
 
 def response_values(output: torch.Tensor, micro: DataProto) -> torch.Tensor:

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from protocol import DataProto
-from trainer.algorithms import entropy_from_logits, log_probs_from_logits
 from workers.packing.attention import PACKED_PREFIX, packed_implementation
 from workers.packing.layout import PackedRows, scatter_slots
+from workers.rl_math.logits import entropy_from_logits, log_probs_from_logits
 
 def supports_packing(model: nn.Module) -> bool:
     """Whether the model's layers call attention through transformers' attention interface (so the

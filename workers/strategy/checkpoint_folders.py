@@ -1,4 +1,4 @@
-"""Strategy checkpoints in the toolkit's atomic folder format (`trainer/checkpointing.py`).
+"""Strategy checkpoints in the toolkit's atomic folder format (`workers/checkpoint_format.py`).
 
 Rank 0 runs the folder protocol (temporary folder, manifest written last, rename, `keep` pruning); every
 rank writes its own shards into the temporary folder in between, so the folder is renamed only after all
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from trainer.checkpointing import MANIFEST_FILE, find_resume_dir, load_driver_state, save_checkpoint
+from workers.checkpoint_format import MANIFEST_FILE, find_resume_dir, load_driver_state, save_checkpoint
 
 
 def _shared(value: Any) -> Any:

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from trainer.algorithms import log_probs_from_logits
 from workers.engines.materialize import shard
 from workers.fsdp import checkpoint
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clip_gradients
+from workers.rl_math.logits import log_probs_from_logits
 from workers.rollout.hybrid import FSDPWeightSource, WeightSource
 from workers.strategy.base import Strategy
 from workers.strategy.config import optimizer_settings, scheduler_settings

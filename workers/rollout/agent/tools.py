@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.rewards.loader import load_python_file
+from workers.user_code import load_python_file
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from trainer.algorithm_names import LOSS_AGG_MODES, POLICY_LOSS_MODES
-
 from .gspo import LOG_RATIO_BOUND, gspo_token_ratios
 from .masked import masked_mean, masked_sum
+from .names import LOSS_AGG_MODES, POLICY_LOSS_MODES
 
 __all__ = ["LOSS_AGG_MODES", "agg_loss", "compute_policy_loss", "compute_value_loss"]
 

@@ -1,4 +1,5 @@
-"""Per-token KL estimators, KL-in-reward shaping and KL coefficient controllers."""
+"""KL-in-reward shaping and KL coefficient controllers (the driver's side of KL; the per-token estimators
+are in workers/rl_math/kl.py)."""
 
 from __future__ import annotations
 
@@ -6,50 +7,16 @@ from typing import Protocol
 
 import torch
 
-from .losses import agg_loss
+from workers.rl_math import kl
+from workers.rl_math.losses import agg_loss
 
 __all__ = [
-    "KL_PENALTY_NAMES",
-    "kl_penalty",
     "apply_kl_penalty",
     "KLController",
     "FixedKLController",
     "AdaptiveKLController",
     "make_kl_controller",
 ]
-
-KL_PENALTY_NAMES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-
-
-def _token_kl(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, name: str) -> torch.Tensor:
-    if name in ("kl", "k1"):
-        return log_prob - ref_log_prob
-    if name == "abs":
-        return (log_prob - ref_log_prob).abs()
-    if name in ("mse", "k2"):
-        return 0.5 * (log_prob - ref_log_prob) ** 2
-    if name in ("low_var_kl", "k3"):
-        log_ratio = torch.clamp(ref_log_prob - log_prob, min=-20.0, max=20.0)  # keep exp finite
-        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, min=-10.0, max=10.0)
-    raise ValueError(f"Unknown kl_penalty {name!r}; valid names: {list(KL_PENALTY_NAMES)}")
-
-
-def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
-    """Per-token estimate of KL(policy || ref) from samples of the policy.
-
-    With ``d = log_prob - ref_log_prob``:
-        ``kl``/``k1``: ``d`` (unbiased, high variance, can be negative);
-        ``abs``: ``|d|``;
-        ``mse``/``k2``: ``0.5 * d^2``;
-        ``low_var_kl``/``k3``: ``exp(-d) + d - 1`` (unbiased, >= 0), clamped to [-10, 10].
-
-    Args:
-        log_prob, ref_log_prob: ``[batch, len]`` (any equal shapes).
-
-    Returns:
-        Same shape as the inputs.
-    """
-    return _token_kl(log_prob, ref_log_prob, kl_penalty)
 
 
 class KLController(Protocol):
@@ -128,14 +95,14 @@ def apply_kl_penalty(
     Args:
         token_level_scores, log_prob, ref_log_prob, response_mask: ``[batch, len]``.
         kl_ctrl: e.g. from :func:`make_kl_controller`.
-        kl_penalty: estimator name, see :func:`kl_penalty`.
+        kl_penalty: estimator name, see ``workers/rl_math/kl.py``.
         update_controller: set False to leave ``kl_ctrl`` untouched.
 
     Returns:
         ``token_level_rewards`` ``[batch, len]`` (padding keeps its score) and
         metrics ``{"actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"}``.
     """
-    kld = _token_kl(log_prob, ref_log_prob, kl_penalty)
+    kld = kl.kl_penalty(log_prob, ref_log_prob, kl_penalty)
     kld = torch.where(response_mask.bool(), kld, torch.zeros_like(kld))
     beta = kl_ctrl.value
     token_level_rewards = token_level_scores - beta * kld

@@ -1,0 +1,1 @@
+"""Built-in multi-turn tool tasks (environments the config names as `workers.agent_tasks.<module>:<Class>`)."""

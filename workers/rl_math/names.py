@@ -1,0 +1,19 @@
+"""The names of the choices the loss code implements, free of torch so that the config checks (workers/config.py,
+trainer/config_loader.py) read the same lists as the code that runs them."""
+
+from __future__ import annotations
+
+# How agg_loss (losses.py) reduces a per-token loss to a scalar.
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+
+# actor.policy_loss.loss_mode: the clipped token-ratio PPO surrogate, or GSPO's sequence-level ratio
+# (compute_policy_loss in losses.py, the ratio in gspo.py).
+POLICY_LOSS_MODES: tuple[str, ...] = ("vanilla", "gspo")
+
+# Per-token KL estimators (kl.py): actor.kl_loss_type and algorithm.kl_penalty.
+KL_PENALTY_NAMES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
