@@ -149,6 +149,7 @@ def check_inputs(cfg: DictConfig) -> str | None:
     """Every driver-side check of `cfg`'s paths, data files and rows, reward function, trackers, checkpoint and
     worker settings, before Ray starts (the file checks first: they need no torch). Returns why there is
     nothing to train (the resumed checkpoint is already at the last step), or None."""
+    from trainer.batch_checks import check_batch_split
     from trainer.data_checks import check_rows, reward_needs
     from trainer.trackers import check_entries
 
@@ -167,5 +168,6 @@ def check_inputs(cfg: DictConfig) -> str | None:
     nothing_to_do = finished_run(cfg)
     if nothing_to_do is None:
         check_worker_settings(cfg)
+        check_batch_split(cfg)
         check_memory(cfg)
     return nothing_to_do
