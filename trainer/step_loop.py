@@ -19,6 +19,7 @@ from protocol import DataProto
 from single_controller.errors import WorkerGroupError
 from trainer import checkpointing
 from trainer.async_rollout import AsyncRollout
+from trainer.resume_checks import RECORD_KEY, resume_record
 from trainer.rollout_pipeline import LookaheadBatches, RolloutPipeline, prompts_for_step
 from trainer.run_data import RunData
 from trainer.timing import PhaseTimer
@@ -103,6 +104,7 @@ class StepLoop:
         # The position before a batch taken ahead (in flight): a resumed run generates it again.
         loader_state = self.batches.state_dict() if self.batches is not None else self.data.train_loader.state_dict()
         state = {"global_step": self.global_step, "dataloader": loader_state, **self.rollouts.checkpoint_state(), **self.driver_state()}
+        state[RECORD_KEY] = resume_record(self.cfg)  # what a resumed run must match, checked before Ray starts
         return checkpointing.save_checkpoint(self.checkpoint_root, self.global_step, state, self.roles.save, self.cfg.trainer.max_ckpt_to_keep)
 
     def maybe_resume(self) -> None:
