@@ -1,5 +1,6 @@
-"""The command line shared by `trainer.main` and the recipes: hydra overrides, `--cfg job`, `--help`, and
-one `error:` line with exit code 2 for anything wrong before training starts."""
+"""The command line shared by `trainer.main` and the recipes: hydra overrides, `--cfg job`, `--help`,
+one `error:` line with exit code 2 for anything wrong before training starts, and one `interrupted:` line
+with exit code 130 for Ctrl-C."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.checkpointing import CheckpointError
 from trainer.config_loader import ConfigError
+from trainer.interrupts import EXIT_CODE as INTERRUPTED_EXIT_CODE
+from trainer.interrupts import interrupted_message
 from trainer.preflight import InputError
 
 USAGE = """\
@@ -29,7 +32,8 @@ USER_ERRORS = (ConfigError, InputError, CheckpointError)
 
 
 def run_cli(argv: Sequence[str], load: Callable[[list[str]], DictConfig], run: Callable[[DictConfig], Any]) -> int:
-    """Parse `argv` (overrides plus an optional `--cfg job`), then print the config or run; 2 on bad input."""
+    """Parse `argv` (overrides plus an optional `--cfg job`), then print the config or run; 2 on bad input,
+    130 on Ctrl-C."""
     args = list(argv)
     if any(a in ("-h", "--help") for a in args):
         print(USAGE)
@@ -42,6 +46,7 @@ def run_cli(argv: Sequence[str], load: Callable[[list[str]], DictConfig], run: C
             print(f"error: --cfg supports 'job' (the resolved config), got {what!r}", file=sys.stderr)
             return 2
         del args[at : at + 2]
+    cfg = None
     try:
         cfg = load(args)
         if print_cfg:
@@ -51,4 +56,7 @@ def run_cli(argv: Sequence[str], load: Callable[[list[str]], DictConfig], run: C
     except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as interrupt:  # every Ctrl-C: one line, no traceback (the run released its workers)
+        print(interrupted_message(cfg, interrupt), file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT_CODE
     return 0

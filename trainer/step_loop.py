@@ -136,20 +136,22 @@ class StepLoop:
             self.tracker.log(self.validate(), step=0)
         self.batches = self.rollouts.batches(self.data.train_loader)
         progress = tqdm(total=cfg.total_training_steps, initial=self.global_step, desc=self.progress_desc, unit="step")
-        while self.global_step < cfg.total_training_steps:
-            start = time.perf_counter()
-            self.draws_in_step = 1
-            metrics = self.train_step(self.batches.next())
-            self.global_step += 1
-            if cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0 and self.data.val_batches:
-                metrics.update(self.validate())
-            if cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0:
-                self.save()
-            metrics["timing/wall_step_s"] = time.perf_counter() - start
-            self.tracker.log(metrics, step=self.global_step)
-            progress.update(1)
-            progress.set_postfix(self.progress_postfix(metrics))
-        progress.close()
+        try:
+            while self.global_step < cfg.total_training_steps:
+                start = time.perf_counter()
+                self.draws_in_step = 1
+                metrics = self.train_step(self.batches.next())
+                self.global_step += 1
+                if cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0 and self.data.val_batches:
+                    metrics.update(self.validate())
+                if cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0:
+                    self.save()
+                metrics["timing/wall_step_s"] = time.perf_counter() - start
+                self.tracker.log(metrics, step=self.global_step)
+                progress.update(1)
+                progress.set_postfix(self.progress_postfix(metrics))
+        finally:
+            progress.close()  # on Ctrl-C too: the bar's line ends before the run's last message
         self.rollouts.close()  # async: the streams stop before the final save (their prompts stay open in it)
         if cfg.save_at_end and (cfg.save_freq <= 0 or self.global_step % cfg.save_freq):
             self.save()
