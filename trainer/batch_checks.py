@@ -77,7 +77,8 @@ def mini_batch_problem(cfg: DictConfig, section: str, ranks: Ranks) -> str | Non
         return None
     train = cfg.data.train_batch_size
     fitting = [p for p in _divisors(train) if p * n % ranks.count == 0]
-    worker_counts = [d * (cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes // ranks.count) for d in _divisors(responses)]
+    ranks_per_copy = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes // ranks.count  # Megatron: TP x PP
+    worker_counts = [d * ranks_per_copy for d in _divisors(responses)]
     change = (
         f"set {section}.ppo_mini_batch_size to one of {fitting} (prompts that divide data.train_batch_size={train} "
         f"and whose responses split over {ranks.count})"
@@ -93,14 +94,16 @@ def mini_batch_problem(cfg: DictConfig, section: str, ranks: Ranks) -> str | Non
 
 def _token_budgets(cfg: DictConfig, uses_critic: bool) -> list[tuple[str, str]]:
     """(switch, budget) pairs of the token-budget micro-batches the run's roles use."""
+    ref, reward_model = "actor_rollout_ref.ref", "reward.reward_model"
     pairs = [(f"{ACTOR}.use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu"),
              (f"{ROLLOUT}.log_prob_use_dynamic_bsz", f"{ROLLOUT}.log_prob_max_token_len_per_gpu")]
     if _get(cfg, f"{ACTOR}.use_kl_loss") or _get(cfg, "algorithm.use_kl_in_reward"):
-        pairs.append(("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"))
+        pairs.append((f"{ref}.log_prob_use_dynamic_bsz", f"{ref}.log_prob_max_token_len_per_gpu"))
     if uses_critic:
-        pairs += [("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu"), ("critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu")]
-    if _get(cfg, "reward.reward_model.enable"):
-        pairs.append(("reward.reward_model.use_dynamic_bsz", "reward.reward_model.forward_max_token_len_per_gpu"))
+        pairs.append(("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu"))
+        pairs.append(("critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu"))
+    if _get(cfg, f"{reward_model}.enable"):
+        pairs.append((f"{reward_model}.use_dynamic_bsz", f"{reward_model}.forward_max_token_len_per_gpu"))
     return pairs
 
 
@@ -139,7 +142,8 @@ def megatron_layout_problem(cfg: DictConfig, section: str, model_key: str) -> st
         layout_from_hf_config(AutoConfig.from_pretrained(path), tp=tp, pp=pp)
     except ValueError as error:
         reasons = str(error).replace(":\n  ", ": ", 1).replace("\n  ", "; ")
-        return f"{section}.megatron (tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}) with {model_key}={path!r}: {reasons}"
+        sizes = f"tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}"
+        return f"{section}.megatron ({sizes}) with {model_key}={path!r}: {reasons}"
     return None
 
 
@@ -155,8 +159,8 @@ def rollout_tp_problem(cfg: DictConfig) -> str | None:
         return None
     valid = [t for t in _divisors(heads) if kv_heads % t == 0 or t % kv_heads == 0]
     return (
-        f"{ROLLOUT}.tensor_model_parallel_size={tp} cannot split the model's {heads} attention heads ({kv_heads} key/value "
-        f"heads) of actor_rollout_ref.model.path={cfg.actor_rollout_ref.model.path!r}; valid sizes: {valid}"
+        f"{ROLLOUT}.tensor_model_parallel_size={tp} cannot split the model's {heads} attention heads ({kv_heads} "
+        f"key/value heads) of actor_rollout_ref.model.path={cfg.actor_rollout_ref.model.path!r}; valid sizes: {valid}"
     )
 
 

@@ -21,7 +21,10 @@ USER_ERRORS = (ConfigError, InputError, CheckpointError)
 
 
 def run_cli(
-    argv: Sequence[str], load: Callable[[list[str]], DictConfig], run: Callable[[DictConfig], Any], recipes: Sequence[str] = ()
+    argv: Sequence[str],
+    load: Callable[[list[str]], DictConfig],
+    run: Callable[[DictConfig], Any],
+    recipes: Sequence[str] = (),
 ) -> int:
     """Parse `argv` (overrides plus an optional `--cfg job`), then print the config or run; 2 on bad input,
     130 on Ctrl-C. `recipes`: the built-in recipe names `--help` lists."""

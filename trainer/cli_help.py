@@ -33,10 +33,13 @@ def _first_comment(path: Path) -> str:
     return ""
 
 
-def config_groups(config_dir: Path = CONFIG_DIR, main_config: str = "trainer.yaml") -> dict[str, tuple[str | None, list[Path]]]:
+GroupChoices = tuple[str | None, list[Path]]  # the default choice, the choice files
+
+
+def config_groups(config_dir: Path = CONFIG_DIR, main_config: str = "trainer.yaml") -> dict[str, GroupChoices]:
     """Each group named in the main config's defaults list: (its default choice, its choice files)."""
     defaults = yaml.safe_load((config_dir / main_config).read_text()).get("defaults", [])
-    groups: dict[str, tuple[str | None, list[Path]]] = {}
+    groups: dict[str, GroupChoices] = {}
     for entry in defaults:
         if isinstance(entry, dict):
             for group, default in entry.items():
@@ -69,7 +72,8 @@ def usage_text(recipes: Sequence[str] = ()) -> str:
         column = max(len(name) for name, _ in choices)
         lines += [_row(name, text, column) for name, text in choices]
     if recipes:
-        lines.append(f"\nRecipes: recipe={' | recipe='.join(recipes)}, or recipe=path/to/my_recipe.py (docs/recipes.md)")
+        names = " | ".join(f"recipe={name}" for name in recipes)
+        lines.append(f"\nRecipes: {names}, or recipe=path/to/my_recipe.py (docs/recipes.md)")
     pages = docs_pages() if DOCS_DIR.is_dir() else []
     if pages:
         lines.append("\nDocs (docs/):")

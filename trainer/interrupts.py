@@ -33,7 +33,10 @@ def _last_checkpoint(cfg: DictConfig) -> str:
 
 def interrupted_message(cfg: DictConfig | None, interrupt: KeyboardInterrupt) -> str:
     """The one line printed for a Ctrl-C: the step reached (when the run got that far) and the last checkpoint."""
-    where = f"stopped at step {interrupt.last_step}" if isinstance(interrupt, RunInterrupted) else "stopped before training"
+    if isinstance(interrupt, RunInterrupted):
+        where = f"stopped at step {interrupt.last_step}"
+    else:
+        where = "stopped before training"
     if cfg is None:
         return f"interrupted: {where}"
     return f"interrupted: {where}; {_last_checkpoint(cfg)}"

@@ -90,8 +90,10 @@ def outputs_text(cfg: DictConfig) -> str:
     from trainer.checkpointing import find_resume_dir
 
     checkpoint = find_resume_dir(cfg.trainer.default_local_dir, "auto", warn=False)
-    lines = [f"last checkpoint: {checkpoint.resolve()}" if checkpoint else "last checkpoint: none (trainer.save_at_end=false)"]
+    saved = checkpoint.resolve() if checkpoint else "none (trainer.save_at_end=false)"
+    lines = [f"last checkpoint: {saved}"]
     if cfg.trainer.export_hf_at_end:
-        lora = " (the merged model; the LoRA adapter alone in lora_adapter/)" if cfg.actor_rollout_ref.model.get("lora_rank") else ""
-        lines.append(f"Hugging Face export: {export_dir(cfg)}{lora}")
+        lora = cfg.actor_rollout_ref.model.get("lora_rank")
+        adapter = " (the merged model; the LoRA adapter alone in lora_adapter/)" if lora else ""
+        lines.append(f"Hugging Face export: {export_dir(cfg)}{adapter}")
     return "\n".join(lines)

@@ -58,7 +58,8 @@ def _lora_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     saved_spec, now_spec = LoraSpec.from_model_config(saved), LoraSpec.from_model_config(now)
     if saved_spec is None or now_spec is None:
         return [] if saved_spec is now_spec else ["lora_rank"]
-    fields = {"lora_rank": "rank", "lora_alpha": "alpha", "target_modules": "target_modules", "exclude_modules": "exclude_modules"}
+    fields = {"lora_rank": "rank", "lora_alpha": "alpha", "target_modules": "target_modules",
+              "exclude_modules": "exclude_modules"}
     return [key for key, field in fields.items() if getattr(saved_spec, field) != getattr(now_spec, field)]
 
 
@@ -87,8 +88,9 @@ def resume_mismatch(cfg: DictConfig, path: Path, driver_state: dict[str, Any]) -
             continue
         changed = [f for f in SHAPE_KEYS if f in saved_shape and f in now_shape and saved_shape[f] != now_shape[f]]
         if changed:
+            saved, now = _described(saved_shape, changed, ""), _described(now_shape, changed, "")
             return (
-                f"{where} was trained on a model with {_described(saved_shape, changed, '')}, but {key}={path_now!r} has "
-                f"{_described(now_shape, changed, '')}; point {key} at the model the checkpoint was trained from, {start_over}"
+                f"{where} was trained on a model with {saved}, but {key}={path_now!r} has {now}; point {key} at the "
+                f"model the checkpoint was trained from, {start_over}"
             )
     return None

@@ -46,7 +46,8 @@ def init_ray(cfg: DictConfig) -> None:
     address = os.environ.get("RAY_ADDRESS")
     if address:
         try:
-            attach(address, cfg.trainer.get("ray_connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S), runtime_env=runtime_env)
+            timeout_s = cfg.trainer.get("ray_connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S)
+            attach(address, timeout_s, runtime_env=runtime_env)
         except ClusterUnreachable as error:
             raise InputError(str(error)) from None
         return

@@ -127,7 +127,8 @@ def test_the_console_shows_dynamic_sampling_and_the_end_names_the_outputs(ray_cl
     """The console line carries the step's filter_groups/* counts (as logged), and the run ends by naming its
     last checkpoint and its Hugging Face export."""
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, *FILTERED, "trainer.total_training_steps=1", "trainer.logger=[console]", "trainer.export_hf_at_end=true",
+        tiny_assets, tmp_path, *FILTERED, "trainer.total_training_steps=1", "trainer.logger=[console]",
+        "trainer.export_hf_at_end=true",
     ))
     (record,) = run(cfg)
     out = capsys.readouterr().out

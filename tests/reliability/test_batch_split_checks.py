@@ -76,15 +76,17 @@ def test_model_parallel_sizes(no_ray, small_assets, tmp_path, capsys, overrides,
 
 
 def test_settings_that_split_pass(small_assets, tmp_path):
-    for overrides in ((), ("trainer.n_gpus_per_node=4",), ("algorithm=ppo", "trainer.n_gpus_per_node=1"),
-                      (MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", "trainer.n_gpus_per_node=2",
-                       "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.rollout.n=3")):
+    pipeline_of_two = (MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+                       "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+                       "actor_rollout_ref.rollout.n=3")
+    for overrides in ((), ("trainer.n_gpus_per_node=4",), ("algorithm=ppo", "trainer.n_gpus_per_node=1"), pipeline_of_two):
         assert batch_split_problems(load_config(short_run(small_assets, tmp_path, *overrides))) == [], overrides
 
 
-def _worker_refuses(fill, section: str, cfg, ranks: int) -> bool:
+def _worker_refuses(section: dict, ranks: int) -> bool:
+    """Whether a worker given `section` (its config as the driver sends it) refuses its mini-batch."""
     try:
-        mini_batch_per_rank(fill(cfg)[section]["ppo_mini_batch_size"] if section else fill(cfg)["ppo_mini_batch_size"], ranks, "x")
+        mini_batch_per_rank(section["ppo_mini_batch_size"], ranks, "x")
     except ValueError:
         return True
     return False
@@ -106,7 +108,8 @@ def test_the_driver_check_agrees_with_the_workers_assertions(small_assets, tmp_p
         cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size = tp
         try:
             dp = megatron_mesh_shape(workers, tp, 1)["dp"]
-            refused = _worker_refuses(actor_worker_config, "actor", cfg, dp) or _worker_refuses(critic_worker_config, "", cfg, workers)
+            refused = _worker_refuses(actor_worker_config(cfg)["actor"], dp)
+            refused = refused or _worker_refuses(critic_worker_config(cfg), workers)
         except ValueError:
             refused = True
         problems = [p for p in batch_split_problems(cfg) if "megatron (" not in p]  # the model layout is checked apart

@@ -32,7 +32,8 @@ def test_help_lists_the_config_groups_recipes_and_docs_from_their_files(capsys):
     for group in ("algorithm", "task"):
         for path in sorted((CONFIG_DIR / group).glob("*.yaml")):
             described = next(row for name, row in rows.items() if name == f"{group}={path.stem}")
-            comment = next(line for line in path.read_text().splitlines() if line.startswith("# ") and "@package" not in line)
+            comments = [line for line in path.read_text().splitlines() if line.startswith("# ")]
+            comment = next(line for line in comments if "@package" not in line)
             assert comment[2:30] in described, (described, comment)
     assert "algorithm=grpo (default)" in rows["algorithm=grpo"]
     assert next(line for line in lines if line.startswith("Recipes:")).count("recipe=") == len(RECIPES) + 1

@@ -63,7 +63,9 @@ def test_ctrl_c_stops_the_run_and_its_ray_processes(small_assets, tmp_path, extr
     """Also while the rollout engines generate in their background thread (rollout.mode=async). Ctrl-C gives
     one line naming the step and the last checkpoint, no traceback, exit code 130."""
     out = tmp_path / "out"
-    overrides = short_run(small_assets, out, "trainer.total_training_steps=500", "trainer.save_at_end=false", "trainer.save_freq=1", *extra)
+    overrides = short_run(
+        small_assets, out, "trainer.total_training_steps=500", "trainer.save_at_end=false", "trainer.save_freq=1", *extra
+    )
     child = ChildProcess(["-m", "trainer.main", *overrides], tmp_path / "run.log")
     try:
         child.wait_for(lambda: "step 2:" in child.output, 180, "two finished steps")
@@ -114,7 +116,8 @@ def test_ctrl_c_then_resume_logs_each_step_once_to_every_tracker(ray_cluster, sm
         assert child.wait_exit(60) == 130
     finally:
         child.stop_leftovers(grace_s=20)
-    assert f"interrupted: stopped at step 3; last checkpoint: {(out / 'global_step_2').resolve()} (resume with the same command)" in child.output
+    checkpoint = (out / "global_step_2").resolve()
+    assert f"interrupted: stopped at step 3; last checkpoint: {checkpoint} (resume with the same command)" in child.output
     assert "Traceback" not in child.output
     stopped = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in stopped] == [1, 2, 3] and checkpointing.find_resume_dir(out, "auto") == out / "global_step_2"

@@ -49,11 +49,13 @@ def _driver_env(**extra: str) -> dict[str, str]:
 def test_unreachable_cluster_stops_with_one_error_line(small_assets, tmp_path):
     (port,) = free_ports(1)
     overrides = short_run(small_assets, tmp_path, "trainer.ray_connect_timeout_s=3")
+    env = _driver_env(RAY_ADDRESS=f"127.0.0.1:{port}")
     done = subprocess.run([sys.executable, "-m", "trainer.main", *overrides], cwd=REPO_ROOT, capture_output=True, text=True,
-                          env=_driver_env(RAY_ADDRESS=f"127.0.0.1:{port}"), timeout=180)
+                          env=env, timeout=180)
     assert done.returncode == 2, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and lines[0].startswith(f"error: no Ray cluster answered at RAY_ADDRESS=127.0.0.1:{port}"), done.stderr
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: no Ray cluster answered at RAY_ADDRESS=127.0.0.1:{port}"), done.stderr
     assert "within 3 s" in lines[0] and "Traceback" not in done.stderr
 
 
@@ -63,8 +65,9 @@ def test_ctrl_c_while_waiting_for_the_cluster(small_assets, tmp_path):
     overrides = short_run(small_assets, tmp_path, "trainer.ray_connect_timeout_s=120")
     log = tmp_path / "driver.log"
     with open(log, "w") as out:
+        env = _driver_env(RAY_ADDRESS=f"127.0.0.1:{port}")
         driver = subprocess.Popen([sys.executable, "-m", "trainer.main", *overrides], cwd=REPO_ROOT, stdout=out,
-                                  stderr=subprocess.STDOUT, env=_driver_env(RAY_ADDRESS=f"127.0.0.1:{port}"), start_new_session=True)
+                                  stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while "checkpoints and logs:" not in log.read_text() and time.monotonic() < deadline and driver.poll() is None:

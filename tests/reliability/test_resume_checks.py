@@ -65,13 +65,16 @@ def test_another_model_shape_stops_before_ray(no_ray, small_assets, tmp_path, ca
 
 def test_same_settings_and_old_checkpoints_pass(small_assets, tmp_path):
     _saved_by(small_assets, tmp_path / "same", *LORA)
-    check_resume_matches(load_config(short_run(small_assets, tmp_path / "same", "trainer.total_training_steps=3", *LORA)))
+    same = short_run(small_assets, tmp_path / "same", "trainer.total_training_steps=3", *LORA)
+    check_resume_matches(load_config(same))
     _saved_by(small_assets, tmp_path / "old", *LORA, record=False)  # saved before the record existed: unchecked
     check_resume_matches(load_config(short_run(small_assets, tmp_path / "old", "actor_rollout_ref.model.lora_rank=4")))
 
 
 @pytest.mark.slow
-def test_a_real_lora_checkpoint_refuses_another_rank_before_ray(ray_cluster, small_assets, tmp_path, capsys, monkeypatch):
+def test_a_real_lora_checkpoint_refuses_another_rank_before_ray(
+    ray_cluster, small_assets, tmp_path, capsys, monkeypatch
+):
     """The record is written by the training loop's own save."""
     small = ("trainer.n_gpus_per_node=1", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
              "actor_rollout_ref.rollout.n=2", "trainer.logger=[console]")

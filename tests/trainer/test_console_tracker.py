@@ -35,7 +35,8 @@ def test_a_plain_run_shows_the_headline_metrics_only():
 
 @pytest.mark.parametrize(("overrides", "shown"), [
     (("algorithm=dapo",), "filter_groups/mixed_groups=6  filter_groups/uniform_groups=10  filter_groups/gen_batches=2"),
-    ((*VLLM_SEPARATE, "actor_rollout_ref.rollout.mode=async"), "rollout/staleness=0.5  rollout/staleness_max=1  async/dropped_groups=0"),
+    ((*VLLM_SEPARATE, "actor_rollout_ref.rollout.mode=async"),
+     "rollout/staleness=0.5  rollout/staleness_max=1  async/dropped_groups=0"),
     ((*VLLM_SEPARATE, "actor_rollout_ref.rollout.staleness=1"), "rollout/staleness=0.5"),
     (("actor_rollout_ref.model.lora_rank=8",), "rollout/sync_bytes=3MiB"),
 ], ids=["dapo", "async", "one_step_off", "lora"])
@@ -46,5 +47,6 @@ def test_each_enabled_feature_adds_its_key_metrics(overrides, shown):
 def test_a_feature_metric_missing_from_a_step_is_left_out():
     lines: list[str] = []
     config = OmegaConf.to_container(load_config(["algorithm=dapo"]), resolve=True)
-    ConsoleTracker(print_fn=lines.append, config=config).log({"reward/mean": 0.5, "filter_groups/gen_batches": 3}, step=1)
+    tracker = ConsoleTracker(print_fn=lines.append, config=config)
+    tracker.log({"reward/mean": 0.5, "filter_groups/gen_batches": 3}, step=1)
     assert lines == ["step 1: reward/mean=0.5  filter_groups/gen_batches=3"]

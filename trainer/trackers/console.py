@@ -44,7 +44,9 @@ def _formatted(key: str, value: float) -> str:
 
 
 class ConsoleTracker:
-    def __init__(self, print_fn: Callable[[str], Any] = print, config: dict[str, Any] | None = None, **run: Any) -> None:
+    def __init__(
+        self, print_fn: Callable[[str], Any] = print, config: dict[str, Any] | None = None, **run: Any
+    ) -> None:
         self.print_fn = print_fn
         self.keys = shown_keys(config or {})
 
