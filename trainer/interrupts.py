@@ -33,10 +33,8 @@ def _last_checkpoint(cfg: DictConfig) -> str:
 
 def interrupted_message(cfg: DictConfig | None, interrupt: KeyboardInterrupt) -> str:
     """The one line printed for a Ctrl-C: the step reached (when the run got that far) and the last checkpoint."""
-    if isinstance(interrupt, RunInterrupted):
-        where = f"stopped at step {interrupt.last_step}"
-    else:
-        where = "stopped before training"
+    # A plain KeyboardInterrupt: before the run started its loop, or a second Ctrl-C while it released its workers.
+    where = f"stopped at step {interrupt.last_step}" if isinstance(interrupt, RunInterrupted) else "stopped"
     if cfg is None:
         return f"interrupted: {where}"
     return f"interrupted: {where}; {_last_checkpoint(cfg)}"
