@@ -1,5 +1,6 @@
-"""The command line shared by `trainer.main` and the recipes: hydra overrides, `--cfg job`, `--help`, and
-one `error:` line with exit code 2 for anything wrong before training starts."""
+"""The command line shared by `trainer.main` and the recipes: hydra overrides, `--cfg job`, `--help`,
+one `error:` line with exit code 2 for anything wrong before training starts, and one `interrupted:` line
+with exit code 130 for Ctrl-C."""
 
 from __future__ import annotations
 
@@ -9,30 +10,27 @@ from typing import Any, Callable, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.checkpointing import CheckpointError
+from trainer.cli_help import usage_text
 from trainer.config_loader import ConfigError
+from trainer.interrupts import EXIT_CODE as INTERRUPTED_EXIT_CODE
+from trainer.interrupts import interrupted_message
 from trainer.preflight import InputError
-
-USAGE = """\
-usage: python -m trainer.main [overrides...] [--cfg job]
-       python -m trainer.main recipe=<name | path/to/my_recipe.py | path/to/folder> [overrides...] [--cfg job]
-       python path/to/my_recipe.py [overrides...] [--cfg job]
-
-Overrides are hydra syntax: `trainer.total_training_steps=10`, `algorithm=ppo`, `trainer.logger=[console,jsonl]`.
-`+key=value` adds a worker setting the YAML leaves at its default (e.g. `+actor_rollout_ref.rollout.top_k=20`).
-`--cfg job` prints the resolved configuration and exits without starting anything.
-Built-in recipes: online_dpo, raft. Docs: README.md, docs/recipes.md (writing your own recipe),
-docs/operations.md (clusters, ray job submit, checkpoints, troubleshooting).
-"""
 
 # Problems found before any worker starts: bad config, bad paths or data, unusable checkpoints.
 USER_ERRORS = (ConfigError, InputError, CheckpointError)
 
 
-def run_cli(argv: Sequence[str], load: Callable[[list[str]], DictConfig], run: Callable[[DictConfig], Any]) -> int:
-    """Parse `argv` (overrides plus an optional `--cfg job`), then print the config or run; 2 on bad input."""
+def run_cli(
+    argv: Sequence[str],
+    load: Callable[[list[str]], DictConfig],
+    run: Callable[[DictConfig], Any],
+    recipes: Sequence[str] = (),
+) -> int:
+    """Parse `argv` (overrides plus an optional `--cfg job`), then print the config or run; 2 on bad input,
+    130 on Ctrl-C. `recipes`: the built-in recipe names `--help` lists."""
     args = list(argv)
     if any(a in ("-h", "--help") for a in args):
-        print(USAGE)
+        print(usage_text(recipes))
         return 0
     print_cfg = "--cfg" in args
     if print_cfg:
@@ -42,6 +40,7 @@ def run_cli(argv: Sequence[str], load: Callable[[list[str]], DictConfig], run: C
             print(f"error: --cfg supports 'job' (the resolved config), got {what!r}", file=sys.stderr)
             return 2
         del args[at : at + 2]
+    cfg = None
     try:
         cfg = load(args)
         if print_cfg:
@@ -51,4 +50,7 @@ def run_cli(argv: Sequence[str], load: Callable[[list[str]], DictConfig], run: C
     except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as interrupt:  # every Ctrl-C: one line, no traceback (the run released its workers)
+        print(interrupted_message(cfg, interrupt), file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT_CODE
     return 0

@@ -148,6 +148,8 @@ _OPTIONAL_POSITIVE = {
     "trainer.max_ckpt_to_keep": ((int,), "off"),
     "trainer.gpu_memory_gib": ((int, float), "read from the driver machine's GPU"),
 }
+# Keys that are a positive number of the given kind.
+_POSITIVE_NUMBERS = {"trainer.ray_connect_timeout_s": (int, float)}
 
 
 def _optional_positive(cfg: DictConfig, key: str, kind: tuple[type, ...], null_means: str) -> str:
@@ -170,6 +172,10 @@ def validate_config(cfg: DictConfig) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             problems.append(f"{key}={value!r} must be a positive integer")
     problems.extend(_optional_positive(cfg, key, kind, null_means) for key, (kind, null_means) in _OPTIONAL_POSITIVE.items())
+    for key, kind in _POSITIVE_NUMBERS.items():
+        value = OmegaConf.select(cfg, key, default=1)
+        if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
+            problems.append(f"{key}={value!r} must be a positive number (seconds)")
     problems.extend(check_rollout_settings(cfg))
     problems.extend(check_algorithm_settings(cfg))
     problems = [p for p in problems if p]

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from omegaconf import DictConfig
 
+from trainer.interrupts import RunInterrupted
+
 if TYPE_CHECKING:  # the modules themselves load after the input checks: a bad path fails before torch loads
     from trainer.run_data import RunData
     from trainer.step_loop import StepLoop
@@ -39,17 +41,21 @@ def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> l
     from trainer.run_data import build_run_data
 
     log_dir = Path(cfg.trainer.default_local_dir) / "logs"
+    start_step = resume_step(cfg)
     # Started before Ray: a tracker that cannot start (wandb without an account) fails in seconds. It
     # replaces or skips what a stopped run logged past the checkpoint this run resumes from.
     tracker = StepCountsTracker(
         cfg.trainer.logger, log_dir, project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
-        config=OmegaConf.to_container(cfg, resolve=True), resume_step=resume_step(cfg),
+        config=OmegaConf.to_container(cfg, resolve=True), resume_step=start_step,
     )
     try:
         init_ray(cfg)
         data = build_run_data(cfg)
         tracker.set_counts(data.prompt_counts)
         roles = build_roles(cfg)  # gives back what it reserved when it fails
+    except KeyboardInterrupt:
+        tracker.close()
+        raise RunInterrupted(start_step or 0) from None
     except BaseException:
         tracker.close()
         raise
@@ -59,11 +65,35 @@ def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> l
         if curve:
             print(f"reward curve: {curve}")
         if cfg.trainer.export_hf_at_end:
-            roles.actor.export_hf(str(Path(cfg.trainer.default_local_dir) / "hf_export"))
+            roles.actor.export_hf(str(export_dir(cfg)))
     except KeyboardInterrupt:
-        print("interrupted: stopping the workers and releasing their placement groups", file=sys.stderr, flush=True)
-        raise
+        # The command line prints one line (the step, the last checkpoint) once `finally` released the workers.
+        raise RunInterrupted(last_logged_step(tracker, start_step)) from None
     finally:
         tracker.close()
         roles.shutdown()
+    print(outputs_text(cfg))
     return history
+
+
+def export_dir(cfg: DictConfig) -> Path:
+    return Path(cfg.trainer.default_local_dir).resolve() / "hf_export"
+
+
+def last_logged_step(tracker: "Tracker", start_step: int | None) -> int:
+    steps = [record["step"] for record in tracker.history]
+    return max(steps, default=start_step or 0)
+
+
+def outputs_text(cfg: DictConfig) -> str:
+    """Where a finished run left its checkpoint and its Hugging Face export."""
+    from trainer.checkpointing import find_resume_dir
+
+    checkpoint = find_resume_dir(cfg.trainer.default_local_dir, "auto", warn=False)
+    saved = checkpoint.resolve() if checkpoint else "none (trainer.save_at_end=false)"
+    lines = [f"last checkpoint: {saved}"]
+    if cfg.trainer.export_hf_at_end:
+        lora = cfg.actor_rollout_ref.model.get("lora_rank")
+        adapter = " (the merged model; the LoRA adapter alone in lora_adapter/)" if lora else ""
+        lines.append(f"Hugging Face export: {export_dir(cfg)}{adapter}")
+    return "\n".join(lines)

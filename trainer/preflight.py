@@ -87,12 +87,27 @@ def check_worker_settings(cfg: DictConfig) -> None:
             raise InputError(str(error)) from None
 
 
-def _resume_point(cfg: DictConfig) -> tuple[Path, int] | None:
+def _resume_state(cfg: DictConfig) -> tuple[Path, dict[str, Any]] | None:
     from trainer.checkpointing import find_resume_dir, load_driver_state
 
     # Raises CheckpointError for a bad explicit path, or for `auto` when every step folder is damaged.
     path = find_resume_dir(cfg.trainer.default_local_dir, str(cfg.trainer.resume_mode), warn=False)
-    return None if path is None else (path, int(load_driver_state(path)["global_step"]))
+    return None if path is None else (path, load_driver_state(path))
+
+
+def _resume_point(cfg: DictConfig) -> tuple[Path, int] | None:
+    found = _resume_state(cfg)
+    return None if found is None else (found[0], int(found[1]["global_step"]))
+
+
+def check_resume_matches(cfg: DictConfig) -> None:
+    """The checkpoint the run would resume was trained with this run's LoRA settings and model shapes."""
+    from trainer.resume_checks import resume_mismatch
+
+    found = _resume_state(cfg)
+    problem = None if found is None else resume_mismatch(cfg, *found)
+    if problem:
+        raise InputError(problem)
 
 
 def resume_step(cfg: DictConfig) -> int | None:
@@ -149,6 +164,7 @@ def check_inputs(cfg: DictConfig) -> str | None:
     """Every driver-side check of `cfg`'s paths, data files and rows, reward function, trackers, checkpoint and
     worker settings, before Ray starts (the file checks first: they need no torch). Returns why there is
     nothing to train (the resumed checkpoint is already at the last step), or None."""
+    from trainer.batch_checks import check_batch_split
     from trainer.data_checks import check_rows, reward_needs
     from trainer.trackers import check_entries
 
@@ -167,5 +183,7 @@ def check_inputs(cfg: DictConfig) -> str | None:
     nothing_to_do = finished_run(cfg)
     if nothing_to_do is None:
         check_worker_settings(cfg)
+        check_batch_split(cfg)
+        check_resume_matches(cfg)
         check_memory(cfg)
     return nothing_to_do

@@ -7,8 +7,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from trainer.input_errors import InputError
+
 DEFAULT_MODEL_PATH = "outputs/tiny_model"
 DEFAULT_DATA_DIR = "outputs/data"
+DEFAULT_CONNECT_TIMEOUT_S = 30  # trainer.ray_connect_timeout_s of a config without it (a recipe's own)
 
 
 def ensure_default_assets(cfg: DictConfig) -> None:
@@ -29,17 +32,24 @@ def ensure_default_assets(cfg: DictConfig) -> None:
 
 
 def init_ray(cfg: DictConfig) -> None:
-    """Attach to RAY_ADDRESS when set; otherwise start a local cluster bound to 127.0.0.1."""
+    """Attach to RAY_ADDRESS when set (giving up after trainer.ray_connect_timeout_s when nothing answers);
+    otherwise start a local cluster bound to 127.0.0.1."""
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         return
+    from single_controller.ray.attach import ClusterUnreachable, attach
     from single_controller.ray.local_cluster import init_local_ray, prepend_pythonpath
 
     runtime_env = {"env_vars": {"PYTHONPATH": prepend_pythonpath(os.getcwd())}}
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(runtime_env=runtime_env)
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        try:
+            timeout_s = cfg.trainer.get("ray_connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S)
+            attach(address, timeout_s, runtime_env=runtime_env)
+        except ClusterUnreachable as error:
+            raise InputError(str(error)) from None
         return
 
     workers = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes

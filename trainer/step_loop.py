@@ -19,6 +19,7 @@ from protocol import DataProto
 from single_controller.errors import WorkerGroupError
 from trainer import checkpointing
 from trainer.async_rollout import AsyncRollout
+from trainer.resume_checks import RECORD_KEY, resume_record
 from trainer.rollout_pipeline import LookaheadBatches, RolloutPipeline, prompts_for_step
 from trainer.run_data import RunData
 from trainer.timing import PhaseTimer
@@ -103,6 +104,7 @@ class StepLoop:
         # The position before a batch taken ahead (in flight): a resumed run generates it again.
         loader_state = self.batches.state_dict() if self.batches is not None else self.data.train_loader.state_dict()
         state = {"global_step": self.global_step, "dataloader": loader_state, **self.rollouts.checkpoint_state(), **self.driver_state()}
+        state[RECORD_KEY] = resume_record(self.cfg)  # what a resumed run must match, checked before Ray starts
         return checkpointing.save_checkpoint(self.checkpoint_root, self.global_step, state, self.roles.save, self.cfg.trainer.max_ckpt_to_keep)
 
     def maybe_resume(self) -> None:
@@ -134,20 +136,22 @@ class StepLoop:
             self.tracker.log(self.validate(), step=0)
         self.batches = self.rollouts.batches(self.data.train_loader)
         progress = tqdm(total=cfg.total_training_steps, initial=self.global_step, desc=self.progress_desc, unit="step")
-        while self.global_step < cfg.total_training_steps:
-            start = time.perf_counter()
-            self.draws_in_step = 1
-            metrics = self.train_step(self.batches.next())
-            self.global_step += 1
-            if cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0 and self.data.val_batches:
-                metrics.update(self.validate())
-            if cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0:
-                self.save()
-            metrics["timing/wall_step_s"] = time.perf_counter() - start
-            self.tracker.log(metrics, step=self.global_step)
-            progress.update(1)
-            progress.set_postfix(self.progress_postfix(metrics))
-        progress.close()
+        try:
+            while self.global_step < cfg.total_training_steps:
+                start = time.perf_counter()
+                self.draws_in_step = 1
+                metrics = self.train_step(self.batches.next())
+                self.global_step += 1
+                if cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0 and self.data.val_batches:
+                    metrics.update(self.validate())
+                if cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0:
+                    self.save()
+                metrics["timing/wall_step_s"] = time.perf_counter() - start
+                self.tracker.log(metrics, step=self.global_step)
+                progress.update(1)
+                progress.set_postfix(self.progress_postfix(metrics))
+        finally:
+            progress.close()  # on Ctrl-C too: the bar's line ends before the run's last message
         self.rollouts.close()  # async: the streams stop before the final save (their prompts stay open in it)
         if cfg.save_at_end and (cfg.save_freq <= 0 or self.global_step % cfg.save_freq):
             self.save()

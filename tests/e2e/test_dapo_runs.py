@@ -121,3 +121,19 @@ def test_gspo_runs_on_the_fsdp_actor(ray_cluster, tiny_assets, tmp_path):
     assert gspo["actor/pg_clipfrac_lower"] == 0.0  # GSPO has no dual clip
     assert gspo["actor/pg_loss"] != pytest.approx(vanilla["actor/pg_loss"], rel=1e-4)  # the second epoch's ratios differ
     assert np.isfinite(gspo["actor/grad_norm"]) and gspo["actor/grad_norm"] > 0
+
+
+def test_the_console_shows_dynamic_sampling_and_the_end_names_the_outputs(ray_cluster, tiny_assets, tmp_path, capsys):
+    """The console line carries the step's filter_groups/* counts (as logged), and the run ends by naming its
+    last checkpoint and its Hugging Face export."""
+    cfg = load_config(run_overrides(
+        tiny_assets, tmp_path, *FILTERED, "trainer.total_training_steps=1", "trainer.logger=[console]",
+        "trainer.export_hf_at_end=true",
+    ))
+    (record,) = run(cfg)
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("step 1:")]
+    for key in ("filter_groups/mixed_groups", "filter_groups/uniform_groups", "filter_groups/gen_batches"):
+        assert f"{key}={record[key]:.4g}" in line, line
+    assert f"last checkpoint: {tmp_path / 'global_step_1'}\nHugging Face export: {tmp_path / 'hf_export'}\n" in out, out
+    assert (tmp_path / "hf_export" / "config.json").is_file()

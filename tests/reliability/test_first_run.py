@@ -19,6 +19,42 @@ def test_help_prints_the_usage(capsys):
     assert "recipe=<name | path/to/my_recipe.py | path/to/folder>" in out and "docs/recipes.md" in out
 
 
+def test_help_lists_the_config_groups_recipes_and_docs_from_their_files(capsys):
+    """Every choice file of trainer.yaml's groups (with its first comment line), the built-in recipes and every
+    docs page (with its title) are listed; the default choice is marked."""
+    from recipes import RECIPES
+    from trainer.cli_help import CONFIG_DIR, DOCS_DIR, WIDTH
+
+    assert main(["--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= WIDTH for line in lines)
+    rows = {line.split()[0]: line for line in lines if line.startswith("  ")}
+    for group in ("algorithm", "task"):
+        for path in sorted((CONFIG_DIR / group).glob("*.yaml")):
+            described = next(row for name, row in rows.items() if name == f"{group}={path.stem}")
+            comments = [line for line in path.read_text().splitlines() if line.startswith("# ")]
+            comment = next(line for line in comments if "@package" not in line)
+            assert comment[2:30] in described, (described, comment)
+    assert "algorithm=grpo (default)" in rows["algorithm=grpo"]
+    assert next(line for line in lines if line.startswith("Recipes:")).count("recipe=") == len(RECIPES) + 1
+    for page in DOCS_DIR.glob("*.md"):
+        title = next(line[2:] for line in page.read_text().splitlines() if line.startswith("# "))
+        assert rows[page.name].split(None, 1)[1] == title
+
+
+def test_config_groups_come_from_the_defaults_list_and_the_folders(tmp_path):
+    from trainer.cli_help import config_groups
+
+    (tmp_path / "main.yaml").write_text("defaults:\n  - _self_\n  - color: red\n  - size: null\nkey: 1\n")
+    for name in ("color/red.yaml", "color/blue.yaml", "size/big.yaml", "unlisted/x.yaml"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("# @package _global_\n# one line\n")
+    groups = config_groups(tmp_path, "main.yaml")
+    assert {group: (default, [p.stem for p in paths]) for group, (default, paths) in groups.items()} == {
+        "color": ("red", ["blue", "red"]), "size": (None, ["big"]),
+    }
+
+
 def test_missing_model_folder(no_ray, small_assets, tmp_path, capsys):
     assert main(short_run({**small_assets, "model": str(tmp_path / "nowhere")}, tmp_path)) == 2
     assert error_lines(capsys) == [f"error: actor_rollout_ref.model.path='{tmp_path / 'nowhere'}' is not a folder (a Hugging Face model folder is expected)"]

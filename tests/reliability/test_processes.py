@@ -2,6 +2,7 @@
 Ctrl-C in the driver. Each child starts its own Ray cluster (no RAY_ADDRESS)."""
 
 import json
+import re
 import signal
 import time
 
@@ -59,11 +60,15 @@ ASYNC_RUN = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.p
     ids=["sync", "async_vllm_stream"],
 )
 def test_ctrl_c_stops_the_run_and_its_ray_processes(small_assets, tmp_path, extra, workers):
-    """Also while the rollout engines generate in their background thread (rollout.mode=async)."""
-    overrides = short_run(small_assets, tmp_path / "out", "trainer.total_training_steps=500", "trainer.save_at_end=false", *extra)
+    """Also while the rollout engines generate in their background thread (rollout.mode=async). Ctrl-C gives
+    one line naming the step and the last checkpoint, no traceback, exit code 130."""
+    out = tmp_path / "out"
+    overrides = short_run(
+        small_assets, out, "trainer.total_training_steps=500", "trainer.save_at_end=false", "trainer.save_freq=1", *extra
+    )
     child = ChildProcess(["-m", "trainer.main", *overrides], tmp_path / "run.log")
     try:
-        child.wait_for(lambda: "step 1:" in child.output, 180, "a finished step")
+        child.wait_for(lambda: "step 2:" in child.output, 180, "two finished steps")
         names = child.live_descendant_names()
         for worker in workers:
             assert any(name.startswith(worker) for name in names), names
@@ -73,9 +78,15 @@ def test_ctrl_c_stops_the_run_and_its_ray_processes(small_assets, tmp_path, extr
         assert time.monotonic() - interrupted_at < 30
     finally:
         leftovers = child.stop_leftovers(grace_s=20)
-    assert returncode != 0
-    assert "interrupted: stopping the workers and releasing their placement groups" in child.output
-    assert "KeyboardInterrupt" in child.output
+    assert returncode == 130, child.output[-4000:]
+    (line,) = [line for line in child.output.splitlines() if line.startswith("interrupted:")]
+    stopped = re.fullmatch(r"interrupted: stopped at step (\d+); last checkpoint: (\S+) \(resume with the same command\)", line)
+    assert stopped, line
+    step, checkpoint = int(stopped.group(1)), stopped.group(2)
+    assert step >= 2 and checkpoint == str(checkpointing.find_resume_dir(out, "auto").resolve()), line
+    # Each step saves before it logs: Ctrl-C between the two leaves the checkpoint one step ahead of the log.
+    assert checkpoint.endswith((f"global_step_{step}", f"global_step_{step + 1}")), line
+    assert "Traceback" not in child.output and "KeyboardInterrupt" not in child.output, child.output[-4000:]
     assert leftovers == [], f"processes of the interrupted run still alive: {leftovers}"
 
 
@@ -102,10 +113,12 @@ def test_ctrl_c_then_resume_logs_each_step_once_to_every_tracker(ray_cluster, sm
     try:
         child.wait_for((logs / pausing_tracker.PAUSED_MARKER).exists, 240, "step 3 logged")
         child.proc.send_signal(signal.SIGINT)
-        assert child.wait_exit(60) != 0
+        assert child.wait_exit(60) == 130
     finally:
         child.stop_leftovers(grace_s=20)
-    assert "KeyboardInterrupt" in child.output
+    checkpoint = (out / "global_step_2").resolve()
+    assert f"interrupted: stopped at step 3; last checkpoint: {checkpoint} (resume with the same command)" in child.output
+    assert "Traceback" not in child.output
     stopped = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in stopped] == [1, 2, 3] and checkpointing.find_resume_dir(out, "auto") == out / "global_step_2"
 

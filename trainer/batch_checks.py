@@ -1,0 +1,191 @@
+"""How a step's batch is split over the worker ranks, checked before Ray starts.
+
+The workers assert each of these when they start or at their first update (workers/config.py
+`mini_batch_per_rank`, workers/megatron/parallel.py, workers/megatron/layout.py, the token budgets of
+workers/packing/token_budget.py), in worker-side numbers: `ppo_mini_batch_size=64` is prompts × rollout.n,
+a number the user never typed. Here every problem is reported in the settings the user set. Micro-batch
+row counts need no check: a mini-batch's last micro-batch may be smaller (Megatron's pipeline included).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from trainer.input_errors import InputError
+
+ACTOR = "actor_rollout_ref.actor"
+ROLLOUT = "actor_rollout_ref.rollout"
+SHOWN_DIVISORS = 6  # worker counts suggested in a message before "..."
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The data-parallel ranks of one role, and how the message names them."""
+
+    count: int
+    described: str
+
+
+def _get(cfg: DictConfig, key: str, default: Any = None) -> Any:
+    return OmegaConf.select(cfg, key, default=default)
+
+
+def _workers(cfg: DictConfig) -> tuple[int, str]:
+    per_node, nodes = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes
+    count = per_node * nodes
+    return count, f"trainer.n_gpus_per_node={per_node} × trainer.nnodes={nodes} = {count} workers"
+
+
+def _divisors(number: int) -> list[int]:
+    return [d for d in range(1, number + 1) if number % d == 0]
+
+
+def _listed(numbers: list[int]) -> str:
+    shown = ", ".join(map(str, numbers[:SHOWN_DIVISORS]))
+    return shown + (", ..." if len(numbers) > SHOWN_DIVISORS else "")
+
+
+def data_parallel_ranks(cfg: DictConfig, section: str, strategy: str) -> tuple[Ranks | None, str | None]:
+    """The data-parallel ranks of a role trained with `strategy` (megatron: workers ÷ (TP × PP)), or the
+    problem when its model-parallel sizes do not divide the workers."""
+    workers, described = _workers(cfg)
+    if strategy != "megatron":
+        return Ranks(workers, described), None
+    tp = _get(cfg, f"{section}.megatron.tensor_model_parallel_size", 1)
+    pp = _get(cfg, f"{section}.megatron.pipeline_model_parallel_size", 1)
+    per_copy = tp * pp
+    sizes = f"{section}.megatron.tensor_model_parallel_size={tp} × pipeline_model_parallel_size={pp} = {per_copy}"
+    if workers % per_copy:
+        return None, (
+            f"{described} cannot be split into model copies of {sizes} ranks each; use a worker count that is a "
+            f"multiple of {per_copy}, or smaller parallel sizes"
+        )
+    return Ranks(workers // per_copy, f"{described} ÷ ({sizes}) = {workers // per_copy} data-parallel ranks"), None
+
+
+def mini_batch_problem(cfg: DictConfig, section: str, ranks: Ranks) -> str | None:
+    """`<section>.ppo_mini_batch_size` prompts × rollout.n responses must split evenly over the ranks."""
+    prompts = _get(cfg, f"{section}.ppo_mini_batch_size")
+    n = cfg.actor_rollout_ref.rollout.n
+    responses = prompts * n
+    if responses % ranks.count == 0:
+        return None
+    train = cfg.data.train_batch_size
+    fitting = [p for p in _divisors(train) if p * n % ranks.count == 0]
+    ranks_per_copy = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes // ranks.count  # Megatron: TP x PP
+    worker_counts = [d * ranks_per_copy for d in _divisors(responses)]
+    change = (
+        f"set {section}.ppo_mini_batch_size to one of {fitting} (prompts that divide data.train_batch_size={train} "
+        f"and whose responses split over {ranks.count})"
+        if fitting
+        else f"change data.train_batch_size, {section}.ppo_mini_batch_size or {ROLLOUT}.n so that the responses per "
+        f"mini-batch are a multiple of {ranks.count}"
+    )
+    return (
+        f"{section}.ppo_mini_batch_size={prompts} prompts × {ROLLOUT}.n={n} = {responses} responses per mini-batch do "
+        f"not split over {ranks.described}; use a worker count that divides them ({_listed(worker_counts)}) or {change}"
+    )
+
+
+def _token_budgets(cfg: DictConfig, uses_critic: bool) -> list[tuple[str, str]]:
+    """(switch, budget) pairs of the token-budget micro-batches the run's roles use."""
+    ref, reward_model = "actor_rollout_ref.ref", "reward.reward_model"
+    pairs = [(f"{ACTOR}.use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu"),
+             (f"{ROLLOUT}.log_prob_use_dynamic_bsz", f"{ROLLOUT}.log_prob_max_token_len_per_gpu")]
+    if _get(cfg, f"{ACTOR}.use_kl_loss") or _get(cfg, "algorithm.use_kl_in_reward"):
+        pairs.append((f"{ref}.log_prob_use_dynamic_bsz", f"{ref}.log_prob_max_token_len_per_gpu"))
+    if uses_critic:
+        pairs.append(("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu"))
+        pairs.append(("critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu"))
+    if _get(cfg, f"{reward_model}.enable"):
+        pairs.append((f"{reward_model}.use_dynamic_bsz", f"{reward_model}.forward_max_token_len_per_gpu"))
+    return pairs
+
+
+def token_budget_problems(cfg: DictConfig, uses_critic: bool) -> list[str]:
+    """A token budget must hold the longest sequence the run can make (prompt + response)."""
+    prompt, response = cfg.data.max_prompt_length, cfg.data.max_response_length
+    longest = prompt + response
+    problems = []
+    for switch, budget_key in _token_budgets(cfg, uses_critic):
+        budget = _get(cfg, budget_key)
+        if _get(cfg, switch) is True and isinstance(budget, int) and budget < longest:
+            problems.append(
+                f"{budget_key}={budget} ({switch}=true) is smaller than the longest sequence: data.max_prompt_length="
+                f"{prompt} + data.max_response_length={response} = {longest} tokens; raise it to at least {longest}"
+            )
+    return problems
+
+
+def _model_config(path: str) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the model folder check names a missing or unreadable config.json
+
+
+def megatron_layout_problem(cfg: DictConfig, section: str, model_key: str) -> str | None:
+    """TP and PP must split the model's heads, MLP and layers (workers/megatron/layout.py)."""
+    from transformers import AutoConfig
+
+    from workers.megatron.layout import layout_from_hf_config
+
+    path = _get(cfg, model_key)
+    tp = _get(cfg, f"{section}.megatron.tensor_model_parallel_size", 1)
+    pp = _get(cfg, f"{section}.megatron.pipeline_model_parallel_size", 1)
+    try:
+        layout_from_hf_config(AutoConfig.from_pretrained(path), tp=tp, pp=pp)
+    except ValueError as error:
+        reasons = str(error).replace(":\n  ", ": ", 1).replace("\n  ", "; ")
+        sizes = f"tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}"
+        return f"{section}.megatron ({sizes}) with {model_key}={path!r}: {reasons}"
+    return None
+
+
+def rollout_tp_problem(cfg: DictConfig) -> str | None:
+    """vLLM shards attention heads over its tensor-parallel ranks (key/value heads may be replicated)."""
+    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    model = _model_config(cfg.actor_rollout_ref.model.path) if tp > 1 else None
+    if model is None or "num_attention_heads" not in model:
+        return None
+    heads = model["num_attention_heads"]
+    kv_heads = model.get("num_key_value_heads") or heads
+    if heads % tp == 0 and (kv_heads % tp == 0 or tp % kv_heads == 0):
+        return None
+    valid = [t for t in _divisors(heads) if kv_heads % t == 0 or t % kv_heads == 0]
+    return (
+        f"{ROLLOUT}.tensor_model_parallel_size={tp} cannot split the model's {heads} attention heads ({kv_heads} "
+        f"key/value heads) of actor_rollout_ref.model.path={cfg.actor_rollout_ref.model.path!r}; valid sizes: {valid}"
+    )
+
+
+def batch_split_problems(cfg: DictConfig) -> list[str]:
+    """Every way the configured batch, worker counts and parallel sizes would fail in the workers."""
+    uses_critic = _get(cfg, "algorithm.adv_estimator") == "gae"
+    roles = [(ACTOR, _get(cfg, f"{ACTOR}.strategy", "fsdp"), "actor_rollout_ref.model.path")]
+    if uses_critic:
+        roles.append(("critic", _get(cfg, "critic.strategy", "fsdp"), "critic.model.path"))
+    problems = []
+    for section, strategy, model_key in roles:
+        ranks, problem = data_parallel_ranks(cfg, section, strategy)
+        if problem:
+            problems.append(problem)
+            continue
+        if strategy == "megatron":
+            problems.append(megatron_layout_problem(cfg, section, model_key))
+        problems.append(mini_batch_problem(cfg, section, ranks))
+    problems += token_budget_problems(cfg, uses_critic)
+    problems.append(rollout_tp_problem(cfg))
+    return [problem for problem in problems if problem]
+
+
+def check_batch_split(cfg: DictConfig) -> None:
+    """InputError (one line, every problem) when the batch cannot be split as configured."""
+    problems = batch_split_problems(cfg)
+    if problems:
+        raise InputError("; and ".join(problems))
