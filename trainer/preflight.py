@@ -150,6 +150,7 @@ def check_inputs(cfg: DictConfig) -> str | None:
     worker settings, before Ray starts (the file checks first: they need no torch). Returns why there is
     nothing to train (the resumed checkpoint is already at the last step), or None."""
     from trainer.data_checks import check_rows, reward_needs
+    from trainer.package_checks import check_packages
     from trainer.trackers import check_entries
 
     check_model_folder(cfg.actor_rollout_ref.model.path)
@@ -167,5 +168,6 @@ def check_inputs(cfg: DictConfig) -> str | None:
     nothing_to_do = finished_run(cfg)
     if nothing_to_do is None:
         check_worker_settings(cfg)
+        check_packages(cfg)
         check_memory(cfg)
     return nothing_to_do
