@@ -25,8 +25,7 @@ def test_the_extras_packages_are_the_ones_hidden():
 
 def test_every_module_imports_without_the_extras_packages():
     hidden = optional_import_names()
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.base_imports", *hidden], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-    )
+    command = [sys.executable, "-m", "tests.base_imports", *hidden]
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert done.stdout.strip() == f"all {len(project_modules())} modules import"

@@ -63,7 +63,8 @@ def test_peft_older_than_the_transformers_minimum_is_not_a_target_modules_proble
     assert peft_problem("0.22.0", "0.22.0", "5.24.0") is None
     assert peft_problem("0.21.2", "0.20.0", "5.23.0") is None
     assert peft_problem("0.21.2", None, "9.0.0") is None  # a transformers that names no minimum
-    assert peft_problem(None, "0.20.0", "5.23.0").startswith("LoRA needs the peft package, which is not installed: pip install -e .")
+    missing = peft_problem(None, "0.20.0", "5.23.0")
+    assert missing.startswith("LoRA needs the peft package, which is not installed: pip install -e .")
 
 
 def test_vllm_extra_follows_the_device():
