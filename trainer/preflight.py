@@ -166,6 +166,7 @@ def check_inputs(cfg: DictConfig) -> str | None:
     nothing to train (the resumed checkpoint is already at the last step), or None."""
     from trainer.batch_checks import check_batch_split
     from trainer.data_checks import check_rows, reward_needs
+    from trainer.package_checks import check_packages
     from trainer.trackers import check_entries
 
     check_model_folder(cfg.actor_rollout_ref.model.path)
@@ -185,5 +186,6 @@ def check_inputs(cfg: DictConfig) -> str | None:
         check_worker_settings(cfg)
         check_batch_split(cfg)
         check_resume_matches(cfg)
+        check_packages(cfg)
         check_memory(cfg)
     return nothing_to_do

@@ -124,8 +124,8 @@ def test_rows_an_environment_scores_need_no_scorer(small_assets, tmp_path):
 def test_tracker_package_not_installed(no_ray, small_assets, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # what an environment without wandb looks like to import
     assert fails_before_ray(capsys, small_assets, tmp_path, "trainer.logger=[console,wandb]") == (
-        "error: trainer.logger entry 'wandb' needs the package(s) ['wandb'], which are not installed: pip install "
-        "wandb (or pip install -e '.[tracking]')"
+        "error: trainer.logger entry 'wandb' needs the package(s) ['wandb'], which are not installed: "
+        'pip install -e ".[tracking]"'
     )
 
 

@@ -31,10 +31,11 @@ VERL_NAMES = {"file": "jsonl"}
 PACKAGES = {"tensorboard": ("tensorboard",), "wandb": ("wandb",), "mlflow": ("mlflow",)}
 # The local store of mlflow (no MLFLOW_TRACKING_URI) is an SQLite file, which mlflow reads through these.
 MLFLOW_LOCAL_STORE_PACKAGES = ("sqlalchemy", "alembic")
+# tensorboard is a base dependency; wandb and mlflow come with the project's `tracking` extra.
 INSTALL_HINT = {
-    "tensorboard": "pip install tensorboard",
-    "wandb": "pip install wandb",
-    "mlflow": "pip install mlflow-skinny sqlalchemy alembic",
+    "tensorboard": "pip install -e .",
+    "wandb": 'pip install -e ".[tracking]"',
+    "mlflow": 'pip install -e ".[tracking]"',
 }
 CONSTRUCTOR_KEYWORDS = ("project_name", "experiment_name", "config", "log_dir", "resume_step")
 
@@ -123,4 +124,4 @@ def check_entries(entries: list[str]) -> None:
         missing = _missing_packages(entry)
         if missing:
             raise TrackerError(f"trainer.logger entry {entry!r} needs the package(s) {missing}, which are not "
-                               f"installed: {INSTALL_HINT[entry]} (or pip install -e '.[tracking]')")
+                               f"installed: {INSTALL_HINT[entry]}")

@@ -10,14 +10,21 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from peft.tuners.tuners_utils import cast_adapter_dtype
 from torch import nn
 
+from workers.lora.compat import installed_peft_problem
 from workers.lora.spec import ADAPTER_NAME, LoraSpec, is_adapter_parameter
 
 
 def add_lora_adapters(model: nn.Module, spec: LoraSpec) -> None:
     """Inject the adapter (A random, B zero: the model computes what it did) and freeze everything else."""
+    # transformers raises ValueError for a peft it does not accept too; checked first so that it is never
+    # reported as a target_modules problem (the driver checks the same before Ray starts).
+    incompatible = installed_peft_problem()
+    if incompatible:
+        raise ImportError(incompatible)
+    from peft.tuners.tuners_utils import cast_adapter_dtype
+
     model.requires_grad_(False)
     try:
         model.add_adapter(spec.peft_config(), adapter_name=ADAPTER_NAME)
