@@ -55,9 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rest = [a for a in args if a != recipe]
         # A recipe with its own `main(argv)` parses its arguments itself; others get the standard command line.
         return module.main(rest) if callable(getattr(module, "main", None)) else recipe_main(module, rest)
-    from recipes import RECIPES  # only their names, for --help
+    from trainer.recipe_runner import BUILT_IN_RECIPES  # only their names, for --help
 
-    return run_cli(args, load_config, run, recipes=sorted(RECIPES))
+    return run_cli(args, load_config, run, recipes=sorted(BUILT_IN_RECIPES))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def test_help_prints_the_usage(capsys):
 def test_help_lists_the_config_groups_recipes_and_docs_from_their_files(capsys):
     """Every choice file of trainer.yaml's groups (with its first comment line), the built-in recipes and every
     docs page (with its title) are listed; the default choice is marked."""
-    from recipes import RECIPES
+    from trainer.recipe_runner import BUILT_IN_RECIPES
     from trainer.cli_help import CONFIG_DIR, DOCS_DIR, WIDTH
 
     assert main(["--help"]) == 0
@@ -36,7 +36,7 @@ def test_help_lists_the_config_groups_recipes_and_docs_from_their_files(capsys):
             comment = next(line for line in comments if "@package" not in line)
             assert comment[2:30] in described, (described, comment)
     assert "algorithm=grpo (default)" in rows["algorithm=grpo"]
-    assert next(line for line in lines if line.startswith("Recipes:")).count("recipe=") == len(RECIPES) + 1
+    assert next(line for line in lines if line.startswith("Recipes:")).count("recipe=") == len(BUILT_IN_RECIPES) + 1
     for page in DOCS_DIR.glob("*.md"):
         title = next(line[2:] for line in page.read_text().splitlines() if line.startswith("# "))
         assert rows[page.name].split(None, 1)[1] == title
