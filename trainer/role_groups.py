@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from protocol import DataProto, DataProtoFuture
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from trainer.algorithm_settings import gen_batch_size
 from workers.rollout.agent.rollout import absolute_specs
 from workers.rollout.separate_sync import IpcRolloutSync, SeparateWeightSync, rollout_weight_sync
 
@@ -32,7 +33,18 @@ def actor_worker_config(cfg: DictConfig) -> dict[str, Any]:
     section["rollout"]["multi_turn"] = absolute_specs(section["rollout"]["multi_turn"])
     if section["rollout"]["max_model_len"] is None:
         section["rollout"]["max_model_len"] = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if section["rollout"]["cuda_graph_max_batch"] is None:
+        section["rollout"]["cuda_graph_max_batch"] = engine_decode_batch(cfg)
     return section
+
+
+def engine_decode_batch(cfg: DictConfig) -> int:
+    """The most sequences one vLLM engine decodes at once in a step: the generation batch's responses over the
+    engines (one per actor rank in the hybrid placement). CUDA graphs are captured up to this batch only."""
+    rollout = cfg.actor_rollout_ref.rollout
+    prompts = gen_batch_size(cfg)
+    engines = rollout.num_engines if rollout.placement == "separate" else cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    return max(1, -(-prompts * rollout.n // engines))
 
 
 def critic_worker_config(cfg: DictConfig) -> dict[str, Any]:

@@ -116,3 +116,30 @@ def test_the_reference_offload_follows_the_actor_and_is_fsdp_only():
     assert actor_rollout_ref_config({"model": {"path": "/m"}})["ref"]["fsdp"]["param_offload"] is False
     with pytest.raises(ValueError, match="ref.fsdp.param_offload apply to actor.strategy='fsdp' only"):
         actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"strategy": "megatron"}, "ref": {"fsdp": {"param_offload": True}}})
+
+
+def test_cuda_graphs_are_on_by_default_on_a_gpu_only_and_capture_what_one_engine_decodes():
+    import torch
+
+    from trainer.config_loader import load_config
+    from trainer.role_groups import actor_worker_config
+    from workers.rollout.vllm_engine import eager_mode
+
+    rollout = actor_rollout_ref_config({"model": {"path": "/m"}})["rollout"]
+    assert rollout["enforce_eager"] is None and rollout["cuda_graph_max_batch"] is None
+    assert eager_mode(rollout, torch.device("cpu")) is True  # vLLM's CPU build would torch.compile at start
+    assert eager_mode(rollout, torch.device("cuda")) is False
+    assert eager_mode({**rollout, "enforce_eager": True}, torch.device("cuda")) is True
+    assert eager_mode({**rollout, "enforce_eager": False}, torch.device("cpu")) is False
+
+    def decode_batch(*overrides: str) -> int:
+        return actor_worker_config(load_config(list(overrides)))["rollout"]["cuda_graph_max_batch"]
+
+    # Hybrid: one engine per actor rank shares the prompts x n responses; separate: num_engines do.
+    assert decode_batch("data.train_batch_size=8", "actor_rollout_ref.rollout.n=8") == 8 * 8 // 2
+    assert decode_batch("data.train_batch_size=8", "actor_rollout_ref.rollout.n=8", "trainer.n_gpus_per_node=1") == 64
+    assert decode_batch("data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=6", "actor_rollout_ref.rollout.n=5",
+                        "trainer.n_gpus_per_node=4") == 8  # 30 / 4, rounded up
+    assert decode_batch("data.train_batch_size=8", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.placement=separate",
+                        "actor_rollout_ref.rollout.num_engines=4") == 8
+    assert decode_batch("actor_rollout_ref.rollout.cuda_graph_max_batch=48") == 48

@@ -59,6 +59,13 @@ def sampled_tokens(output: Any) -> tuple[list[int], list[float]]:
     return tokens, [float(step[t].logprob) for step, t in zip(completion.logprobs or [], tokens)]
 
 
+def eager_mode(rollout: dict[str, Any], device: torch.device) -> bool:
+    """`rollout.enforce_eager`, where None means CUDA graphs on a GPU and eager on CPU (vLLM's CPU build would
+    spend 30-50 s in torch.compile at every engine start)."""
+    setting = rollout.get("enforce_eager")
+    return device.type != "cuda" if setting is None else bool(setting)
+
+
 class VLLMEngine:
     def __init__(
         self, model_path: str, rollout: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int, lora: LoraSpec | None = None
@@ -92,7 +99,7 @@ class VLLMEngine:
             seed=seed,
             tensor_parallel_size=tp,
             distributed_executor_backend="uni" if tp == 1 else "mp",
-            enforce_eager=bool(rollout["enforce_eager"]),
+            enforce_eager=eager_mode(rollout, device),
             max_model_len=rollout["max_model_len"],
             worker_extension_cls=EXTENSION,
             # Log-probs after temperature/top-k/top-p: the distribution the tokens were sampled from,
@@ -105,6 +112,10 @@ class VLLMEngine:
             kwargs.update(engine_options(lora))
         if device.type == "cuda":
             kwargs.update(gpu_memory_utilization=float(rollout["gpu_memory_utilization"]), enable_sleep_mode=self.sleep_enabled)
+            if not kwargs["enforce_eager"] and rollout.get("cuda_graph_max_batch"):
+                # Graphs for decode batches up to what this engine runs at once, not vLLM's default 512: each
+                # captured size keeps memory outside the sleep-mode pool while the engine sleeps.
+                kwargs["compilation_config"] = {"max_cudagraph_capture_size": int(rollout["cuda_graph_max_batch"])}
         else:
             # vLLM's CPU backend sizes its KV cache from this (its GPU-memory fraction does not apply).
             # Seeded sampling of a prompt split across steps (chunked prefill) fails there ("CPU

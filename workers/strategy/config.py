@@ -107,7 +107,7 @@ class InferenceConfig:
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.3  # vllm on GPU: the engine shares the device with training
     cpu_kv_cache_mb: int = 256  # vllm on CPU
-    enforce_eager: bool = True
+    enforce_eager: bool | None = None  # None: CUDA graphs on a GPU, eager on CPU
     enable_sleep: bool = True  # GPU: maybe_sleep_inference_engine releases the engine's memory
     verify: bool = True  # update_engine_weights checks the engine's log-probs against the model's
     verify_tolerance: float | None = None  # default by dtype: 1e-3 (fp32), 0.25 (bf16)
