@@ -72,7 +72,8 @@ ACTOR_MODEL_SPEC: dict[str, Any] = {
     # FSDP actor and reference; megatron computes vocabulary-parallel logits (workers/megatron/vocab_parallel.py).
     "logits_chunk_tokens": Field(
         DEFAULT_LOGITS_CHUNK_TOKENS, int_at_least(0),
-        "an int >= 0 (log-probs and entropy from the LM head this many tokens at a time, without the full logits; 0: full logits)",
+        "an int >= 0 (log-probs and entropy from the LM head this many tokens at a time, without the full logits; "
+        "0: full logits)",
     ),
 }
 

@@ -64,8 +64,9 @@ class LabelScoringHead(nn.Module):
                 "logits_to_keep must select exactly the positions that predict the labels"
             )
         # head.weight is read here, inside the model's forward, where FSDP2 has set the gathered weight.
+        head = self.head
         self.log_probs, self.entropy = chunked_log_probs_and_entropy(
-            hidden, self.head.weight, self.head.bias, self.labels, self.temperature, self.chunk_tokens, self.with_entropy
+            hidden, head.weight, head.bias, self.labels, self.temperature, self.chunk_tokens, self.with_entropy
         )
         return self.log_probs
 

@@ -14,7 +14,9 @@ from tests.packing.test_packed_forward import BATCH, CONFIG, DEVICE
 from workers.config import actor_rollout_ref_config
 from workers.fsdp.actor_loss import actor_micro_loss
 from workers.fsdp.sequences import response_log_probs_and_entropy
-from workers.head_log_probs import LabelScoringHead, logits_chunk_tokens, set_logits_chunk_tokens, token_log_probs_and_entropy
+from workers.head_log_probs import (
+    LabelScoringHead, logits_chunk_tokens, set_logits_chunk_tokens, token_log_probs_and_entropy,
+)
 from workers.lora.model import add_lora_adapters
 from workers.lora.spec import LoraSpec
 from workers.packing.forward import enable_packing
@@ -68,9 +70,12 @@ def test_chunked_values_and_gradients_equal_the_full_logits(chunk, temperature, 
     hidden, weight, bias, labels = _head_inputs()
     tensors = [hidden, weight, bias]
     entropy_weight = 0.3 if with_entropy else None
-    want = _values_and_grads(lambda: _full(hidden, weight, bias, labels, temperature, with_entropy), tensors, entropy_weight)
+    want = _values_and_grads(
+        lambda: _full(hidden, weight, bias, labels, temperature, with_entropy), tensors, entropy_weight
+    )
     got = _values_and_grads(
-        lambda: chunked_log_probs_and_entropy(hidden, weight, bias, labels, temperature, chunk, with_entropy), tensors, entropy_weight
+        lambda: chunked_log_probs_and_entropy(hidden, weight, bias, labels, temperature, chunk, with_entropy),
+        tensors, entropy_weight,
     )
     assert got[0].shape == TOKENS and got[0].dtype == torch.float32
     assert float(got[2][0].abs().max()) > 1e-3 and float(got[2][1].abs().max()) > 1e-3  # gradients reach both
@@ -79,7 +84,9 @@ def test_chunked_values_and_gradients_equal_the_full_logits(chunk, temperature, 
 
 def test_an_entropy_only_reported_leaves_the_log_prob_gradient_unchanged():
     hidden, weight, _, labels = _head_inputs(bias=False)
-    want = _values_and_grads(lambda: _full(hidden, weight, None, labels, 1.0, with_entropy=False), [hidden, weight], None)
+    want = _values_and_grads(
+        lambda: _full(hidden, weight, None, labels, 1.0, with_entropy=False), [hidden, weight], None
+    )
 
     def reported():
         log_probs, entropy = chunked_log_probs_and_entropy(hidden, weight, None, labels, 1.0, 7)
@@ -102,7 +109,9 @@ def test_banned_tokens_count_as_probability_zero():
     infinite.requires_grad_(True)
     finite.requires_grad_(True)
     want = _values_and_grads(lambda: _full(hidden, weight, finite, labels, 0.7), [hidden, weight, finite], 0.3)
-    got = _values_and_grads(lambda: chunked_log_probs_and_entropy(hidden, weight, infinite, labels, 0.7, 7), [hidden, weight, infinite], 0.3)
+    got = _values_and_grads(
+        lambda: chunked_log_probs_and_entropy(hidden, weight, infinite, labels, 0.7, 7), [hidden, weight, infinite], 0.3
+    )
     _assert_same(got, want)
     with torch.no_grad():
         full_log_probs, full_entropy = _full(hidden, weight, infinite, labels, 0.7)
@@ -117,7 +126,9 @@ def test_bfloat16_stays_within_the_noise_of_the_full_bfloat16_logits():
     exact = _values_and_grads(lambda: _full(hidden.float(), weight.float(), bias.float(), labels, 0.7),
                               [hidden, weight, bias], 0.3)
     full = _values_and_grads(lambda: _full(hidden, weight, bias, labels, 0.7), [hidden, weight, bias], 0.3)
-    chunked = _values_and_grads(lambda: chunked_log_probs_and_entropy(hidden, weight, bias, labels, 0.7, 7), [hidden, weight, bias], 0.3)
+    chunked = _values_and_grads(
+        lambda: chunked_log_probs_and_entropy(hidden, weight, bias, labels, 0.7, 7), [hidden, weight, bias], 0.3
+    )
     pairs = [(chunked[0], full[0], exact[0]), (chunked[1], full[1], exact[1])]
     pairs += [(c, f, e) for c, f, e in zip(chunked[2], full[2], exact[2])]
     for got, noisy, want in pairs:
@@ -126,12 +137,13 @@ def test_bfloat16_stays_within_the_noise_of_the_full_bfloat16_logits():
 
 
 def test_no_tokens_and_a_bad_chunk():
-    hidden = torch.zeros(0, 16, requires_grad=True)
-    log_probs, entropy = chunked_log_probs_and_entropy(hidden, torch.randn(50, 16), None, torch.zeros(0, dtype=torch.long))
+    hidden, weight = torch.zeros(0, 16, requires_grad=True), torch.randn(50, 16)
+    no_labels = torch.zeros(0, dtype=torch.long)
+    log_probs, entropy = chunked_log_probs_and_entropy(hidden, weight, None, no_labels)
     (log_probs.sum() + entropy.sum()).backward()
     assert log_probs.shape == entropy.shape == (0,) and hidden.grad.shape == (0, 16)
     with pytest.raises(ValueError, match="chunk_tokens must be >= 1"):
-        chunked_log_probs_and_entropy(hidden, torch.randn(50, 16), None, torch.zeros(0, dtype=torch.long), chunk_tokens=0)
+        chunked_log_probs_and_entropy(hidden, weight, None, no_labels, chunk_tokens=0)
     with pytest.raises(ValueError, match="logits_chunk_tokens must be an int >= 0"):
         set_logits_chunk_tokens(torch.nn.Linear(1, 1), -1)
     with pytest.raises(ValueError, match="model.logits_chunk_tokens"):
@@ -163,7 +175,9 @@ def _update_batch() -> DataProto:
     })
 
 
-ACTOR = actor_rollout_ref_config({"model": {"path": "unused"}, "actor": {"entropy_coeff": 0.01, "use_kl_loss": True}})["actor"]
+ACTOR = actor_rollout_ref_config(
+    {"model": {"path": "unused"}, "actor": {"entropy_coeff": 0.01, "use_kl_loss": True}}
+)["actor"]
 
 
 def _ppo_step(model, temperature: float, actor_cfg=ACTOR):
@@ -251,8 +265,10 @@ def test_the_head_is_restored_when_the_forward_fails():
 
 def test_a_model_that_changes_its_head_output_is_refused_with_the_setting_to_change():
     """Gemma2 soft-caps its logits after the head: log-probs computed inside the head would skip that."""
-    config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                          num_key_value_heads=1, head_dim=16, final_logit_softcapping=30.0, pad_token_id=0)
+    config = Gemma2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, final_logit_softcapping=30.0, pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = Gemma2ForCausalLM(config).eval()
     with pytest.raises(ValueError, match="logits_chunk_tokens=0"):

@@ -205,3 +205,14 @@ def test_a_model_folder_without_config_json_is_named(tmp_path):
     cfg = scale_config(str(tmp_path))
     with pytest.raises(ValueError, match=r"actor_rollout_ref.model.path=.* has no config.json"):
         build_plan(cfg, 80 * GIB)
+
+
+def test_lora_7b_with_8192_token_responses_fits_one_h100_only_with_chunked_logits(folders):
+    """8 prompts x 4 responses of 8192 tokens, micro-batches of 8 rows: 65536 response tokens, whose float32
+    logits alone would be 37 GiB per copy; chunked, the update is far from the GPU's size."""
+    long = ("data.max_response_length=8192", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.gpu_memory_utilization=0.5")
+    chunked = plan_of(scale_config(folders["7B"], *long, lora_rank=64), gib=79.6)
+    full = plan_of(scale_config(folders["7B"], *long, "actor_rollout_ref.model.logits_chunk_tokens=0", lora_rank=64), gib=79.6)
+    assert chunked.fits() is True and full.fits() is False
+    assert part(chunked, "update_actor", "logits") < 3.5 and part(full, "update_actor", "logits") > 200
+    assert chunked.row("update_actor").total < 60 * GIB

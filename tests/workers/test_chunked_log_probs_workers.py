@@ -42,7 +42,7 @@ def _run(pool, model_dir: str, chunk: int, packed: bool, export: str) -> dict[st
         group.export_hf(export)
     finally:
         group.kill()
-    return {"old_log_probs": old.batch["old_log_probs"], "entropys": old.batch["entropys"], "ref_log_prob": ref.batch["ref_log_prob"]}
+    return {key: out.batch[key] for out, key in ((old, "old_log_probs"), (old, "entropys"), (ref, "ref_log_prob"))}
 
 
 def test_two_ranks_chunked_log_probs_and_update_equal_the_full_logits(pool_2, tiny_model_dir, tmp_path):

@@ -112,7 +112,9 @@ class _TrainerGpu:
         activations = batch.tokens * forward_peak_bytes(role.shape, role.e) // tp
         logits = 0
         if logits_use:
-            logits = logits_bytes(batch.response_tokens, role.shape.vocab, role.e, logits_use, role.logits_chunk_tokens, role.shape.hidden) // tp
+            logits = logits_bytes(
+                batch.response_tokens, role.shape.vocab, role.e, logits_use, role.logits_chunk_tokens, role.shape.hidden
+            ) // tp
         return mem.gathered, activations, logits
 
     def backward(self, name: str, batch: Batching, logits: bool) -> tuple[int, int, int, int]:
@@ -125,7 +127,9 @@ class _TrainerGpu:
         activations = batch.tokens * per_token // tp
         logit_bytes = 0
         if logits:
-            logit_bytes = logits_bytes(batch.response_tokens, role.shape.vocab, role.e, "train", role.logits_chunk_tokens, role.shape.hidden) // tp
+            logit_bytes = logits_bytes(
+                batch.response_tokens, role.shape.vocab, role.e, "train", role.logits_chunk_tokens, role.shape.hidden
+            ) // tp
         return mem.gathered, mem.reduce, activations, logit_bytes
 
 

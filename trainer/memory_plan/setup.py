@@ -137,7 +137,10 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     fsdp = arr.actor.get("fsdp") or {}
     actor_shape = read_shape(str(arr.model.path), "actor_rollout_ref.model.path")
     parallel = _megatron(arr.actor) if strategy == "megatron" else {}
-    chunk = int(_get(cfg, "actor_rollout_ref.model.logits_chunk_tokens", DEFAULT_LOGITS_CHUNK_TOKENS)) if strategy == "fsdp" else 0
+    # Megatron computes its vocabulary-parallel logits whole (workers/megatron/vocab_parallel.py).
+    chunk = 0
+    if strategy == "fsdp":
+        chunk = int(_get(cfg, "actor_rollout_ref.model.logits_chunk_tokens", DEFAULT_LOGITS_CHUNK_TOKENS))
     actor = ModelRole(
         "actor", actor_shape, "lm", e, strategy, train, bool(arr.model.enable_gradient_checkpointing) and strategy == "fsdp",
         bool(fsdp.get("param_offload", False)) and on_gpu, bool(fsdp.get("optimizer_offload", False)) and on_gpu, **parallel,
@@ -147,7 +150,8 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     lora_reference = uses_reference and train.lora_rank > 0
     ref_offload = bool((arr.ref.get("fsdp") or {}).get("param_offload", False)) and on_gpu and strategy == "fsdp"
     ref = (
-        ModelRole("ref", actor_shape, "lm", e, strategy, None, param_offload=ref_offload, **parallel, logits_chunk_tokens=chunk)
+        ModelRole("ref", actor_shape, "lm", e, strategy, None, param_offload=ref_offload, logits_chunk_tokens=chunk,
+                  **parallel)
         if uses_reference and not lora_reference
         else None
     )

@@ -16,7 +16,9 @@ import torch
 __all__ = ["chunked_log_probs_and_entropy"]
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+def _chunk_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
     """float32 logits [c, V] / temperature of one chunk, in a buffer of their own (free to overwrite). The
     product runs in the compute dtype, as the head's nn.Linear does."""
     logits = hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)
@@ -51,7 +53,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
         for start in range(0, count, chunk_tokens):
             rows = slice(start, start + chunk_tokens)
             # One call per chunk: its [c, V] buffers are freed before the next chunk's are allocated.
-            chunk_log_probs, chunk_entropy = _chunk_scores(hidden[rows], weight, bias, flat_labels[rows], temperature, with_entropy)
+            chunk_log_probs, chunk_entropy = _chunk_scores(
+                hidden[rows], weight, bias, flat_labels[rows], temperature, with_entropy
+            )
             log_probs[rows] = chunk_log_probs
             if with_entropy:
                 entropy[rows] = chunk_entropy
@@ -96,7 +100,12 @@ class _ChunkedLogProbs(torch.autograd.Function):
 
 
 def _chunk_scores(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, temperature: float, with_entropy: bool
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(label) [c] and the entropy [c] (or None) of one chunk, float32."""
     # Shifted by the row max (H is shift-invariant; exp stays in range), as entropy_from_logits does.
@@ -156,7 +165,7 @@ def chunked_log_probs_and_entropy(
     chunk_tokens: int = 2048,
     with_entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(hidden @ weight.T + bias) / temperature)[label] and the entropy of that distribution.
+    """log_softmax((hidden @ weight.T + bias) / temperature)[label] and the entropy of that distribution.
 
     The same values as `log_probs_from_logits` and `entropy_from_logits` on the full logits (float32 math;
     `-inf` logits count as probability 0), and the same gradients to `hidden`, `weight` and `bias`; the
@@ -175,7 +184,11 @@ def chunked_log_probs_and_entropy(
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     if hidden.shape[:-1] != labels.shape:
-        raise ValueError(f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)} must agree on every dim but the last")
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)} must agree on every dim but the last"
+        )
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
-    log_probs, entropy = _ChunkedLogProbs.apply(flat_hidden, weight, bias, labels, float(temperature), int(chunk_tokens), with_entropy)
+    log_probs, entropy = _ChunkedLogProbs.apply(
+        flat_hidden, weight, bias, labels, float(temperature), int(chunk_tokens), with_entropy
+    )
     return log_probs, entropy if with_entropy else None

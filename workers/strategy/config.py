@@ -96,9 +96,10 @@ class StrategyConfig:
         _require(self.backend in BACKENDS, f"strategy backend {self.backend!r} is not available; valid: {list(BACKENDS)}")
         _require(self.dtype in DTYPES, f"strategy dtype {self.dtype!r} is not valid; valid: {list(DTYPES)}")
         _require(self.grad_clip > 0, f"strategy grad_clip must be > 0, got {self.grad_clip}")
+        chunk = self.logits_chunk_tokens
         _require(
-            isinstance(self.logits_chunk_tokens, int) and not isinstance(self.logits_chunk_tokens, bool) and self.logits_chunk_tokens >= 0,
-            f"strategy logits_chunk_tokens must be an int >= 0 (0: full logits), got {self.logits_chunk_tokens!r}",
+            isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 0,
+            f"strategy logits_chunk_tokens must be an int >= 0 (0: full logits), got {chunk!r}",
         )
         object.__setattr__(self, "megatron", _from_mapping(MegatronSettings, self.megatron, "strategy megatron"))
 
