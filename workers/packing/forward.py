@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from protocol import DataProto
+from workers.head_log_probs import token_log_probs_and_entropy
 from workers.packing.attention import PACKED_PREFIX, packed_implementation
 from workers.packing.layout import PackedRows, scatter_slots
-from workers.head_log_probs import token_log_probs_and_entropy
 
 def supports_packing(model: nn.Module) -> bool:
     """Whether the model's layers call attention through transformers' attention interface (so the
