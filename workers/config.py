@@ -14,7 +14,7 @@ from workers.config_fields import (
     REQUIRED, Field, betas, boolean, float_in, int_at_least, module_names, non_empty_str, one_of, optional, spec_list, token_ids,
 )
 from workers.lora.spec import check_lora_settings
-from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, POLICY_LOSS_MODES
+from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS, KL_PENALTY_NAMES, LOSS_AGG_MODES, POLICY_LOSS_MODES
 from workers.rollout_choices import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES, STALENESS_VALUES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -69,6 +69,12 @@ ACTOR_MODEL_SPEC: dict[str, Any] = {
     "lora_alpha": Field(16, float_in(0.0, low_open=True), "a float > 0 (LoRA scaling is lora_alpha / lora_rank)"),
     "target_modules": Field("all-linear", module_names, "'all-linear' or a list of module names, e.g. [q_proj, v_proj]"),
     "exclude_modules": Field(None, optional(module_names), "None or a module name / list of names kept without LoRA"),
+    # FSDP actor and reference; megatron computes vocabulary-parallel logits (workers/megatron/vocab_parallel.py).
+    "logits_chunk_tokens": Field(
+        DEFAULT_LOGITS_CHUNK_TOKENS, int_at_least(0),
+        "an int >= 0 (log-probs and entropy from the LM head this many tokens at a time, without the full logits; "
+        "0: full logits)",
+    ),
 }
 
 

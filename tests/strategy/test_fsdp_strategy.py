@@ -6,7 +6,8 @@ import torch
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from tests.strategy.workers import StrategyProbe
 
-CONFIG = {"backend": "fsdp2", "grad_clip": 1.0, "optimizer_offload": True}
+# logits_chunk_tokens 5: sequence_log_probs (11 positions a row) scores the LM head in several chunks.
+CONFIG = {"backend": "fsdp2", "grad_clip": 1.0, "optimizer_offload": True, "logits_chunk_tokens": 5}
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,12 @@ def test_optimizer_step_equals_hand_written_fsdp_and_offload_round_trip_is_bit_e
         assert out["bit_exact"] and out["state_copied"]
         assert "offloaded; call maybe_load_optimizer" in out["stepped_while_offloaded"]
         assert out["grad_norm_recorded"] == out["norms"][-1][0]
+
+
+def test_sequence_log_probs_in_chunks_equal_the_full_logits(probe):
+    for out in probe.chunked_against_full_logits():
+        assert out["chunk"] == 5 and out["chunked_head"] and out["same_params"] and out["largest_grad"] > 1e-3
+        assert out["values"] <= 1e-5 and out["grads"] <= 1e-5
 
 
 def test_checkpoint_round_trip_in_the_atomic_format(probe, tmp_path):

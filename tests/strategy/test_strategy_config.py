@@ -12,6 +12,7 @@ from workers.strategy.inference import engine_groups
         (lambda: StrategyConfig.parse({"backend": "deepspeed"}), r"backend 'deepspeed' is not available; valid: \['fsdp2', 'megatron'\]"),
         (lambda: StrategyConfig.parse({"bakend": "fsdp2"}), r"unknown keys \['bakend'\]; valid keys: \['backend'"),
         (lambda: StrategyConfig.parse({"dtype": "fp8"}), r"dtype 'fp8' is not valid"),
+        (lambda: StrategyConfig.parse({"logits_chunk_tokens": -1}), r"logits_chunk_tokens must be an int >= 0 \(0: full logits\), got -1"),
         (lambda: StrategyConfig.parse({"megatron": {"pipeline_model_parallel_size": 2}}), r"pipeline_model_parallel_size=2: the strategy supports 1"),
         (lambda: InferenceConfig.parse({"group_size": 2}), r"needs model_path"),
         (lambda: optimizer_settings({"learning_rate": 1e-5}), r"optimizer settings: unknown keys \['learning_rate'\]; valid keys: \['betas', 'eps', 'lr', 'weight_decay'\]"),

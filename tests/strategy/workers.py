@@ -9,6 +9,7 @@ from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
 from single_controller import Dispatch, Worker, register
+from workers.head_log_probs import chunkable_head, logits_chunk_tokens, set_logits_chunk_tokens
 from workers.strategy import get_strategy
 
 LR = 1e-2
@@ -113,6 +114,32 @@ class StrategyProbe(Worker):
             "state_copied": all(a != b for a, b in zip(pointers, moved)) and len(pointers) > 0,
             "stepped_while_offloaded": stepped_while_offloaded,
             "grad_norm_recorded": self.strategy.grad_norms["actor"],
+        }
+
+    @register(Dispatch.ONE_TO_ALL)
+    def chunked_against_full_logits(self) -> dict:
+        """`sequence_log_probs` (the strategy's logits_chunk_tokens) and its gradients, then the same with the
+        full logits; gradients are this rank's shards after FSDP's reduce-scatter."""
+        ids, mask = _batch(self.rank)
+        chunk = logits_chunk_tokens(self.model)
+        results = []
+        for tokens in (chunk, 0):
+            set_logits_chunk_tokens(self.model, tokens)
+            self.optimizer.zero_grad(set_to_none=True)
+            log_probs = self.strategy.sequence_log_probs(self.model, ids, mask)
+            (log_probs * mask[:, 1:]).sum().backward()
+            grads = {n: p.grad.to_local().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+            results.append((log_probs.detach(), grads))
+        set_logits_chunk_tokens(self.model, chunk)
+        self.optimizer.zero_grad(set_to_none=True)
+        (chunked, chunked_grads), (full, full_grads) = results
+        return {
+            "chunk": chunk,
+            "chunked_head": chunkable_head(self.model) is not None,  # the head is no FSDP unit of its own
+            "values": (chunked - full).abs().max().item(),
+            "grads": max((chunked_grads[n] - g).abs().max().item() for n, g in full_grads.items()),
+            "same_params": sorted(chunked_grads) == sorted(full_grads),
+            "largest_grad": max(g.abs().max().item() for g in full_grads.values()),
         }
 
     @register(Dispatch.ONE_TO_ALL)

@@ -87,8 +87,10 @@ def test_7b_full_fine_tuning_fits_one_h200_not_one_h100_and_the_message_says_wha
     message = misfit_message(plan)
     assert "\n" not in message and "update_actor (forward/backward)" in message
     assert "lora_rank" in message and "trainer.memory_check=warn" in message
-    # without the reference offload the H200 is short
-    assert plan_of(scale_config(folders["7B"], "actor_rollout_ref.ref.fsdp.param_offload=false")).fits() is False
+    # without the reference offload the H200 is short with the full logits, and fits with the chunked ones (default)
+    resident_ref = "actor_rollout_ref.ref.fsdp.param_offload=false"
+    assert plan_of(scale_config(folders["7B"], resident_ref, "actor_rollout_ref.model.logits_chunk_tokens=0")).fits() is False
+    assert plan_of(scale_config(folders["7B"], resident_ref)).fits() is True
 
 
 def test_offload_moves_the_actor_state_out_of_the_phases_that_do_not_need_it(folders):
@@ -125,16 +127,33 @@ def test_checkpointing_changes_only_the_update_activations(folders):
 
 def test_logits_scale_with_the_micro_batch_rows_and_packing_counts_response_tokens(folders):
     # LoRA: the update's peak is the end of the forward (its optimizer step is small), where the logits are.
-    eight = plan_of(scale_config(folders["3B"], lora_rank=8))
-    four = plan_of(scale_config(folders["3B"], "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    full = "actor_rollout_ref.model.logits_chunk_tokens=0"
+    eight = plan_of(scale_config(folders["3B"], full, lora_rank=8))
+    four = plan_of(scale_config(folders["3B"], full, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
                                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", lora_rank=8))
     assert part(four, "update_actor", "logits") == pytest.approx(part(eight, "update_actor", "logits") / 2)
     assert part(four, "old_log_prob", "logits") == pytest.approx(part(eight, "old_log_prob", "logits") / 2)
     # 26 bytes per (response token x vocabulary entry) in training: 8 rows x 512 response tokens x 151936
     assert part(eight, "update_actor", "logits") == pytest.approx(26 * 8 * 512 * 151936 / GIB)
-    budget = plan_of(scale_config(folders["3B"], "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    budget = plan_of(scale_config(folders["3B"], full, "actor_rollout_ref.actor.use_dynamic_bsz=true",
                                   "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2048", lora_rank=8))
     assert part(budget, "update_actor", "logits") == pytest.approx(26 * 2048 * 151936 / GIB)
+
+
+def test_chunked_logits_hold_one_chunk_of_the_vocabulary_whatever_the_micro_batch(folders):
+    """The default (logits_chunk_tokens=2048): 8 bytes per (chunk token x vocabulary entry) plus, per response
+    token, the head's input (kept, and its gradient in training) and the float32 log-probs and entropies."""
+    chunked = plan_of(scale_config(folders["3B"], lora_rank=8))
+    halved = plan_of(scale_config(folders["3B"], "actor_rollout_ref.model.logits_chunk_tokens=1024", lora_rank=8))
+    full = plan_of(scale_config(folders["3B"], "actor_rollout_ref.model.logits_chunk_tokens=0", lora_rank=8))
+    tokens, vocab, hidden = 8 * 512, 151936, 2048
+    assert part(chunked, "update_actor", "logits") == pytest.approx((8 * 2048 * vocab + (2 * 2 * hidden + 8) * tokens) / GIB)
+    assert part(chunked, "old_log_prob", "logits") == pytest.approx((8 * 2048 * vocab + (2 * hidden + 8) * tokens) / GIB)
+    assert part(chunked, "ref_log_prob", "logits") == pytest.approx((6 * 2048 * vocab + (2 * hidden + 4) * tokens) / GIB)
+    assert part(halved, "update_actor", "logits") < 0.51 * part(chunked, "update_actor", "logits")
+    assert part(full, "update_actor", "logits") > 6 * part(chunked, "update_actor", "logits")
+    megatron = plan_of(scale_config(folders["3B"], "actor_rollout_ref.actor.strategy=megatron"))
+    assert part(megatron, "update_actor", "logits") == pytest.approx(26 * 8 * 512 * vocab / GIB)  # not chunked there
 
 
 def test_the_hybrid_engine_takes_its_share_while_awake_only(folders):
@@ -186,3 +205,14 @@ def test_a_model_folder_without_config_json_is_named(tmp_path):
     cfg = scale_config(str(tmp_path))
     with pytest.raises(ValueError, match=r"actor_rollout_ref.model.path=.* has no config.json"):
         build_plan(cfg, 80 * GIB)
+
+
+def test_lora_7b_with_8192_token_responses_fits_one_h100_only_with_chunked_logits(folders):
+    """8 prompts x 4 responses of 8192 tokens, micro-batches of 8 rows: 65536 response tokens, whose float32
+    logits alone would be 37 GiB per copy; chunked, the update is far from the GPU's size."""
+    long = ("data.max_response_length=8192", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.gpu_memory_utilization=0.5")
+    chunked = plan_of(scale_config(folders["7B"], *long, lora_rank=64), gib=79.6)
+    full = plan_of(scale_config(folders["7B"], *long, "actor_rollout_ref.model.logits_chunk_tokens=0", lora_rank=64), gib=79.6)
+    assert chunked.fits() is True and full.fits() is False
+    assert part(chunked, "update_actor", "logits") < 3.5 and part(full, "update_actor", "logits") > 200
+    assert chunked.row("update_actor").total < 60 * GIB

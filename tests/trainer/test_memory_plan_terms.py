@@ -20,6 +20,7 @@ from protocol import DataProto
 from trainer.memory_plan import terms
 from trainer.memory_plan.shape import ModelShape, lora_params, lora_targets
 from workers.fsdp.sequences import response_log_probs_and_entropy
+from workers.head_log_probs import set_logits_chunk_tokens
 from workers.packing.forward import enable_packing
 
 SMALL = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
@@ -133,19 +134,23 @@ def _peak_without_params(model, step) -> int:
     return kinds["Total"] - kinds["PARAM"] - kinds["BUFFER"] - kinds["GRAD"]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("use", ["log_probs_and_entropy", "log_probs", "train"])
-def test_logits_peak_equals_the_allocated_bytes(dtype, use):
-    """Logits dominate (vocabulary 8192, hidden 32, short rows): the measured peak is the formula within 3%."""
-    vocab = 8192
-    config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, vocab_size=vocab)
+LOGITS_USES = ["log_probs_and_entropy", "log_probs", "train"]
+HEAD_HIDDEN = 32
+
+
+def _vocabulary_heavy_model(vocab: int, dtype: torch.dtype, chunk_tokens: int):
+    config = Qwen2Config(hidden_size=HEAD_HIDDEN, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=vocab)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to(dtype)
     enable_packing(model, True)
-    rows, prompt, response = 16, 8, 128
-    ids = torch.randint(0, vocab, (rows, prompt + response))
-    mask = torch.ones_like(ids)
-    micro = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(1) - 1, "responses": ids[:, prompt:]})
+    set_logits_chunk_tokens(model, chunk_tokens)
+    return model, ModelShape.from_config(config.to_dict())
+
+
+def _log_prob_pass(model, micro: DataProto, use: str):
+    """One pass of the workers' code: old log-probs (with entropy), reference log-probs, or an update's
+    forward and backward (entropy reported, not trained: the default entropy_coeff 0)."""
 
     def step():
         if use == "train":
@@ -156,9 +161,64 @@ def test_logits_peak_equals_the_allocated_bytes(dtype, use):
             with torch.no_grad():
                 response_log_probs_and_entropy(model, micro, torch.device("cpu"), 1.0, use == "log_probs_and_entropy")
 
-    measured = _peak_without_params(model, step)
-    expected = terms.logits_bytes(rows * response, vocab, torch.finfo(dtype).bits // 8, use)
+    return step
+
+
+def _micro_batch(rows: int, prompt: int, response: int, vocab: int) -> DataProto:
+    ids = torch.randint(0, vocab, (rows, prompt + response), generator=torch.Generator().manual_seed(rows))
+    mask = torch.ones_like(ids)
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(1) - 1, "responses": ids[:, prompt:]})
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("use", LOGITS_USES)
+@pytest.mark.parametrize("chunk", [0, 512])
+def test_logits_peak_equals_the_allocated_bytes(dtype, use, chunk):
+    """Logits dominate (hidden 32, short rows): the measured peak is the formula within 3%, for the full logits
+    (chunk 0, vocabulary 8192) and the chunked ones (512 of 2048 tokens a chunk, vocabulary 32768); an update's
+    peak also holds the layers' saved activations (`model_saved_bytes`)."""
+    vocab = 8192 if chunk == 0 else 32768
+    model, shape = _vocabulary_heavy_model(vocab, dtype, chunk)
+    rows, prompt, response = 16, 8, 128
+    e = torch.finfo(dtype).bits // 8
+    measured = _peak_without_params(model, _log_prob_pass(model, _micro_batch(rows, prompt, response, vocab), use))
+    expected = terms.logits_bytes(rows * response, vocab, e, use, chunk, HEAD_HIDDEN)
+    if chunk and use == "train":
+        expected += rows * (prompt + response) * terms.model_saved_bytes(shape, e, False)
     assert abs(measured / expected - 1) < 0.03, (measured, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_chunked_logits_peak_grows_by_the_per_entry_bytes_of_one_chunk(dtype):
+    """Doubling the chunk adds exactly one more chunk's worth of per-entry bytes (everything per token stays)."""
+    vocab, rows, prompt, response = 16384, 16, 8, 128
+    e = torch.finfo(dtype).bits // 8
+    micro = _micro_batch(rows, prompt, response, vocab)
+    for use in LOGITS_USES:
+        peaks = {}
+        for chunk in (512, 1024):
+            model, _ = _vocabulary_heavy_model(vocab, dtype, chunk)
+            peaks[chunk] = _peak_without_params(model, _log_prob_pass(model, micro, use))
+        formula = [terms.logits_bytes(rows * response, vocab, e, use, chunk, HEAD_HIDDEN) for chunk in (512, 1024)]
+        assert abs((peaks[1024] - peaks[512]) / (formula[1] - formula[0]) - 1) < 0.01, (use, peaks, formula)
+
+
+def test_chunked_update_peak_is_far_below_the_float32_logits():
+    """4096 response tokens x 32000 vocabulary entries: their float32 logits alone would be 500 MiB; a chunked
+    update's forward and backward (256 tokens a chunk, entropy trained too) peaks below a fifth of that."""
+    vocab, rows, prompt, response = 32000, 32, 8, 128
+    model, _ = _vocabulary_heavy_model(vocab, torch.float32, 256)
+    micro = _micro_batch(rows, prompt, response, vocab)
+
+    def step():
+        model.train()
+        log_probs, entropy = response_log_probs_and_entropy(model, micro, torch.device("cpu"), 0.7, True)
+        (log_probs.sum() + 0.01 * entropy.sum()).backward()
+
+    measured = _peak_without_params(model, step)
+    assert rows * response == 4096
+    assert measured < 4096 * vocab * 4 / 5, measured
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -225,9 +285,10 @@ def test_terms_reproduce_the_packing_benchmarks_gpu_peaks(size, mode):
         rows = 8192 // width
         tokens, predicted = rows * width, rows * response
     resident = memory.weights + memory.optimizer + memory.gathered
-    log_prob = resident + tokens * terms.forward_peak_bytes(shape, 2) + terms.logits_bytes(predicted, vocab, 2, "log_probs_and_entropy")
+    # That run computed the full logits (before logits_chunk_tokens existed): chunk 0.
+    log_prob = resident + tokens * terms.forward_peak_bytes(shape, 2) + terms.logits_bytes(predicted, vocab, 2, "log_probs_and_entropy", 0)
     saved = terms.model_saved_bytes(shape, 2, True) + terms.backward_peak_bytes(shape, 2, True)
-    update = resident + memory.grads + memory.reduce + tokens * saved + terms.logits_bytes(predicted, vocab, 2, "train")
+    update = resident + memory.grads + memory.reduce + tokens * saved + terms.logits_bytes(predicted, vocab, 2, "train", 0)
     measured_log_prob, measured_update = PACKING_H100[(size, mode)]
     assert abs(measured_log_prob / (log_prob / 2**30) - 1) < 0.07
     assert abs(measured_update / (update / 2**30) - 1) < 0.07

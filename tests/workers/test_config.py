@@ -11,8 +11,9 @@ def test_defaults_are_filled_and_values_normalised():
     config = actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"optim": {"lr": 1}}})
     assert config["model"] == {"path": "/m", "dtype": "auto", "enable_gradient_checkpointing": False,
                                "attn_implementation": None, "use_remove_padding": None, "lora_rank": 0, "lora_alpha": 16,
-                               "target_modules": "all-linear", "exclude_modules": None}
+                               "target_modules": "all-linear", "exclude_modules": None, "logits_chunk_tokens": 2048}
     assert "lora_rank" not in critic_config({"model": {"path": "/m"}})["model"]  # LoRA is the actor's
+    assert "logits_chunk_tokens" not in critic_config({"model": {"path": "/m"}})["model"]  # a value head: no logits
     assert config["actor"]["optim"]["lr"] == 1.0 and isinstance(config["actor"]["optim"]["lr"], float)
     assert config["actor"]["ppo_epochs"] == 1 and config["actor"]["loss_agg_mode"] == "token-mean"
     assert config["rollout"]["response_length"] == 512 and config["rollout"]["do_sample"] is True

@@ -110,7 +110,11 @@ class _TrainerGpu:
         role, mem = self.roles[name], self.memory[name]
         tp = role.tp if role.strategy == "megatron" else 1
         activations = batch.tokens * forward_peak_bytes(role.shape, role.e) // tp
-        logits = logits_bytes(batch.response_tokens, role.shape.vocab, role.e, logits_use) // tp if logits_use else 0
+        logits = 0
+        if logits_use:
+            logits = logits_bytes(
+                batch.response_tokens, role.shape.vocab, role.e, logits_use, role.logits_chunk_tokens, role.shape.hidden
+            ) // tp
         return mem.gathered, activations, logits
 
     def backward(self, name: str, batch: Batching, logits: bool) -> tuple[int, int, int, int]:
@@ -121,7 +125,11 @@ class _TrainerGpu:
         per_token = model_saved_bytes(role.shape, role.e, role.checkpointing, train)
         per_token += backward_peak_bytes(role.shape, role.e, role.checkpointing, train)
         activations = batch.tokens * per_token // tp
-        logit_bytes = logits_bytes(batch.response_tokens, role.shape.vocab, role.e, "train") // tp if logits else 0
+        logit_bytes = 0
+        if logits:
+            logit_bytes = logits_bytes(
+                batch.response_tokens, role.shape.vocab, role.e, "train", role.logits_chunk_tokens, role.shape.hidden
+            ) // tp
         return mem.gathered, mem.reduce, activations, logit_bytes
 
 

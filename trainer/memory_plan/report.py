@@ -11,6 +11,10 @@ SHARD = "more GPUs to shard over (trainer.n_gpus_per_node)"
 LORA = "LoRA (actor_rollout_ref.model.lora_rank)"
 PARAM_OFFLOAD = "actor_rollout_ref.actor.fsdp.param_offload=true"
 OPTIMIZER_OFFLOAD = "actor_rollout_ref.actor.fsdp.optimizer_offload=true (between updates)"
+CHUNKED_LOGITS = (
+    "a smaller actor_rollout_ref.model.logits_chunk_tokens (log-probs from the LM head in chunks of tokens; "
+    "0 computes the full logits)"
+)
 SMALLER_MICRO = "smaller micro-batches (actor.ppo_micro_batch_size_per_gpu, rollout/ref.log_prob_micro_batch_size_per_gpu, or the *_max_token_len_per_gpu budgets)"
 # What lowers each column, most effective first; `misfit_message` lists each suggestion once and leaves out
 # the offload settings a run already has.
@@ -19,7 +23,7 @@ REMEDIES = {
     "grads": (SHARD, LORA),
     "optimizer": (SHARD, LORA, OPTIMIZER_OFFLOAD),
     "activations": ("actor_rollout_ref.model.enable_gradient_checkpointing=true", SMALLER_MICRO),
-    "logits": (SMALLER_MICRO,),
+    "logits": (CHUNKED_LOGITS, SMALLER_MICRO),
     "engine": ("a lower actor_rollout_ref.rollout.gpu_memory_utilization",),
     "other": ("a smaller actor_rollout_ref.rollout.weight_sync_bucket_mb",),
 }

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.memory_plan.shape import ModelShape, lora_targets, read_shape
 from trainer.memory_plan.terms import FP32, Trainability
+from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -64,6 +65,8 @@ class ModelRole:
     tp: int = 1
     pp: int = 1
     distributed_optimizer: bool = False
+    # The LM head's log-probs a chunk of this many tokens at a time (0: full logits; megatron: always full).
+    logits_chunk_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -134,15 +137,21 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     fsdp = arr.actor.get("fsdp") or {}
     actor_shape = read_shape(str(arr.model.path), "actor_rollout_ref.model.path")
     parallel = _megatron(arr.actor) if strategy == "megatron" else {}
+    # Megatron computes its vocabulary-parallel logits whole (workers/megatron/vocab_parallel.py).
+    chunk = 0
+    if strategy == "fsdp":
+        chunk = int(_get(cfg, "actor_rollout_ref.model.logits_chunk_tokens", DEFAULT_LOGITS_CHUNK_TOKENS))
     actor = ModelRole(
         "actor", actor_shape, "lm", e, strategy, train, bool(arr.model.enable_gradient_checkpointing) and strategy == "fsdp",
         bool(fsdp.get("param_offload", False)) and on_gpu, bool(fsdp.get("optimizer_offload", False)) and on_gpu, **parallel,
+        logits_chunk_tokens=chunk,
     )
     uses_reference = bool(arr.actor.use_kl_loss) or bool(_get(cfg, "algorithm.use_kl_in_reward", False))
     lora_reference = uses_reference and train.lora_rank > 0
     ref_offload = bool((arr.ref.get("fsdp") or {}).get("param_offload", False)) and on_gpu and strategy == "fsdp"
     ref = (
-        ModelRole("ref", actor_shape, "lm", e, strategy, None, param_offload=ref_offload, **parallel)
+        ModelRole("ref", actor_shape, "lm", e, strategy, None, param_offload=ref_offload, logits_chunk_tokens=chunk,
+                  **parallel)
         if uses_reference and not lora_reference
         else None
     )

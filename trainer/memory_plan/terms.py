@@ -5,7 +5,8 @@ Per token of a micro-batch:
 - `layer_saved_bytes`: what one decoder layer keeps for backward (autograd's saved tensors);
 - `forward_peak_bytes`: the largest live intermediate of a no-grad forward (the gated MLP);
 - `backward_peak_bytes`: what one layer's backward allocates on top of the saved tensors.
-Per (response token x vocabulary entry): `logits_bytes`, for the three ways the workers use logits.
+Per (response token x vocabulary entry), or per (chunk token x vocabulary entry) with the chunked log-probs of
+workers/rl_math/chunked_logits.py: `logits_bytes`, for the three ways the workers use logits.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ HALF_TRAIN = 26
 # from logsumexp, which keeps the logits (already counted) for backward.
 FP32_LOG_PROBS_AND_ENTROPY = 20
 FP32_TRAIN = 20
+# Chunked (logits_chunk_tokens > 0), per (token of one chunk x vocabulary entry): with entropy, the chunk's
+# float32 logits and their exponentials; in training the same, as the backward recomputes a chunk (its float32
+# logits and probabilities, then the gradient and its compute-dtype copy, 4 + e).
+CHUNKED_WITH_ENTROPY = 8
+# Log-probs alone: the float32 logits, exponentiated in place (plus, in half precision, the compute-dtype
+# product while it is cast).
+CHUNKED_LOG_PROBS = 4
 
 
 @dataclass(frozen=True)
@@ -105,20 +113,33 @@ def forward_peak_bytes(shape: ModelShape, e: int) -> int:
     return max(mlp, attention) + (4 * e + 1) * shape.hidden
 
 
-def logits_bytes(response_tokens: int, vocab: int, e: int, use: str) -> int:
+def logits_bytes(response_tokens: int, vocab: int, e: int, use: str, chunk_tokens: int = 0, hidden: int = 0) -> int:
     """Peak bytes of the logits side of a pass over `response_tokens` predicted tokens:
     - "log_probs_and_entropy" (old log-probs, no grad), "train" (the actor update; entropy with or without
-      gradient peaks the same): coefficients above;
-    - "log_probs" (reference, no grad, no entropy): the logits and the temperature-scaled copy together,
-      or the scaled copy plus the log-softmax of the previous chunk and the current chunk (float32 copy and
-      result), whichever is larger."""
+      gradient peaks the same), "log_probs" (reference, no grad, no entropy).
+    With `chunk_tokens` > 0 (the workers' default, `model.logits_chunk_tokens`): one chunk's float32 logits
+    and temporaries (coefficients above), plus per token the head's input hidden states (`hidden` wide, kept
+    for backward in training, where its gradient joins them) and the float32 log-probs and entropies.
+    With `chunk_tokens` 0 (full logits):
+    - "log_probs_and_entropy", "train": coefficients above, per response token x vocabulary entry;
+    - "log_probs": the logits and the temperature-scaled copy together, or the scaled copy plus the
+      log-softmax of the previous chunk and the current chunk (float32 copy and result), whichever is larger."""
+    if use not in ("train", "log_probs_and_entropy", "log_probs"):
+        raise ValueError(f"unknown logits use {use!r}")
     n, v = response_tokens, vocab
+    if chunk_tokens > 0:
+        rows = min(n, chunk_tokens)
+        if use == "log_probs":
+            per_entry = CHUNKED_LOG_PROBS + (e if e < FP32 else 0)
+            per_token = e * hidden + FP32
+        else:
+            per_entry = CHUNKED_WITH_ENTROPY
+            per_token = e * hidden * (2 if use == "train" else 1) + 2 * FP32
+        return per_entry * rows * v + per_token * n
     if use == "train":
         return (HALF_TRAIN if e < FP32 else FP32_TRAIN) * n * v
     if use == "log_probs_and_entropy":
         return (HALF_LOG_PROBS_AND_ENTROPY if e < FP32 else FP32_LOG_PROBS_AND_ENTROPY) * n * v
-    if use != "log_probs":
-        raise ValueError(f"unknown logits use {use!r}")
     if e == FP32:  # log-probs as z[label] - logsumexp(z): one float32 temporary of the logits
         return 2 * FP32 * n * v
     first = min(n, LOG_SOFTMAX_CHUNK)

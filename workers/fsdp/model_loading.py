@@ -10,6 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig
 
+from workers.head_log_probs import set_logits_chunk_tokens
 from workers.lora.model import add_lora_adapters
 from workers.lora.spec import LoraSpec
 from workers.packing.forward import enable_packing
@@ -83,6 +84,8 @@ def load_sharded_model(
     if trainable and lora is not None:
         add_lora_adapters(model, lora)
     enable_packing(model, model_cfg["use_remove_padding"])
+    if "logits_chunk_tokens" in model_cfg:  # the actor's and reference's setting (an LM head)
+        set_logits_chunk_tokens(model, model_cfg["logits_chunk_tokens"])
 
     mesh = device_mesh(device)
     shard_kwargs: dict[str, Any] = {"mesh": mesh}

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from protocol import DataProto
+from workers.head_log_probs import token_log_probs_and_entropy
 from workers.packing.forward import is_packed, packed_response_log_probs_and_entropy, packed_response_values
-from workers.rl_math.logits import entropy_from_logits, log_probs_from_logits
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
 
@@ -42,14 +42,6 @@ def _sequence_inputs(micro: DataProto, device: torch.device) -> dict[str, torch.
     return {k: micro.batch[k].to(device) for k in SEQUENCE_KEYS}
 
 
-def response_logits(model: nn.Module, micro: DataProto, device: torch.device, temperature: float) -> torch.Tensor:
-    """Logits [b, R, vocab] predicting each response token, divided by the sampling temperature."""
-    length = micro.batch["responses"].shape[1]
-    # logits_to_keep: the LM head runs on the last R+1 positions only, not on the prompt.
-    out = model(**_sequence_inputs(micro, device), use_cache=False, logits_to_keep=length + 1)
-    return out.logits[:, :-1] / temperature
-
-
 def response_log_probs_and_entropy(
     model: nn.Module,
     micro: DataProto,
@@ -59,15 +51,16 @@ def response_log_probs_and_entropy(
     entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(response token) [b, R] (float32 for half-precision logits) and the entropy [b, R] or None
-    (entropy_grad=False: no graph kept for it). A model with packed attention runs padding-free."""
+    (entropy_grad=False: no graph kept for it). A model with packed attention runs padding-free. The LM head
+    scores a chunk of tokens at a time unless the model's logits_chunk_tokens is 0 (workers/head_log_probs.py)."""
     if is_packed(model):
         return packed_response_log_probs_and_entropy(model, micro, device, temperature, with_entropy, entropy_grad)
-    logits = response_logits(model, micro, device, temperature)
     responses = micro.batch["responses"].to(device)
-    log_probs = log_probs_from_logits(logits, responses)
-    if not with_entropy:
-        return log_probs, None
-    return log_probs, entropy_from_logits(logits if entropy_grad else logits.detach())
+    width, length = micro.batch["input_ids"].shape[1], responses.shape[1]
+    # The outputs at positions P-1 .. P+R-2 predict the R response tokens; the head runs there only.
+    predictors = torch.arange(width - length - 1, width - 1, device=device)
+    inputs = {**_sequence_inputs(micro, device), "use_cache": False}
+    return token_log_probs_and_entropy(model, inputs, predictors, responses, temperature, with_entropy, entropy_grad)
 
 
 def response_values(model: nn.Module, micro: DataProto, device: torch.device) -> torch.Tensor:

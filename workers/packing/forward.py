@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from protocol import DataProto
+from workers.head_log_probs import token_log_probs_and_entropy
 from workers.packing.attention import PACKED_PREFIX, packed_implementation
 from workers.packing.layout import PackedRows, scatter_slots
-from workers.rl_math.logits import entropy_from_logits, log_probs_from_logits
 
 def supports_packing(model: nn.Module) -> bool:
     """Whether the model's layers call attention through transformers' attention interface (so the
@@ -47,26 +47,19 @@ def pack_micro_batch(micro: DataProto, device: torch.device) -> PackedRows:
     return PackedRows.from_padded(*(micro.batch[k].to(device) for k in ("input_ids", "attention_mask", "position_ids")))
 
 
-def packed_response_logits(model: nn.Module, micro: DataProto, device: torch.device, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits [K, vocab] / temperature of the real response tokens, slots [b, R] where they belong)."""
-    rows = pack_micro_batch(micro, device)
-    slots, index = rows.response_predictors(micro.batch["responses"].shape[1])
-    # logits_to_keep as indices: the LM head runs only where a response token is predicted.
-    out = model(**rows.model_inputs(), logits_to_keep=index)
-    return out.logits[0] / temperature, slots
-
-
 def packed_response_log_probs_and_entropy(
     model: nn.Module, micro: DataProto, device: torch.device, temperature: float, with_entropy: bool, entropy_grad: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(response token) [b, R] and the entropy [b, R] (or None); 0 at padding."""
-    logits, slots = packed_response_logits(model, micro, device, temperature)
+    rows = pack_micro_batch(micro, device)
+    slots, index = rows.response_predictors(micro.batch["responses"].shape[1])
     labels = micro.batch["responses"].to(device)[slots]
-    log_probs = scatter_slots(log_probs_from_logits(logits, labels), slots)
-    if not with_entropy:
-        return log_probs, None
-    entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
-    return log_probs, scatter_slots(entropy, slots)
+    # logits_to_keep as indices: the LM head runs only where a response token is predicted.
+    log_probs, entropy = token_log_probs_and_entropy(
+        model, rows.model_inputs(), index, labels[None], temperature, with_entropy, entropy_grad
+    )
+    log_probs = scatter_slots(log_probs[0], slots)
+    return log_probs, None if entropy is None else scatter_slots(entropy[0], slots)
 
 
 def packed_token_outputs(model: nn.Module, micro: DataProto, device: torch.device, **kwargs: Any) -> tuple[Any, PackedRows]:

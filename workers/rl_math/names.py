@@ -1,5 +1,5 @@
-"""The names of the choices the loss code implements, free of torch so that the config checks (workers/config.py,
-trainer/config_loader.py) read the same lists as the code that runs them."""
+"""The names of the choices the loss code implements (and the log-prob chunk's default), free of torch so that the
+config checks (workers/config.py, trainer/config_loader.py) read the same values as the code that runs them."""
 
 from __future__ import annotations
 
@@ -17,3 +17,8 @@ POLICY_LOSS_MODES: tuple[str, ...] = ("vanilla", "gspo")
 
 # Per-token KL estimators (kl.py): actor.kl_loss_type and algorithm.kl_penalty.
 KL_PENALTY_NAMES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+
+# model.logits_chunk_tokens' default: tokens per chunk of the LM head's log-softmax (chunked_logits.py). float32
+# logits of 2048 tokens x 152064 entries (Qwen2.5's vocabulary) are 1.2 GiB; the chunk is large enough that
+# the head's matrix products stay efficient.
+DEFAULT_LOGITS_CHUNK_TOKENS = 2048

@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS
+
 BACKENDS = ("fsdp2", "megatron")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ENGINE_TYPES = ("vllm", "hf")
@@ -86,12 +88,19 @@ class StrategyConfig:
     grad_clip: float = 1.0
     optimizer_offload: bool = False  # maybe_offload_optimizer / maybe_load_optimizer move the Adam state
     gradient_checkpointing: bool = False
+    # sequence_log_probs (fsdp2): the LM head's log-softmax this many tokens at a time; 0: full logits.
+    logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS
     megatron: MegatronSettings = field(default_factory=MegatronSettings)
 
     def __post_init__(self) -> None:
         _require(self.backend in BACKENDS, f"strategy backend {self.backend!r} is not available; valid: {list(BACKENDS)}")
         _require(self.dtype in DTYPES, f"strategy dtype {self.dtype!r} is not valid; valid: {list(DTYPES)}")
         _require(self.grad_clip > 0, f"strategy grad_clip must be > 0, got {self.grad_clip}")
+        chunk = self.logits_chunk_tokens
+        _require(
+            isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 0,
+            f"strategy logits_chunk_tokens must be an int >= 0 (0: full logits), got {chunk!r}",
+        )
         object.__setattr__(self, "megatron", _from_mapping(MegatronSettings, self.megatron, "strategy megatron"))
 
     @classmethod

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from workers.engines.materialize import shard
 from workers.fsdp import checkpoint
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clip_gradients
-from workers.rl_math.logits import log_probs_from_logits
+from workers.head_log_probs import set_logits_chunk_tokens, token_log_probs_and_entropy
 from workers.rollout.hybrid import FSDPWeightSource, WeightSource
 from workers.strategy.base import Strategy
 from workers.strategy.config import optimizer_settings, scheduler_settings
@@ -73,6 +73,7 @@ class FSDPStrategy(Strategy):
         else:
             model.to(self.dtype).requires_grad_(False)
         shard(model, self.device, self.dtype if trainable else torch.float32, ())
+        set_logits_chunk_tokens(model, self.config.logits_chunk_tokens)
         model.train(trainable)
         path = getattr(getattr(model, "config", None), "_name_or_path", "")
         self._prepared[id(model)] = PreparedModel(model, path, self.device, self.dtype)
@@ -99,8 +100,11 @@ class FSDPStrategy(Strategy):
         mask = attention_mask.to(self.device)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         ids = input_ids.to(self.device)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
-        return log_probs_from_logits(logits[:, :-1], ids[:, 1:])
+        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "use_cache": False}
+        # Every position but the last predicts the next token; the LM head scores them a chunk at a time.
+        predictors = torch.arange(ids.shape[1] - 1, device=self.device)
+        log_probs, _ = token_log_probs_and_entropy(model, inputs, predictors, ids[:, 1:], 1.0, with_entropy=False)
+        return log_probs
 
     # ---- training -------------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, model: nn.Module, optimizer: Any) -> None:
