@@ -191,11 +191,13 @@ def _allocated_gib(device: torch.device) -> float | None:
     return torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
-def _trip(d2h: int, h2d: int, offload_s: float, load_s: float, alloc_s: float, bandwidth: Bandwidth) -> dict[str, float]:
+def _trip(
+    d2h: int, h2d: int, offload_s: float, load_s: float, alloc_s: float, bandwidth: Bandwidth
+) -> dict[str, float]:
     ideal_d2h, ideal_h2d = bandwidth.seconds_for(0, d2h), bandwidth.seconds_for(h2d, 0)
     return {
-        "d2h_gib": d2h / 2**30, "h2d_gib": h2d / 2**30, "offload_s": offload_s, "load_s": load_s, "host_alloc_s": alloc_s,
-        "d2h_gbps": d2h / offload_s / GB, "h2d_gbps": h2d / load_s / GB,
+        "d2h_gib": d2h / 2**30, "h2d_gib": h2d / 2**30, "offload_s": offload_s, "load_s": load_s,
+        "host_alloc_s": alloc_s, "d2h_gbps": d2h / offload_s / GB, "h2d_gbps": h2d / load_s / GB,
         "offload_overhead": offload_s / ideal_d2h, "load_overhead": load_s / ideal_h2d,
         "overhead": (offload_s + load_s) / (ideal_d2h + ideal_h2d),
     }
@@ -255,8 +257,9 @@ def probe_in_subprocess(gib: float = 4.0) -> Bandwidth | None:
         return None
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "bandwidth.json"
-        subprocess.run([sys.executable, "-m", "benchmarks.offload", "--probe-only", "--probe-gib", str(gib), "--json", str(out)],
-                       check=True)
+        command = [sys.executable, "-m", "benchmarks.offload", "--probe-only", "--probe-gib", str(gib),
+                   "--json", str(out)]
+        subprocess.run(command, check=True)
         return Bandwidth(**json.loads(out.read_text())["bandwidth"])
 
 
@@ -276,7 +279,9 @@ def offload_table(history: list[dict[str, float]], bandwidth: Bandwidth | None) 
     phases.sort(key=lambda p: STEP_ORDER.index(p) if p in STEP_ORDER else len(STEP_ORDER))
     table = []
     for phase in phases:
-        row = {"phase": phase, **{way: _steady(history, f"offload/{phase}/{way}") for way in ("h2d_gib", "d2h_gib", "seconds")}}
+        row: dict[str, Any] = {"phase": phase}
+        for way in ("h2d_gib", "d2h_gib", "seconds"):
+            row[way] = _steady(history, f"offload/{phase}/{way}")
         ideal = bandwidth.seconds_for(int(row["h2d_gib"] * 2**30), int(row["d2h_gib"] * 2**30)) if bandwidth else None
         row["ideal_s"] = ideal
         row["overhead"] = row["seconds"] / ideal if ideal else None
@@ -292,17 +297,22 @@ def _steady(history: list[dict[str, float]], key: str) -> float:
 def print_offload_table(table: list[dict[str, Any]], bandwidth: Bandwidth | None) -> None:
     if not table:
         return
-    where = (f"pinned bandwidth {bandwidth.h2d_gbps:.1f} / {bandwidth.d2h_gbps:.1f} GB/s (host->device / back), this run"
-             if bandwidth else "no bandwidth measured (CPU: nothing moves)")
+    where = "no bandwidth measured (CPU: nothing moves)"
+    if bandwidth:
+        where = (f"pinned bandwidth {bandwidth.h2d_gbps:.1f} / {bandwidth.d2h_gbps:.1f} GB/s "
+                 "(host->device / back), this run")
     print(f"  offload per phase (steady), {where}")
     print("  phase                   h2d GiB   d2h GiB   seconds   bytes/bandwidth s   x")
     for row in table:
         ideal = f"{row['ideal_s']:.2f}" if row["ideal_s"] is not None else "-"
         multiple = f"{row['overhead']:.2f}" if row["overhead"] is not None else "-"
-        print(f"  {row['phase'].ljust(22)}{row['h2d_gib']:10.2f}{row['d2h_gib']:10.2f}{row['seconds']:10.2f}{ideal:>20}{multiple:>6}")
+        print(f"  {row['phase'].ljust(22)}{row['h2d_gib']:10.2f}{row['d2h_gib']:10.2f}{row['seconds']:10.2f}"
+              f"{ideal:>20}{multiple:>6}")
     seconds, ideal = sum(r["seconds"] for r in table), sum(r["ideal_s"] or 0 for r in table)
+    ideal_text = f"{ideal:.2f}" if bandwidth else "-"
+    multiple_text = f"{seconds / ideal:.2f}" if bandwidth and ideal else "-"
     print(f"  {'all phases'.ljust(22)}{sum(r['h2d_gib'] for r in table):10.2f}{sum(r['d2h_gib'] for r in table):10.2f}"
-          f"{seconds:10.2f}{(f'{ideal:.2f}' if bandwidth else '-'):>20}{(f'{seconds / ideal:.2f}' if bandwidth and ideal else '-'):>6}")
+          f"{seconds:10.2f}{ideal_text:>20}{multiple_text:>6}")
 
 
 # ---- main ---------------------------------------------------------------------------------------------
@@ -334,8 +344,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_result(result: dict[str, Any]) -> None:
     bw = result["bandwidth"]
-    print(f"{bw['device']}: page-locked host -> device {bw['h2d_gbps']:.1f} GB/s, device -> host {bw['d2h_gbps']:.1f} GB/s "
-          f"({bw['probe_bytes'] / 2**30:.1f} GiB, best of 3)")
+    print(f"{bw['device']}: page-locked host -> device {bw['h2d_gbps']:.1f} GB/s, "
+          f"device -> host {bw['d2h_gbps']:.1f} GB/s ({bw['probe_bytes'] / 2**30:.1f} GiB, best of 3)")
     if "round_trips" not in result:
         return
     rt = result["round_trips"]

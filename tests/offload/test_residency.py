@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from protocol import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from tests.offload.tiny import UNEVEN, device_bytes, sharded_model, train_step
 from tests.workers.conftest import TINY_CONFIG
@@ -74,7 +73,8 @@ def test_a_hybrid_step_moves_the_actor_out_for_generation_only(process_group):
     assert moves(steady["update_actor"]) == (2, 0, 0)
     # bytes follow the moves; the frozen reference only comes in (its host copy stays valid)
     params = sum(p.to_local().untyped_storage().nbytes() for p in actor_model.parameters())
-    gib = {(phase, way): m[f"offload/{phase}/{way}_gib"] * 2**30 for phase, m in steady.items() for way in ("h2d", "d2h")}
+    gib = {(phase, way): m[f"offload/{phase}/{way}_gib"] * 2**30
+           for phase, m in steady.items() for way in ("h2d", "d2h")}
     assert gib["generate", "d2h"] >= params and gib["generate", "h2d"] == 0
     assert gib["old_log_prob", "h2d"] == gib["generate", "d2h"] and gib["old_log_prob", "d2h"] == 0
     assert gib["ref_log_prob", "d2h"] == 0 < gib["ref_log_prob", "h2d"]
@@ -88,8 +88,9 @@ def test_a_hybrid_step_moves_the_actor_out_for_generation_only(process_group):
 @pytest.fixture(scope="module")
 def worker(ray_cluster, tiny_model_dir):
     pool = RayResourcePool(process_on_nodes=[1], use_gpu=False)
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, actor_config(tiny_model_dir, **OFFLOAD_ALL),
-                                                      "actor_rollout_ref"), call_timeout_s=180.0)
+    config = actor_config(tiny_model_dir, **OFFLOAD_ALL)
+    worker_class = RayClassWithInitArgs(ActorRolloutRefWorker, config, "actor_rollout_ref")
+    group = RayWorkerGroup(pool, worker_class, call_timeout_s=180.0)
     group.init_model()
     yield group
     group.kill()

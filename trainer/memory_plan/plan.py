@@ -183,7 +183,8 @@ def _trainer_rows(gpu: _TrainerGpu) -> list[Row]:
         copies, acts, logits = gpu.forward("ref", setup.ref_log_prob, "log_probs")
         # The actor stays on the GPU from its old log-probs to its update (workers/fsdp/residency.py).
         resident = gpu.resident(gpu.has("actor"), False, False, loaded=("ref",))
-        rows.append(Row("ref", "ref_log_prob", "log-probs", _add(resident, weights=copies, activations=acts, logits=logits)))
+        forward = _add(resident, weights=copies, activations=acts, logits=logits)
+        rows.append(Row("ref", "ref_log_prob", "log-probs", forward))
     if gpu.has("critic") and setup.critic_forward is not None and setup.critic_update is not None:
         copies, acts, _ = gpu.forward("critic", setup.critic_forward, None)
         rows.append(Row("critic", "values", "forward", _add(gpu.resident(False, False, False), weights=copies, activations=acts)))

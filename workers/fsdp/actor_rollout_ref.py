@@ -99,7 +99,8 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             actor = Offloader(self.actor.module, self.actor.optimizer, self.actor.device,
                               fsdp["param_offload"], fsdp["optimizer_offload"])
         if self.ref is not None:
-            ref = Offloader(self.ref.module, None, self.ref.device, self.config["ref"]["fsdp"]["param_offload"], False, frozen=True)
+            ref_offload = self.config["ref"]["fsdp"]["param_offload"]
+            ref = Offloader(self.ref.module, None, self.ref.device, ref_offload, False, frozen=True)
         return ActorResidency(actor, ref, process_tenants())
 
     def _resident_actor(self, method: str, with_optimizer: bool = False) -> FSDPEngine:

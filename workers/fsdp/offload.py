@@ -64,7 +64,8 @@ class Offloader:
         self.optimizer_offload = optimizer_offload and optimizer is not None
         self.moves_bytes = device.type == "cuda" or move_on_cpu
         self.params = StorageOffloader(lambda: module_state_tensors(module), device, frozen=frozen)
-        self.optimizer_state = StorageOffloader(lambda: optimizer_state_tensors([optimizer] if optimizer else []), device)
+        optimizers = [optimizer] if optimizer is not None else []
+        self.optimizer_state = StorageOffloader(lambda: optimizer_state_tensors(optimizers), device)
         self.params_on_device = True
         self.optimizer_on_device = True
         self.param_moves = 0  # requested changes of place, also where nothing moves (CPU)

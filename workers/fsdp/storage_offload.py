@@ -135,7 +135,9 @@ class StorageOffloader:
     offload the host copy stays valid, so later offloads only drop the device copy.
     """
 
-    def __init__(self, tensors: Callable[[], Iterable[torch.Tensor]], device: torch.device, frozen: bool = False) -> None:
+    def __init__(
+        self, tensors: Callable[[], Iterable[torch.Tensor]], device: torch.device, frozen: bool = False
+    ) -> None:
         self.tensors = tensors
         self.device = device
         self.frozen = frozen
