@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 
 # Offsets in the host buffer are rounded up to this, so every copy starts on a DMA-friendly boundary.
 HOST_ALIGNMENT = 512
+MOVES_KEPT = 32  # timings held before the older ones are added up
 
 
 @dataclass
@@ -47,16 +48,25 @@ class Transfer:
     d2h_bytes: int = 0
     h2d_bytes: int = 0
     host_alloc_s: float = 0.0  # allocating (and page-locking) host buffers: the first offload only
-    moves: list[MoveTiming] = field(default_factory=list)
+    moves: list[MoveTiming] = field(default_factory=list)  # not yet added up (a load's copies may be in flight)
+    counted_s: float = 0.0  # the moves added up so far
 
     @property
     def seconds(self) -> float:
-        return sum(move.seconds for move in self.moves)
+        return self.counted_s + sum(move.seconds for move in self.moves)
+
+    def record(self, move: MoveTiming) -> None:
+        """Keeps the list short for callers that never take the transfer (the older moves are done by now)."""
+        self.moves.append(move)
+        if len(self.moves) > MOVES_KEPT:
+            self.counted_s += sum(m.seconds for m in self.moves[: MOVES_KEPT // 2])
+            del self.moves[: MOVES_KEPT // 2]
 
     def add(self, other: Transfer) -> None:
         self.d2h_bytes += other.d2h_bytes
         self.h2d_bytes += other.h2d_bytes
         self.host_alloc_s += other.host_alloc_s
+        self.counted_s += other.counted_s
         self.moves.extend(other.moves)
 
 
@@ -219,7 +229,7 @@ class StorageOffloader:
             slot.storage.resize_(0)
         self._offloaded.extend(slots)
         self.transfer.d2h_bytes += copied
-        self.transfer.moves.append(MoveTiming(time.perf_counter() - start, events))
+        self.transfer.record(MoveTiming(time.perf_counter() - start, events))
         return copied
 
     def load(self) -> int:
@@ -235,7 +245,7 @@ class StorageOffloader:
         events = self._copy(slots, to_host=False)
         copied = sum(slot.nbytes for slot in slots)
         self.transfer.h2d_bytes += copied
-        self.transfer.moves.append(MoveTiming(time.perf_counter() - start, events))
+        self.transfer.record(MoveTiming(time.perf_counter() - start, events))
         return copied
 
     def _copy(self, slots: list[_Slot], to_host: bool) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
