@@ -10,8 +10,11 @@ engine with sleep mode; `--lora-rank 64` trains LoRA adapters instead (actor_rol
 Before running, the memory plan (trainer/memory_plan) is printed; a size whose plan does not fit the GPU is
 skipped unless `--force`. Per phase: time (steady state = mean of steps 2..N), the plan's estimate and the
 measured peak: `gpu_used_peak_gib`, the whole device's highest use during the phase (NVML, sampled in the
-worker), next to the allocator's peak and the device use at the phase's end. `--sizes tiny` runs a small
-shape on CPU (vLLM's CPU build), to check the script itself.
+worker), next to the allocator's peak and the device use at the phase's end. Per phase also the offload
+traffic (the workers' `offload/<phase>/...` metrics: GiB each way, seconds moving) against the page-locked
+host<->device bandwidth measured at the start of the same run (benchmarks/offload.py, in a child process),
+as a multiple of bytes / bandwidth. `--sizes tiny` runs a small shape on CPU (vLLM's CPU build), to check
+the script itself.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,7 @@ import torch
 
 from benchmarks.e2e_step import PHASES, steady, write
 from benchmarks.gpu_grpo_step import QWEN2_0_5B, grpo_overrides
+from benchmarks.offload import Bandwidth, offload_table, print_offload_table, probe_in_subprocess
 from benchmarks.random_model import write_config, write_model_folder
 from trainer.config_loader import load_config
 from trainer.datasets.synthetic import write_synthetic_dataset
@@ -104,7 +109,7 @@ def memory_table(history: list[dict[str, Any]], plan: Any) -> list[dict[str, Any
     return table
 
 
-def run_size(size: str, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+def run_size(size: str, args: argparse.Namespace, extra: list[str], bandwidth: Bandwidth | None) -> dict[str, Any]:
     on_gpu = torch.cuda.is_available()
     model_dir = Path(args.workdir) / size / "model"  # one folder per size, shared by its full and LoRA runs
     work = Path(args.workdir) / (size if not args.lora_rank else f"{size}_lora{args.lora_rank}")
@@ -136,7 +141,8 @@ def run_size(size: str, args: argparse.Namespace, extra: list[str]) -> dict[str,
     summary = {f"{phase}_s": steady(history, f"timing/{phase}_s") for phase in PHASES}
     for key in ("timing/step_s", "perf/tokens", "perf/tokens_per_s", "rollout/sync_s", "rollout/sync_gib", "rollout/generate_s"):
         summary[key.replace("/", "_")] = steady(history, key)
-    result.update(summary=summary, memory=memory_table(history, plan), history=history)
+    result.update(summary=summary, memory=memory_table(history, plan), offload=offload_table(history, bandwidth),
+                  history=history)
     return result
 
 
@@ -154,6 +160,8 @@ def print_result(result: dict[str, Any]) -> None:
         estimate = f"{m['estimate_gib']:.1f}" if m["estimate_gib"] is not None else "-"
         print(f"  {m['phase'].ljust(22)}{estimate:>10}{m['measured_peak_gib']:15.1f}{m['ratio']:7.2f}{flag:4}"
               f"{m['end_gib']:12.1f}{m['allocator_peak_gib']:16.1f}")
+    bandwidth = result.get("bandwidth")
+    print_offload_table(result["offload"], Bandwidth(**bandwidth) if bandwidth else None)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -175,9 +183,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     unknown = [s for s in sizes if s not in SHAPES]
     if unknown:
         parser.error(f"unknown size(s) {unknown}; valid: {list(SHAPES)}")
+    bandwidth = probe_in_subprocess()  # before any size: the GPU and the host are idle
     results = []
     for size in sizes:
-        results.append(run_size(size, args, extra))
+        results.append(run_size(size, args, extra, bandwidth))
+        results[-1]["bandwidth"] = asdict(bandwidth) if bandwidth else None
         write(args, extra, results)  # after each size, so a later failure keeps what was measured
     print(f"\n{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}")
     for result in results:

@@ -90,14 +90,16 @@ class StrategyProbe(Worker):
         norms = [(self._strategy_step(ids, mask), _manual_step(manual, manual_opt, ids, mask))]
         before = {k: {n: t.to_local().clone() if hasattr(t, "to_local") else t.clone() for n, t in v.items()}
                   for k, v in self.optimizer.state.items()}
-        pointers = [t.to_local().data_ptr() for v in self.optimizer.state.values() for t in v.values() if t.dim() > 0]
+        objects = [t for v in self.optimizer.state.values() for t in v.values() if t.dim() > 0]
         self.strategy.maybe_offload_optimizer(self.optimizer)
         try:
             self._strategy_step(ids, mask)
             stepped_while_offloaded = True
         except RuntimeError as error:
             stepped_while_offloaded = str(error)
-        moved = [t.to_local().data_ptr() for v in self.optimizer.state.values() for t in v.values() if t.dim() > 0]
+        # offloaded: the device storages are released (their bytes wait in host buffers), the tensors stay
+        offloaded = [t for v in self.optimizer.state.values() for t in v.values() if t.dim() > 0]
+        released = [t.to_local().untyped_storage().nbytes() == 0 for t in offloaded]
         self.strategy.maybe_load_optimizer(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         after = {k: {n: t.to_local() if hasattr(t, "to_local") else t for n, t in v.items()} for k, v in self.optimizer.state.items()}
@@ -111,7 +113,8 @@ class StrategyProbe(Worker):
             "max_param_diff": max((ours[n] - theirs[n]).abs().max().item() for n in ours),
             "params_moved": ours["model.layers.0.mlp.down_proj.weight"].ne(_full_params(AutoModelForCausalLM.from_pretrained(self.model_path))["model.layers.0.mlp.down_proj.weight"]).any().item(),
             "bit_exact": bit_exact,
-            "state_copied": all(a != b for a, b in zip(pointers, moved)) and len(pointers) > 0,
+            "state_released": all(released) and len(released) == len(objects) > 0,
+            "same_state_objects": all(a is b for a, b in zip(objects, offloaded, strict=True)),
             "stepped_while_offloaded": stepped_while_offloaded,
             "grad_norm_recorded": self.strategy.grad_norms["actor"],
         }

@@ -75,8 +75,11 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     mem = role_memory(actor, setup.gpus_per_pool)
     host += mem.weights if actor.param_offload else 0
     host += mem.optimizer if actor.optimizer_offload else 0
+    if setup.ref is not None and setup.ref.param_offload:
+        host += role_memory(setup.ref, setup.gpus_per_pool).weights
     if host:
-        notes.append(f"host memory for the actor's offloaded state: {gib(host)} per GPU")
+        notes.append(f"page-locked host memory for the offloaded state (allocated once, at the first offload): "
+                     f"{gib(host)} per GPU")
     roles = [r for r in (setup.actor, setup.ref, setup.critic, setup.reward_model) if r is not None]
     if any(r.strategy == "megatron" for r in roles):
         notes.append("Megatron terms (tensor/pipeline slices, vocabulary-parallel logits) are approximations; the FSDP "

@@ -2,11 +2,13 @@
 with trainer.placement=separate), the peak bytes on one GPU in each phase of a step, split by kind.
 
 Each phase's row is its peak moment: what is resident then (the models' state, minus what the config
-offloads to the host between phases), plus that moment's compute memory. Phases and residency follow the
-workers: the actor worker loads its parameters for generate/sync, old log-probs and the update (and for
-the reference log-probs with LoRA), its optimizer state for the update only; the reference, critic and
-reward model never offload; a hybrid vLLM engine holds `gpu_memory_utilization` x the GPU while awake
-(generate) and nothing while asleep.
+offloads to the host), plus that moment's compute memory. Phases and residency follow the workers
+(workers/fsdp/residency.py): with param_offload the actor's parameters are on the GPU from the weight sync
+before generation through old log-probs, the reference's log-probs and the update, and leave while the
+hybrid engine generates and while a colocated critic or reward model computes; with optimizer_offload its
+optimizer state is on the GPU inside the optimizer step only; an offloading reference comes in for its
+log-probs; the critic and reward model never offload; a hybrid vLLM engine holds `gpu_memory_utilization`
+x the GPU while awake (generate) and nothing while asleep.
 """
 
 from __future__ import annotations
@@ -187,31 +189,39 @@ def _trainer_rows(gpu: _TrainerGpu) -> list[Row]:
         rows.append(Row("actor", "ref_log_prob", "base model (adapters off)", _add(gpu.resident(True, False, False), weights=copies, activations=acts, logits=logits)))
     elif gpu.has("ref"):
         copies, acts, logits = gpu.forward("ref", setup.ref_log_prob, "log_probs")
-        rows.append(Row("ref", "ref_log_prob", "log-probs", _add(gpu.resident(False, False, False, loaded=("ref",)), weights=copies, activations=acts, logits=logits)))
+        # The actor stays on the GPU from its old log-probs to its update (workers/fsdp/residency.py).
+        resident = gpu.resident(gpu.has("actor"), False, False, loaded=("ref",))
+        forward = _add(resident, weights=copies, activations=acts, logits=logits)
+        rows.append(Row("ref", "ref_log_prob", "log-probs", forward))
     if gpu.has("critic") and setup.critic_forward is not None and setup.critic_update is not None:
         copies, acts, _ = gpu.forward("critic", setup.critic_forward, None)
         rows.append(Row("critic", "values", "forward", _add(gpu.resident(False, False, False), weights=copies, activations=acts)))
-        rows.append(_update_row(gpu, "critic", "update_critic", setup.critic_update, logits=False))
+        rows.extend(_update_rows(gpu, "critic", "update_critic", setup.critic_update, logits=False))
     if gpu.has("reward_model") and setup.reward_forward is not None:
         copies, acts, _ = gpu.forward("reward_model", setup.reward_forward, None)
         rows.append(Row("reward_model", "reward_model", "forward", _add(gpu.resident(False, False, False), weights=copies, activations=acts)))
     if gpu.has("actor"):
-        rows.append(_update_row(gpu, "actor", "update_actor", setup.update, logits=True))
+        rows.extend(_update_rows(gpu, "actor", "update_actor", setup.update, logits=True))
     return rows
 
 
-def _update_row(gpu: _TrainerGpu, name: str, phase: str, batch: Batching, logits: bool) -> Row:
-    """The larger of the end of a training forward (activations and logits kept for backward, gradients of
-    earlier micro-batches) and the optimizer step (on CPU, foreach AdamW's temporary; fused AdamW on GPU makes none)."""
+def _update_rows(gpu: _TrainerGpu, name: str, phase: str, batch: Batching, logits: bool) -> list[Row]:
+    """The end of a training forward (activations and logits kept for backward, gradients of
+    earlier micro-batches) and, where it is higher, the optimizer step (on CPU, foreach AdamW's temporary; fused AdamW on GPU makes none).
+    With optimizer_offload the actor's optimizer state is on the GPU inside the step only."""
     mem = gpu.memory[name]
-    base = gpu.resident(actor_loaded=True, with_optimizer=True, engine_awake=False)
+    is_actor = name == "actor"  # a critic's update claims the GPU: the actor's offloadable state is out
+    base = gpu.resident(actor_loaded=is_actor, with_optimizer=False, engine_awake=False)
+    stepping = gpu.resident(actor_loaded=is_actor, with_optimizer=is_actor, engine_awake=False)
     grads = 0 if gpu.roles[name].strategy == "megatron" else mem.grads  # Megatron's buffer is already resident
     copies, reduce, acts, logit_bytes = gpu.backward(name, batch, logits)
     backward = _add(base, weights=copies, grads=grads + reduce, activations=acts, logits=logit_bytes)
-    step = _add(base, grads=grads, optimizer=0 if gpu.setup.on_gpu and gpu.roles[name].strategy == "fsdp" else mem.step_temporary)
-    if sum(step.values()) > sum(backward.values()):
-        return Row(name, phase, "optimizer step", step)
-    return Row(name, phase, "forward/backward", backward)
+    temporary = 0 if gpu.setup.on_gpu and gpu.roles[name].strategy == "fsdp" else mem.step_temporary
+    step = _add(stepping, grads=grads, optimizer=temporary)
+    rows = [Row(name, phase, "forward/backward", backward)]
+    if sum(step.values()) > sum(backward.values()):  # shown only where it is the phase's peak
+        rows.append(Row(name, phase, "optimizer step", step))
+    return rows
 
 
 def build_groups(setup: PlanSetup, gpu_bytes: int | None) -> list[GpuGroup]:

@@ -25,8 +25,9 @@ from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.dpo_update import PAIR_KEYS, DPOSettings, run_dpo_update
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.generation import generate_responses, seeded_sampling
-from workers.fsdp.offload import Offloader
+from workers.fsdp.offload import GIB, Offloader
 from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.fsdp.residency import ActorResidency, process_tenants
 from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.sequences import require_batch_keys, response_log_probs_and_entropy
 from workers.fsdp.sft_update import SFT_KEYS, sft_loss_from_log_probs, with_loss_mask
@@ -53,8 +54,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         self.ref: FSDPEngine | None = None
         self.update_calls = 0  # part of the checkpoint: seeds the mini-batch shuffles
         self.hybrid_rollout = None  # a vLLM engine in this process (rollout.name=vllm, placement=hybrid)
-        self.offloader: Offloader | None = None
-        self.ref_offloader: Offloader | None = None  # the frozen reference's parameters (ref.fsdp.param_offload)
+        self.residency: ActorResidency | None = None  # where the actor's and the reference's state is, phase by phase
         self.agent = None  # the multi-turn tool-calling rollout (rollout.multi_turn.enable)
         self.init_actor_state()
 
@@ -68,46 +68,57 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             self.actor = FSDPEngine(
                 AutoModelForCausalLM, cfg["model"], self.rank, optim_cfg=cfg["actor"]["optim"]
             )
-            fsdp = cfg["actor"]["fsdp"]
-            self.offloader = Offloader(
-                self.actor.module, self.actor.optimizer, self.actor.device, fsdp["param_offload"], fsdp["optimizer_offload"]
-            )
         if self.role == "ref" or (self.role == "actor_rollout_ref" and self.actor.lora is None):
             # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.
             self.ref = FSDPEngine(AutoModelForCausalLM, cfg["model"], self.rank)
-            self.ref_offloader = Offloader(self.ref.module, None, self.ref.device, cfg["ref"]["fsdp"]["param_offload"], False)
+        self.residency = self._build_residency()
         # Offloaded models leave the GPU before the engine starts: it then finds its whole budget free, and
         # the start's peak is the engine's, not the engine's plus every model's (the memory plan's init row).
-        for offloader in (self.offloader, self.ref_offloader):
-            if offloader is not None:
-                offloader.offload()
+        self.residency.before_engine_start()
         rollout = cfg["rollout"]
         if self.actor is not None and rollout["name"] == "vllm" and rollout["placement"] == "hybrid":
             from workers.rollout.hybrid import FSDPWeightSource, HybridRollout
 
+            if rollout["verify_sync"]:
+                self.residency.actor_needed()  # the engine's first check reads the actor's initial weights
             self.hybrid_rollout = HybridRollout(FSDPWeightSource(self.actor), rollout, seed=cfg["seed"] + self.rank)
         if self.actor is not None:
             eos, _ = model_token_ids(getattr(self.actor.module, "generation_config", None), self.actor.module.config)
             self.agent = build_agent(rollout, cfg["model"]["path"], eos)
         device = (self.actor or self.ref).device
         self.memory = MemoryLog(device)
-        self.memory.record("init")
+        self._end_phase("init")
         # Each rank samples from its own stream, reproducibly.
         torch.manual_seed(cfg["seed"] + self.rank)
+
+    def _build_residency(self) -> ActorResidency:
+        """Offloaders of the actor (parameters, optimizer state) and of the frozen reference (parameters)."""
+        actor = ref = None
+        if self.actor is not None:
+            fsdp = self.config["actor"]["fsdp"]
+            actor = Offloader(self.actor.module, self.actor.optimizer, self.actor.device,
+                              fsdp["param_offload"], fsdp["optimizer_offload"])
+        if self.ref is not None:
+            ref_offload = self.config["ref"]["fsdp"]["param_offload"]
+            ref = Offloader(self.ref.module, None, self.ref.device, ref_offload, False, frozen=True)
+        return ActorResidency(actor, ref, process_tenants())
 
     def _resident_actor(self, method: str, with_optimizer: bool = False) -> FSDPEngine:
         """The actor engine with its parameters (and optimizer state if asked) on the device."""
         engine = self._engine("actor", method)
-        self.offloader.load(with_optimizer)
+        self.residency.actor_needed(with_optimizer)
         return engine
 
     def _sync_source(self) -> FSDPEngine:
         return self._resident_actor("broadcast_weights")
 
     def _end_phase(self, phase: str) -> None:
-        """Offload what the config keeps on the host between phases, then take the phase's memory reading."""
-        if self.offloader is not None:
-            self.offloader.offload()
+        """The phase's offload traffic and memory reading. Nothing leaves the GPU here but optimizer state a
+        checkpoint brought: the actor's parameters stay until another tenant claims the device."""
+        metrics = self.residency.end_phase(phase)
+        if metrics:
+            metrics["offload/host_buffers_gib"] = self.residency.host_bytes / GIB
+        self.step_metrics.update(metrics)
         self.memory.record(phase)
 
     def _engine(self, which: str, method: str) -> FSDPEngine:
@@ -144,7 +155,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             )
             result, metrics = self.hybrid_rollout.generate(
                 inputs, params, seed, self.rank, self.weights_version,
-                before_sync=self.offloader.load, after_sync=self.offloader.offload, run=multi_turn,
+                before_sync=self.residency.actor_needed, after_sync=self.residency.rollout_needs_device, run=multi_turn,
             )
             self.step_metrics.update(metrics)
         elif self.agent is not None:
@@ -208,16 +219,17 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             self._end_phase("ref_log_prob")
         else:
             engine = self._engine("ref", "compute_ref_log_prob")
-            self.ref_offloader.load()
+            self.residency.ref_needed()  # the actor stays: the update follows
             out = self._log_probs(engine, data, "ref", False, "compute_ref_log_prob")
-            self.ref_offloader.offload()
+            self.residency.ref_done()
+            self._end_phase("ref_log_prob")
         return DataProto.from_dict({"ref_log_prob": out["log_probs"]})
 
     # ---- training -------------------------------------------------------------------------------------
     @register(Dispatch.DP_COMPUTE_METRIC)
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """PPO update on this rank's share; returns metrics averaged over micro-batches and ranks."""
-        engine = self._resident_actor("update_actor", with_optimizer=True)
+        engine = self._resident_actor("update_actor")  # the optimizer state comes for each step only
         actor_cfg = self.config["actor"]
         require_batch_keys(data, required_update_keys(actor_cfg), "update_actor")
         temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
@@ -237,7 +249,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         """Supervised step on the responses (token NLL under `response_mask` x optional `loss_mask`; layout
         in `workers/fsdp/sft_update.py`) with the PPO update's schedule; log-probs at temperature 1 unless
         `meta_info["temperature"]` says otherwise. Returns `sft_loss`, `grad_norm`, `lr` over micro-batches and ranks."""
-        engine = self._resident_actor("update_actor_sft", with_optimizer=True)
+        engine = self._resident_actor("update_actor_sft")  # the optimizer state comes for each step only
         require_batch_keys(data, SFT_KEYS, "update_actor_sft")
         actor_cfg = self.config["actor"]
         temperature = float(data.meta_info.get("temperature", 1.0))
@@ -259,7 +271,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         loss settings come in `meta_info["dpo"]` ({beta, loss_type, label_smoothing, epochs}). Log-probs use
         the same temperature rule as `compute_ref_log_prob`, so policy and reference are comparable.
         Generation runs on this same model, so the next `generate_sequences` samples from the new weights."""
-        engine = self._resident_actor("update_actor_dpo", with_optimizer=True)
+        engine = self._resident_actor("update_actor_dpo")  # the optimizer state comes for each step only
         require_batch_keys(pairs, PAIR_KEYS, "update_actor_dpo")
         temperature = float(pairs.meta_info.get("temperature", self.config["rollout"]["temperature"]))
         metrics = run_dpo_update(
@@ -296,6 +308,6 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             self._end_phase("export_hf")
         else:
             engine = self._engine("ref", "export_hf")
-            self.ref_offloader.load()
+            self.residency.ref_needed()
             engine.export_hf(path)
-            self.ref_offloader.offload()
+            self.residency.ref_done()

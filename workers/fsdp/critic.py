@@ -14,6 +14,7 @@ from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.fsdp.residency import CRITIC, process_tenants
 from workers.fsdp.sequences import require_batch_keys, response_mask, response_values
 from workers.rl_math.losses import compute_value_loss
 from workers.rl_math.masked import masked_mean
@@ -46,8 +47,10 @@ class CriticWorker(Worker):
         )
 
     def _engine(self, method: str) -> FSDPEngine:
+        """The critic, about to compute: a colocated actor's offloadable state leaves the GPU first."""
         if self.critic is None:
             raise RuntimeError(f"{method}: call init_model() first")
+        process_tenants().claim(CRITIC)
         return self.critic
 
     @register(Dispatch.DP_COMPUTE_PROTO)

@@ -1,54 +1,161 @@
-"""Moving a trainer's parameters and optimizer state between the GPU and host memory.
+"""Moving a trainer's parameters and optimizer state between the GPU and host memory, and counting the moves.
 
-Between the phases that need them (log-probs, update, weight sync) the actor's sharded parameters and
-Adam moments can live on the host, leaving the GPU to the rollout engine. On CPU there is nothing to move.
+An `Offloader` keeps track of where one model's parameters (with their gradients and buffers) and its
+optimizer's state are, and moves them with `StorageOffloader` (storages only, page-locked host buffers
+allocated once, copies on a side stream: workers/fsdp/storage_offload.py). When to move is the caller's
+policy (the actor worker's: workers/fsdp/actor_rollout_ref.py and workers/fsdp/residency.py).
+
+On CPU nothing moves (the host is the device), but every requested move is still counted, so the policy
+can be checked there; `move_on_cpu=True` (tests, the benchmark's CPU check) makes the moves real.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+
+from workers.fsdp.storage_offload import StorageOffloader, Transfer
+
+GIB = float(1 << 30)
 
 
-def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.device != device:
-                state[key] = value.to(device, non_blocking=True)
+def module_state_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
+    """Parameters, their gradients (if any) and buffers. FSDP2 units are resharded first, so the parameters
+    are the sharded ones (a root's forward leaves its unsharded compute copies registered)."""
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.reshard()
+    for param in module.parameters():
+        yield param
+        if param.grad is not None:
+            yield param.grad
+    yield from module.buffers()
+
+
+def optimizer_state_tensors(optimizers: list[torch.optim.Optimizer]) -> Iterator[torch.Tensor]:
+    """Every tensor in the optimizers' per-parameter state (AdamW: exp_avg, exp_avg_sq, step)."""
+    for optimizer in optimizers:
+        for state in optimizer.state.values():
+            yield from (value for value in state.values() if isinstance(value, torch.Tensor))
 
 
 class Offloader:
-    """Tracks where the module's parameters and the optimizer's state are, and moves them on request."""
+    """Where one model's parameters and its optimizer's state are (`params_on_device`,
+    `optimizer_on_device`), moved on request. `param_offload` / `optimizer_offload` say what may leave
+    the device at all; `frozen` (a reference model) keeps the first host copy of the parameters, so later
+    offloads only free the device memory."""
 
-    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device,
-                 param_offload: bool, optimizer_offload: bool) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        device: torch.device,
+        param_offload: bool,
+        optimizer_offload: bool,
+        frozen: bool = False,
+        move_on_cpu: bool = False,
+    ) -> None:
         self.module, self.optimizer, self.device = module, optimizer, device
-        active = device.type == "cuda"
-        self.param_offload = param_offload and active
-        self.optimizer_offload = optimizer_offload and active and optimizer is not None
+        self.param_offload = param_offload
+        self.optimizer_offload = optimizer_offload and optimizer is not None
+        self.moves_bytes = device.type == "cuda" or move_on_cpu
+        self.params = StorageOffloader(lambda: module_state_tensors(module), device, frozen=frozen)
+        optimizers = [optimizer] if optimizer is not None else []
+        self.optimizer_state = StorageOffloader(lambda: optimizer_state_tensors(optimizers), device)
         self.params_on_device = True
         self.optimizer_on_device = True
+        self.param_moves = 0  # requested changes of place, also where nothing moves (CPU)
+        self.optimizer_moves = 0
+        self._step_hooks: list[Any] = []
+
+    # ---- moves ----------------------------------------------------------------------------------------
+    def load_params(self) -> None:
+        if not self.params_on_device:
+            if self.moves_bytes:
+                self.params.load()
+            self.params_on_device = True
+            self.param_moves += 1
+
+    def offload_params(self) -> None:
+        if self.param_offload and self.params_on_device:
+            if self.moves_bytes:
+                self.params.offload()
+                self._return_freed_memory()
+            self.params_on_device = False
+            self.param_moves += 1
+
+    def load_optimizer(self) -> None:
+        if not self.optimizer_on_device:
+            if self.moves_bytes:
+                self.optimizer_state.load()
+            self.optimizer_on_device = True
+            self.optimizer_moves += 1
+
+    def offload_optimizer(self) -> None:
+        if self.optimizer_offload and self.optimizer_on_device:
+            if self.moves_bytes:
+                self.optimizer_state.offload()
+                self._return_freed_memory()
+            self.optimizer_on_device = False
+            self.optimizer_moves += 1
 
     def load(self, with_optimizer: bool = False) -> None:
-        """Bring what the next phase needs onto the device."""
-        if not self.params_on_device:
-            self.module.to(self.device)  # FSDP2 moves the local shards and keeps the sharding
-            self.params_on_device = True
-        if with_optimizer and not self.optimizer_on_device:
-            _move_optimizer_state(self.optimizer, self.device)
-            self.optimizer_on_device = True
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        """Bring what the next computation needs onto the device."""
+        self.load_params()
+        if with_optimizer:
+            self.load_optimizer()
 
     def offload(self) -> None:
-        """Move what is configured to be offloaded to the host and return the freed cache to the GPU."""
-        moved = False
-        if self.param_offload and self.params_on_device:
-            self.module.to("cpu")
-            self.params_on_device, moved = False, True
-        if self.optimizer_offload and self.optimizer_on_device:
-            _move_optimizer_state(self.optimizer, torch.device("cpu"))
-            self.optimizer_on_device, moved = False, True
-        if moved:
-            torch.cuda.synchronize(self.device)
+        """Move everything configured to be offloaded to the host."""
+        self.offload_params()
+        self.offload_optimizer()
+
+    def _return_freed_memory(self) -> None:
+        """Freed storages go back to PyTorch's cache; empty it so another tenant (vLLM) can take them."""
+        if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    def optimizer_only_in_steps(self) -> None:
+        """With `optimizer_offload`, the optimizer's state comes to the device right before each
+        `optimizer.step()` and leaves right after it (hooks on the optimizer): forward and backward run
+        without it. AdamW creates its state in its first step; the first offload follows it."""
+        if not self.optimizer_offload or self._step_hooks:
+            return
+        self._step_hooks = [
+            self.optimizer.register_step_pre_hook(lambda *_: self.load_optimizer()),
+            self.optimizer.register_step_post_hook(lambda *_: self.offload_optimizer()),
+        ]
+
+    # ---- accounting -----------------------------------------------------------------------------------
+    @property
+    def host_allocations(self) -> int:
+        return self.params.host_allocations + self.optimizer_state.host_allocations
+
+    @property
+    def host_bytes(self) -> int:
+        return self.params.host_bytes + self.optimizer_state.host_bytes
+
+    def take_transfer(self) -> Transfer:
+        """Bytes moved and time spent since the last call (parameters and optimizer state together)."""
+        taken = self.params.take_transfer()
+        taken.add(self.optimizer_state.take_transfer())
+        return taken
+
+
+def transfer_metrics(phase: str, transfer: Transfer, moves: dict[str, int]) -> dict[str, float]:
+    """`offload/<phase>/...`: GiB each way, seconds spent moving (a first offload's host allocation
+    included, and also reported alone), and the moves each offloader was asked for (`moves`: e.g.
+    {"actor_params": 1}; counted on CPU too, where nothing moves)."""
+    metrics = {
+        f"offload/{phase}/h2d_gib": transfer.h2d_bytes / GIB,
+        f"offload/{phase}/d2h_gib": transfer.d2h_bytes / GIB,
+        f"offload/{phase}/seconds": transfer.seconds,
+    }
+    if transfer.host_alloc_s:
+        metrics[f"offload/{phase}/host_alloc_s"] = transfer.host_alloc_s
+    metrics.update({f"offload/{phase}/{name}_moves": float(count) for name, count in moves.items()})
+    return metrics

@@ -14,6 +14,7 @@ from workers.config import reward_model_config
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
+from workers.fsdp.residency import REWARD_MODEL, process_tenants
 from workers.fsdp.sequences import SEQUENCE_KEYS, require_batch_keys, response_mask
 from workers.packing.forward import is_packed, packed_token_outputs
 from workers.rl_math.masked import last_valid_positions
@@ -70,6 +71,7 @@ class RewardModelWorker(Worker):
         """`rm_scores` [B, R]: the model's score at the last valid response token, 0 elsewhere."""
         if self.reward_model is None:
             raise RuntimeError("compute_rm_score: call init_model() first")
+        process_tenants().claim(REWARD_MODEL)  # a colocated actor's offloadable state leaves the GPU first
         engine = self.reward_model
         require_batch_keys(data, SCORE_KEYS, "compute_rm_score")
         check_same_length(len(data), engine.device, "compute_rm_score")

@@ -20,7 +20,7 @@ from workers.rollout.hybrid import WeightSource
 from workers.strategy import checkpoint_folders
 from workers.strategy.config import ENGINE_TYPES, InferenceConfig, StrategyConfig
 from workers.strategy.inference import GroupedInferenceEngine
-from workers.strategy.optimizer_offload import move_optimizer_state
+from workers.strategy.optimizer_offload import OptimizerStateOffload
 
 REDUCE_OPS = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
@@ -38,6 +38,7 @@ class Strategy:
         self.weights_version = 0  # optimizer steps taken: an engine update must then change its weights
         self.grad_norms: dict[str, float] = {}  # the last grad norm per optimizer_step name
         self._offloaded: set[int] = set()
+        self._optimizer_offloads: dict[int, OptimizerStateOffload] = {}  # per optimizer, its host buffers kept
         torch.manual_seed(config.seed)
 
     # ---- distributed ----------------------------------------------------------------------------------
@@ -139,13 +140,15 @@ class Strategy:
     def maybe_offload_optimizer(self, optimizer: Any) -> None:
         """With `optimizer_offload`, move the optimizer's state (Adam moments, step counts) to host memory."""
         if self.config.optimizer_offload and id(optimizer) not in self._offloaded:
-            move_optimizer_state(optimizer, torch.device("cpu"))
+            if id(optimizer) not in self._optimizer_offloads:
+                self._optimizer_offloads[id(optimizer)] = OptimizerStateOffload(optimizer, self.device)
+            self._optimizer_offloads[id(optimizer)].offload()
             self._offloaded.add(id(optimizer))
 
     def maybe_load_optimizer(self, optimizer: Any) -> None:
         """Bring offloaded optimizer state back to the device before a step (a no-op when it is there)."""
         if id(optimizer) in self._offloaded:
-            move_optimizer_state(optimizer, self.device)
+            self._optimizer_offloads[id(optimizer)].load()
             self._offloaded.discard(id(optimizer))
 
     # ---- inference engine -----------------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""Moving an optimizer's state (Adam moments; step counters stay put) between the device and host memory.
+"""Moving an optimizer's state (Adam moments; step counts stay put) between the device and host memory.
 
 Works for torch optimizers (plain or FSDP2 DTensor state) and Megatron's (chained) optimizers, whose
-torch optimizer sits under `.optimizer`. Every state tensor is copied to new storage on the target and the
-old one is dropped, so a round trip returns bit-identical state.
+torch optimizer sits under `.optimizer`. The storages move and the tensors stay (the same mechanism as the
+FSDP workers' offload, workers/fsdp/storage_offload.py: host buffers allocated once, page-locked on a GPU),
+so a round trip returns bit-identical state in the same tensor objects. On CPU the round trip is real too
+(host buffers of plain memory), which is what the CPU tests check.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from workers.fsdp.offload import optimizer_state_tensors
+from workers.fsdp.storage_offload import StorageOffloader
 
 
 def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
@@ -23,14 +28,18 @@ def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
     return inner
 
 
-def move_optimizer_state(optimizer: Any, device: torch.device) -> None:
-    for opt in torch_optimizers(optimizer):
-        for state in opt.state.values():
-            for key, value in state.items():
-                # Scalars (Adam's step counts) stay where the optimizer keeps them: on the CPU.
-                if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    state[key] = value.to(device, copy=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif torch.cuda.is_available():
-        torch.cuda.empty_cache()  # return the freed device memory (e.g. to the inference engine)
+class OptimizerStateOffload:
+    """One optimizer's state, offloaded to and loaded from its own host buffers."""
+
+    def __init__(self, optimizer: Any, device: torch.device) -> None:
+        optimizers = torch_optimizers(optimizer)
+        self.device = device
+        self.storages = StorageOffloader(lambda: optimizer_state_tensors(optimizers), device)
+
+    def offload(self) -> None:
+        self.storages.offload()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # return the freed device memory (e.g. to the inference engine)
+
+    def load(self) -> None:
+        self.storages.load()

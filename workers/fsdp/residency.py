@@ -1,0 +1,114 @@
+"""When the actor's parameters and optimizer state move: only when the GPU is wanted by another tenant.
+
+Tenants of a trainer GPU, in one process: the actor, its reference, a hybrid vLLM engine, and (colocated
+placement) a critic and a reward model. `DeviceTenants` is the process's register of who can give memory
+back: a tenant about to compute `claim`s the device and the others release what they hold.
+
+The actor worker's policy (`ActorResidency`), with `actor.fsdp.param_offload` / `optimizer_offload` and
+`ref.fsdp.param_offload`:
+- configured models leave the GPU once before the rollout engine starts (its start then finds the memory);
+- the actor's parameters come to the GPU when a phase needs them and stay until another tenant claims it:
+  the hybrid engine after its weight sync (for generation), or a colocated critic / reward model. Old
+  log-probs -> reference -> update therefore move nothing, and the weight sync finds them in place;
+- the optimizer's state is on the GPU only inside each optimizer step (and for checkpoints);
+- the reference comes in for its log-probs and leaves right after; its host copy stays valid (frozen), so
+  leaving only frees the device memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from workers.fsdp.offload import Offloader, transfer_metrics
+from workers.fsdp.storage_offload import Transfer
+
+ACTOR, ROLLOUT, CRITIC, REWARD_MODEL = "actor", "rollout", "critic", "reward_model"
+
+
+class DeviceTenants:
+    """The models of one process sharing its GPU. `register(name, release)`: how a tenant gives its memory
+    back; `claim(name)`: `name` is about to compute, every other tenant releases."""
+
+    def __init__(self) -> None:
+        self._releases: dict[str, Callable[[], None]] = {}
+        self.claims: list[str] = []  # who claimed, in order (for tests and logs)
+
+    def register(self, name: str, release: Callable[[], None]) -> None:
+        self._releases[name] = release
+
+    def claim(self, name: str) -> None:
+        self.claims.append(name)
+        for other, release in self._releases.items():
+            if other != name:
+                release()
+
+
+_PROCESS_TENANTS = DeviceTenants()
+
+
+def process_tenants() -> DeviceTenants:
+    """The tenants of this process's GPU (colocated roles share one process, hence one register)."""
+    return _PROCESS_TENANTS
+
+
+class ActorResidency:
+    """The actor worker's placement policy (module docstring) over its offloaders."""
+
+    def __init__(self, actor: Offloader | None, ref: Offloader | None, tenants: DeviceTenants) -> None:
+        self.actor, self.ref, self.tenants = actor, ref, tenants
+        self.reports = any(o is not None and (o.param_offload or o.optimizer_offload) for o in (actor, ref))
+        self._counted: dict[str, int] = {}
+        if actor is not None:
+            actor.optimizer_only_in_steps()
+            tenants.register(ACTOR, actor.offload_params)
+
+    def before_engine_start(self) -> None:
+        for offloader in (self.actor, self.ref):
+            if offloader is not None:
+                offloader.offload()
+
+    def actor_needed(self, with_optimizer: bool = False) -> None:
+        self.tenants.claim(ACTOR)
+        self.actor.load(with_optimizer)
+
+    def rollout_needs_device(self) -> None:
+        """The hybrid engine generates next: the actor's parameters leave (after the sync that read them)."""
+        self.tenants.claim(ROLLOUT)
+
+    def ref_needed(self) -> None:
+        self.ref.load_params()
+
+    def ref_done(self) -> None:
+        self.ref.offload_params()
+
+    def end_phase(self, phase: str) -> dict[str, float]:
+        """The optimizer's state leaves if a checkpoint brought it; returns the phase's `offload/<phase>/...`
+        metrics (none when nothing is configured to offload)."""
+        if self.actor is not None:
+            self.actor.offload_optimizer()
+        if not self.reports:
+            return {}
+        transfer = Transfer()
+        for offloader in (self.actor, self.ref):
+            if offloader is not None:
+                transfer.add(offloader.take_transfer())
+        return transfer_metrics(phase, transfer, self._new_moves())
+
+    def move_counts(self) -> dict[str, int]:
+        counts = {}
+        if self.actor is not None:
+            counts["actor_params"] = self.actor.param_moves
+            counts["actor_optimizer"] = self.actor.optimizer_moves
+        if self.ref is not None:
+            counts["ref_params"] = self.ref.param_moves
+        return counts
+
+    def _new_moves(self) -> dict[str, int]:
+        counts = self.move_counts()
+        new = {name: count - self._counted.get(name, 0) for name, count in counts.items()}
+        self._counted = counts
+        return new
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(o.host_bytes for o in (self.actor, self.ref) if o is not None)
