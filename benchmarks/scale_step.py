@@ -66,7 +66,7 @@ def scale_overrides(args: argparse.Namespace, on_gpu: bool) -> list[str]:
         "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.model.use_remove_padding=true",
         "actor_rollout_ref.actor.fsdp.param_offload=true", "actor_rollout_ref.actor.fsdp.optimizer_offload=true",
         "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
-        f"actor_rollout_ref.rollout.enforce_eager={str(not args.cuda_graphs).lower()}",
+        *(["actor_rollout_ref.rollout.enforce_eager=true"] if args.eager else []),  # default: CUDA graphs on a GPU
     ]
     if not on_gpu:
         overrides.append("trainer.device=cpu")
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--response-length", type=int, default=512)
     parser.add_argument("--micro-rows", type=int, default=8, help="rows per update / log-prob micro-batch")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
-    parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (default: eager)")
+    parser.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs (default: graphs on a GPU)")
     parser.add_argument("--force", action="store_true", help="run a size whose memory plan does not fit (trainer.memory_check=warn)")
     parser.add_argument("--workdir", default="/tmp/scale_step")
     parser.add_argument("--out", default="results/scale_step.json")
