@@ -114,7 +114,7 @@ def _ppo_spec() -> dict[str, Any]:
 
 
 ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
-    "seed": Field(0, int_at_least(0), "an int >= 0 (mini-batch shuffling; sampling adds the rank)"),
+    "seed": Field(0, int_at_least(0), "an int >= 0 (LoRA adapter init, mini-batch shuffling; sampling adds the rank)"),
     "model": ACTOR_MODEL_SPEC,
     "actor": {
         "optim": optim_spec(1e-6),

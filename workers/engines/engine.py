@@ -100,6 +100,9 @@ class TrainEngine:
 
         if not isinstance(module, TrainModule):
             raise TypeError(f"{type(module).__name__} must subclass workers.engines.TrainModule (next to its model class)")
+        from workers.engines.materialize import clear_stale_requires_grad
+
+        clear_stale_requires_grad(module)  # what trains on the workers is what trains here
         self.module, self.executor = module, executor
         self.worker_args = {"sync_dtype": sync_dtype, "bucket_mb": bucket_mb}
         self.group: RayWorkerGroup | None = None

@@ -14,6 +14,18 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from workers.fsdp.model_loading import device_mesh
 
 
+def clear_stale_requires_grad(module: nn.Module) -> None:
+    """Make pickling keep each parameter's `requires_grad` (call on the driver before shipping).
+
+    Under `accelerate.init_empty_weights` a parameter registered a second time (transformers tying the LM
+    head to the input embedding) keeps `requires_grad` in its instance `__dict__`, as it was then. Nothing
+    reads that entry (the tensor's own flag wins) until the module is pickled: unpickling restores the
+    `__dict__` and with it the stale flag, so an embedding that peft had frozen arrived trainable on the
+    workers, and the LoRA example trained the tied embedding / LM head too."""
+    for param in module.parameters():
+        param.__dict__.pop("requires_grad", None)
+
+
 def _allocate_meta_parameters(module: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
     """Real (uninitialised) storage for every meta parameter; buffers, which `init_empty_weights` keeps
     real (rotary frequencies and the like), are moved as they are."""
@@ -67,6 +79,21 @@ def shard(module: nn.Module, device: torch.device, compute_dtype: torch.dtype, u
         if type(sub).__name__ in names:
             fully_shard(sub, **kwargs)
     fully_shard(module, **kwargs)
+
+
+def fill_from_full(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Set a (possibly FSDP2-sharded) parameter from its full value, e.g. in `on_weights_materialized`. Every
+    rank passes the same `full` (drawn from a seeded generator, say) and keeps its own shard of it, so the
+    ranks agree without communicating."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if tuple(full.shape) != tuple(param.shape):
+        raise ValueError(f"full tensor of shape {tuple(full.shape)} for a parameter of shape {tuple(param.shape)}")
+    full = full.to(device=param.device, dtype=param.dtype)
+    if isinstance(param, DTensor):
+        full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+    with torch.no_grad():
+        param.copy_(full)
 
 
 def materialize(module: Any, device: torch.device, compute_dtype: torch.dtype) -> list[str]:

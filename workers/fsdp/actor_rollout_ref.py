@@ -66,7 +66,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         if self.role != "ref":
             mini_batch_per_rank(cfg["actor"]["ppo_mini_batch_size"], self.world_size, "actor")
             self.actor = FSDPEngine(
-                AutoModelForCausalLM, cfg["model"], self.rank, optim_cfg=cfg["actor"]["optim"]
+                AutoModelForCausalLM, cfg["model"], self.rank, optim_cfg=cfg["actor"]["optim"], seed=cfg["seed"]
             )
         if self.role == "ref" or (self.role == "actor_rollout_ref" and self.actor.lora is None):
             # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.

@@ -61,7 +61,8 @@ def load_sharded_model(
     `MixedPrecisionPolicy` (gradients reduced in float32). Frozen models are simply loaded in the compute
     dtype. With `lora` (trainable models) the base weights are frozen in the compute dtype and only the
     float32 adapter factors train. `seed` is set before loading so heads missing from the checkpoint (a new
-    value or score head) and LoRA's random A factors get the same initial values on every rank.
+    value or score head) get the same initial values on every rank; LoRA's random A factors are drawn from
+    `seed` itself (`add_lora_adapters`), the same on every rank and in every run with that seed.
     """
     dtype = compute_dtype(model_cfg["dtype"], device)
     load_dtype = torch.float32 if trainable and lora is None else dtype
@@ -82,7 +83,7 @@ def load_sharded_model(
         model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
     model.requires_grad_(trainable)
     if trainable and lora is not None:
-        add_lora_adapters(model, lora)
+        add_lora_adapters(model, lora, seed)
     enable_packing(model, model_cfg["use_remove_padding"])
     if "logits_chunk_tokens" in model_cfg:  # the actor's and reference's setting (an LM head)
         set_logits_chunk_tokens(model, model_cfg["logits_chunk_tokens"])

@@ -10,14 +10,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
 from torch import nn
 
 from workers.lora.compat import installed_peft_problem
 from workers.lora.spec import ADAPTER_NAME, LoraSpec, is_adapter_parameter
 
 
-def add_lora_adapters(model: nn.Module, spec: LoraSpec) -> None:
-    """Inject the adapter (A random, B zero: the model computes what it did) and freeze everything else."""
+def add_lora_adapters(model: nn.Module, spec: LoraSpec, seed: int = 0) -> None:
+    """Inject the adapter (A random, B zero: the model computes what it did) and freeze everything else.
+
+    The random A factors come from `seed` alone (the trainer passes `trainer.seed`): peft draws them from
+    the global RNG, which is seeded here and restored afterwards, so every rank of an FSDP actor and every
+    run with that seed start from the same adapter, whatever the RNG had been used for before.
+    """
     # transformers raises ValueError for a peft it does not accept too; checked first so that it is never
     # reported as a target_modules problem (the driver checks the same before Ray starts).
     incompatible = installed_peft_problem()
@@ -26,8 +32,12 @@ def add_lora_adapters(model: nn.Module, spec: LoraSpec) -> None:
     from peft.tuners.tuners_utils import cast_adapter_dtype
 
     model.requires_grad_(False)
+    # manual_seed reseeds every initialised CUDA device too: restore them all, not only the CPU's RNG.
+    cuda_devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     try:
-        model.add_adapter(spec.peft_config(), adapter_name=ADAPTER_NAME)
+        with torch.random.fork_rng(devices=cuda_devices):
+            torch.manual_seed(seed)
+            model.add_adapter(spec.peft_config(), adapter_name=ADAPTER_NAME)
     except ValueError as error:  # peft: no module matched target_modules (minus exclude_modules)
         raise ValueError(
             f"actor_rollout_ref.model.target_modules={spec.target_modules!r} (exclude_modules={spec.exclude_modules!r}) "
