@@ -30,10 +30,10 @@ from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.fsdp.residency import ActorResidency, process_tenants
 from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.sequences import require_batch_keys, response_log_probs_and_entropy
+from workers.fsdp.shared_base import SharedBase, resolve_base_sharing
 from workers.fsdp.sft_update import SFT_KEYS, sft_loss_from_log_probs, with_loss_mask
 from workers.fsdp.weight_sender import WeightSenderMixin
 from workers.lora.model import adapters_disabled
-from workers.lora.shared_base import SharedBase, resolve_base_sharing
 from workers.memory import MemoryLog
 from workers.rollout.agent.worker_glue import build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.sampling import SamplingParams, model_token_ids, sampling_params

@@ -149,7 +149,7 @@ class StorageOffloader:
     `frozen`: the tensors are never written on the device (a frozen reference model); after the first
     offload the host copy stays valid, so later offloads only drop the device copy.
     `stays`: storages that never move, whoever's tensors they back (asked at each move): a LoRA actor's
-    base weights that are views of its vLLM engine's tensors (workers/lora/shared_base.py) must never be
+    base weights that are views of its vLLM engine's tensors (workers/fsdp/shared_base.py) must never be
     resized away under the engine.
     """
 

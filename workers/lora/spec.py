@@ -102,7 +102,7 @@ def peft_tensor_name(name: str) -> str:
 
 def base_sharing_problems(config: Mapping[str, Any], where: str = "") -> list[str]:
     """Why the config cannot share the actor's frozen base with its vLLM engine (`rollout.share_base_weights`,
-    workers/lora/shared_base.py); empty when it can, as far as the config tells (the dtypes "auto" resolve
+    workers/fsdp/shared_base.py); empty when it can, as far as the config tells (the dtypes "auto" resolve
     on the worker)."""
     key = f"{where}." if where else ""
     rollout, model = config["rollout"], config["model"]

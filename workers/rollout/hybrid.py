@@ -79,7 +79,7 @@ def sync_tolerance(rollout_cfg: dict[str, Any], dtype: torch.dtype) -> float:
 class HybridRollout:
     def __init__(self, source: WeightSource, rollout_cfg: dict[str, Any], seed: int, shares_weights: bool = False) -> None:
         """`shares_weights`: the source's frozen base will point into the engine's weights (LoRA,
-        workers/lora/shared_base.py); the engine then keeps them in place while asleep."""
+        workers/fsdp/shared_base.py); the engine then keeps them in place while asleep."""
         self.source = source
         self.cfg = rollout_cfg
         self.dtype = engine_dtype(rollout_cfg, source)

@@ -1,5 +1,5 @@
 """A vLLM engine's sleep that frees only its KV cache (GPU sleep mode), for an engine whose weights the
-trainer's tensors point into (workers/lora/shared_base.py).
+trainer's tensors point into (workers/fsdp/shared_base.py).
 
 With sleep mode vLLM allocates through its `CuMemAllocator`: every allocation made while loading the model
 is tagged "weights" (parameters, and a LoRA engine's adapter slots), the KV cache "kv_cache"; each is a

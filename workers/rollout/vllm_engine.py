@@ -75,7 +75,7 @@ class VLLMEngine:
         """With `lora` the engine serves the trainer's LoRA adapter over the model folder's weights: each sync
         replaces the adapter (`load_adapter` / `receive_adapter`) and every generate uses it.
         `shares_weights`: the trainer's frozen base will point into this engine's weight tensors
-        (workers/lora/shared_base.py): they must stay where they are, so sleep frees only the KV cache, and
+        (workers/fsdp/shared_base.py): they must stay where they are, so sleep frees only the KV cache, and
         on CPU the linears keep their [out, in] weights (`keep_plain_cpu_weights`)."""
         tp = rollout["tensor_model_parallel_size"]
         if tp == 1:

@@ -61,7 +61,7 @@ class WeightSyncExtension:
     def sc_receive_lora_broadcast(self, layouts: list[BucketLayout], adapter_config: dict[str, Any]) -> int:
         return register_adapter(self.model_runner, receive_broadcast_buckets(layouts, self._sync_group, self.device), adapter_config)
 
-    # ---- base weights shared with the trainer (LoRA, in-process: workers/lora/shared_base.py) -----------
+    # ---- base weights shared with the trainer (LoRA, in-process: workers/fsdp/shared_base.py) -----------
     def sc_checkpoint_views(self) -> dict[str, torch.Tensor]:
         """In-process: the model's weight tensors as views under the checkpoint's names."""
         return checkpoint_views(self.model_runner.get_model())

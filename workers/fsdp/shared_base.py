@@ -69,12 +69,16 @@ class SharingReport:
         }
 
     def summary(self) -> str:
-        text = f"LoRA base shared with the vLLM engine: {self.shared_bytes / GIB:.2f} of {self.base_bytes / GIB:.2f} GiB on this rank"
+        text = f"LoRA base shared with the vLLM engine: {_size(self.shared_bytes)} of {_size(self.base_bytes)} on this rank"
         if self.unshared:
             listed = "; ".join(f"{name}: {why}" for name, why in list(self.unshared.items())[:5])
             more = f" (and {len(self.unshared) - 5} more)" if len(self.unshared) > 5 else ""
             text += f"; not shared: {listed}{more}"
         return text
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / (1 << 20):.2f} MiB"
 
 
 class SharedBase:
