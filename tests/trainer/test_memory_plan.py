@@ -239,15 +239,16 @@ def test_a_lora_base_shared_with_the_hybrid_engine_is_counted_once(folders):
     own = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.share_base_weights=false", lora_rank=64), gib=80)
     base = 2 * ModelShape.from_config(QWEN_7B).total_params() / GIB
     assert part(own, "generate", "weights") - part(shared, "generate", "weights") == pytest.approx(base, rel=1e-6)
+    adapters = lora_params(ModelShape.from_config(QWEN_7B), 64, lora_targets("all-linear"))
     for phase in ("old_log_prob", "ref_log_prob", "update_actor"):
-        assert part(shared, phase, "weights") == pytest.approx(part(own, phase, "weights"), rel=1e-6)
+        # the engine's whole base and its bf16 adapter slots instead of the actor's base shard (one GPU: the same)
+        assert part(shared, phase, "weights") - part(own, phase, "weights") == pytest.approx(2 * adapters / GIB, rel=1e-6)
         assert part(shared, phase, "engine") == 0  # the KV cache is freed while the engine sleeps
     init = shared.row("init")
     assert init.moment == "vLLM engine started, base not yet shared"
     assert init.parts["weights"] / GIB == pytest.approx(base, rel=1e-6) and init.parts["engine"] == 40 * GIB
     text = render_plan(shared)
     assert "the base is shared with the hybrid vLLM engine" in text and "host memory for the offloaded state" in text
-    adapters = lora_params(ModelShape.from_config(QWEN_7B), 64, lora_targets("all-linear"))
     adapters_and_moments = 12 * adapters / GIB  # float32 adapters and AdamW's two moments: all that moves
     assert f"offloaded state (allocated once, at the first offload): {adapters_and_moments:.1f} GiB" in text
     # Where sharing does not apply the plan is the one without it.

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 
 from trainer.memory_plan.residency import RoleMemory, role_memory
 from trainer.memory_plan.setup import Batching, ModelRole, PlanSetup
+from trainer.memory_plan.shape import lora_params
 from trainer.memory_plan.terms import (
     Trainability, backward_peak_bytes, forward_peak_bytes, kv_cache_bytes, logits_bytes, model_saved_bytes,
 )
+from workers.lora.spec import VLLM_MAX_LORA_RANKS
 
 COLUMNS = ("weights", "grads", "optimizer", "activations", "logits", "engine", "other")
 # Per GPU process: CUDA context, cuBLAS/NCCL workspaces, allocator slack (an allowance, not computed).
@@ -88,11 +90,15 @@ class _TrainerGpu:
         self.engine = engine  # a hybrid engine's bytes while awake (0: none here)
         self.staging = broadcast_staging
         # LoRA base shared with the hybrid engine: the actor's base shards are views of the engine's weights,
-        # which stay on the GPU while the engine sleeps (its whole model: tensor parallel size 1).
+        # which stay on the GPU while the engine sleeps (its whole model: tensor parallel size 1), with the
+        # engine's adapter slots (vLLM's rank, in the engine's dtype).
         actor = self.roles.get("actor")
-        shares = setup.rollout.shares_base and setup.on_gpu and actor is not None
+        shares = setup.rollout.shares_base and setup.on_gpu and actor is not None and actor.train is not None
         self.shared_base = self.memory["actor"].frozen_base if shares else 0
-        self.engine_weights = actor.e * actor.shape.total_params() if shares else 0
+        self.engine_weights = 0
+        if shares:
+            slots = lora_params(actor.shape, vllm_lora_rank(actor.train.lora_rank), actor.train.lora_targets)
+            self.engine_weights = actor.e * (actor.shape.total_params() + slots)
 
     def has(self, name: str) -> bool:
         return name in self.roles
@@ -145,6 +151,11 @@ class _TrainerGpu:
                 batch.response_tokens, role.shape.vocab, role.e, "train", role.logits_chunk_tokens, role.shape.hidden
             ) // tp
         return mem.gathered, mem.reduce, activations, logit_bytes
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The adapter slot rank vLLM allocates for `rank` (its `max_lora_rank`, workers/lora/spec.py)."""
+    return next((size for size in VLLM_MAX_LORA_RANKS if size >= rank), rank)
 
 
 def _add(parts: dict[str, int], **extra: int) -> dict[str, int]:
