@@ -40,8 +40,3 @@ def release_kv_cache() -> int:
             data.is_asleep = True
             released += int(data.handle[1])
     return released
-
-
-def kv_cache_asleep() -> bool:
-    allocations = kv_allocations()
-    return bool(allocations) and all(data.is_asleep for data in allocations)
