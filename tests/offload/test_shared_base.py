@@ -5,8 +5,11 @@ trains exactly as before, and the offloader never moves the shared storages."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.offload.tiny import local, train_step
@@ -86,8 +89,11 @@ def test_every_base_shard_points_into_the_engine_tensors_with_its_values(process
     objects = [*model.parameters()]
     views, tensors = engine_like(model)
     shared = SharedBase(model)
+    own_storages = [StorageWeakRef(local(p).untyped_storage()) for n, p in model.named_parameters() if not is_adapter_parameter(n)]
     report = shared.attach(views)
     assert report.unshared == {} and report.fraction == 1.0
+    gc.collect()
+    assert all(storage.expired() for storage in own_storages)  # the actor's own copy is freed: one copy left
     assert len(report.shared) == len(views) and report.shared_bytes == sum(v.numel() * 4 for v in views.values())
     for name, param in model.named_parameters():
         assert torch.equal(local(param), before[name])

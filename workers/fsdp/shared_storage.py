@@ -5,8 +5,9 @@ torch/distributed/fsdp/_fully_shard/_fsdp_param.py): `_sharded_param_data`, the 
 to the size of rank 0's shard (what the all-gather reads), and the sharded DTensor's `_local_tensor`, the
 unpadded [rows, ...] view of it (what the optimizer, the state dict and the offloader see). With Shard(0)
 rank r's shard is rows [r * padded_rows, r * padded_rows + rows) of the whole tensor, contiguous in a
-contiguous [out, in] tensor. Both tensors are re-pointed with `set_` at that window of the other tensor's
-storage, so every tensor object, the DTensor and the module's parameter stay what they were. A padded shard
+contiguous [out, in] tensor. Both tensors are replaced by tensors over that window of the other tensor's
+storage (FSDP2's own `reset_sharded_param` replaces them too); the DTensor, the module's parameter, stays the
+same object. A padded shard
 (the last rank's, when the rows do not divide evenly) reads its padding from the bytes after its rows: it is
 pointed there only when the other storage extends that far. FSDP only reads a frozen parameter's shard (the
 all-gather copies it in; its padding is cut off after the gather), so whatever bytes the padding covers are
@@ -94,12 +95,22 @@ def rows_of(param: Any, whole: torch.Tensor) -> torch.Tensor:
     return whole.narrow(0, window.rows_start, window.rows) if whole.dim() else whole
 
 
+def _over(storage: torch.UntypedStorage, like: torch.Tensor, offset: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor of `like`'s dtype over `storage` from element `offset`, contiguous, and not a view: a view
+    would keep the tensor it was taken from (its `_base`) alive."""
+    return torch.empty(0, dtype=like.dtype, device=like.device).set_(storage, offset, shape, torch.empty(shape, device="meta").stride())
+
+
 @torch.no_grad()
 def point_shard_at(param: Any, whole: torch.Tensor) -> None:
-    """Re-point `param`'s padded shard and its local view at this rank's rows of `whole`; the shard's own
-    storage is released once nothing else holds it. Call after `why_not_shareable` returned None."""
+    """Point `param`'s padded shard and its local tensor at this rank's rows of `whole`; the shard's own
+    storage is then released. Call after `why_not_shareable` returned None.
+
+    FSDP2's two tensors are views of the padded shard it allocated, and a view keeps its base alive, so
+    they are replaced (as FSDP2's own `reset_sharded_param` does) rather than re-pointed in place; the
+    parameter (the DTensor) stays the same object."""
     window = _window(param, whole)
     storage = whole.untyped_storage()
     local = local_shard(param)
-    param._sharded_param_data.set_(storage, window.offset, (window.padded_numel,), (1,))
-    local.set_(storage, window.offset, tuple(local.shape), tuple(local.stride()))
+    param._sharded_param_data = _over(storage, local, window.offset, (window.padded_numel,))
+    param.sharded_param._local_tensor = _over(storage, local, window.offset, tuple(local.shape))
