@@ -13,7 +13,7 @@ from typing import Any
 from workers.config_fields import (
     REQUIRED, Field, betas, boolean, float_in, int_at_least, module_names, non_empty_str, one_of, optional, spec_list, token_ids,
 )
-from workers.lora.spec import check_lora_settings
+from workers.lora.spec import check_base_sharing, check_lora_settings
 from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS, KL_PENALTY_NAMES, LOSS_AGG_MODES, POLICY_LOSS_MODES
 from workers.rollout_choices import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES, STALENESS_VALUES
 
@@ -148,6 +148,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "cuda_graph_max_batch": Field(None, optional(int_at_least(1)), "None (the sequences one engine decodes at once, set by the trainer) or an int >= 1 (vllm on GPU: the largest decode batch captured as a CUDA graph)"),
         "enable_sleep": Field(True, boolean, "a bool (vllm hybrid on GPU: release weights and KV cache while the actor trains)"),
         "free_cache_engine": Field(True, boolean, "a bool (vllm: actually sleep after each generate when enable_sleep)"),
+        "share_base_weights": Field(None, optional(boolean), "None (where possible) or a bool (LoRA with a hybrid vllm engine: the actor's frozen base weights are views of the engine's, one copy on the device)"),
         "max_model_len": Field(None, optional(int_at_least(1)), "None (prompt + response length, set by the trainer) or an int >= 1"),
         "dtype": Field("auto", one_of(*DTYPES), f"one of {list(DTYPES)} (vllm; auto: the actor's compute dtype)"),
         "weight_sync_bucket_mb": Field(512, int_at_least(1), "an int >= 1 (MiB per weight-sync bucket)"),
@@ -274,6 +275,7 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
             "EOS, where the tool call is read); set one of them to false"
         )
     check_lora_settings(config, where)
+    check_base_sharing(config, where)
     if config["actor"]["strategy"] == "megatron":
         if rollout["multi_turn"]["enable"]:
             raise ValueError("rollout.multi_turn.enable=true needs actor.strategy='fsdp' (the Megatron actor has no multi-turn rollout yet)")

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from trainer.config_loader import load_config
 from trainer.memory_plan import build_plan, misfit_message, render_plan
-from trainer.memory_plan.shape import ModelShape
+from trainer.memory_plan.shape import ModelShape, lora_params, lora_targets
 
 GIB = 1 << 30
 QWEN_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
@@ -229,3 +229,29 @@ def test_lora_7b_with_8192_token_responses_fits_one_h100_only_with_chunked_logit
     assert chunked.fits() is True and full.fits() is False
     assert logits_part(chunked, "update_actor") < 3.5 and logits_part(full, "update_actor") > 200
     assert chunked.row("update_actor").total < 60 * GIB
+
+
+def test_a_lora_base_shared_with_the_hybrid_engine_is_counted_once(folders):
+    """rollout.share_base_weights (null: on with LoRA + hybrid vLLM): the base is the engine's, on the GPU in
+    every phase (under weights while the engine sleeps), no longer the actor's to offload; its own copy is on
+    the GPU only while the engine starts."""
+    shared = plan_of(scale_config(folders["7B"], lora_rank=64), gib=80)
+    own = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.share_base_weights=false", lora_rank=64), gib=80)
+    base = 2 * ModelShape.from_config(QWEN_7B).total_params() / GIB
+    assert part(own, "generate", "weights") - part(shared, "generate", "weights") == pytest.approx(base, rel=1e-6)
+    adapters = lora_params(ModelShape.from_config(QWEN_7B), 64, lora_targets("all-linear"))
+    for phase in ("old_log_prob", "ref_log_prob", "update_actor"):
+        # the engine's whole base and its bf16 adapter slots instead of the actor's base shard (one GPU: the same)
+        assert part(shared, phase, "weights") - part(own, phase, "weights") == pytest.approx(2 * adapters / GIB, rel=1e-6)
+        assert part(shared, phase, "engine") == 0  # the KV cache is freed while the engine sleeps
+    init = shared.row("init")
+    assert init.moment == "vLLM engine started, base not yet shared"
+    assert init.parts["weights"] / GIB == pytest.approx(base, rel=1e-6) and init.parts["engine"] == 40 * GIB
+    text = render_plan(shared)
+    assert "the base is shared with the hybrid vLLM engine" in text and "host memory for the offloaded state" in text
+    adapters_and_moments = 12 * adapters / GIB  # float32 adapters and AdamW's two moments: all that moves
+    assert f"offloaded state (allocated once, at the first offload): {adapters_and_moments:.1f} GiB" in text
+    # Where sharing does not apply the plan is the one without it.
+    separate = ("actor_rollout_ref.rollout.placement=separate",)
+    assert render_plan(plan_of(scale_config(folders["7B"], *separate, lora_rank=64))) == render_plan(
+        plan_of(scale_config(folders["7B"], *separate, "actor_rollout_ref.rollout.share_base_weights=false", lora_rank=64)))

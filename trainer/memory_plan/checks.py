@@ -59,11 +59,22 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
         "allocator slack (an allowance), and weight-sync buffers",
     ]
     actor = setup.actor
+    mem = role_memory(actor, setup.gpus_per_pool)
+    shares_base = setup.rollout.shares_base and setup.on_gpu
     if actor.train is not None and actor.train.lora_rank:
+        engine_note = "a sleeping vLLM engine keeps its base weights in host memory"
+        if shares_base:
+            whole = actor.e * actor.shape.total_params()
+            engine_note = (
+                f"the base is shared with the hybrid vLLM engine (rollout.share_base_weights): one copy ({gib(whole)}), "
+                "the engine's, under weights while it sleeps (its sleep frees only the KV cache) and inside its share "
+                "while awake; the actor's own copy lives only until the engine has started, and only the adapters "
+                "move with param_offload"
+            )
         notes.append(
             f"LoRA rank {actor.train.lora_rank} on {list(actor.train.lora_targets)}: base weights frozen in the compute "
-            "dtype, float32 adapters with their gradients and AdamW state; the reference is the base model (adapters "
-            "off); a sleeping vLLM engine keeps its base weights in host memory"
+            f"dtype, float32 adapters with their gradients and AdamW state; the reference is the base model (adapters "
+            f"off); {engine_note}"
         )
     if setup.rollout.name == "vllm" and not gpu_bytes:
         notes.append("the GPU's memory is unknown: the vLLM engine's share (gpu_memory_utilization x the GPU) is left "
@@ -72,8 +83,7 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
         notes.append("the hybrid engine does not sleep (rollout.enable_sleep / free_cache_engine false): it keeps its "
                      "share of the GPU in every phase")
     host = 0
-    mem = role_memory(actor, setup.gpus_per_pool)
-    host += mem.weights if actor.param_offload else 0
+    host += mem.weights - (mem.frozen_base if shares_base else 0) if actor.param_offload else 0
     host += mem.optimizer if actor.optimizer_offload else 0
     if setup.ref is not None and setup.ref.param_offload:
         host += role_memory(setup.ref, setup.gpus_per_pool).weights

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 
 from trainer.memory_plan.residency import RoleMemory, role_memory
 from trainer.memory_plan.setup import Batching, ModelRole, PlanSetup
+from trainer.memory_plan.shape import lora_params
 from trainer.memory_plan.terms import (
     Trainability, backward_peak_bytes, forward_peak_bytes, kv_cache_bytes, logits_bytes, model_saved_bytes,
 )
+from workers.lora.spec import VLLM_MAX_LORA_RANKS
 
 COLUMNS = ("weights", "grads", "optimizer", "activations", "logits", "engine", "other")
 # Per GPU process: CUDA context, cuBLAS/NCCL workspaces, allocator slack (an allowance, not computed).
@@ -87,24 +89,40 @@ class _TrainerGpu:
         self.memory: dict[str, RoleMemory] = {r.name: role_memory(r, setup.gpus_per_pool) for r in roles}
         self.engine = engine  # a hybrid engine's bytes while awake (0: none here)
         self.staging = broadcast_staging
+        # LoRA base shared with the hybrid engine: the actor's base shards are views of the engine's weights,
+        # which stay on the GPU while the engine sleeps (its whole model: tensor parallel size 1), with the
+        # engine's adapter slots (vLLM's rank, in the engine's dtype).
+        actor = self.roles.get("actor")
+        shares = setup.rollout.shares_base and setup.on_gpu and actor is not None and actor.train is not None
+        self.shared_base = self.memory["actor"].frozen_base if shares else 0
+        self.engine_weights = 0
+        if shares:
+            slots = lora_params(actor.shape, vllm_lora_rank(actor.train.lora_rank), actor.train.lora_targets)
+            self.engine_weights = actor.e * (actor.shape.total_params() + slots)
 
     def has(self, name: str) -> bool:
         return name in self.roles
 
     def resident(self, actor_loaded: bool, with_optimizer: bool, engine_awake: bool, optimizer_state: bool = True,
-                 loaded: tuple[str, ...] = ()) -> dict[str, int]:
+                 loaded: tuple[str, ...] = (), engine_started: bool = True) -> dict[str, int]:
         """What sits on the GPU between computations; `optimizer_state` False before the first step
-        (AdamW creates its moments lazily); `loaded` names other offloading roles brought in for the phase."""
+        (AdamW creates its moments lazily); `loaded` names other offloading roles brought in for the phase.
+        A LoRA base shared with the engine is the engine's (under weights while it sleeps, inside its share
+        while awake) once the engine has started, and never offloaded."""
         weights = grads = optimizer = 0
         for name, mem in self.memory.items():
             role = self.roles[name]
             offloaded = role.param_offload and not (actor_loaded if name == "actor" else name in loaded)
-            weights += 0 if offloaded else mem.weights
+            own = mem.weights - (self.shared_base if name == "actor" and engine_started else 0)
+            weights += 0 if offloaded else own
             if role.strategy == "megatron":
                 grads += mem.grads  # Megatron's gradient buffer lives as long as the model
             optimizer_off = name == "actor" and role.optimizer_offload and not with_optimizer
             optimizer += mem.optimizer if optimizer_state and not optimizer_off else 0
-        engine = self.engine if engine_awake or not self.setup.rollout.sleeps else 0
+        engine_holds_budget = engine_awake or not self.setup.rollout.sleeps
+        engine = self.engine if engine_holds_budget else 0
+        if engine_started and not engine_holds_budget:
+            weights += self.engine_weights
         return _parts(weights=weights, grads=grads, optimizer=optimizer, engine=engine, other=RUNTIME_BYTES + self.staging)
 
     def forward(self, name: str, batch: Batching, logits_use: str | None) -> tuple[int, int, int]:
@@ -133,6 +151,11 @@ class _TrainerGpu:
                 batch.response_tokens, role.shape.vocab, role.e, "train", role.logits_chunk_tokens, role.shape.hidden
             ) // tp
         return mem.gathered, mem.reduce, activations, logit_bytes
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The adapter slot rank vLLM allocates for `rank` (its `max_lora_rank`, workers/lora/spec.py)."""
+    return next((size for size in VLLM_MAX_LORA_RANKS if size >= rank), rank)
 
 
 def _add(parts: dict[str, int], **extra: int) -> dict[str, int]:
@@ -169,10 +192,13 @@ def _init_row(gpu: _TrainerGpu) -> Row:
     """The larger of two moments: every model just loaded (before any offload), and the engine started
     (the workers offload their models first, so offloaded weights are not under the engine's start)."""
     every_model = tuple(gpu.memory)
-    loaded = Row("actor", "init", "models loaded", gpu.resident(True, False, False, optimizer_state=False, loaded=every_model))
+    loaded = Row("actor", "init", "models loaded",
+                 gpu.resident(True, False, False, optimizer_state=False, loaded=every_model, engine_started=False))
     if not gpu.engine:
         return loaded
     started = Row("actor", "init", "vLLM engine started", gpu.resident(False, False, True, optimizer_state=False))
+    if gpu.shared_base:  # the actor's own base stays until its values are compared with the engine's, then goes
+        started = Row("actor", "init", "vLLM engine started, base not yet shared", _add(started.parts, weights=gpu.shared_base))
     return started if started.total >= loaded.total else loaded
 
 

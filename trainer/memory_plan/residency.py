@@ -40,6 +40,7 @@ class RoleMemory:
     reduce: int  # one layer's gradient reduction buffers during backward
     largest_tensor: int  # bytes of the largest whole parameter in the compute dtype (a weight-sync slot)
     synced_params: int  # parameters a weight sync sends (the adapters only, with LoRA)
+    frozen_base: int = 0  # LoRA: the frozen base shards (part of `weights`), which a hybrid engine can hold instead
 
 
 def role_memory(role: ModelRole, gpus: int) -> RoleMemory:
@@ -65,7 +66,7 @@ def role_memory(role: ModelRole, gpus: int) -> RoleMemory:
         weights=e * _ceil_div(total, gpus) + FP32 * local_adapters, grads=FP32 * local_adapters,
         optimizer=ADAM_MOMENTS * local_adapters, step_temporary=FP32 * local_adapters,
         gathered=e * (root + 2 * (layer + layer_adapters)), reduce=(e + FP32 + _ceil_div(FP32, gpus)) * layer_adapters,
-        largest_tensor=largest, synced_params=adapters,
+        largest_tensor=largest, synced_params=adapters, frozen_base=e * _ceil_div(total, gpus),
     )
 
 

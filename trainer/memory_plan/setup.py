@@ -81,6 +81,9 @@ class RolloutSetup:
     # A separate engine on a fraction of a trainer's GPU (rollout.gpus_per_engine < 1): its budget counts on
     # that GPU, all the time (a separate engine never sleeps).
     shares_trainer_gpu: bool = False
+    # LoRA's frozen base is views of the hybrid engine's weights (rollout.share_base_weights): one copy, which
+    # the engine keeps through its sleep (only its KV cache is freed).
+    shares_base: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,18 @@ def _lora(model: DictConfig) -> Trainability:
         return Trainability(full=True)
     targets = lora_targets(model.get("target_modules", "all-linear"), model.get("exclude_modules", None))
     return Trainability(full=False, lora_rank=rank, lora_targets=targets)
+
+
+def _shares_base(cfg: DictConfig, train: Trainability, strategy: str, on_gpu: bool) -> bool:
+    """The workers' rule (workers/fsdp/shared_base.py): null shares wherever LoRA runs on the FSDP actor with
+    a hybrid vLLM engine of the base's dtype."""
+    ro, model = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model
+    if _get(cfg, "actor_rollout_ref.rollout.share_base_weights", None) is False:
+        return False
+    base_dtype = str(model.dtype) if str(model.dtype) != "auto" else ("bfloat16" if on_gpu else "float32")
+    engine_dtype = base_dtype if str(ro.dtype) == "auto" else str(ro.dtype)
+    return (train.lora_rank > 0 and strategy == "fsdp" and str(ro.name) == "vllm" and str(ro.placement) == "hybrid"
+            and int(ro.tensor_model_parallel_size) == 1 and engine_dtype == base_dtype)
 
 
 def _megatron(section: DictConfig) -> dict[str, Any]:
@@ -181,6 +196,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         name=str(ro.name), placement=str(ro.placement), gpu_memory_utilization=float(ro.gpu_memory_utilization),
         sleeps=bool(ro.enable_sleep) and bool(ro.free_cache_engine) and on_gpu and not shares, num_engines=int(ro.num_engines),
         tp=int(ro.tensor_model_parallel_size), bucket_bytes=int(ro.weight_sync_bucket_mb) << 20, shares_trainer_gpu=shares,
+        shares_base=_shares_base(cfg, train, strategy, on_gpu),
     )
     log_dynamic = bool(ro.log_prob_use_dynamic_bsz)
     return PlanSetup(

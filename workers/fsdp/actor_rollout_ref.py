@@ -30,6 +30,7 @@ from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.fsdp.residency import ActorResidency, process_tenants
 from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.sequences import require_batch_keys, response_log_probs_and_entropy
+from workers.fsdp.shared_base import SharedBase, resolve_base_sharing
 from workers.fsdp.sft_update import SFT_KEYS, sft_loss_from_log_probs, with_loss_mask
 from workers.fsdp.weight_sender import WeightSenderMixin
 from workers.lora.model import adapters_disabled
@@ -54,6 +55,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         self.ref: FSDPEngine | None = None
         self.update_calls = 0  # part of the checkpoint: seeds the mini-batch shuffles
         self.hybrid_rollout = None  # a vLLM engine in this process (rollout.name=vllm, placement=hybrid)
+        self.shared_base: SharedBase | None = None  # LoRA: the actor's frozen base, as views of that engine's weights
         self.residency: ActorResidency | None = None  # where the actor's and the reference's state is, phase by phase
         self.agent = None  # the multi-turn tool-calling rollout (rollout.multi_turn.enable)
         self.init_actor_state()
@@ -71,17 +73,25 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         if self.role == "ref" or (self.role == "actor_rollout_ref" and self.actor.lora is None):
             # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.
             self.ref = FSDPEngine(AutoModelForCausalLM, cfg["model"], self.rank)
+        rollout = cfg["rollout"]
+        hybrid_vllm = self.actor is not None and rollout["name"] == "vllm" and rollout["placement"] == "hybrid"
+        # A LoRA actor's frozen base becomes views of its engine's weights (rollout.share_base_weights).
+        self.shared_base = self._shared_base() if hybrid_vllm else None
         self.residency = self._build_residency()
         # Offloaded models leave the GPU before the engine starts: it then finds its whole budget free, and
         # the start's peak is the engine's, not the engine's plus every model's (the memory plan's init row).
+        # A base about to be shared stays: its values are compared with the engine's before it is freed.
         self.residency.before_engine_start()
-        rollout = cfg["rollout"]
-        if self.actor is not None and rollout["name"] == "vllm" and rollout["placement"] == "hybrid":
+        if hybrid_vllm:
             from workers.rollout.hybrid import FSDPWeightSource, HybridRollout
 
             if rollout["verify_sync"]:
                 self.residency.actor_needed()  # the engine's first check reads the actor's initial weights
-            self.hybrid_rollout = HybridRollout(FSDPWeightSource(self.actor), rollout, seed=cfg["seed"] + self.rank)
+            self.hybrid_rollout = HybridRollout(
+                FSDPWeightSource(self.actor), rollout, seed=cfg["seed"] + self.rank, shares_weights=self.shared_base is not None
+            )
+            if self.shared_base is not None:
+                self.step_metrics.update(self.shared_base.attach(self.hybrid_rollout.engine.checkpoint_views()).metrics())
         if self.actor is not None:
             eos, _ = model_token_ids(getattr(self.actor.module, "generation_config", None), self.actor.module.config)
             self.agent = build_agent(rollout, cfg["model"]["path"], eos)
@@ -91,13 +101,24 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         # Each rank samples from its own stream, reproducibly.
         torch.manual_seed(cfg["seed"] + self.rank)
 
+    def _shared_base(self) -> SharedBase | None:
+        """The actor's frozen base to share with its hybrid vLLM engine, or None (not LoRA, or turned off)."""
+        from workers.rollout.hybrid import FSDPWeightSource, engine_dtype
+
+        engine = engine_dtype(self.config["rollout"], FSDPWeightSource(self.actor))
+        if not resolve_base_sharing(self.config, self.actor.dtype, engine):
+            return None
+        return SharedBase(self.actor.module)
+
     def _build_residency(self) -> ActorResidency:
-        """Offloaders of the actor (parameters, optimizer state) and of the frozen reference (parameters)."""
+        """Offloaders of the actor (parameters, optimizer state) and of the frozen reference (parameters).
+        A base shared with the engine never moves: with param_offload only the adapters do."""
         actor = ref = None
         if self.actor is not None:
             fsdp = self.config["actor"]["fsdp"]
+            stays = self.shared_base.stays if self.shared_base is not None else None
             actor = Offloader(self.actor.module, self.actor.optimizer, self.actor.device,
-                              fsdp["param_offload"], fsdp["optimizer_offload"])
+                              fsdp["param_offload"], fsdp["optimizer_offload"], params_stay=stays)
         if self.ref is not None:
             ref_offload = self.config["ref"]["fsdp"]["param_offload"]
             ref = Offloader(self.ref.module, None, self.ref.device, ref_offload, False, frozen=True)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from workers.fsdp.storage_offload import StorageOffloader, Transfer
+from workers.fsdp.storage_offload import StorageFilter, StorageOffloader, Transfer
 
 GIB = float(1 << 30)
 
@@ -47,7 +47,8 @@ class Offloader:
     """Where one model's parameters and its optimizer's state are (`params_on_device`,
     `optimizer_on_device`), moved on request. `param_offload` / `optimizer_offload` say what may leave
     the device at all; `frozen` (a reference model) keeps the first host copy of the parameters, so later
-    offloads only free the device memory."""
+    offloads only free the device memory; `params_stay` names parameter storages that never move (a LoRA
+    actor's base shared with its engine)."""
 
     def __init__(
         self,
@@ -58,12 +59,13 @@ class Offloader:
         optimizer_offload: bool,
         frozen: bool = False,
         move_on_cpu: bool = False,
+        params_stay: StorageFilter | None = None,
     ) -> None:
         self.module, self.optimizer, self.device = module, optimizer, device
         self.param_offload = param_offload
         self.optimizer_offload = optimizer_offload and optimizer is not None
         self.moves_bytes = device.type == "cuda" or move_on_cpu
-        self.params = StorageOffloader(lambda: module_state_tensors(module), device, frozen=frozen)
+        self.params = StorageOffloader(lambda: module_state_tensors(module), device, frozen=frozen, stays=params_stay)
         optimizers = [optimizer] if optimizer is not None else []
         self.optimizer_state = StorageOffloader(lambda: optimizer_state_tensors(optimizers), device)
         self.params_on_device = True

@@ -118,9 +118,14 @@ class _Slot:
     host: torch.Tensor  # uint8 [nbytes], a slice of a HostBuffer
 
 
-def device_storages(tensors: Iterable[torch.Tensor], device: torch.device) -> list[torch.UntypedStorage]:
+StorageFilter = Callable[[torch.UntypedStorage], bool]
+
+
+def device_storages(
+    tensors: Iterable[torch.Tensor], device: torch.device, stays: StorageFilter | None = None
+) -> list[torch.UntypedStorage]:
     """The distinct non-empty storages on `device` behind `tensors` (a DTensor's local shard; 0-dim tensors
-    such as step counters stay where they are), in first-seen order."""
+    such as step counters stay where they are), in first-seen order, less those `stays` names."""
     seen: set[int] = set()
     storages = []
     with torch.no_grad():
@@ -130,7 +135,7 @@ def device_storages(tensors: Iterable[torch.Tensor], device: torch.device) -> li
                 continue
             storage = local.untyped_storage()
             pointer = storage.data_ptr()
-            if storage.nbytes() == 0 or pointer in seen:
+            if storage.nbytes() == 0 or pointer in seen or (stays is not None and stays(storage)):
                 continue
             seen.add(pointer)
             storages.append(storage)
@@ -143,14 +148,19 @@ class StorageOffloader:
 
     `frozen`: the tensors are never written on the device (a frozen reference model); after the first
     offload the host copy stays valid, so later offloads only drop the device copy.
+    `stays`: storages that never move, whoever's tensors they back (asked at each move): a LoRA actor's
+    base weights that are views of its vLLM engine's tensors (workers/fsdp/shared_base.py) must never be
+    resized away under the engine.
     """
 
     def __init__(
-        self, tensors: Callable[[], Iterable[torch.Tensor]], device: torch.device, frozen: bool = False
+        self, tensors: Callable[[], Iterable[torch.Tensor]], device: torch.device, frozen: bool = False,
+        stays: StorageFilter | None = None,
     ) -> None:
         self.tensors = tensors
         self.device = device
         self.frozen = frozen
+        self.stays = stays
         self.on_cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.on_cuda else None
         self.buffers: list[HostBuffer] = []
@@ -209,7 +219,7 @@ class StorageOffloader:
 
     def offload(self) -> int:
         """Device -> host for every storage still on the device; returns the bytes copied."""
-        storages = device_storages(self.tensors(), self.device)
+        storages = device_storages(self.tensors(), self.device, self.stays)
         if not storages:
             return 0
         start = time.perf_counter()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 ADAPTER_NAME = "default"  # the one adapter a LoRA run trains
+BASE_LAYER = ".base_layer"  # peft's adapted linear holds the original linear under this name
 _FACTORS = (".lora_A.", ".lora_B.")
 _PEFT_PREFIX = "base_model.model."
 # vLLM allocates adapter slots of one of these ranks (`max_lora_rank`); an adapter may use any rank up to it.
@@ -99,6 +100,30 @@ def peft_tensor_name(name: str) -> str:
     raise ValueError(f"{name!r} is not a LoRA factor of adapter {ADAPTER_NAME!r}")
 
 
+def base_sharing_problems(config: Mapping[str, Any], where: str = "") -> list[str]:
+    """Why the config cannot share the actor's frozen base with its vLLM engine (`rollout.share_base_weights`,
+    workers/fsdp/shared_base.py); empty when it can, as far as the config tells (the dtypes "auto" resolve
+    on the worker)."""
+    key = f"{where}." if where else ""
+    rollout, model = config["rollout"], config["model"]
+    problems = []
+    if model["lora_rank"] == 0:
+        problems.append(f"{key}model.lora_rank=0 trains every weight (only a LoRA actor has a frozen base to share)")
+    if config["actor"]["strategy"] != "fsdp":
+        problems.append(f"{key}actor.strategy={config['actor']['strategy']!r} (sharing is built for the FSDP actor)")
+    if rollout["name"] != "vllm":
+        problems.append(f"{key}rollout.name={rollout['name']!r} (HF generate already runs on the actor's own weights)")
+    elif rollout["placement"] != "hybrid":
+        problems.append(
+            f"{key}rollout.placement={rollout['placement']!r} (the engine must live in the actor's process: placement=hybrid)"
+        )
+    if rollout["tensor_model_parallel_size"] != 1:
+        problems.append(f"{key}rollout.tensor_model_parallel_size={rollout['tensor_model_parallel_size']} (the engine must hold whole weights)")
+    if "auto" not in (rollout["dtype"], model["dtype"]) and rollout["dtype"] != model["dtype"]:
+        problems.append(f"{key}rollout.dtype={rollout['dtype']!r} differs from {key}model.dtype={model['dtype']!r} (one copy has one dtype)")
+    return problems
+
+
 def check_lora_settings(config: Mapping[str, Any], where: str = "") -> None:
     """Raise ValueError for LoRA settings the actor/rollout config cannot run (`where` prefixes the keys, e.g.
     `actor_rollout_ref`): LoRA is built for the FSDP actor, and vLLM caps the adapter rank."""
@@ -114,4 +139,17 @@ def check_lora_settings(config: Mapping[str, Any], where: str = "") -> None:
     if config["rollout"]["name"] == "vllm" and rank > VLLM_MAX_LORA_RANKS[-1]:
         raise ValueError(
             f"{key}model.lora_rank={rank} is above vLLM's largest adapter rank {VLLM_MAX_LORA_RANKS[-1]} ({key}rollout.name=vllm)"
+        )
+
+
+def check_base_sharing(config: Mapping[str, Any], where: str = "") -> None:
+    """Raise ValueError when `rollout.share_base_weights=true` asks for what the config cannot do."""
+    if config["rollout"]["share_base_weights"] is not True:
+        return
+    problems = base_sharing_problems(config, where)
+    if problems:
+        key = f"{where}." if where else ""
+        raise ValueError(
+            f"{key}rollout.share_base_weights=true cannot share the actor's base weights with the rollout engine: "
+            f"{'; '.join(problems)}. Set it to null (share where possible) or false"
         )

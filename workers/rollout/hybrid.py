@@ -77,11 +77,15 @@ def sync_tolerance(rollout_cfg: dict[str, Any], dtype: torch.dtype) -> float:
 
 
 class HybridRollout:
-    def __init__(self, source: WeightSource, rollout_cfg: dict[str, Any], seed: int) -> None:
+    def __init__(self, source: WeightSource, rollout_cfg: dict[str, Any], seed: int, shares_weights: bool = False) -> None:
+        """`shares_weights`: the source's frozen base will point into the engine's weights (LoRA,
+        workers/fsdp/shared_base.py); the engine then keeps them in place while asleep."""
         self.source = source
         self.cfg = rollout_cfg
         self.dtype = engine_dtype(rollout_cfg, source)
-        self.engine = VLLMEngine(source.model_path, rollout_cfg, self.dtype, source.device, seed, lora=source.lora)
+        self.engine = VLLMEngine(
+            source.model_path, rollout_cfg, self.dtype, source.device, seed, lora=source.lora, shares_weights=shares_weights
+        )
         self.layouts: list[BucketLayout] = source.sync_layouts(self.dtype, rollout_cfg["weight_sync_bucket_mb"] << 20)
         # The engine loaded the same folder the actor started from; a LoRA engine has no adapter yet, so its
         # first sync (before the first generate) always runs.

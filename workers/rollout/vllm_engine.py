@@ -19,6 +19,7 @@ from workers.lora.spec import LoraSpec
 from workers.lora.vllm_adapter import adapter_request, engine_options
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.shaping import assemble_rollout, pad_token_lists
+from workers.rollout.vllm_base_views import keep_plain_cpu_weights
 from workers.rollout.sync_group import SyncGroupAddress
 
 EXTENSION = "workers.rollout.vllm_extension.WeightSyncExtension"
@@ -68,10 +69,14 @@ def eager_mode(rollout: dict[str, Any], device: torch.device) -> bool:
 
 class VLLMEngine:
     def __init__(
-        self, model_path: str, rollout: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int, lora: LoraSpec | None = None
+        self, model_path: str, rollout: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int,
+        lora: LoraSpec | None = None, shares_weights: bool = False,
     ) -> None:
         """With `lora` the engine serves the trainer's LoRA adapter over the model folder's weights: each sync
-        replaces the adapter (`load_adapter` / `receive_adapter`) and every generate uses it."""
+        replaces the adapter (`load_adapter` / `receive_adapter`) and every generate uses it.
+        `shares_weights`: the trainer's frozen base will point into this engine's weight tensors
+        (workers/fsdp/shared_base.py): they must stay where they are, so sleep frees only the KV cache, and
+        on CPU the linears keep their [out, in] weights (`keep_plain_cpu_weights`)."""
         tp = rollout["tensor_model_parallel_size"]
         if tp == 1:
             # Keep the engine in this process: tensors can then be passed to it without serialization.
@@ -91,8 +96,12 @@ class VLLMEngine:
         self.lora = lora
         self.lora_request = None  # set by the first adapter sync; until then the adapter is the identity (B = 0)
         # A LoRA engine keeps its base weights while asleep (level 1: backed up in host memory): only the
-        # adapter is ever sent. Level 2 discards the weights; the next sync re-sends all of them.
+        # adapter is ever sent. Level 2 discards the weights; the next sync re-sends all of them. An engine
+        # sharing its weights with the trainer sleeps its KV cache only (weights and adapter stay).
         self.sleep_level = 2 if lora is None else 1
+        self.shares_weights = shares_weights
+        if shares_weights and device.type != "cuda":
+            keep_plain_cpu_weights()
         kwargs: dict[str, Any] = dict(
             model=model_path,
             dtype=_DTYPE_NAMES[dtype],
@@ -237,14 +246,26 @@ class VLLMEngine:
     def sleep(self) -> None:
         """Release the weights and the KV cache (GPU with enable_sleep and free_cache_engine; a no-op on
         CPU). The weights are discarded, not kept on the host: the trainer re-sends them on wake. A LoRA
-        engine keeps its base weights in host memory instead; the trainer re-sends the adapter."""
+        engine keeps its base weights in host memory instead; the trainer re-sends the adapter. An engine
+        sharing its weights releases its KV cache only (workers/rollout/kv_sleep.py)."""
         if self.sleeps_between_calls and not self.asleep:
-            self.llm.sleep(level=self.sleep_level)
+            if self.shares_weights:
+                self.llm.reset_prefix_cache()  # the cached blocks' contents are about to go
+                self.llm.collective_rpc("sc_release_kv_cache")
+            else:
+                self.llm.sleep(level=self.sleep_level)
             self.asleep = True
+
+    def checkpoint_views(self) -> dict[str, torch.Tensor]:
+        """In-process (tensor parallel size 1): checkpoint name -> a view of the engine's weight tensor."""
+        (views,) = self.llm.collective_rpc("sc_checkpoint_views")
+        return views
 
     def release_all(self) -> None:
         """Free the weights and the KV cache: sleep (GPU, sleep mode) or shut the engine down (it is rebuilt
         from the model folder by `restore`, then needs a weight sync for trained weights)."""
+        if self.shares_weights:
+            raise RuntimeError("this engine's weights are shared with the trainer's base (rollout.share_base_weights); they cannot be released")
         if self.sleep_enabled:
             if not self.asleep:
                 self.llm.sleep(level=2)
@@ -277,12 +298,17 @@ class VLLMEngine:
 
     def wake_up(self) -> bool:
         """Re-allocate the weights, then the KV cache; True when the weights (with LoRA: the adapter, whose
-        slots are refilled by a new registration) must be synced again."""
+        slots are refilled by a new registration) must be synced again. An engine sharing its weights only
+        maps its KV cache again (False: the weights and the adapter never left)."""
         if not self.asleep:
             return False
         # The trainer's freed activations and gradients sit in PyTorch's cache, invisible to vLLM's
         # allocator: return them to the device first, or waking can run out of memory.
         torch.cuda.empty_cache()
+        if self.shares_weights:  # weights and adapter stayed: nothing to sync again
+            self.llm.collective_rpc("sc_restore_kv_cache")
+            self.asleep = False
+            return False
         self.llm.wake_up(tags=["weights"])
         self.llm.wake_up(tags=["kv_cache"])
         self.asleep = False

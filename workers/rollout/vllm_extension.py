@@ -13,6 +13,8 @@ import torch
 
 from workers.lora.vllm_adapter import adapter_fingerprint, register_adapter
 from workers.rollout.buckets import BucketLayout
+from workers.rollout.kv_sleep import KV_CACHE_TAG, release_kv_cache
+from workers.rollout.vllm_base_views import checkpoint_views
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
 from workers.rollout.weight_sync import IpcReceiver, receive_broadcast_buckets
 
@@ -21,6 +23,7 @@ class WeightSyncExtension:
     model_runner: Any
     rank: int
     device: torch.device
+    wake_up: Any  # vLLM's GPU worker: wake_up(tags) maps the tagged sleep-mode allocations again
 
     def _reload(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> int:
         count = 0
@@ -57,6 +60,19 @@ class WeightSyncExtension:
 
     def sc_receive_lora_broadcast(self, layouts: list[BucketLayout], adapter_config: dict[str, Any]) -> int:
         return register_adapter(self.model_runner, receive_broadcast_buckets(layouts, self._sync_group, self.device), adapter_config)
+
+    # ---- base weights shared with the trainer (LoRA, in-process: workers/fsdp/shared_base.py) -----------
+    def sc_checkpoint_views(self) -> dict[str, torch.Tensor]:
+        """In-process: the model's weight tensors as views under the checkpoint's names."""
+        return checkpoint_views(self.model_runner.get_model())
+
+    def sc_release_kv_cache(self) -> int:
+        """GPU sleep mode: free the KV cache only (the weights, which the trainer may point into, stay)."""
+        return release_kv_cache()
+
+    def sc_restore_kv_cache(self) -> None:
+        """Map the KV cache again after `sc_release_kv_cache` (vLLM's worker wake-up of that tag alone)."""
+        self.wake_up(tags=[KV_CACHE_TAG])
 
     # ---- broadcast ------------------------------------------------------------------------------------
     def sc_join_weight_sync_group(self, address: SyncGroupAddress, first_rank: int) -> None:

@@ -1,0 +1,66 @@
+"""rollout.share_base_weights: true where the base cannot be shared is refused with the reason (before Ray starts,
+one `error:` line and exit code 2); null shares where possible, false never; the dtypes resolve on the worker."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.e2e.conftest import run_overrides, tiny_assets  # noqa: F401 (fixture)
+from trainer.main import main
+from workers.config import actor_rollout_ref_config
+from workers.fsdp.shared_base import resolve_base_sharing
+
+LORA_HYBRID = {"model": {"path": "/m", "lora_rank": 8}, "rollout": {"name": "vllm"}}
+
+
+def config(share=None, **sections):
+    user = {key: dict(value) for key, value in LORA_HYBRID.items()}
+    for key, value in sections.items():
+        user.setdefault(key, {}).update(value)
+    user["rollout"]["share_base_weights"] = share
+    return actor_rollout_ref_config(user)
+
+
+@pytest.mark.parametrize(("sections", "reason"), [
+    ({"model": {"lora_rank": 0}}, "model.lora_rank=0 trains every weight"),
+    ({"rollout": {"name": "hf"}}, "rollout.name='hf' (HF generate already runs on the actor's own weights)"),
+    ({"rollout": {"placement": "separate"}}, "rollout.placement='separate' (the engine must live in the actor's process"),
+    ({"rollout": {"dtype": "float16"}, "model": {"dtype": "bfloat16"}}, "rollout.dtype='float16' differs from model.dtype='bfloat16'"),
+])
+def test_true_where_the_config_cannot_share_names_why(sections, reason):
+    with pytest.raises(ValueError, match="rollout.share_base_weights=true cannot share the actor's base weights") as error:
+        config(True, **sections)
+    assert reason in str(error.value) and "Set it to null (share where possible) or false" in str(error.value)
+    config(None, **sections)  # null: no sharing there, no error
+    config(False, **sections)
+
+
+def test_null_shares_where_possible_and_false_never():
+    bf16 = torch.bfloat16
+    assert resolve_base_sharing(config(None), bf16, bf16) is True
+    assert resolve_base_sharing(config(True), bf16, bf16) is True
+    assert resolve_base_sharing(config(False), bf16, bf16) is False
+    assert resolve_base_sharing(config(None, model={"lora_rank": 0}), bf16, bf16) is False
+    assert resolve_base_sharing(config(None, rollout={"placement": "separate"}), bf16, bf16) is False
+
+
+def test_the_resolved_dtypes_must_agree():
+    """model.dtype auto is bf16 on a GPU and float32 on CPU: rollout.dtype=bfloat16 agrees on one only."""
+    cfg = config(None, rollout={"dtype": "bfloat16"})
+    assert resolve_base_sharing(cfg, torch.bfloat16, torch.bfloat16) is True
+    assert resolve_base_sharing(cfg, torch.float32, torch.bfloat16) is False
+    with pytest.raises(ValueError, match=r"the engine computes in torch.bfloat16 \(rollout.dtype\) and the actor's base is torch.float32"):
+        resolve_base_sharing(config(True, rollout={"dtype": "bfloat16"}), torch.float32, torch.bfloat16)
+
+
+def test_the_driver_refuses_before_ray_starts(no_ray, tiny_assets, tmp_path, capsys):  # noqa: F811
+    overrides = run_overrides(tiny_assets, tmp_path, "actor_rollout_ref.rollout.share_base_weights=true",
+                              "actor_rollout_ref.model.lora_rank=8", "trainer.device=cpu")
+    assert main(overrides) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: actor_rollout_ref.rollout.share_base_weights=true cannot share the actor's base weights with the rollout "
+        "engine: actor_rollout_ref.rollout.name='hf' (HF generate already runs on the actor's own weights). Set it to null "
+        "(share where possible) or false"
+    ]

@@ -1,0 +1,129 @@
+"""One copy of a LoRA actor's frozen base weights on the device, held by its hybrid vLLM engine.
+
+A LoRA actor never changes its base, and its in-process vLLM engine loaded the same folder in the same
+dtype. With `rollout.share_base_weights` (null: wherever possible) each frozen base parameter's local shard
+is re-pointed at this rank's rows of the engine's tensor holding it (workers/fsdp/shared_storage.py), after
+checking that the values are equal; the trainer's own copy is then freed. The engine's fused weights
+(`qkv_proj`, `gate_up_proj`) and padded vocabulary are read as views under the checkpoint's names
+(workers/rollout/vllm_base_views.py), so every base tensor of a Qwen2/Llama model is shared. Only the
+adapters stay the trainer's: they are what the weight sync sends and what the offloader moves; the shared
+storages never move (`stays`), and the engine's sleep frees only its KV cache (workers/rollout/kv_sleep.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from workers.fsdp.shared_storage import fsdp_params, local_shard, point_shard_at, rows_of, why_not_shareable
+from workers.lora.spec import BASE_LAYER, base_sharing_problems
+
+GIB = float(1 << 30)
+SETTING = "rollout.share_base_weights"
+
+
+def resolve_base_sharing(config: Mapping[str, Any], trainer_dtype: torch.dtype, engine_dtype: torch.dtype, where: str = "") -> bool:
+    """Whether this actor shares its base with its engine: `rollout.share_base_weights` null means where
+    the config allows it; true where it does not is a ValueError (the config check catches most cases
+    before Ray starts; the dtypes "auto" resolve only here)."""
+    setting = config["rollout"]["share_base_weights"]
+    if setting is False:
+        return False
+    problems = base_sharing_problems(config, where)
+    if trainer_dtype != engine_dtype:
+        key = f"{where}." if where else ""
+        problems.append(f"the engine computes in {engine_dtype} ({key}rollout.dtype) and the actor's base is {trainer_dtype}")
+    if problems and setting is True:
+        raise ValueError(f"{SETTING}=true cannot share the actor's base weights with the rollout engine: {'; '.join(problems)}")
+    return not problems
+
+
+def checkpoint_name(trainer_name: str) -> str:
+    """A base parameter's name in the checkpoint (peft's adapted linears hold the original as `base_layer`)."""
+    return trainer_name.replace(BASE_LAYER, "")
+
+
+@dataclass
+class SharingReport:
+    """Bytes of this rank's frozen base shards that are views of the engine's tensors, and why the others are not."""
+
+    shared_bytes: int = 0
+    base_bytes: int = 0
+    shared: list[str] = field(default_factory=list)
+    unshared: dict[str, str] = field(default_factory=dict)  # trainer name -> reason
+
+    @property
+    def fraction(self) -> float:
+        return self.shared_bytes / self.base_bytes if self.base_bytes else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "lora/shared_base_gib": self.shared_bytes / GIB,
+            "lora/shared_base_fraction": self.fraction,
+            "lora/unshared_base_tensors": float(len(self.unshared)),
+        }
+
+    def summary(self) -> str:
+        text = f"LoRA base shared with the vLLM engine: {_size(self.shared_bytes)} of {_size(self.base_bytes)} on this rank"
+        if self.unshared:
+            listed = "; ".join(f"{name}: {why}" for name, why in list(self.unshared.items())[:5])
+            more = f" (and {len(self.unshared) - 5} more)" if len(self.unshared) > 5 else ""
+            text += f"; not shared: {listed}{more}"
+        return text
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / (1 << 20):.2f} MiB"
+
+
+class SharedBase:
+    """The frozen base parameters of a LoRA actor (FSDP2), to be pointed into its engine's tensors.
+
+    Until `attach` the offloader leaves them alone (`stays`), so they are on the device when the engine has
+    started and their values can be compared; after it `stays` names the engine storages they point into."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.params = {name: p for name, p in fsdp_params(module).items() if not p.sharded_param.requires_grad}
+        if not self.params:
+            raise ValueError("the actor has no frozen parameters: only a LoRA actor's base can be shared")
+        self._staying = {local_shard(p).untyped_storage().data_ptr() for p in self.params.values()}
+        self.report: SharingReport | None = None
+
+    def stays(self, storage: torch.UntypedStorage) -> bool:
+        """Whether the offloader must leave `storage` where it is."""
+        return storage.data_ptr() in self._staying
+
+    @torch.no_grad()
+    def attach(self, engine_tensors: Mapping[str, torch.Tensor]) -> SharingReport:
+        """Point every base shard whose checkpoint name the engine holds, with equal values, at the engine's
+        tensor. `engine_tensors`: checkpoint name -> the engine's whole tensor (a view)."""
+        report = SharingReport()
+        engine_storages: set[int] = set()
+        for name, param in self.params.items():
+            local = local_shard(param)
+            nbytes = local.numel() * local.element_size()
+            report.base_bytes += nbytes
+            whole = engine_tensors.get(checkpoint_name(name))
+            reason = "the engine has no tensor of this name" if whole is None else why_not_shareable(param, whole)
+            if reason is None and not torch.equal(local, rows_of(param, whole)):
+                reason = "its values differ from the engine's (another layout or rounding)"
+            if reason is not None:
+                report.unshared[name] = reason
+                continue
+            point_shard_at(param, whole)
+            engine_storages.add(whole.untyped_storage().data_ptr())
+            report.shared.append(name)
+            report.shared_bytes += nbytes
+        # The trainer's own storages of the shared shards are gone; their addresses may be reused by anyone.
+        self._staying = engine_storages
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if report.unshared:
+            print(f"note: {report.summary()}", file=sys.stderr)
+        self.report = report
+        return report
