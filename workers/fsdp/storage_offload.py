@@ -250,6 +250,10 @@ class StorageOffloader:
             return 0
         start = time.perf_counter()
         slots, self._offloaded = self._offloaded, []
+        if self.stream is not None:
+            # Give back what earlier phases left in the allocator's cache (activations, gathered weights): the
+            # loaded state then takes that space instead of landing beside it (measured at 7B: 3-7 GiB higher peaks).
+            torch.cuda.empty_cache()
         for slot in slots:
             slot.storage.resize_(slot.nbytes)  # allocated on the current stream, which will use it
         events = self._copy(slots, to_host=False)
