@@ -38,6 +38,8 @@ class DevicePeak:
         self.device = device
         self.interval_s = interval_s
         self.peak = self._used()  # raises where NVML is unavailable
+        self._window = 0  # which take() interval a reading belongs to
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._sample, name="device-memory-peak", daemon=True)
         self._thread.start()
 
@@ -46,13 +48,21 @@ class DevicePeak:
 
     def _sample(self) -> None:
         while True:
-            self.peak = max(self.peak, self._used())
+            window = self._window
+            used = self._used()
+            with self._lock:
+                # A reading taken before a take() belongs to the interval that take() closed, not the next one
+                # (a phase that ends by freeing memory would otherwise pass its peak on to the next phase).
+                if window == self._window:
+                    self.peak = max(self.peak, used)
             time.sleep(self.interval_s)
 
     def take(self) -> float:
         """GiB: the highest reading since the last call (or the start), then start over from now."""
         now = self._used()
-        peak, self.peak = max(self.peak, now), now
+        with self._lock:
+            peak, self.peak = max(self.peak, now), now
+            self._window += 1
         return peak / GIB
 
 

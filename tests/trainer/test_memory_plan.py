@@ -234,7 +234,7 @@ def test_lora_7b_with_8192_token_responses_fits_one_h100_only_with_chunked_logit
 def test_a_lora_base_shared_with_the_hybrid_engine_is_counted_once(folders):
     """rollout.share_base_weights (null: on with LoRA + hybrid vLLM): the base is the engine's, on the GPU in
     every phase (under weights while the engine sleeps), no longer the actor's to offload; its own copy is on
-    the GPU only while the engine starts."""
+    the GPU only while the engine starts, inside the engine's budget."""
     shared = plan_of(scale_config(folders["7B"], lora_rank=64), gib=80)
     own = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.share_base_weights=false", lora_rank=64), gib=80)
     base = 2 * ModelShape.from_config(QWEN_7B).total_params() / GIB
@@ -245,8 +245,9 @@ def test_a_lora_base_shared_with_the_hybrid_engine_is_counted_once(folders):
         assert part(shared, phase, "weights") - part(own, phase, "weights") == pytest.approx(2 * adapters / GIB, rel=1e-6)
         assert part(shared, phase, "engine") == 0  # the KV cache is freed while the engine sleeps
     init = shared.row("init")
-    assert init.moment == "vLLM engine started, base not yet shared"
-    assert init.parts["weights"] / GIB == pytest.approx(base, rel=1e-6) and init.parts["engine"] == 40 * GIB
+    # the base to be shared sits inside the engine's budget while it starts (vLLM counts what the process holds)
+    assert init.moment == "vLLM engine started"
+    assert init.parts["weights"] == 0 and init.parts["engine"] == 40 * GIB
     text = render_plan(shared)
     assert "the base is shared with the hybrid vLLM engine" in text and "host memory for the offloaded state" in text
     adapters_and_moments = 12 * adapters / GIB  # float32 adapters and AdamW's two moments: all that moves
