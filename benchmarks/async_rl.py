@@ -75,7 +75,8 @@ def force_lengths(parquet: Path, short: tuple[int, int], long: int, long_fractio
 
 
 def gpu_longtail(work: Path, tail: Tail) -> tuple[list[str], dict[str, Any]]:
-    from benchmarks.gpu_grpo_step import QWEN2_0_5B, build_model
+    from benchmarks.gpu_grpo_step import build_model
+    from benchmarks.model_shapes import QWEN2_0_5B
 
     params = build_model(work / "model", QWEN2_0_5B)
     train, val = write_synthetic_dataset(work / "data", train_size=512, val_size=16, tasks=("arithmetic",))

@@ -19,21 +19,20 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu_grpo_step import QWEN2_0_5B, build_model, grpo_overrides
+from benchmarks.gpu_grpo_step import build_model, grpo_overrides
+from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_1_5B, QWEN2_7B
 from trainer.config_loader import load_config
 from trainer.datasets.synthetic import write_synthetic_dataset
 from trainer.main import run
 
 SHAPES = {
     "0.5B": QWEN2_0_5B,
-    "1.5B": dict(QWEN2_0_5B, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                 intermediate_size=8960),
+    "1.5B": QWEN2_1_5B,
     # CPU dry runs of the GPU scripts (benchmarks/peers): head_dim 64, which vLLM's CPU backend accepts.
     "tiny": dict(QWEN2_0_5B, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                  intermediate_size=256, vocab_size=128, max_position_embeddings=512),
     # Qwen2.5-7B: ~15 GB of bf16 weights; one H200 fits it with LoRA or with the actor offloaded (docs/lora.md).
-    "7B": dict(QWEN2_0_5B, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
+    "7B": QWEN2_7B,
 }
 PHASES = ("sync_weights", "generate", "reward", "old_log_prob", "ref_log_prob", "advantage", "update_actor")
 

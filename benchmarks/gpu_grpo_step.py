@@ -17,15 +17,10 @@ from pathlib import Path
 import torch
 
 from trainer.config_loader import load_config
+from benchmarks.model_shapes import QWEN2_0_5B
 from trainer.datasets.synthetic import write_synthetic_dataset
 from trainer.main import run
 from trainer.tiny_model import build_char_tokenizer
-
-QWEN2_0_5B = dict(
-    hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-    intermediate_size=4864, vocab_size=151936, max_position_embeddings=4096, rope_theta=1_000_000.0,
-    tie_word_embeddings=True,
-)
 
 
 def build_model(out_dir: Path, shape: dict | None = None) -> int:

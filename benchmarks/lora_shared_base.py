@@ -30,7 +30,7 @@ import torch
 
 from benchmarks.random_model import write_model_folder
 from benchmarks.scale_step import SHAPES as SCALE_SHAPES
-from benchmarks.gpu_grpo_step import QWEN2_0_5B
+from benchmarks.model_shapes import QWEN2_0_5B
 
 GIB = float(1 << 30)
 SHAPES = {"0.5B": QWEN2_0_5B, **SCALE_SHAPES}

@@ -35,17 +35,14 @@ from typing import Any
 
 import torch
 
+from benchmarks.model_shapes import QWEN2_1_5B, QWEN2_7B
 from workers.fsdp.storage_offload import HostBuffer
 
 GB = 1e9
-# Qwen2.5 shapes (random init: only the sizes matter here).
-QWEN2 = dict(max_position_embeddings=4096, rope_theta=1_000_000.0)
 SHAPES = {
-    "1.5B": dict(QWEN2, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                 intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
-    "7B": dict(QWEN2, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
-    "tiny": dict(QWEN2, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+    "1.5B": QWEN2_1_5B,
+    "7B": QWEN2_7B,
+    "tiny": dict(QWEN2_1_5B, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                  intermediate_size=256, vocab_size=1000, tie_word_embeddings=False),
 }
 

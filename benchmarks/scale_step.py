@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from benchmarks.e2e_step import PHASES, steady, write
-from benchmarks.gpu_grpo_step import QWEN2_0_5B, grpo_overrides
+from benchmarks.gpu_grpo_step import grpo_overrides
+from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_3B, QWEN2_7B
 from benchmarks.offload import Bandwidth, offload_table, print_offload_table, probe_in_subprocess
 from benchmarks.random_model import write_config, write_model_folder
 from trainer.config_loader import load_config
@@ -39,10 +40,8 @@ from trainer.main import run
 from trainer.memory_plan import GIB, build_plan, gpu_memory, render_plan
 
 SHAPES = {
-    "7B": dict(QWEN2_0_5B, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
-    "3B": dict(QWEN2_0_5B, hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
-               intermediate_size=11008, vocab_size=151936, tie_word_embeddings=True),
+    "7B": QWEN2_7B,
+    "3B": QWEN2_3B,
     # head_dim 64: the CPU vLLM backend accepts it.
     "tiny": dict(QWEN2_0_5B, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                  intermediate_size=256, vocab_size=256, tie_word_embeddings=False),

@@ -5,19 +5,17 @@ a driver without that mode (Ray alone would dial the machine's address instead).
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from single_controller.ray.attach import ClusterUnreachable, attach, wait_for_gcs
 from tests.reliability.conftest import short_run
 from tests.reliability.processes import REPO_ROOT, child_env
-from tests.reliability.test_ray_job_submit import cluster_processes, describe, free_ports
+from tests.reliability.test_ray_job_submit import free_ports, kill_leftovers
 from trainer.interrupts import EXIT_CODE
 
 
@@ -116,13 +114,7 @@ def test_a_loopback_head_is_reached_by_a_driver_without_one_machine_mode(tmp_pat
             head.wait(timeout=60)
         except subprocess.TimeoutExpired:
             head.kill()
-        _, alive = psutil.wait_procs([p for p in cluster_processes(head.pid, gcs) if p.pid != os.getpid()], timeout=20)
-        leftovers = [describe(p) for p in alive]
-        for process in alive:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
+        leftovers = kill_leftovers(head.pid, gcs)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert f"attached 127.0.0.1:{gcs} 3.0" in done.stdout, done.stdout + done.stderr[-3000:]
     assert leftovers == [], leftovers

@@ -79,6 +79,20 @@ def describe(process: psutil.Process) -> str:
         return f"{process.pid}: (gone)"
 
 
+def kill_leftovers(session_id: int, gcs_port: int) -> list[str]:
+    """Kills what is left of this test's cluster and describes it. Ray's processes finish exiting a moment
+    after `ray start --block` returns: they get that moment first."""
+    _, alive = psutil.wait_procs([p for p in cluster_processes(session_id, gcs_port) if p.pid != os.getpid()], timeout=20)
+    leftovers = [describe(p) for p in alive]
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=10)
+    return leftovers
+
+
 def test_ray_start_job_submit_scoped_stop(small_assets, tmp_path):
     gcs, dashboard, client, agent = free_ports(4)
     overrides = short_run(small_assets, tmp_path / "run", "trainer.logger=[console]", "trainer.n_gpus_per_node=2")
@@ -97,15 +111,7 @@ def test_ray_start_job_submit_scoped_stop(small_assets, tmp_path):
     finally:
         if cluster.poll() is None:
             cluster.kill()
-        # Ray's processes finish exiting a moment after `ray start --block` returns: give them that moment.
-        _, alive = psutil.wait_procs([p for p in cluster_processes(cluster.pid, gcs) if p.pid != os.getpid()], timeout=20)
-        leftovers = [describe(p) for p in alive]
-        for process in alive:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=10)
+        leftovers = kill_leftovers(cluster.pid, gcs)
     logs = {name: (tmp_path / f"{name}.log").read_text() if (tmp_path / f"{name}.log").exists() else "" for name in ("start", "submit", "recipe", "status")}
     context = f"rc={returncode}\n" + "\n".join(f"--- {k}\n{v[-3000:]}" for k, v in logs.items())
     assert returncode == 0, context

@@ -1,0 +1,16 @@
+"""The Qwen2.5 shapes the GPU benchmarks build random-init models of (only the sizes matter there)."""
+
+from __future__ import annotations
+
+QWEN2_0_5B = dict(
+    hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+    intermediate_size=4864, vocab_size=151936, max_position_embeddings=4096, rope_theta=1_000_000.0,
+    tie_word_embeddings=True,
+)
+QWEN2_1_5B = dict(QWEN2_0_5B, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                  intermediate_size=8960)
+QWEN2_3B = dict(QWEN2_0_5B, hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+                intermediate_size=11008)
+# ~15 GB of bf16 weights, untied head.
+QWEN2_7B = dict(QWEN2_0_5B, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False)
