@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from trainer.algorithm_settings import check_algorithm_settings
 from trainer.rollout_settings import check_rollout_settings
 from trainer.trackers.spec import entry_problem
-from workers.rl_math.names import LOSS_AGG_MODES, POLICY_LOSS_MODES
+from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, POLICY_LOSS_MODES
 
 CONFIG_MODULE = "trainer.config"
 CONFIG_NAME = "trainer"
@@ -116,7 +116,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -
 
 _CHOICES = {
     "algorithm.adv_estimator": ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"),
-    "algorithm.kl_penalty": ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"),
+    "algorithm.kl_penalty": KL_PENALTY_NAMES,
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "actor_rollout_ref.actor.loss_agg_mode": LOSS_AGG_MODES,
     "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_MODES,

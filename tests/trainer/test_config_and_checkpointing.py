@@ -27,6 +27,8 @@ def test_defaults_and_algorithm_group():
         ("algorithm=nope", r"Available options in 'algorithm'[\s\S]*grpo"),
         ("trainer.placement=somewhere", r"trainer.placement='somewhere' is not valid; choose one of \['colocated', 'separate'\]"),
         ("data.train_batch_size=0", r"data.train_batch_size=0 must be a positive integer"),
+        # the config accepts exactly the estimators the KL code has (it once listed 'full', which the code lacks)
+        ("algorithm.kl_penalty=full", r"algorithm.kl_penalty='full' is not valid; choose one of \['kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3'\]"),
         ("data.train_batch_size=12", r"ppo_mini_batch_size=8 \(prompts\) must divide data.train_batch_size=12"),
         ("trainer.logger=[console,swanlab]", r"unknown entries \['swanlab'\]; valid are \['console', 'jsonl', 'tensorboard', 'wandb', 'mlflow'\]"),
     ],
