@@ -4,7 +4,7 @@ from __future__ import annotations
 
 QWEN2_0_5B = dict(
     hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-    intermediate_size=4864, vocab_size=151936, max_position_embeddings=4096, rope_theta=1_000_000.0,
+    intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1_000_000.0,
     tie_word_embeddings=True,
 )
 QWEN2_1_5B = dict(QWEN2_0_5B, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
