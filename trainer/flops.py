@@ -87,7 +87,7 @@ class ModelFlops:
     # ---- per batch --------------------------------------------------------------------------------------
     def attention(self, lengths: Iterable[int]) -> float:
         """QKᵀ and AV over the causal pairs of each sequence, every layer (forward only)."""
-        pairs = sum(length * (length + 1) // 2 for length in lengths)
+        pairs = sum(length * (length + 1) / 2 for length in lengths)  # float: compare.py passes mean lengths
         per_pair = 2 * FLOPS_PER_MULTIPLY_ADD * self.shape.heads * self.shape.head_dim
         return float(per_pair * pairs * self.shape.layers)
 
