@@ -4,8 +4,10 @@
     python -m benchmarks.peers.background wait --dir /tmp/peers_7b --for 560 [--out $OUT]
 
 A device call lasts 10 minutes at most and kills what it leaves running, except a process in a session of its
-own; the machine stays warm 30 s after a call. `start` launches verl_gpu in a new session (its output folder is
-`<dir>/out`, its log `<dir>/driver_log.txt`) and returns at once; `wait` waits until it ends or `--for` seconds
+own; the machine stays warm 30 s after a call. `start` copies the project's code to `<dir>/repo` (each call copies
+the working tree onto the machine again, and a side started while that happens could import half a tree) and
+launches verl_gpu from there in a new session (its output folder is `<dir>/out`, its log `<dir>/driver_log.txt`),
+and returns at once; `wait` waits until it ends or `--for` seconds
 pass, prints where it is (sides done, the running side's last log line) and packs `<dir>/out` into
 `<out>/peers.tar.gz` (logs cut to their last 4 MiB), with runs.json, peers_gpu.json and the driver log's tail
 beside it. Exit code: 0 when verl_gpu ended with 0, 1 when it failed, 3 while it still runs (call `wait` again,
@@ -18,6 +20,7 @@ import argparse
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -28,6 +31,28 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_TAIL_BYTES = 4 << 20
 STILL_RUNNING = 3
 PROGRESS_EVERY_S = 60.0
+CODE = ("protocol", "single_controller", "workers", "trainer", "recipes", "benchmarks", "pyproject.toml")
+
+
+def snapshot(folder: Path) -> Path:
+    """The project's code copied to <dir>/repo (what the detached run imports, its workers included)."""
+    target = folder / "repo"
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for name in CODE:
+        source = REPO_ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, target / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif source.exists():
+            shutil.copy2(source, target / name)
+    return target
+
+
+def detached_env(code: Path) -> dict[str, str]:
+    """This environment with the project's root on PYTHONPATH replaced by the snapshot."""
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    replaced = [str(code) if Path(p).resolve() == REPO_ROOT else p for p in entries]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(replaced))
 
 
 def start(folder: Path, verl_gpu_args: list[str]) -> int:
@@ -37,11 +62,13 @@ def start(folder: Path, verl_gpu_args: list[str]) -> int:
         return 2
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "exit_code").unlink(missing_ok=True)
-    command = [sys.executable, "-m", "benchmarks.peers.background", "run", "--dir", str(folder), "--", *verl_gpu_args]
+    code = snapshot(folder)
+    command = [sys.executable, "-m", "benchmarks.peers.background", "run", "--dir", str(folder.resolve()), "--", *verl_gpu_args]
     with open(folder / "driver_log.txt", "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=code, env=detached_env(code),
+                                   start_new_session=True)
     (folder / "pid").write_text(str(process.pid))
-    (folder / "command.json").write_text(json.dumps(command))
+    (folder / "command.json").write_text(json.dumps({"command": command, "cwd": str(code)}))
     print(f"started pid {process.pid}: verl_gpu {' '.join(verl_gpu_args)} (log {folder / 'driver_log.txt'})", flush=True)
     return 0
 

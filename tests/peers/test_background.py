@@ -13,6 +13,7 @@ def test_start_then_wait_packs_the_outputs(tmp_path, capsys):
     assert main(["start", "--dir", str(folder), "--", "--preset", "7b-2gpu", "--dry-run"]) == 0
     assert main(["wait", "--dir", str(folder), "--for", "120", "--out", str(out)]) == 0
     assert (folder / "exit_code").read_text() == "0"
+    assert (folder / "repo" / "benchmarks" / "peers" / "verl_gpu.py").is_file()  # it ran from its own copy of the code
     with tarfile.open(out / "peers.tar.gz") as tar:
         log = tar.extractfile("driver_log.txt").read().decode()
     assert "verl (limit 900 s" in log and "ours_packed" in log  # verl_gpu's dry run ran detached
