@@ -113,7 +113,8 @@ class ModelFlops:
         sits outside the checkpointed layers)."""
         lengths = list(lengths)
         tokens = sum(lengths)
-        return Flops(matmul=float((self.layers_per_token() + self.adapters_per_token()) * tokens), attention=self.attention(lengths))
+        layers = (self.layers_per_token() + self.adapters_per_token()) * tokens
+        return Flops(matmul=float(layers), attention=self.attention(lengths))
 
     def generate(self, lengths: Iterable[int], generated: Iterable[int]) -> Flops:
         """Prefill + decode of sequences that end at `lengths` tokens, `generated` of them sampled: the

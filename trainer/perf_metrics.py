@@ -105,7 +105,8 @@ class GpuCounts:
         rollout = cfg.actor_rollout_ref.rollout
         rollout_gpus = _gpus(per_pool)
         if rollout.name == "vllm" and rollout.placement == "separate":
-            engine_gpus = rollout.num_engines * float(rollout.get("gpus_per_engine") or rollout.tensor_model_parallel_size)
+            per_engine = float(rollout.get("gpus_per_engine") or rollout.tensor_model_parallel_size)
+            engine_gpus = rollout.num_engines * per_engine
             rollout_gpus = _gpus(engine_gpus)
             reserved += engine_gpus
         return cls(trainer=_gpus(per_pool), rollout=rollout_gpus, critic=_gpus(per_pool), total=_gpus(reserved))
@@ -140,9 +141,11 @@ class RunPerf:
         GPU whose name is not in the table is said once on stderr."""
         peak_tflops, peak_source = device_peak_tflops(cfg)
         if peak_tflops is None and peak_source.endswith("table)"):
-            print(f"warning: no MFU metrics: the bf16 peak of {peak_source} is unknown; set {PEAK_KEY}", file=sys.stderr)
+            print(f"warning: no MFU metrics: the bf16 peak of {peak_source} is unknown; set {PEAK_KEY}",
+                  file=sys.stderr)
         arr = cfg.actor_rollout_ref
         fsdp = arr.actor.strategy == "fsdp"
+        critic_fsdp = cfg.critic.get("strategy", "fsdp") == "fsdp"
         critic = None
         if cfg.algorithm.adv_estimator == "gae":
             critic = _model_flops(str(cfg.critic.model.path), "critic.model.path", "value")
@@ -154,7 +157,7 @@ class RunPerf:
             actor_epochs=int(arr.actor.ppo_epochs),
             critic_epochs=int(cfg.critic.ppo_epochs),
             actor_recompute=bool(arr.model.enable_gradient_checkpointing) and fsdp,
-            critic_recompute=bool(cfg.critic.model.enable_gradient_checkpointing) and cfg.critic.get("strategy", "fsdp") == "fsdp",
+            critic_recompute=bool(cfg.critic.model.enable_gradient_checkpointing) and critic_fsdp,
             count_generate=not bool(cfg.algorithm.filter_groups.enable),
         )
 
@@ -177,7 +180,9 @@ class RunPerf:
             work["update_critic"] = PhaseWork(update, self.gpus.critic, update + recompute if recompute else None)
         return work
 
-    def metrics(self, lengths: Sequence[int], generated: Sequence[int], seconds: dict[str, float], tokens_per_s: float) -> dict[str, float]:
+    def metrics(
+        self, lengths: Sequence[int], generated: Sequence[int], seconds: dict[str, float], tokens_per_s: float
+    ) -> dict[str, float]:
         """The perf metrics of one step: `seconds` per phase (the step's timer), `tokens_per_s` its throughput."""
         out = {"perf/gpus": float(self.gpus.total), "perf/tokens_per_s_per_gpu": tokens_per_s / self.gpus.total}
         if self.peak_tflops is not None:

@@ -58,18 +58,21 @@ def detached_env(code: Path) -> dict[str, str]:
 def start(folder: Path, verl_gpu_args: list[str]) -> int:
     """Launch the detached runner; refuses when one is running in `folder` already."""
     if running(folder):
-        print(f"error: a run is going on in {folder} (pid {(folder / 'pid').read_text().strip()}); `wait` for it", file=sys.stderr)
+        pid = (folder / "pid").read_text().strip()
+        print(f"error: a run is going on in {folder} (pid {pid}); `wait` for it", file=sys.stderr)
         return 2
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "exit_code").unlink(missing_ok=True)
     code = snapshot(folder)
-    command = [sys.executable, "-m", "benchmarks.peers.background", "run", "--dir", str(folder.resolve()), "--", *verl_gpu_args]
+    command = [sys.executable, "-m", "benchmarks.peers.background", "run", "--dir", str(folder.resolve()), "--",
+               *verl_gpu_args]
     with open(folder / "driver_log.txt", "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=code, env=detached_env(code),
                                    start_new_session=True)
     (folder / "pid").write_text(str(process.pid))
     (folder / "command.json").write_text(json.dumps({"command": command, "cwd": str(code)}))
-    print(f"started pid {process.pid}: verl_gpu {' '.join(verl_gpu_args)} (log {folder / 'driver_log.txt'})", flush=True)
+    print(f"started pid {process.pid}: verl_gpu {' '.join(verl_gpu_args)} (log {folder / 'driver_log.txt'})",
+          flush=True)
     return 0
 
 
@@ -97,7 +100,8 @@ def progress(folder: Path) -> str:
     runs_file = folder / "out" / "runs.json"
     done = json.loads(runs_file.read_text()) if runs_file.exists() else {}
     ended = ", ".join(f"{side} exit {record.get('exit')}" for side, record in done.items()) or "no side ended yet"
-    lines = (folder / "driver_log.txt").read_text(errors="replace").splitlines() if (folder / "driver_log.txt").exists() else []
+    log = folder / "driver_log.txt"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     return f"{ended}; driver: {lines[-1][:200] if lines else '(no output yet)'}"
 
 
