@@ -81,6 +81,7 @@ GPU_LAYOUTS = {
     2: ["trainer.gpus_per_process=1", "actor_rollout_ref.rollout.gpus_per_engine=null"],
 }
 DEFAULT_STEPS = {"gpu-longtail": 14, "cpu-learning": 40, "cpu-longtail": 6}
+STEADY_PHASES = ("sync_weights", "generate", "wait_rollout", "old_log_prob", "ref_log_prob", "update_actor")
 
 
 def gpu_longtail(work: Path, tail: Tail) -> tuple[list[str], dict[str, Any]]:
@@ -151,11 +152,16 @@ def summarize_seeds(histories: list[list[dict[str, float]]]) -> dict[str, Any]:
 def summarize(history: list[dict[str, float]]) -> dict[str, Any]:
     wall = sum(r["timing/wall_step_s"] for r in history)
     reward = [r["reward/mean"] for r in history]
+    outside = [{"step": r["step"], "outside": r["timing/wall_step_s"] - r["timing/step_s"]} for r in history]
     return {
         "step_s": mean(history, "timing/wall_step_s", first=3),
         "tokens_per_s": sum(r["perf/tokens"] for r in history) / wall,
         "run_s": wall,
-        "wait_rollout_s": mean(history, "timing/wait_rollout_s", first=3),
+        # Where a steady step's time goes: its phases, and the driver's time outside them (metrics, logging,
+        # the calls that collect the workers' logs), with the dispatch and collect time of every call.
+        **{f"{phase}_s": mean(history, f"timing/{phase}_s", first=3) for phase in STEADY_PHASES},
+        "outside_phases_s": mean(outside, "outside", first=3),
+        "dispatch_collect_s": mean(history, "overhead/dispatch_collect_s", first=3),
         "staleness_mean": mean(history, "rollout/staleness"),
         "staleness_max": max((r.get("rollout/staleness_max", r.get("rollout/staleness", 0.0)) for r in history), default=0.0),
         "multi_version_fraction": mean(history, "rollout/multi_version_fraction"),

@@ -68,3 +68,26 @@ def test_one_gpu_shares_it_and_syncs_by_cuda_ipc(settings):
 def test_graphs_cover_what_the_engine_decodes_at_once(settings, mode, decode_batch):
     # 16 prompts x 8 responses per batch; the asynchronous stream keeps max_staleness + 1 batches out.
     assert engine_decode_batch(config(settings, 2, mode)) == decode_batch
+
+
+def test_the_summary_says_where_a_steady_step_goes():
+    from benchmarks.async_rl import summarize
+
+    def record(step: int, wall: float, phases: dict[str, float]) -> dict[str, float]:
+        timings = {f"timing/{phase}_s": seconds for phase, seconds in phases.items()}
+        return {"step": step, "timing/wall_step_s": wall, "timing/step_s": sum(phases.values()), "perf/tokens": 100,
+                "reward/mean": 0.0, "overhead/dispatch_collect_s": 0.01 * step, **timings}
+
+    history = [record(1, 9.0, {"sync_weights": 0.0, "wait_rollout": 8.0, "update_actor": 0.5}),  # the pipeline's fill
+               record(2, 3.0, {"sync_weights": 0.2, "wait_rollout": 0.1, "update_actor": 2.0}),
+               record(3, 3.0, {"sync_weights": 0.2, "wait_rollout": 0.3, "update_actor": 2.0}),
+               record(4, 4.0, {"sync_weights": 0.4, "wait_rollout": 0.5, "update_actor": 2.0})]
+    summary = summarize(history)
+    steady = history[2:]  # steps 3..N
+    assert summary["step_s"] == pytest.approx(3.5)
+    assert summary["sync_weights_s"] == pytest.approx(0.3) and summary["wait_rollout_s"] == pytest.approx(0.4)
+    outside = [r["timing/wall_step_s"] - r["timing/step_s"] for r in steady]
+    assert summary["outside_phases_s"] == pytest.approx(sum(outside) / len(outside))
+    assert summary["dispatch_collect_s"] == pytest.approx(0.035)
+    assert summary["tokens_per_s"] == pytest.approx(400 / 19.0)  # every step, the fill included
+    assert summary["generate_s"] != summary["generate_s"]  # no generate phase in an asynchronous run: NaN
