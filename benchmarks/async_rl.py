@@ -1,14 +1,15 @@
 """Synchronous vs one-step-off vs asynchronous GRPO (rollout.mode=async, max_staleness 1, 2, 4), same steps:
 step time, trained tokens/s, mean staleness and the reward curve of each, in one process.
 
-    python -m benchmarks.async_rl --preset gpu-longtail [--steps 8] [--modes sync,one_step_off,async1,async2,async4]
-        [--long-tokens 1024] [--long-fraction 0.1]
+    python -m benchmarks.async_rl --preset gpu-longtail [--gpus 1|2] [--steps 14]
+        [--modes sync,one_step_off,async1,async2,async4] [--long-tokens 1024] [--long-fraction 0.1]
     python -m benchmarks.async_rl --preset cpu-learning [--steps 40]
     python -m benchmarks.async_rl --preset cpu-longtail [--steps 6]      # the long-tail run at CPU size
 
 Every mode uses the separate placement: the actor (FSDP) and one vLLM engine in pools of their own. On one
 GPU both take half of it (`trainer.gpus_per_process=0.5`, `rollout.gpus_per_engine=0.5`: weights by CUDA
-IPC); on CPU they are two processes. Truncated importance sampling (`tis_imp_ratio_cap`) is on in every mode.
+IPC); with `--gpus 2` each has a GPU of its own (weights by NCCL broadcast); on CPU they are two processes.
+Truncated importance sampling (`tis_imp_ratio_cap`) is on in every mode.
 
 Presets:
 - gpu-longtail: a random-init Qwen2 of the Qwen2.5-0.5B shape, the arithmetic task, 16 prompts x 8 samples,
@@ -74,6 +75,15 @@ def force_lengths(parquet: Path, short: tuple[int, int], long: int, long_fractio
     return lengths
 
 
+# Where the actor and the engine run on the GPU presets: sharing one GPU, or a GPU each.
+GPU_LAYOUTS = {
+    1: ["trainer.gpus_per_process=0.5", "actor_rollout_ref.rollout.gpus_per_engine=0.5"],
+    2: ["trainer.gpus_per_process=1", "actor_rollout_ref.rollout.gpus_per_engine=null"],
+}
+DEFAULT_STEPS = {"gpu-longtail": 14, "cpu-learning": 40, "cpu-longtail": 6}
+STEADY_PHASES = ("sync_weights", "generate", "wait_rollout", "old_log_prob", "ref_log_prob", "update_actor")
+
+
 def gpu_longtail(work: Path, tail: Tail) -> tuple[list[str], dict[str, Any]]:
     from benchmarks.gpu_grpo_step import build_model
     from benchmarks.model_shapes import QWEN2_0_5B
@@ -82,15 +92,21 @@ def gpu_longtail(work: Path, tail: Tail) -> tuple[list[str], dict[str, Any]]:
     train, val = write_synthetic_dataset(work / "data", train_size=512, val_size=16, tasks=("arithmetic",))
     long = tail.tokens or 1024
     lengths = force_lengths(train, (32, 64), long, tail.fraction, seed=0)
-    overrides = [
-        f"actor_rollout_ref.model.path={work / 'model'}", f"data.train_files={train}", f"data.val_files={val}", "trainer.device=cuda",
-        "trainer.gpus_per_process=0.5", "actor_rollout_ref.rollout.gpus_per_engine=0.5", "actor_rollout_ref.rollout.gpu_memory_utilization=0.25",
+    long_fraction = float(np.mean(np.array(lengths) == long))
+    overrides = gpu_longtail_overrides(work / "model", train, val, long)
+    return overrides, {"params": params, "long_tokens": long, "long_fraction": long_fraction}
+
+
+def gpu_longtail_overrides(model: Path, train: Path, val: Path, long: int) -> list[str]:
+    """The gpu-longtail run's settings (its GPU layout is added from GPU_LAYOUTS)."""
+    return [
+        f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", f"data.val_files={val}",
+        "trainer.device=cuda", "actor_rollout_ref.rollout.gpu_memory_utilization=0.25",
         "actor_rollout_ref.rollout.enforce_eager=false", "data.max_prompt_length=96", f"data.max_response_length={long}",
         "data.train_batch_size=16", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
         "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096", "actor_rollout_ref.actor.optim.lr=1e-6",
     ]
-    return overrides, {"params": params, "long_tokens": long, "long_fraction": float(np.mean(np.array(lengths) == long))}
 
 
 def cpu_model_and_data(work: Path) -> tuple[Path, Path, Path]:
@@ -136,11 +152,16 @@ def summarize_seeds(histories: list[list[dict[str, float]]]) -> dict[str, Any]:
 def summarize(history: list[dict[str, float]]) -> dict[str, Any]:
     wall = sum(r["timing/wall_step_s"] for r in history)
     reward = [r["reward/mean"] for r in history]
+    outside = [{"step": r["step"], "outside": r["timing/wall_step_s"] - r["timing/step_s"]} for r in history]
     return {
         "step_s": mean(history, "timing/wall_step_s", first=3),
         "tokens_per_s": sum(r["perf/tokens"] for r in history) / wall,
         "run_s": wall,
-        "wait_rollout_s": mean(history, "timing/wait_rollout_s", first=3),
+        # Where a steady step's time goes: its phases, and the driver's time outside them (metrics, logging,
+        # the calls that collect the workers' logs), with the dispatch and collect time of every call.
+        **{f"{phase}_s": mean(history, f"timing/{phase}_s", first=3) for phase in STEADY_PHASES},
+        "outside_phases_s": mean(outside, "outside", first=3),
+        "dispatch_collect_s": mean(history, "overhead/dispatch_collect_s", first=3),
         "staleness_mean": mean(history, "rollout/staleness"),
         "staleness_max": max((r.get("rollout/staleness_max", r.get("rollout/staleness", 0.0)) for r in history), default=0.0),
         "multi_version_fraction": mean(history, "rollout/multi_version_fraction"),
@@ -169,7 +190,9 @@ def verdict(preset: str, summaries: dict[str, dict[str, Any]]) -> dict[str, Any]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="cpu-learning", choices=list(PRESETS))
-    parser.add_argument("--steps", type=int, default=None, help="steps per mode (default: 8 gpu-longtail, 40 cpu-learning, 6 cpu-longtail)")
+    parser.add_argument("--steps", type=int, default=None, help=f"steps per mode (default: {DEFAULT_STEPS})")
+    parser.add_argument("--gpus", type=int, default=1, choices=sorted(GPU_LAYOUTS),
+                        help="GPU presets: 1 (actor and engine share it) or 2 (a GPU each)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--seeds", default="0", help="trainer.seed of each run, comma-separated (measures are averaged)")
     parser.add_argument("--long-tokens", type=int, default=None, help="length of the long tail (default: 1024 gpu-longtail, 128 cpu-longtail)")
@@ -181,11 +204,14 @@ def main() -> None:
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         parser.error(f"unknown modes {unknown}; valid: {list(MODES)}")
-    steps = args.steps or {"gpu-longtail": 8, "cpu-learning": 40, "cpu-longtail": 6}[args.preset]
+    steps = args.steps or DEFAULT_STEPS[args.preset]
     out = Path(args.out or f"results/async_rl_{args.preset}.json")
     work = Path(args.workdir) / args.preset
     started = time.perf_counter()
     overrides, workload = PRESETS[args.preset](work, Tail(args.long_tokens, args.long_fraction))
+    if args.preset.startswith("gpu"):
+        overrides += GPU_LAYOUTS[args.gpus]
+        workload["gpus"] = args.gpus
     runs: dict[str, dict[str, Any]] = {}
     seeds = [int(seed) for seed in args.seeds.split(",")]
     for mode in modes:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.e2e_step import PHASES, steady, write
+from benchmarks.e2e_step import phase_summary, steady, write
 from benchmarks.gpu_grpo_step import grpo_overrides
 from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_3B, QWEN2_7B
 from benchmarks.offload import Bandwidth, offload_table, print_offload_table, probe_in_subprocess
@@ -138,8 +138,9 @@ def run_size(size: str, args: argparse.Namespace, extra: list[str], bandwidth: B
     start = time.perf_counter()
     history = run(cfg)
     result["run_s"] = time.perf_counter() - start
-    summary = {f"{phase}_s": steady(history, f"timing/{phase}_s") for phase in PHASES}
-    for key in ("timing/step_s", "perf/tokens", "perf/tokens_per_s", "rollout/sync_s", "rollout/sync_gib", "rollout/generate_s"):
+    summary = phase_summary(history)  # time per phase, with its MFU (and HFU: checkpointing is on) beside it
+    for key in ("timing/step_s", "perf/tokens", "perf/tokens_per_s", "perf/tokens_per_s_per_gpu", "rollout/sync_s", "rollout/sync_gib",
+                "rollout/generate_s"):
         summary[key.replace("/", "_")] = steady(history, key)
     result.update(summary=summary, memory=memory_table(history, plan), offload=offload_table(history, bandwidth),
                   history=history)

@@ -147,6 +147,7 @@ _OPTIONAL_POSITIVE = {
     "trainer.call_timeout_s": ((int, float), "off"),
     "trainer.max_ckpt_to_keep": ((int,), "off"),
     "trainer.gpu_memory_gib": ((int, float), "read from the driver machine's GPU"),
+    "trainer.device_peak_tflops": ((int, float), "the GPU's dense bf16 peak by its name"),
 }
 # Keys that are a positive number of the given kind.
 _POSITIVE_NUMBERS = {"trainer.ray_connect_timeout_s": (int, float)}

@@ -17,6 +17,7 @@ from trainer.algorithms import make_kl_controller
 from trainer.balance import balance_batch
 from trainer.dynamic_sampling import ScoredRollout, fill_with_mixed_groups, rows_per_prompt
 from trainer.overhead import reset_call_logs, step_overhead
+from trainer.perf_metrics import RunPerf
 from trainer.rewards.overlong import add_overlong_penalty
 from trainer.role_groups import RoleGroups
 from trainer.run_data import RunData
@@ -45,6 +46,7 @@ class PPOTrainer(StepLoop):
         self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         self.reward_fn = data.reward_fn
         self._warned_top_up = False
+        self.perf = RunPerf.from_config(cfg)  # MFU per phase, tokens/s per GPU
 
     # ---- one step --------------------------------------------------------------------------------------
     def train_step(self, batch: DataProto) -> dict[str, float]:
@@ -162,8 +164,10 @@ class PPOTrainer(StepLoop):
     def _batch_metrics(self, rollout: DataProto, reward_metrics: dict, kl_metrics: dict, timer: PhaseTimer) -> dict[str, float]:
         mask = rollout.batch["response_mask"]
         scores = rollout.batch["token_level_scores"].sum(-1)
-        tokens = int(rollout.batch["attention_mask"].sum())
+        lengths = rollout.batch["attention_mask"].sum(-1)
+        tokens = int(lengths.sum())
         step_s = sum(timer.seconds.values())
+        tokens_per_s = tokens / step_s if step_s else 0.0
         engine_gap = {}
         if "rollout_log_probs" in rollout.batch.keys():
             # How far the rollout engine's log-probs are from the trainer's for the same tokens.
@@ -180,7 +184,8 @@ class PPOTrainer(StepLoop):
             "advantage/mean": float(masked_mean(rollout.batch["advantages"], mask)),
             "response/length_mean": float(mask.sum(-1).float().mean()),
             "perf/tokens": tokens,
-            "perf/tokens_per_s": tokens / step_s if step_s else 0.0,
+            "perf/tokens_per_s": tokens_per_s,
+            **self.perf.metrics(lengths.tolist(), mask.sum(-1).tolist(), timer.seconds, tokens_per_s),
             "timing/step_s": step_s,
             **timer.metrics(),
         }

@@ -40,9 +40,14 @@ def actor_worker_config(cfg: DictConfig) -> dict[str, Any]:
 
 def engine_decode_batch(cfg: DictConfig) -> int:
     """The most sequences one vLLM engine decodes at once in a step: the generation batch's responses over the
-    engines (one per actor rank in the hybrid placement). CUDA graphs are captured up to this batch only."""
+    engines (one per actor rank in the hybrid placement). CUDA graphs are captured up to this batch only.
+    With rollout.mode=async the stream keeps up to (max_staleness + 1) batches of prompt groups out
+    (trainer/async_rollout.py), all of them generating at once while the pipeline fills or after a hand-out:
+    a decode batch past the largest graph runs without CUDA graphs."""
     rollout = cfg.actor_rollout_ref.rollout
     prompts = gen_batch_size(cfg)
+    if rollout.get("mode", "sync") == "async":
+        prompts = (int(rollout.max_staleness) + 1) * cfg.data.train_batch_size
     engines = rollout.num_engines if rollout.placement == "separate" else cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
     return max(1, -(-prompts * rollout.n // engines))
 

@@ -10,7 +10,16 @@ Steady state = steps 2..N (step 1 holds CUDA-graph capture, torch.compile and al
 is the mean over those steps. Step time: verl's `timing_s/step` (rollout through weight update, without its
 metric collection and logging); ours `timing/wall_step_s` (the whole loop iteration, logging included);
 TRL's time between the ends of consecutive optimizer steps (its logging included). Tokens/s = (prompt +
-response tokens of the step) / step time. Phase boundaries that differ are listed in the README.
+response tokens of the step) / step time; per GPU: / the GPUs of setup.json. Phase boundaries that differ are
+listed in the README.
+
+MFU, with setup.json (the model's config, GPUs, the device's bf16 peak; written by verl_gpu): `mfu_<phase>` is
+every side's phase by one count, trainer/flops.py's (the toolkit's `perf/mfu/<phase>` count) over the side's own
+phase time, GPUs and peak. It takes each side's tokens per step and mean response length, with every sequence
+at the mean length (EOS is ignored, so only prompt lengths vary: a few tokens of ~1,100). `reported_mfu_*` are
+what each side logs itself: verl's `perf/mfu/actor` (update) and `perf/mfu/actor_infer` (old log-probs), timed
+inside its worker and counting the embedding as a matmul (6 x vocabulary x hidden more per token than ours);
+ours `perf/mfu/update_actor` and `perf/mfu/old_log_prob`, timed by the driver.
 """
 
 from __future__ import annotations
@@ -23,6 +32,17 @@ from typing import Any
 
 from benchmarks.peers.gpu_settings import PAIRS, SIDES
 from benchmarks.peers.gpu_sides import SIDE_FILES
+from trainer.flops import Flops, ModelFlops
+from trainer.memory_plan.shape import ModelShape
+
+SETUP_FILE = "setup.json"
+TERA = 1e12
+MFU_PHASES = ("generate", "old_log_prob", "ref_log_prob", "update_actor")
+# (row, verl's own key, ours and TRL's key)
+REPORTED_MFU = (
+    ("reported_mfu_old_log_prob", "perf/mfu/actor_infer", "perf/mfu/old_log_prob"),
+    ("reported_mfu_update_actor", "perf/mfu/actor", "perf/mfu/update_actor"),
+)
 
 # (row, verl key, key of ours and TRL: trl_gpu writes our e2e history's keys)
 ROWS = (
@@ -56,13 +76,41 @@ def steady(history: list[dict[str, float]], key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def side_rows(side: str, history: list[dict[str, float]]) -> dict[str, float | None]:
+def phase_flops(setup: dict[str, Any], tokens_per_step: float, response_length: float) -> dict[str, Flops]:
+    """Each MFU phase's model FLOPs for one step of `tokens_per_step` tokens in the setup's responses per step,
+    every sequence at the mean length (trainer/flops.py's count)."""
+    flops = ModelFlops(ModelShape.from_config(setup["model_config"]))
+    settings = setup["settings"]
+    sequences = settings["prompts_per_step"] * settings["generations"]
+    lengths = [tokens_per_step / sequences] * sequences
+    return {"generate": flops.generate(lengths, [response_length] * sequences), "old_log_prob": flops.forward(lengths),
+            "ref_log_prob": flops.forward(lengths), "update_actor": flops.train(lengths)}
+
+
+def counted_mfu(rows: dict[str, float | None], setup: dict[str, Any] | None) -> dict[str, float | None]:
+    """`mfu_<phase>` of one side's steady rows by one count (None where a figure is missing)."""
+    out: dict[str, float | None] = {f"mfu_{phase}": None for phase in MFU_PHASES}
+    tokens, response = rows.get("tokens_per_step"), rows.get("response_length_mean")
+    if not setup or not setup.get("peak_tflops") or not tokens or not response:
+        return out
+    capacity = setup["gpus"] * setup["peak_tflops"] * TERA
+    for phase, work in phase_flops(setup, tokens, response).items():
+        seconds = rows.get(f"{phase}_s")
+        out[f"mfu_{phase}"] = work.total / (seconds * capacity) if seconds else None
+    return out
+
+
+def side_rows(side: str, history: list[dict[str, float]], setup: dict[str, Any] | None = None) -> dict[str, float | None]:
     column = 1 if side == "verl" else 2
     rows = {row[0]: steady(history, row[column]) for row in ROWS}
     step_key = ROWS[0][column]
     rows["step_median_s"] = statistics.median(r[step_key] for r in history[1:])
     tokens, step = rows["tokens_per_step"], rows["step_s"]
     rows["tokens_per_s"] = tokens / step if tokens and step else None
+    gpus = setup.get("gpus") if setup else None
+    rows["tokens_per_s_per_gpu"] = rows["tokens_per_s"] / gpus if rows["tokens_per_s"] and gpus else None
+    rows.update(counted_mfu(rows, setup))
+    rows.update({row: steady(history, key[column - 1]) for row, *key in REPORTED_MFU})
     if side == "verl":
         rows["allocator_peak_gib"] = max((r["perf/max_memory_allocated_gb"] for r in history if "perf/max_memory_allocated_gb" in r), default=None)
     else:
@@ -75,10 +123,13 @@ def compare_folders(folders: list[Path]) -> dict[str, Any]:
     """Every side found in `folders` (a later folder's file of the same side wins) -> the table."""
     files: dict[str, Path] = {}
     runs: dict[str, dict[str, Any]] = {}
+    setup: dict[str, Any] | None = None
     for folder in folders:
         files.update({side: folder / name for side, name in SIDE_FILES.items() if (folder / name).exists()})
         if (folder / "runs.json").exists():
             runs.update(json.loads((folder / "runs.json").read_text()))
+        if (folder / SETUP_FILE).exists():
+            setup = json.loads((folder / SETUP_FILE).read_text())
     columns: dict[str, dict[str, float | None]] = {}
     steps: dict[str, int] = {}
     errors: dict[str, str] = {side: f"not run ({run.get('reason', 'skipped')})" for side, run in runs.items() if run.get("exit") == "skipped"}
@@ -93,7 +144,7 @@ def compare_folders(folders: list[Path]) -> dict[str, Any]:
             errors[side] = f"{files[side].name}: {error}"
             continue
         steps[side] = len(history)
-        columns[side] = side_rows(side, history)
+        columns[side] = side_rows(side, history, setup)
         columns[side]["gpu_used_peak_gib"] = runs.get(side, {}).get("gpu_used_peak_gib")
         columns[side]["run_wall_s"] = runs.get(side, {}).get("wall_s")
     for side, run in runs.items():
@@ -106,10 +157,24 @@ def compare_folders(folders: list[Path]) -> dict[str, Any]:
             errors[side] = f"{ended}, no steps recorded (see {side}_log.txt)"
         else:
             errors[side] = f"{ended}; {errors[side]}"
-    names = list(next(iter(columns.values()))) if columns else []
+    names = _next_to_times(list(next(iter(columns.values())))) if columns else []
     rows = {name: {side: columns[side][name] for side in columns} for name in names}
     ratios = {f"{ours}/{peer}": _ratios(columns[ours], columns[peer]) for ours, peer in PAIRS if ours in columns and peer in columns}
-    return {"steps": steps, "rows": rows, "ratios": ratios, "errors": errors}
+    device = {key: setup.get(key) for key in ("preset", "device", "gpus", "peak_tflops")} if setup else {}
+    return {"steps": steps, "rows": rows, "ratios": ratios, "errors": errors, "setup": device}
+
+
+def _next_to_times(names: list[str]) -> list[str]:
+    """Row names with each phase's MFU rows right after its time."""
+    mfu = [n for n in names if n.startswith(("mfu_", "reported_mfu_"))]
+    ordered: list[str] = []
+    for name in names:
+        if name in mfu:
+            continue
+        ordered.append(name)
+        phase = name.removesuffix("_s")
+        ordered.extend(n for n in mfu if n in (f"mfu_{phase}", f"reported_mfu_{phase}"))
+    return ordered
 
 
 def _ratios(ours: dict[str, float | None], peer: dict[str, float | None]) -> dict[str, float | None]:
@@ -119,10 +184,13 @@ def _ratios(ours: dict[str, float | None], peer: dict[str, float | None]) -> dic
 def print_table(table: dict[str, Any]) -> None:
     sides, pairs = list(table["steps"]), list(table["ratios"])
     cell = lambda v, w: f"{v:{w}.3f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"
+    setup = table.get("setup") or {}
+    if setup:
+        print(f"\n{setup.get('preset')}: {setup.get('gpus')} x {setup.get('device')} (bf16 peak {setup.get('peak_tflops')} TFLOP/s)")
     print("\nsteady state (mean of steps 2..N); steps per side: " + ", ".join(f"{s} {n}" for s, n in table["steps"].items()))
-    print(f"{'measure':<22}" + "".join(f"{s:>13}" for s in sides) + "".join(f"{p:>20}" for p in pairs))
+    print(f"{'measure':<27}" + "".join(f"{s:>13}" for s in sides) + "".join(f"{p:>20}" for p in pairs))
     for name, values in table["rows"].items():
-        print(f"{name:<22}" + "".join(cell(values[s], 13) for s in sides) + "".join(cell(table["ratios"][p][name], 20) for p in pairs))
+        print(f"{name:<27}" + "".join(cell(values[s], 13) for s in sides) + "".join(cell(table["ratios"][p][name], 20) for p in pairs))
     for side, error in table["errors"].items():
         print(f"{side}: {error}")
 

@@ -1,10 +1,11 @@
 """The GRPO settings every side of the GPU comparison shares, and the sides themselves.
 
 One `GpuGRPO` value feeds our `benchmarks.e2e_step` overrides, verl's command line (`verl_settings.py`) and TRL's
-`GRPOConfig` (`trl_gpu.py`), so a setting cannot differ between sides by a typo. The defaults are exactly
-`benchmarks/gpu_grpo_step.py:grpo_overrides` plus e2e_step's vLLM engine overrides (checked by a test), with
-EOS ignored on every side so that every response is `max_response_length` tokens long: with a random-init model
-one framework's engine may stop early at an EOS and another's not, and then the sides do different work.
+`GRPOConfig` (`trl_gpu.py`), so a setting cannot differ between sides by a typo. The defaults (preset
+`0.5b-1gpu`) are exactly `benchmarks/gpu_grpo_step.py:grpo_overrides` plus e2e_step's vLLM engine overrides
+(checked by a test), with EOS ignored on every side so that every response is `max_response_length` tokens
+long: with a random-init model one framework's engine may stop early at an EOS and another's not, and then the
+sides do different work. `PRESETS` names the comparisons: `7b-2gpu` is the Qwen2.5-7B-shaped one on two GPUs.
 """
 
 from __future__ import annotations
@@ -13,12 +14,7 @@ from dataclasses import dataclass, replace
 
 from benchmarks.peers.settings import MatchedGRPO
 
-# Side -> default time limit (s) of its run. From the 2026-11-24 H100 runs: ours 5 steps in 1.5-2 min with
-# start-up; verl's legacy trainer ran 4 steps inside a 380 s limit, and with ignore_eos its steps 2-4 took
-# 15-19 s (start-up: Ray, the FSDP workers, the vLLM server); TRL's start (two fp32 models, vLLM with CUDA
-# graphs) has no GPU figure yet.
-SIDE_LIMITS_S = {"ours_packed": 180.0, "ours_padded": 180.0, "trl": 240.0, "verl": 420.0}
-SIDES = tuple(SIDE_LIMITS_S)
+SIDES = ("ours_packed", "ours_padded", "trl", "verl")
 # Which of our sides does the same work per step as each peer (both run padded batches through SDPA).
 PAIRS = (("ours_padded", "verl"), ("ours_packed", "verl"), ("ours_padded", "trl"), ("ours_packed", "trl"))
 
@@ -38,14 +34,58 @@ class GpuGRPO(MatchedGRPO):
     weight_decay: float = 0.0
     log_prob_micro_batch: int = 32  # responses per old/ref log-prob forward
     gpu_memory_utilization: float = 0.4
+    size: str = "0.5B"              # the model shape (benchmarks/e2e_step.py SHAPES)
+    gpus: int = 1                   # trainer.n_gpus_per_node on every side: FSDP over them, one hybrid engine each
+    gradient_checkpointing: bool = False
 
     @property
     def responses_per_step(self) -> int:
         return self.prompts_per_step * self.generations
 
     def tiny(self) -> "GpuGRPO":
-        """The same run shrunk for a CPU dry run (short responses; everything else as on the GPU)."""
-        return replace(self, max_response_length=32)
+        """The same run shrunk for a CPU dry run: the tiny shape, short responses, prompts within the tiny model's
+        positions, at most 16 prompts per step; the workers, micro-batches and switches as on the GPU."""
+        prompts = min(self.prompts_per_step, 16)
+        return replace(self, size="tiny", max_response_length=32, max_prompt_length=min(self.max_prompt_length, 96),
+                       prompts_per_step=prompts, prompts_per_update=min(self.prompts_per_update, prompts))
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One comparison: its settings, the sides that run (in this order by default) and each side's time limit."""
+
+    settings: GpuGRPO
+    limits_s: dict[str, float]
+    why_not: dict[str, str]  # a side this preset cannot run -> why
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        return tuple(self.limits_s)
+
+
+PRESETS = {
+    # Time limits from the 2026-11-24 H100 runs: ours 5 steps in 1.5-2 min with start-up; verl's legacy trainer
+    # ran 4 steps inside a 380 s limit, and with ignore_eos its steps 2-4 took 15-19 s (start-up: Ray, the FSDP
+    # workers, the vLLM server); TRL 3 steps in 94 s (2026-11-25).
+    "0.5b-1gpu": Preset(GpuGRPO(), {"ours_padded": 180.0, "verl": 420.0, "ours_packed": 180.0, "trl": 240.0}, {}),
+    # The issue "[Side by side at 7B]": the Qwen2.5-7B shape on 2 GPUs, FSDP over both with nothing offloaded, a
+    # hybrid vLLM engine (CUDA graphs) per GPU, 32 prompts x 8, 512/1024 tokens, one optimizer step per batch.
+    # Gradient checkpointing on both sides: without it one 4-row micro-batch of 1536 tokens keeps ~38 GB of
+    # activations beside 60 GB of float32 weights, gradients and Adam state per GPU. Micro-batches of 4 rows
+    # (update) and 8 (log-probs) per GPU keep verl's full [tokens x vocabulary] logits (float32) under 8 GiB.
+    # Limits: ours measured 9.7 s/step for 8 x 8 x 512 (packed, 2 H200s; 2.5-3.5 min for 2-3 steps with start-up);
+    # this batch is ~7x the tokens, so an estimated 60-80 s/step and ~2 min to start: 3 steps in 5-7 min. verl's
+    # start at 7B is not measured (0.5B: ~4 min); its steps were 4.6x ours at 0.5B, mostly fixed costs that weigh
+    # less at 7B: 900 s.
+    "7b-2gpu": Preset(
+        GpuGRPO(size="7B", gpus=2, prompts_per_step=32, prompts_per_update=32, max_prompt_length=512, max_response_length=1024,
+                micro_batch=4, log_prob_micro_batch=8, gradient_checkpointing=True, steps=3),
+        {"verl": 900.0, "ours_padded": 540.0, "ours_packed": 480.0},
+        {"trl": "TRL's GRPOTrainer runs in one process here (no accelerate launch): a 7B model's float32 weights, "
+                "gradients and Adam state (~120 GB) do not fit one GPU beside its vLLM engine"},
+    ),
+}
+DEFAULT_PRESET = "0.5b-1gpu"
 
 
 def shared_overrides(s: GpuGRPO) -> list[str]:
@@ -61,7 +101,7 @@ def shared_overrides(s: GpuGRPO) -> list[str]:
         f"{a}.actor.entropy_coeff=0", f"{a}.actor.loss_agg_mode=token-mean", f"{a}.actor.ppo_epochs=1",
         f"{a}.actor.clip_ratio_low={s.clip_ratio}", f"{a}.actor.clip_ratio_high={s.clip_ratio}",
         f"{a}.actor.ppo_mini_batch_size={s.prompts_per_update}", f"{a}.actor.ppo_micro_batch_size_per_gpu={s.micro_batch}",
-        f"{a}.actor.use_dynamic_bsz=false", f"{a}.model.enable_gradient_checkpointing=false",
+        f"{a}.actor.use_dynamic_bsz=false", f"{a}.model.enable_gradient_checkpointing={str(s.gradient_checkpointing).lower()}",
         f"{a}.rollout.log_prob_micro_batch_size_per_gpu={s.log_prob_micro_batch}",
         f"{a}.ref.log_prob_micro_batch_size_per_gpu={s.log_prob_micro_batch}",
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false", "algorithm.norm_adv_by_std_in_grpo=true",
@@ -76,7 +116,7 @@ def ours_overrides(s: GpuGRPO, side: str) -> list[str]:
     `s.tiny()` the same command with other numbers."""
     if side not in ("ours_packed", "ours_padded"):
         raise ValueError(f"our sides are ours_packed and ours_padded, got {side!r}")
-    overrides = [*shared_overrides(s), f"trainer.seed={s.seed}"]
+    overrides = [*shared_overrides(s), f"trainer.seed={s.seed}", f"trainer.n_gpus_per_node={s.gpus}"]
     if side == "ours_padded":
         # Padded micro-batches through PyTorch SDPA (transformers' default attention for Qwen2): what verl runs
         # without the flash_attn package, and what TRL runs.

@@ -34,9 +34,10 @@ def verl_overrides(model: Path, train: Path, val: Path, work: Path, steps: int, 
         f"{a}.rollout.do_sample=true", f"{a}.rollout.enforce_eager=false", f"{a}.rollout.free_cache_engine=true",
         # reward: the toolkit's arithmetic scorer
         f"reward.custom_reward_function.path={reward_file}", "reward.custom_reward_function.name=compute_score",
-        # schedule: one GPU, N steps, no validation or checkpoints, metrics to the console and a JSONL file.
+        # schedule: s.gpus GPUs (FSDP over them, a vLLM replica on each: tensor parallel 1), N steps, no validation
+        # or checkpoints, metrics to the console and a JSONL file.
         # The legacy trainer: verl 0.9's default v1 trainer produced no step within 330 s on the H100 (2026-11-24).
-        "trainer.use_v1=false", "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "trainer.device=cuda",
+        "trainer.use_v1=false", "trainer.nnodes=1", f"trainer.n_gpus_per_node={s.gpus}", "trainer.device=cuda",
         f"trainer.total_training_steps={steps}", "trainer.total_epochs=1", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.resume_mode=disable",
         "trainer.logger=[console,file]", "trainer.project_name=peers", "trainer.experiment_name=verl_grpo",

@@ -144,3 +144,11 @@ def test_cuda_graphs_are_on_by_default_on_a_gpu_only_and_capture_what_one_engine
     assert decode_batch("data.train_batch_size=8", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.placement=separate",
                         "actor_rollout_ref.rollout.num_engines=4") == 8
     assert decode_batch("actor_rollout_ref.rollout.cuda_graph_max_batch=48") == 48
+    # Async: the stream keeps (max_staleness + 1) batches of groups out, all decoding at once at the fill.
+    separate = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate",
+                "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8")
+    async2 = ("actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.max_staleness=2")
+    assert decode_batch(*separate, *async2) == 3 * 8 * 4
+    assert decode_batch(*separate, "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.max_staleness=1",
+                        "actor_rollout_ref.rollout.num_engines=2") == 2 * 8 * 4 // 2
+    assert decode_batch(*separate, "actor_rollout_ref.rollout.staleness=1") == 8 * 4  # one batch generates at a time

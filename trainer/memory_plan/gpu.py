@@ -1,4 +1,4 @@
-"""The memory of the driver machine's GPU, read through NVML (no CUDA context is created: the driver process
+"""The driver machine's GPUs (memory, name), read through NVML (no CUDA context is created: the driver process
 must not hold GPU memory for the whole run), or `nvidia-smi` where the NVML bindings are not installed."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from typing import Any, Callable
 
 GIB = 1 << 30
 
@@ -19,7 +20,8 @@ def _visible(count: int) -> list[int]:
     return [i for i in picked if i < count] if picked or not visible.strip() else list(range(count))
 
 
-def _nvml_totals() -> list[int] | None:
+def _nvml_each(read: Callable[[Any, Any], Any]) -> list[Any] | None:
+    """`read(pynvml, handle)` for each visible device; None without the NVML bindings, [] without a device."""
     try:
         import pynvml
     except ImportError:
@@ -30,28 +32,41 @@ def _nvml_totals() -> list[int] | None:
         return []
     try:
         count = pynvml.nvmlDeviceGetCount()
-        return [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total) for i in _visible(count)]
+        return [read(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in _visible(count)]
     finally:
         pynvml.nvmlShutdown()
 
 
-def _smi_totals() -> list[int]:
+def _smi_each(field: str) -> list[str]:
+    """`nvidia-smi --query-gpu=<field>` for each visible device; [] without the tool or a device."""
     if shutil.which("nvidia-smi") is None:
         return []
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"],
             capture_output=True, text=True, timeout=20, check=True,
         ).stdout
     except (subprocess.SubprocessError, OSError):
         return []
-    totals = [int(float(line)) << 20 for line in out.split() if line.strip()]
-    return [totals[i] for i in _visible(len(totals))]
+    values = [line.strip() for line in out.splitlines() if line.strip()]
+    return [values[i] for i in _visible(len(values))]
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)  # older NVML bindings return bytes
 
 
 def detect_gpu_bytes() -> int | None:
     """The smallest visible GPU's memory in bytes, or None when the driver machine has no GPU."""
-    totals = _nvml_totals()
+    totals = _nvml_each(lambda nvml, handle: int(nvml.nvmlDeviceGetMemoryInfo(handle).total))
     if totals is None:
-        totals = _smi_totals()
+        totals = [int(float(value)) << 20 for value in _smi_each("memory.total")]
     return min(totals) if totals else None
+
+
+def detect_gpu_name() -> str | None:
+    """The first visible GPU's name as the driver reports it (e.g. "NVIDIA H100 80GB HBM3"), or None."""
+    names = _nvml_each(lambda nvml, handle: _text(nvml.nvmlDeviceGetName(handle)))
+    if names is None:
+        names = _smi_each("name")
+    return names[0] if names else None
