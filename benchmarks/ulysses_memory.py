@@ -123,6 +123,7 @@ def run_size(args: argparse.Namespace, model_dir: Path, size: int) -> dict[str, 
     result: dict[str, Any] = {"size": size, "out_of_memory": None, "error": None, "phases": {}}
     group = None
     phase = "init"
+    start = time.perf_counter()  # the init phase: the workers' start and the models' load
     try:
         # A call that hangs (e.g. a collective after the other rank failed) fails before the parent's timeout.
         group = RayWorkerGroup(pool, worker, name_prefix=f"ulysses_k{size}", call_timeout_s=0.8 * args.timeout_s)
@@ -131,8 +132,8 @@ def run_size(args: argparse.Namespace, model_dir: Path, size: int) -> dict[str, 
         calls = {"old_log_prob": group.compute_log_prob, "ref_log_prob": group.compute_ref_log_prob,
                  "update_actor": group.update_actor}
         for phase in ("init", *PHASES):
-            start = time.perf_counter()
             if phase != "init":
+                start = time.perf_counter()
                 output = calls[phase](data)
                 if isinstance(output, DataProto):  # the update reads the log-probs the passes before it made
                     data.batch.update({key: output.batch[key] for key in ("old_log_probs", "ref_log_prob") if key in output.batch})
@@ -143,6 +144,7 @@ def run_size(args: argparse.Namespace, model_dir: Path, size: int) -> dict[str, 
             result["error"] = f"{phase}: {type(error).__name__}: {str(error)[-2000:]}"
         else:
             result["out_of_memory"] = phase
+            result["out_of_memory_message"] = str(error)[-1000:]
     finally:
         if group is not None:
             group.kill()
