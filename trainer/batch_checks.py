@@ -1,15 +1,17 @@
 """How a step's batch is split over the worker ranks, checked before Ray starts.
 
 The workers assert each of these when they start or at their first update (workers/config.py
-`mini_batch_per_rank`, workers/megatron/parallel.py, workers/megatron/layout.py, the token budgets of
-workers/packing/token_budget.py), in worker-side numbers: `ppo_mini_batch_size=64` is prompts × rollout.n,
-a number the user never typed. Here every problem is reported in the settings the user set. Micro-batch
-row counts need no check: a mini-batch's last micro-batch may be smaller (Megatron's pipeline included).
+`mini_batch_per_rank`, workers/megatron/parallel.py, workers/megatron/layout.py, workers/fsdp/ulysses.py, the
+token budgets of workers/packing/token_budget.py), in worker-side numbers: `ppo_mini_batch_size=64` is
+prompts × rollout.n, a number the user never typed. Here every problem is reported in the settings the user
+set. Micro-batch row counts need no check: a mini-batch's last micro-batch may be smaller (Megatron's pipeline
+included).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,12 +52,27 @@ def _listed(numbers: list[int]) -> str:
     return shown + (", ..." if len(numbers) > SHOWN_DIVISORS else "")
 
 
+def sequence_parallel_size(cfg: DictConfig, section: str) -> int:
+    """Ulysses: the ranks that share each sequence of `section` (actor_rollout_ref.actor or critic)."""
+    return int(_get(cfg, f"{section}.ulysses_sequence_parallel_size", 1) or 1)
+
+
 def data_parallel_ranks(cfg: DictConfig, section: str, strategy: str) -> tuple[Ranks | None, str | None]:
-    """The data-parallel ranks of a role trained with `strategy` (megatron: workers ÷ (TP × PP)), or the
-    problem when its model-parallel sizes do not divide the workers."""
+    """The data-parallel ranks of a role trained with `strategy` (megatron: workers ÷ (TP × PP); fsdp:
+    workers ÷ the Ulysses size), or the problem when its parallel sizes do not divide the workers."""
     workers, described = _workers(cfg)
     if strategy != "megatron":
-        return Ranks(workers, described), None
+        size = sequence_parallel_size(cfg, section)
+        if size == 1:
+            return Ranks(workers, described), None
+        key = f"{section}.ulysses_sequence_parallel_size={size}"
+        if workers % size:
+            fitting = _listed([d for d in _divisors(workers) if d > 1])
+            return None, (
+                f"{described} cannot be split into sequence-parallel groups of {key} ranks; use a worker count that is "
+                f"a multiple of {size}, or a size that divides {workers} ({fitting or 1})"
+            )
+        return Ranks(workers // size, f"{described} ÷ {key} = {workers // size} data-parallel groups"), None
     tp = _get(cfg, f"{section}.megatron.tensor_model_parallel_size", 1)
     pp = _get(cfg, f"{section}.megatron.pipeline_model_parallel_size", 1)
     per_copy = tp * pp
@@ -92,32 +109,44 @@ def mini_batch_problem(cfg: DictConfig, section: str, ranks: Ranks) -> str | Non
     )
 
 
-def _token_budgets(cfg: DictConfig, uses_critic: bool) -> list[tuple[str, str]]:
-    """(switch, budget) pairs of the token-budget micro-batches the run's roles use."""
+def _token_budgets(cfg: DictConfig, uses_critic: bool) -> list[tuple[str, str, str | None]]:
+    """(switch, budget, sequence-parallel section) of the token-budget micro-batches the run's roles use: a
+    budget is per GPU, and the ranks of a sequence-parallel group share a micro-batch."""
     ref, reward_model = "actor_rollout_ref.ref", "reward.reward_model"
-    pairs = [(f"{ACTOR}.use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu"),
-             (f"{ROLLOUT}.log_prob_use_dynamic_bsz", f"{ROLLOUT}.log_prob_max_token_len_per_gpu")]
+    budgets: list[tuple[str, str, str | None]] = [
+        (f"{ACTOR}.use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu", ACTOR),
+        (f"{ROLLOUT}.log_prob_use_dynamic_bsz", f"{ROLLOUT}.log_prob_max_token_len_per_gpu", ACTOR),
+    ]
     if _get(cfg, f"{ACTOR}.use_kl_loss") or _get(cfg, "algorithm.use_kl_in_reward"):
-        pairs.append((f"{ref}.log_prob_use_dynamic_bsz", f"{ref}.log_prob_max_token_len_per_gpu"))
+        budgets.append((f"{ref}.log_prob_use_dynamic_bsz", f"{ref}.log_prob_max_token_len_per_gpu", ACTOR))
     if uses_critic:
-        pairs.append(("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu"))
-        pairs.append(("critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu"))
+        budgets.append(("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu", "critic"))
+        budgets.append(("critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu", "critic"))
     if _get(cfg, f"{reward_model}.enable"):
-        pairs.append((f"{reward_model}.use_dynamic_bsz", f"{reward_model}.forward_max_token_len_per_gpu"))
-    return pairs
+        budgets.append((f"{reward_model}.use_dynamic_bsz", f"{reward_model}.forward_max_token_len_per_gpu", None))
+    return budgets
 
 
 def token_budget_problems(cfg: DictConfig, uses_critic: bool) -> list[str]:
-    """A token budget must hold the longest sequence the run can make (prompt + response)."""
+    """A token budget (x the ranks sharing a sequence) must hold the longest sequence the run can make."""
     prompt, response = cfg.data.max_prompt_length, cfg.data.max_response_length
     longest = prompt + response
     problems = []
-    for switch, budget_key in _token_budgets(cfg, uses_critic):
+    for switch, budget_key, sharing in _token_budgets(cfg, uses_critic):
         budget = _get(cfg, budget_key)
-        if _get(cfg, switch) is True and isinstance(budget, int) and budget < longest:
+        size = sequence_parallel_size(cfg, sharing) if sharing else 1
+        if _get(cfg, switch) is not True or not isinstance(budget, int) or budget * size >= longest:
+            continue
+        if size == 1:
             problems.append(
                 f"{budget_key}={budget} ({switch}=true) is smaller than the longest sequence: data.max_prompt_length="
                 f"{prompt} + data.max_response_length={response} = {longest} tokens; raise it to at least {longest}"
+            )
+        else:
+            problems.append(
+                f"{budget_key}={budget} × {sharing}.ulysses_sequence_parallel_size={size} ({switch}=true) is smaller "
+                f"than the longest sequence: data.max_prompt_length={prompt} + data.max_response_length={response} = "
+                f"{longest} tokens; raise it to at least {math.ceil(longest / size)}"
             )
     return problems
 
@@ -144,6 +173,22 @@ def megatron_layout_problem(cfg: DictConfig, section: str, model_key: str) -> st
         reasons = str(error).replace(":\n  ", ": ", 1).replace("\n  ", "; ")
         sizes = f"tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}"
         return f"{section}.megatron ({sizes}) with {model_key}={path!r}: {reasons}"
+    return None
+
+
+def sequence_parallel_heads_problem(cfg: DictConfig, section: str, model_key: str) -> str | None:
+    """Ulysses splits the attention heads over the ranks of a sequence-parallel group."""
+    size = sequence_parallel_size(cfg, section)
+    model = _model_config(_get(cfg, model_key)) if size > 1 else None
+    if model is None or "num_attention_heads" not in model:
+        return None
+    from workers.packing.ulysses import check_heads
+
+    heads = model["num_attention_heads"]
+    try:
+        check_heads(heads, model.get("num_key_value_heads") or heads, size, f"{section}.ulysses_sequence_parallel_size")
+    except ValueError as error:
+        return f"{error} ({model_key}={_get(cfg, model_key)!r})"
     return None
 
 
@@ -178,6 +223,8 @@ def batch_split_problems(cfg: DictConfig) -> list[str]:
             continue
         if strategy == "megatron":
             problems.append(megatron_layout_problem(cfg, section, model_key))
+        else:
+            problems.append(sequence_parallel_heads_problem(cfg, section, model_key))
         problems.append(mini_batch_problem(cfg, section, ranks))
     problems += token_budget_problems(cfg, uses_critic)
     problems.append(rollout_tp_problem(cfg))

@@ -48,6 +48,13 @@ def multi_turn_spec() -> dict[str, Any]:
     }
 
 
+def _ulysses_field() -> Field:
+    return Field(
+        1, int_at_least(1),
+        "an int >= 1 (Ulysses: ranks sharing each packed sequence; divides the workers and the attention heads)",
+    )
+
+
 def _strategy_field(role: str) -> Field:
     return Field("fsdp", one_of(*STRATEGIES), f"one of {list(STRATEGIES)} (training backend of the {role}; megatron: pip install -e \".[megatron]\")")
 
@@ -130,6 +137,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "kl_loss_coef": Field(0.001, float_in(0.0), "a float >= 0"),
         "kl_loss_type": Field("low_var_kl", one_of(*KL_PENALTY_NAMES), f"one of {list(KL_PENALTY_NAMES)}"),
         "strategy": _strategy_field("actor and reference"),
+        "ulysses_sequence_parallel_size": _ulysses_field(),
         "megatron": megatron_spec(),
         "fsdp": {
             "param_offload": Field(False, boolean, "a bool (keep the actor's parameters on the host between phases; GPU only)"),
@@ -175,6 +183,9 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
     },
     "ref": {
         "log_prob_micro_batch_size_per_gpu": Field(8, int_at_least(1), "an int >= 1"),
+        "ulysses_sequence_parallel_size": Field(
+            None, optional(int_at_least(1)), "None (the actor's ulysses_sequence_parallel_size) or the actor's size"
+        ),
         **_dynamic_forward_spec("log_prob"),
         "fsdp": {
             "param_offload": Field(False, boolean, "a bool (keep the reference's parameters on the host outside its log-prob pass; GPU only)"),
@@ -188,6 +199,7 @@ CRITIC_SPEC: dict[str, Any] = {
     "optim": optim_spec(1e-5),
     **_ppo_spec(),
     "strategy": _strategy_field("critic"),
+    "ulysses_sequence_parallel_size": _ulysses_field(),
     "megatron": megatron_spec(),
     "forward_micro_batch_size_per_gpu": Field(8, int_at_least(1), "an int >= 1"),
     "forward_max_token_len_per_gpu": Field(32768, int_at_least(1), "an int >= 1 (tokens per compute_values micro-batch with use_dynamic_bsz)"),
@@ -276,6 +288,8 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
         )
     check_lora_settings(config, where)
     check_base_sharing(config, where)
+    _fill_ref_sequence_parallel(config, where)
+    _check_sequence_parallel(config, config["actor"], _dotted(where, "actor"), where)
     if config["actor"]["strategy"] == "megatron":
         if rollout["multi_turn"]["enable"]:
             raise ValueError("rollout.multi_turn.enable=true needs actor.strategy='fsdp' (the Megatron actor has no multi-turn rollout yet)")
@@ -308,9 +322,43 @@ def _reject_packing_on_megatron(config: dict[str, Any], dynamic_keys: tuple[str,
         )
 
 
+def _dotted(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _fill_ref_sequence_parallel(config: dict[str, Any], where: str) -> None:
+    """The reference runs in the actor's worker group, on the actor's (dp, sp) layout."""
+    actor_size = config["actor"]["ulysses_sequence_parallel_size"]
+    ref_size = config["ref"]["ulysses_sequence_parallel_size"]
+    if ref_size is not None and ref_size != actor_size:
+        raise ValueError(
+            f"{_dotted(where, 'ref.ulysses_sequence_parallel_size')}={ref_size} differs from "
+            f"{_dotted(where, 'actor.ulysses_sequence_parallel_size')}={actor_size}: the reference runs in the actor's "
+            "worker group, on its sequence-parallel layout; leave it null or set the same size"
+        )
+    config["ref"]["ulysses_sequence_parallel_size"] = actor_size
+
+
+def _check_sequence_parallel(config: dict[str, Any], section: dict[str, Any], prefix: str, where: str) -> None:
+    """Ulysses splits packed sequences of the FSDP workers (the model's heads and the worker count are
+    checked where they are known: the driver's batch checks and the worker's start)."""
+    size = section["ulysses_sequence_parallel_size"]
+    if size == 1:
+        return
+    key = f"{_dotted(prefix, 'ulysses_sequence_parallel_size')}={size}"
+    if section["strategy"] != "fsdp":
+        raise ValueError(f"{key} needs strategy='fsdp' (with megatron, use its tensor/sequence parallelism instead)")
+    if config["model"]["use_remove_padding"] is False:
+        raise ValueError(
+            f"{key} splits packed (padding-free) sequences, but {_dotted(where, 'model.use_remove_padding')}=false "
+            "runs padded forwards; set use_remove_padding to null or true, or the sequence-parallel size to 1"
+        )
+
+
 def critic_config(user: Any, where: str = "") -> dict[str, Any]:
     """Complete, validated config of `CriticWorker`."""
     config = fill_config(CRITIC_SPEC, user, where)
+    _check_sequence_parallel(config, config, where, where)
     if config["strategy"] == "megatron":
         _reject_packing_on_megatron(config, ("use_dynamic_bsz",))
     return config
@@ -322,7 +370,8 @@ def reward_model_config(user: Any, where: str = "") -> dict[str, Any]:
 
 
 def mini_batch_per_rank(global_mini_batch: int, world_size: int, where: str) -> int:
-    """`ppo_mini_batch_size` is global (in samples); each rank takes an equal share."""
+    """`ppo_mini_batch_size` is global (in samples); each data-parallel rank (or group of sequence-parallel
+    ranks) takes an equal share."""
     if global_mini_batch % world_size:
         raise ValueError(
             f"{where}.ppo_mini_batch_size={global_mini_batch} must be divisible by the number of workers "

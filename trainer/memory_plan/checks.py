@@ -53,11 +53,21 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
 def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     notes = [
         f"sequences at their maximum: {setup.prompt} prompt + {setup.response} response tokens, every response full "
-        f"length; micro-batches of {setup.update.tokens} tokens (update), {setup.old_log_prob.tokens} (old log-probs), "
+        f"length; micro-batches of {setup.update.tokens} tokens per GPU (update), {setup.old_log_prob.tokens} (old "
+        "log-probs), "
         f"{'packed' if setup.packed else 'padded'}",
         f"'other' holds {gib(RUNTIME_BYTES)} per GPU process for the CUDA context, cuBLAS/NCCL workspaces and "
         "allocator slack (an allowance), and weight-sync buffers",
     ]
+    updates = (("actor", setup.update), ("critic", setup.critic_update))
+    sharing = {role: batch.sequence_parallel for role, batch in updates if batch and batch.sequence_parallel > 1}
+    if sharing:
+        listed = ", ".join(f"{role} {size}" for role, size in sharing.items())
+        notes.append(
+            f"Ulysses sequence parallelism ({listed} GPUs per sequence): each GPU of a group holds the activations and "
+            "logits of its share of a micro-batch's tokens (the token counts above are per GPU); weights, gradients "
+            "and optimizer state stay sharded over every GPU"
+        )
     actor = setup.actor
     mem = role_memory(actor, setup.gpus_per_pool)
     shares_base = setup.rollout.shares_base and setup.on_gpu

@@ -16,14 +16,17 @@ CHUNKED_LOGITS = (
     "0 computes the full logits)"
 )
 SMALLER_MICRO = "smaller micro-batches (actor.ppo_micro_batch_size_per_gpu, rollout/ref.log_prob_micro_batch_size_per_gpu, or the *_max_token_len_per_gpu budgets)"
+ULYSSES = (
+    "Ulysses sequence parallelism (actor_rollout_ref.actor.ulysses_sequence_parallel_size: GPUs sharing each sequence)"
+)
 # What lowers each column, most effective first; `misfit_message` lists each suggestion once and leaves out
 # the offload settings a run already has.
 REMEDIES = {
     "weights": (SHARD, PARAM_OFFLOAD, LORA),
     "grads": (SHARD, LORA),
     "optimizer": (SHARD, LORA, OPTIMIZER_OFFLOAD),
-    "activations": ("actor_rollout_ref.model.enable_gradient_checkpointing=true", SMALLER_MICRO),
-    "logits": (CHUNKED_LOGITS, SMALLER_MICRO),
+    "activations": ("actor_rollout_ref.model.enable_gradient_checkpointing=true", SMALLER_MICRO, ULYSSES),
+    "logits": (CHUNKED_LOGITS, SMALLER_MICRO, ULYSSES),
     "engine": ("a lower actor_rollout_ref.rollout.gpu_memory_utilization",),
     "other": ("a smaller actor_rollout_ref.rollout.weight_sync_bucket_mb",),
 }

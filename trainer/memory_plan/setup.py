@@ -6,6 +6,7 @@ response full length): the plan is an upper bound for a fit check, not a forecas
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,21 +33,31 @@ def dtype_bytes(name: str, on_gpu: bool) -> int:
 
 @dataclass(frozen=True)
 class Batching:
-    """Rows and tokens of the largest micro-batch of one pass on one GPU."""
+    """Rows of the largest micro-batch of one pass, and the tokens of it on one GPU."""
 
     rows: int
-    tokens: int  # prompt + response tokens through the layers
-    response_tokens: int  # tokens whose log-probs (logits) are computed
+    tokens: int  # prompt + response tokens through the layers on one GPU
+    response_tokens: int  # tokens whose log-probs (logits) are computed on one GPU
+    sequence_parallel: int = 1  # Ulysses: GPUs sharing the micro-batch's tokens
 
     @classmethod
-    def of(cls, rows_per_gpu: int, micro_rows: int, dynamic: bool, budget: int, prompt: int, response: int) -> "Batching":
-        """Fixed micro-batches of `micro_rows` rows, or (dynamic) up to `budget` tokens; a token-budget
-        micro-batch may hold only response tokens (an upper bound)."""
+    def of(
+        cls, rows_per_group: int, micro_rows: int, dynamic: bool, budget: int, prompt: int, response: int,
+        sequence_parallel: int = 1,
+    ) -> "Batching":
+        """Fixed micro-batches of `micro_rows` rows, or (dynamic) up to `budget` tokens per GPU, of the rows
+        one data-parallel group holds; a micro-batch's tokens are split over the `sequence_parallel` GPUs of the
+        group (its packed row in equal parts). A token-budget micro-batch, or one GPU's part of a micro-batch,
+        may hold only response tokens (an upper bound)."""
+        k = sequence_parallel
         if dynamic:
-            tokens = min(budget, rows_per_gpu * (prompt + response))
-            return cls(rows=rows_per_gpu, tokens=tokens, response_tokens=min(tokens, rows_per_gpu * response))
-        rows = max(1, min(micro_rows, rows_per_gpu))
-        return cls(rows=rows, tokens=rows * (prompt + response), response_tokens=rows * response)
+            rows = rows_per_group
+            group_tokens = min(budget * k, rows * (prompt + response))
+        else:
+            rows = max(1, min(micro_rows, rows_per_group))
+            group_tokens = rows * (prompt + response)
+        tokens = math.ceil(group_tokens / k)
+        return cls(rows=rows, tokens=tokens, response_tokens=min(tokens, rows * response), sequence_parallel=k)
 
 
 @dataclass(frozen=True)
@@ -145,7 +156,10 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     prompt, response = int(cfg.data.max_prompt_length), int(cfg.data.max_response_length)
     n = int(arr.rollout.n)
     rows = max(1, -(-int(cfg.data.train_batch_size) * n // world))
-    mini_rows = max(1, int(arr.actor.ppo_mini_batch_size) * n // world)
+    # Ulysses: the rows of a data-parallel group of k GPUs, whose micro-batches the k GPUs split.
+    actor_sp = int(_get(cfg, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1))
+    actor_rows = max(1, -(-int(cfg.data.train_batch_size) * n * actor_sp // world))
+    mini_rows = max(1, int(arr.actor.ppo_mini_batch_size) * n * actor_sp // world)
     e = dtype_bytes(str(arr.model.dtype), on_gpu)
     strategy = str(_get(cfg, "actor_rollout_ref.actor.strategy", "fsdp"))
     train = _lora(arr.model) if strategy == "fsdp" else Trainability(full=True)
@@ -181,9 +195,15 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
             **(_megatron(section) if critic_strategy == "megatron" else {}),
         )
         dynamic = bool(section.use_dynamic_bsz)
-        critic_update = Batching.of(mini_rows, int(section.ppo_micro_batch_size_per_gpu), dynamic, int(section.ppo_max_token_len_per_gpu), prompt, response)
-        critic_forward = Batching.of(rows, int(section.get("forward_micro_batch_size_per_gpu", 8)), dynamic,
-                                     int(section.get("forward_max_token_len_per_gpu", 32768)), prompt, response)
+        critic_sp = int(_get(cfg, "critic.ulysses_sequence_parallel_size", 1))
+        critic_rows = max(1, -(-int(cfg.data.train_batch_size) * n * critic_sp // world))
+        critic_mini_rows = max(1, int(section.ppo_mini_batch_size) * n * critic_sp // world)
+        critic_update = Batching.of(critic_mini_rows, int(section.ppo_micro_batch_size_per_gpu), dynamic,
+                                    int(section.ppo_max_token_len_per_gpu), prompt, response, critic_sp)
+        critic_forward = Batching.of(
+            critic_rows, int(section.get("forward_micro_batch_size_per_gpu", 8)), dynamic,
+            int(section.get("forward_max_token_len_per_gpu", 32768)), prompt, response, critic_sp,
+        )
     reward_model = reward_forward = None
     rm = cfg.reward.reward_model
     if bool(rm.enable) and rm.model.path:
@@ -204,10 +224,13 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         response=response, rows_per_gpu=rows, actor=actor, ref=ref, lora_reference=lora_reference, critic=critic,
         reward_model=reward_model, rollout=rollout,
         update=Batching.of(mini_rows, int(arr.actor.ppo_micro_batch_size_per_gpu), bool(arr.actor.use_dynamic_bsz),
-                           int(arr.actor.ppo_max_token_len_per_gpu), prompt, response),
-        old_log_prob=Batching.of(rows, int(ro.log_prob_micro_batch_size_per_gpu), log_dynamic, int(ro.log_prob_max_token_len_per_gpu), prompt, response),
-        ref_log_prob=Batching.of(rows, int(arr.ref.log_prob_micro_batch_size_per_gpu), bool(arr.ref.log_prob_use_dynamic_bsz),
-                                 int(arr.ref.log_prob_max_token_len_per_gpu), prompt, response),
+                           int(arr.actor.ppo_max_token_len_per_gpu), prompt, response, actor_sp),
+        old_log_prob=Batching.of(actor_rows, int(ro.log_prob_micro_batch_size_per_gpu), log_dynamic,
+                                 int(ro.log_prob_max_token_len_per_gpu), prompt, response, actor_sp),
+        ref_log_prob=Batching.of(
+            actor_rows, int(arr.ref.log_prob_micro_batch_size_per_gpu), bool(arr.ref.log_prob_use_dynamic_bsz),
+            int(arr.ref.log_prob_max_token_len_per_gpu), prompt, response, actor_sp,
+        ),
         critic_forward=critic_forward, critic_update=critic_update, reward_forward=reward_forward,
         packed=arr.model.use_remove_padding is not False and strategy == "fsdp",
     )

@@ -7,6 +7,10 @@ Roles:
 
 With LoRA (`model.lora_rank` > 0) the actor trains adapters over a frozen base, and the reference is that
 base: the actor's forward with the adapters disabled, in either actor role (no second model is loaded).
+
+With `actor.ulysses_sequence_parallel_size` k > 1 (Ulysses, workers/fsdp/ulysses.py) the log-prob and update
+methods split the batch over W/k data-parallel groups of k ranks, which share each packed sequence;
+generation still splits prompts over all W ranks.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.sequences import require_batch_keys, response_log_probs_and_entropy
 from workers.fsdp.shared_base import SharedBase, resolve_base_sharing
 from workers.fsdp.sft_update import SFT_KEYS, sft_loss_from_log_probs, with_loss_mask
+from workers.fsdp.ulysses import METRICS_OVER_DATA_PARALLEL, OVER_DATA_PARALLEL, SequenceLayout, init_sequence_layout
 from workers.fsdp.weight_sender import WeightSenderMixin
 from workers.lora.model import adapters_disabled
 from workers.memory import MemoryLog
@@ -58,6 +63,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         self.shared_base: SharedBase | None = None  # LoRA: the actor's frozen base, as views of that engine's weights
         self.residency: ActorResidency | None = None  # where the actor's and the reference's state is, phase by phase
         self.agent = None  # the multi-turn tool-calling rollout (rollout.multi_turn.enable)
+        self.layout: SequenceLayout | None = None  # the (dp, sp) layout of the log-prob and update methods
         self.init_actor_state()
 
     # ---- setup ----------------------------------------------------------------------------------------
@@ -65,14 +71,19 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
     def init_model(self) -> None:
         self.init_process_group()
         cfg = self.config
+        # The reference's size equals the actor's (workers/config.py): one layout for the whole worker.
+        setting = "actor.ulysses_sequence_parallel_size"
+        self.layout = init_sequence_layout(self, cfg["actor"]["ulysses_sequence_parallel_size"], setting)
+        sequence_parallel = {"sequence_parallel": self.layout.group, "sequence_parallel_setting": setting}
         if self.role != "ref":
-            mini_batch_per_rank(cfg["actor"]["ppo_mini_batch_size"], self.world_size, "actor")
+            mini_batch_per_rank(cfg["actor"]["ppo_mini_batch_size"], self.layout.dp_size, self.layout.where("actor"))
             self.actor = FSDPEngine(
-                AutoModelForCausalLM, cfg["model"], self.rank, optim_cfg=cfg["actor"]["optim"], seed=cfg["seed"]
+                AutoModelForCausalLM, cfg["model"], self.rank, optim_cfg=cfg["actor"]["optim"], seed=cfg["seed"],
+                **sequence_parallel,
             )
         if self.role == "ref" or (self.role == "actor_rollout_ref" and self.actor.lora is None):
             # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.
-            self.ref = FSDPEngine(AutoModelForCausalLM, cfg["model"], self.rank)
+            self.ref = FSDPEngine(AutoModelForCausalLM, cfg["model"], self.rank, **sequence_parallel)
         rollout = cfg["rollout"]
         hybrid_vllm = self.actor is not None and rollout["name"] == "vllm" and rollout["placement"] == "hybrid"
         # A LoRA actor's frozen base becomes views of its engine's weights (rollout.share_base_weights).
@@ -210,7 +221,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         cfg = self.config[section]
         batching = MicroBatching.for_call(
             data.meta_info, cfg["log_prob_micro_batch_size_per_gpu"], cfg["log_prob_use_dynamic_bsz"],
-            cfg["log_prob_max_token_len_per_gpu"], f"{section}.log_prob_max_token_len_per_gpu",
+            cfg["log_prob_max_token_len_per_gpu"], f"{section}.log_prob_max_token_len_per_gpu", self.layout.size,
         )
 
         def forward(micro: DataProto) -> dict[str, torch.Tensor]:
@@ -221,7 +232,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         with torch.no_grad():
             return forward_in_micro_batches(data, batching, engine.device, forward)
 
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(OVER_DATA_PARALLEL)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Actor log-probs of the responses: `old_log_probs` [B, R] and `entropys` [B, R]."""
         engine = self._resident_actor("compute_log_prob")
@@ -229,7 +240,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         self._end_phase("old_log_prob")
         return DataProto.from_dict({"old_log_probs": out["log_probs"], "entropys": out["entropy"]})
 
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(OVER_DATA_PARALLEL)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Reference-policy log-probs of the responses: `ref_log_prob` [B, R]. With LoRA the reference is the
         actor's base model: the same forward with every adapter disabled."""
@@ -247,7 +258,15 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         return DataProto.from_dict({"ref_log_prob": out["log_probs"]})
 
     # ---- training -------------------------------------------------------------------------------------
-    @register(Dispatch.DP_COMPUTE_METRIC)
+    def _update_schedule(self) -> PPOSchedule:
+        """Epochs x mini-batches x micro-batches of an update, over the data-parallel groups."""
+        layout = self.layout
+        actor_cfg = self.config["actor"]
+        seed = self.config["seed"]
+        where = layout.where("actor")
+        return PPOSchedule.from_config(actor_cfg, layout.dp_size, where, seed, self.update_calls, layout.size)
+
+    @register(METRICS_OVER_DATA_PARALLEL)
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """PPO update on this rank's share; returns metrics averaged over micro-batches and ranks."""
         engine = self._resident_actor("update_actor")  # the optimizer state comes for each step only
@@ -258,14 +277,14 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         def loss_fn(micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
             return actor_micro_loss(engine.module, micro, engine.device, temperature, actor_cfg)
 
-        schedule = PPOSchedule.from_config(actor_cfg, self.world_size, "actor", self.config["seed"], self.update_calls)
+        schedule = self._update_schedule()
         metrics = run_ppo_updates(engine, data, loss_fn, schedule, method="update_actor")
         self.update_calls += 1
         self.weights_version += 1
         self._end_phase("update_actor")
         return metrics
 
-    @register(Dispatch.DP_COMPUTE_METRIC)
+    @register(METRICS_OVER_DATA_PARALLEL)
     def update_actor_sft(self, data: DataProto) -> dict[str, float]:
         """Supervised step on the responses (token NLL under `response_mask` x optional `loss_mask`; layout
         in `workers/fsdp/sft_update.py`) with the PPO update's schedule; log-probs at temperature 1 unless
@@ -279,14 +298,14 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             log_probs, _ = response_log_probs_and_entropy(engine.module, micro, engine.device, temperature, with_entropy=False)
             return sft_loss_from_log_probs(log_probs, micro, engine.device, actor_cfg["loss_agg_mode"])
 
-        schedule = PPOSchedule.from_config(actor_cfg, self.world_size, "actor", self.config["seed"], self.update_calls)
+        schedule = self._update_schedule()
         metrics = run_ppo_updates(engine, with_loss_mask(data), loss_fn, schedule, method="update_actor_sft")
         self.update_calls += 1
         self.weights_version += 1
         self._end_phase("update_actor")
         return metrics
 
-    @register(Dispatch.DP_COMPUTE_METRIC)
+    @register(METRICS_OVER_DATA_PARALLEL)
     def update_actor_dpo(self, pairs: DataProto) -> dict[str, float]:
         """DPO update on preference pairs packed one per row (layout in `workers/fsdp/dpo_update.py`); the
         loss settings come in `meta_info["dpo"]` ({beta, loss_type, label_smoothing, epochs}). Log-probs use
@@ -302,6 +321,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             micro_batch_size=int(pairs.meta_info.get("micro_batch_size", self.config["actor"]["ppo_micro_batch_size_per_gpu"])),
             grad_clip=self.config["actor"]["grad_clip"],
             temperature=temperature,
+            sequence_parallel=self.layout.size,
         )
         self.weights_version += 1
         self._end_phase("update_actor")

@@ -1,4 +1,8 @@
-"""`CriticWorker`: a token-level value model (HF token classification, one label) trained on returns."""
+"""`CriticWorker`: a token-level value model (HF token classification, one label) trained on returns.
+
+With `ulysses_sequence_parallel_size` k > 1 its methods split the batch over W/k data-parallel groups of k
+ranks sharing each packed sequence (workers/fsdp/ulysses.py).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.fsdp.residency import CRITIC, process_tenants
 from workers.fsdp.sequences import require_batch_keys, response_mask, response_values
+from workers.fsdp.ulysses import METRICS_OVER_DATA_PARALLEL, OVER_DATA_PARALLEL, SequenceLayout, init_sequence_layout
 from workers.rl_math.losses import compute_value_loss
 from workers.rl_math.masked import masked_mean
 
@@ -28,13 +33,16 @@ class CriticWorker(Worker):
         super().__init__()
         self.config = critic_config(config)
         self.critic: FSDPEngine | None = None
+        self.layout: SequenceLayout | None = None
         self.update_calls = 0
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         self.init_process_group()
         cfg = self.config
-        mini_batch_per_rank(cfg["ppo_mini_batch_size"], self.world_size, "critic")
+        setting = "critic.ulysses_sequence_parallel_size"
+        self.layout = init_sequence_layout(self, cfg["ulysses_sequence_parallel_size"], setting)
+        mini_batch_per_rank(cfg["ppo_mini_batch_size"], self.layout.dp_size, self.layout.where("critic"))
         # num_labels=1: one value per token. The head is new (seeded, so equal on all ranks); no dropout
         # on it, or values in training would not match the values the advantages were computed from.
         self.critic = FSDPEngine(
@@ -44,6 +52,8 @@ class CriticWorker(Worker):
             optim_cfg=cfg["optim"],
             config_overrides={"num_labels": 1, "classifier_dropout": 0.0},
             seed=cfg["seed"],
+            sequence_parallel=self.layout.group,
+            sequence_parallel_setting=setting,
         )
 
     def _engine(self, method: str) -> FSDPEngine:
@@ -53,7 +63,7 @@ class CriticWorker(Worker):
         process_tenants().claim(CRITIC)
         return self.critic
 
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(OVER_DATA_PARALLEL)
     def compute_values(self, data: DataProto) -> DataProto:
         """`values` [B, R]: the value of the state before each response token, 0 outside the response."""
         engine = self._engine("compute_values")
@@ -62,7 +72,7 @@ class CriticWorker(Worker):
         cfg = self.config
         batching = MicroBatching.for_call(
             data.meta_info, cfg["forward_micro_batch_size_per_gpu"], cfg["use_dynamic_bsz"],
-            cfg["forward_max_token_len_per_gpu"], "critic.forward_max_token_len_per_gpu",
+            cfg["forward_max_token_len_per_gpu"], "critic.forward_max_token_len_per_gpu", self.layout.size,
         )
 
         def forward(micro: DataProto) -> dict[str, torch.Tensor]:
@@ -73,7 +83,7 @@ class CriticWorker(Worker):
         with torch.no_grad():
             return DataProto.from_dict(forward_in_micro_batches(data, batching, engine.device, forward))
 
-    @register(Dispatch.DP_COMPUTE_METRIC)
+    @register(METRICS_OVER_DATA_PARALLEL)
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Clipped value-loss updates toward `returns`; metrics averaged over micro-batches and ranks."""
         engine = self._engine("update_critic")
@@ -98,7 +108,9 @@ class CriticWorker(Worker):
             }
             return loss, metrics
 
-        schedule = PPOSchedule.from_config(cfg, self.world_size, "critic", cfg["seed"], self.update_calls)
+        layout = self.layout
+        where = layout.where("critic")
+        schedule = PPOSchedule.from_config(cfg, layout.dp_size, where, cfg["seed"], self.update_calls, layout.size)
         metrics = run_ppo_updates(engine, data, loss_fn, schedule, method="update_critic")
         self.update_calls += 1
         return metrics

@@ -88,13 +88,22 @@ def _sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
 
 
 def run_dpo_update(
-    engine: FSDPEngine, pairs: DataProto, settings: DPOSettings, *, micro_batch_size: int, grad_clip: float, temperature: float
+    engine: FSDPEngine,
+    pairs: DataProto,
+    settings: DPOSettings,
+    *,
+    micro_batch_size: int,
+    grad_clip: float,
+    temperature: float,
+    sequence_parallel: int = 1,
 ) -> dict[str, float]:
     """`settings.epochs` full-batch optimizer steps on the pairs of all ranks; returns weighted means over
-    all real pairs (measured before the first step), their count, grad_norm and lr. The LR scheduler steps once."""
+    all real pairs (measured before the first step), their count, grad_norm and lr. The LR scheduler steps once.
+    With `sequence_parallel` ranks sharing each row (Ulysses) the pairs of a group are counted once."""
     check_same_length(len(pairs), engine.device, "update_actor_dpo")
     device, world = engine.device, dist.get_world_size() if dist.is_initialized() else 1
-    total = float(_sum_over_ranks(pairs.batch["weight"].float().sum().to(device)))
+    data_parallel = world // sequence_parallel
+    total = float(_sum_over_ranks(pairs.batch["weight"].float().sum().to(device))) / sequence_parallel
     if total <= 0:
         raise ValueError("update_actor_dpo got no pair with weight > 0")
     denominator = float(settings.loss_denominator or total)
@@ -106,8 +115,9 @@ def run_dpo_update(
         for micro in pairs.split(micro_batch_size):
             chosen, rejected = pair_log_probs(engine.module, micro, device, temperature)
             loss, weighted = weighted_pair_loss(chosen, rejected, micro, settings)
-            # FSDP averages gradients over ranks; scaling by world makes that the sum over all ranks.
-            (loss * (world / denominator)).backward()
+            # FSDP averages gradients over all ranks, and a sequence-parallel group's k ranks sum one loss's
+            # gradient k times: scaling by the data-parallel count makes that the sum over all pairs.
+            (loss * (data_parallel / denominator)).backward()
             if epoch == 0:
                 for name, value in weighted.items():
                     sums[name] += value
@@ -115,5 +125,6 @@ def run_dpo_update(
     engine.lr_scheduler_step()
     keys = sorted(sums)
     summed = _sum_over_ranks(torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device))
+    summed /= sequence_parallel  # each pair was counted by every rank of its sequence-parallel group
     metrics = {k: float(v) / total for k, v in zip(keys, summed.tolist())}
     return {**metrics, "grad_norm": sum(grad_norms) / len(grad_norms), "lr": lr, "pairs": total}

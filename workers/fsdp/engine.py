@@ -18,12 +18,15 @@ from workers.fsdp.model_loading import compute_dtype, load_sharded_model, worker
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clip_gradients
 from workers.lora.model import adapter_parameter_names
 from workers.lora.spec import LoraSpec
+from workers.packing.forward import enable_sequence_parallel
+from workers.packing.ulysses import SequenceParallel
 
 
 class FSDPEngine:
     """Build after the process group exists, e.g. `FSDPEngine(AutoModelForCausalLM, cfg["model"], rank,
     optim_cfg=cfg["actor"]["optim"])`. With `optim_cfg=None` the model is frozen: no optimizer, loaded
-    directly in the compute dtype.
+    directly in the compute dtype. With a `sequence_parallel` group its packed forwards are split over that
+    group (Ulysses; `sequence_parallel_setting` names the config key in errors).
     """
 
     def __init__(
@@ -34,6 +37,8 @@ class FSDPEngine:
         optim_cfg: dict[str, Any] | None = None,
         config_overrides: dict[str, Any] | None = None,
         seed: int = 0,
+        sequence_parallel: SequenceParallel | None = None,
+        sequence_parallel_setting: str = "ulysses_sequence_parallel_size",
     ) -> None:
         self.auto_class = auto_class
         self.model_path: str = model_cfg["path"]
@@ -46,6 +51,8 @@ class FSDPEngine:
         self.module: nn.Module = load_sharded_model(
             auto_class, model_cfg, self.device, self.trainable, config_overrides, seed, self.lora
         )
+        if sequence_parallel is not None:
+            enable_sequence_parallel(self.module, sequence_parallel, sequence_parallel_setting)
         self.optimizer = build_optimizer(self.module, optim_cfg) if optim_cfg is not None else None
         self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_cfg) if self.optimizer is not None else None
 

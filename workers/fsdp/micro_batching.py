@@ -47,11 +47,22 @@ class MicroBatching:
     setting: str = "max_token_len"  # the config key of max_tokens, for errors
 
     @classmethod
-    def for_call(cls, meta_info: dict[str, Any], rows: int, dynamic: bool, max_tokens: int, setting: str) -> "MicroBatching":
+    def for_call(
+        cls,
+        meta_info: dict[str, Any],
+        rows: int,
+        dynamic: bool,
+        max_tokens: int,
+        setting: str,
+        sequence_parallel: int = 1,
+    ) -> "MicroBatching":
         """The configured micro-batching, overridable per call by meta_info keys `micro_batch_size`,
-        `use_dynamic_bsz` and `max_token_len`."""
+        `use_dynamic_bsz` and `max_token_len`. A token budget is per GPU: with `sequence_parallel` ranks
+        sharing each micro-batch (Ulysses) a micro-batch holds that many times the budget."""
         dynamic = bool(meta_info.get("use_dynamic_bsz", dynamic))
-        budget = int(meta_info.get("max_token_len", max_tokens))
+        budget = int(meta_info.get("max_token_len", max_tokens)) * sequence_parallel
+        if sequence_parallel > 1:
+            setting = f"{setting} x {sequence_parallel} sequence-parallel ranks"
         return cls(rows=int(meta_info.get("micro_batch_size", rows)), max_tokens=budget if dynamic else None, setting=setting)
 
     def split(self, data: DataProto, device: torch.device) -> tuple[list[DataProto], list[int]]:

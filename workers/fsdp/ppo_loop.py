@@ -5,6 +5,11 @@ taken. Each micro-batch loss is weighted by its share of the aggregation units (
 non-empty sequences for the "seq-mean-*" modes) of the whole mini-batch over all data-parallel ranks, so
 accumulating over micro-batches and averaging over ranks gives the gradient of one pass over the global
 mini-batch, whatever the micro-batches hold: a fixed row count or a token budget (`use_dynamic_bsz`).
+
+With Ulysses sequence parallelism (k ranks share each row, `workers/packing/ulysses.py`) the same weights
+hold: the k ranks of a group count the same units (the all-rank total is k x the real one) and compute the
+same loss, whose gradient their gather's backward sums over the group (k x one loss); the two factors of k
+cancel in FSDP's average over all ranks.
 """
 
 from __future__ import annotations
@@ -39,11 +44,17 @@ class PPOSchedule:
     shuffle: bool
     seed: int
     max_token_len: int | None = None  # token budget per micro-batch (use_dynamic_bsz); None: micro_batch_size rows
+    budget_setting: str = "ppo_max_token_len_per_gpu"
 
     @classmethod
-    def from_config(cls, cfg: dict[str, Any], ranks: int, where: str, seed: int, update_calls: int) -> "PPOSchedule":
+    def from_config(
+        cls, cfg: dict[str, Any], ranks: int, where: str, seed: int, update_calls: int, sequence_parallel: int = 1
+    ) -> "PPOSchedule":
         """From an actor/critic section; the global mini-batch is split over `ranks` data-parallel ranks and
-        each call shuffles with its own seed."""
+        each call shuffles with its own seed. With `sequence_parallel` ranks sharing each micro-batch the
+        per-GPU token budget is multiplied by it."""
+        setting = "ppo_max_token_len_per_gpu"
+        budget = MicroBatching.for_call({}, 1, True, cfg[setting], setting, sequence_parallel)
         return cls(
             epochs=cfg["ppo_epochs"],
             mini_batch_size=mini_batch_per_rank(cfg["ppo_mini_batch_size"], ranks, where),
@@ -52,11 +63,12 @@ class PPOSchedule:
             loss_agg_mode=cfg["loss_agg_mode"],
             shuffle=cfg["shuffle"],
             seed=seed + update_calls * cfg["ppo_epochs"],
-            max_token_len=cfg["ppo_max_token_len_per_gpu"] if cfg["use_dynamic_bsz"] else None,
+            max_token_len=budget.max_tokens if cfg["use_dynamic_bsz"] else None,
+            budget_setting=budget.setting,
         )
 
     def micro_batching(self) -> MicroBatching:
-        return MicroBatching(self.micro_batch_size, self.max_token_len, "ppo_max_token_len_per_gpu")
+        return MicroBatching(self.micro_batch_size, self.max_token_len, self.budget_setting)
 
 
 def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> float:

@@ -8,7 +8,9 @@ each starts, and attention never crosses a boundary. Kernels, best first:
 A CUDA kernel is checked once per device/dtype against the per-sequence path before it is used.
 
 `PACKED_ATTENTION` is registered under a name per base implementation (sdpa, eager, ...): calls without
-packing offsets (generation, padded batches) go to the base implementation unchanged.
+packing offsets (generation, padded batches) go to the base implementation unchanged. A call that also
+carries a sequence-parallel group (Ulysses, `workers/packing/ulysses.py`) holds one rank's shard of the row:
+its queries, keys and values are exchanged for every token of a k-th of the heads around the kernel.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from workers.packing.ulysses import SEQUENCE_PARALLEL_KWARG, heads_to_sequence, sequence_to_heads
 
 PACKED_PREFIX = "packed_"
 _HALF = (torch.float16, torch.bfloat16)
@@ -124,7 +128,12 @@ def _packed_attention(base: str) -> Callable[..., tuple[torch.Tensor, None]]:
         if query.shape[0] != 1:
             raise ValueError(f"packed attention takes one packed row; got a batch of {query.shape[0]}")
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        sequence_parallel = kwargs.get(SEQUENCE_PARALLEL_KWARG)
+        if sequence_parallel is not None:
+            query, key, value = (heads_to_sequence(x, sequence_parallel) for x in (query, key, value))
         out = varlen_causal_attention(query, key, value, cu_seq_lens, int(kwargs["max_length_q"]), scale, dropout)
+        if sequence_parallel is not None:
+            out = sequence_to_heads(out, sequence_parallel)
         return out, None
 
     return attention
