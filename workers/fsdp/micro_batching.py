@@ -80,12 +80,34 @@ class MicroBatching:
         return [data[torch.tensor(m)] for m in members], [row for m in members for row in m]
 
 
+# Cached-but-free device memory above this is handed back between micro-batches (see release_cached_blocks).
+CACHED_BLOCKS_LIMIT = 1 << 30
+
+
+def release_cached_blocks(device: torch.device, limit: int = CACHED_BLOCKS_LIMIT) -> bool:
+    """Return the caching allocator's free blocks to the device when they exceed `limit` bytes; whether it did.
+
+    Long micro-batches of slightly different token counts leave blocks that the next one cannot reuse: at 7B
+    with 66K-token micro-batches the allocator held 33 GiB for an 11.6 GiB peak on an H100, and the device's
+    use (what other processes and the sleeping engine's wake-up see) followed the reserve, not the peak.
+    """
+    if device.type != "cuda":
+        return False
+    if torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) <= limit:
+        return False
+    torch.cuda.empty_cache()
+    return True
+
+
 def forward_in_micro_batches(
     data: DataProto, batching: MicroBatching, device: torch.device, forward: Callable[[DataProto], dict[str, torch.Tensor]]
 ) -> dict[str, torch.Tensor]:
     """Run `forward` (micro-batch -> per-row tensors) over the micro-batches; outputs in the input's row order."""
     micros, order = batching.split(data, device)
-    outputs = [forward(micro) for micro in micros]
+    outputs = []
+    for micro in micros:
+        outputs.append(forward(micro))
+        release_cached_blocks(device)
     if not outputs:
         return {}
     joined = {key: torch.cat([o[key] for o in outputs]) for key in outputs[0]}

@@ -25,7 +25,7 @@ from protocol import DataProto
 from workers.config import mini_batch_per_rank
 from workers.fsdp.dist_utils import check_same_length, mean_over_ranks
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.micro_batching import MicroBatching, sum_over_ranks
+from workers.fsdp.micro_batching import MicroBatching, release_cached_blocks, sum_over_ranks
 from workers.fsdp.sequences import response_mask
 
 # loss_fn(micro_batch) -> (scalar loss aggregated over the micro-batch, float metrics)
@@ -107,6 +107,7 @@ def run_ppo_updates(engine: FSDPEngine, data: DataProto, loss_fn: MicroLossFn, s
                 loss, metrics = loss_fn(micro)
                 scale = unit * ranks / total if total > 0 else len(micro) / len(mini)
                 (loss * scale).backward()
+                release_cached_blocks(engine.device)
                 for key, value in metrics.items():
                     collected[key].append(value)
             collected["grad_norm"].append(engine.optimizer_step(schedule.grad_clip))
