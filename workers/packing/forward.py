@@ -16,6 +16,8 @@ from protocol import DataProto
 from workers.head_log_probs import token_log_probs_and_entropy
 from workers.packing.attention import PACKED_PREFIX, packed_implementation
 from workers.packing.layout import PackedRows, scatter_slots
+from workers.vision.forward_inputs import packed_vision_inputs, vision_forward_inputs
+from workers.vision.models import attention_setting
 
 def supports_packing(model: nn.Module) -> bool:
     """Whether the model's layers call attention through transformers' attention interface (so the
@@ -35,7 +37,7 @@ def enable_packing(model: nn.Module, use_remove_padding: bool | None) -> bool:
                 "transformers' attention interface, so it cannot run packed; set use_remove_padding=false"
             )
         return False
-    model.set_attn_implementation(packed_implementation(model.config._attn_implementation))
+    model.set_attn_implementation(attention_setting(model, packed_implementation(model.config._attn_implementation)))
     return True
 
 
@@ -54,10 +56,9 @@ def packed_response_log_probs_and_entropy(
     rows = pack_micro_batch(micro, device)
     slots, index = rows.response_predictors(micro.batch["responses"].shape[1])
     labels = micro.batch["responses"].to(device)[slots]
+    inputs = {**rows.model_inputs(), **packed_vision_inputs(vision_forward_inputs(model, micro, device), rows.valid)}
     # logits_to_keep as indices: the LM head runs only where a response token is predicted.
-    log_probs, entropy = token_log_probs_and_entropy(
-        model, rows.model_inputs(), index, labels[None], temperature, with_entropy, entropy_grad
-    )
+    log_probs, entropy = token_log_probs_and_entropy(model, inputs, index, labels[None], temperature, with_entropy, entropy_grad)
     log_probs = scatter_slots(log_probs[0], slots)
     return log_probs, None if entropy is None else scatter_slots(entropy[0], slots)
 
