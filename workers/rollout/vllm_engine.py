@@ -243,8 +243,13 @@ class VLLMEngine:
         return loaded
 
     def after_weight_update(self) -> None:
-        # Cached prefixes hold keys/values computed with the old weights.
+        # Cached prefixes hold keys/values computed with the old weights, and the encoder cache a picture's
+        # embeddings from the old vision tower (keyed by the picture alone). The reload already emptied the
+        # worker's side of the encoder cache; the scheduler's side must forget it too, or a picture seen
+        # before the sync is taken as cached and its embeddings are missing.
         self.llm.reset_prefix_cache()
+        if self.image_token_id is not None:
+            self.llm.llm_engine.reset_encoder_cache()
 
     def fingerprint(self) -> float:
         return float(sum(self.llm.collective_rpc("sc_weights_fingerprint")))
