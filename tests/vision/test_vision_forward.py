@@ -119,3 +119,13 @@ def test_lora_leaves_the_vision_tower_alone_by_default(tiny_vlm_dir):
     everything = load(tiny_vlm_dir)
     add_lora_adapters(everything, LoraSpec.from_model_config(with_vision_lora_default({**cfg, "exclude_modules": []})))
     assert any(".visual." in name for name in adapter_parameter_names(everything))
+
+
+def test_vllm_requests_never_sample_vision_tokens(tiny_vlm_dir):
+    pytest.importorskip("vllm")
+    from workers.rollout.vllm_engine import vllm_sampling
+
+    params = _params(tiny_vlm_dir, True)
+    request = vllm_sampling(params, 8, seed=1)
+    assert request.logit_bias == {token: -100.0 for token in params.suppress_token_ids}
+    assert vllm_sampling(_params(tiny_vlm_dir, False), 8, seed=1).logit_bias is None
