@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from trainer.data.images import IMAGE_PLACEHOLDER, placeholder_count, row_image_bytes
 from trainer.input_errors import InputError
+from trainer.package_checks import module_present
 
 BATCH_ROWS = 1024  # rows read at a time: image columns are large
 
@@ -88,6 +89,11 @@ def unsupported_with_images(cfg: DictConfig) -> list[str]:
         problems.append("actor_rollout_ref.rollout.multi_turn.enable=true (multi-turn rollouts carry no images)")
     if cfg.actor_rollout_ref.rollout.mode == "async":
         problems.append("actor_rollout_ref.rollout.mode=async (the streaming engines take no images)")
+    if cfg.actor_rollout_ref.rollout.name == "vllm" and not module_present("torchvision"):
+        problems.append(
+            "actor_rollout_ref.rollout.name=vllm without torchvision (vLLM's Qwen2-VL imports transformers' torchvision "
+            "image processor; install the torchvision build that matches your torch, or use actor_rollout_ref.rollout.name=hf)"
+        )
     return problems
 
 

@@ -1,6 +1,6 @@
 """Bad image input fails before Ray starts with one `error:` line naming the file and the row (exit code 2): a
 picture that does not decode, more `<image>` placeholders than pictures, an image column on a text-only model,
-and images with a setting that reads none."""
+and images with a setting that reads none (vLLM without torchvision among them)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from tests.reliability.conftest import error_lines, short_run
 from trainer.main import main
+from trainer.package_checks import module_present
 from trainer.tiny_model import build_tiny_model
 
 
@@ -67,3 +68,10 @@ def test_images_with_a_critic_are_refused(no_ray, tiny_vlm_dir, visual_data, tmp
     line = fails_before_ray(capsys, tiny_vlm_dir, visual_data[0], tmp_path, "algorithm=ppo")
     assert line.startswith(f"error: data.train_files: {visual_data[0]} has images (column 'images'), which this run cannot use: ")
     assert "algorithm.adv_estimator=gae needs a critic" in line
+
+
+@pytest.mark.skipif(module_present("torchvision"), reason="torchvision is installed here")
+def test_images_with_vllm_and_no_torchvision_are_refused(no_ray, tiny_vlm_dir, visual_data, tmp_path, capsys):
+    line = fails_before_ray(capsys, tiny_vlm_dir, visual_data[0], tmp_path, "actor_rollout_ref.rollout.name=vllm")
+    assert line.startswith(f"error: data.train_files: {visual_data[0]} has images (column 'images'), which this run cannot use: ")
+    assert "actor_rollout_ref.rollout.name=vllm without torchvision" in line and "rollout.name=hf" in line
