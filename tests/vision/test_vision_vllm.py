@@ -1,7 +1,7 @@
 """vLLM with pictures, through benchmarks/vlm_vllm_check.py at the tiny size: GRPO steps on the image task
 with every weight sync verified, and the engine's log-probs of its samples against the trainer's with the
 same pictures before and after a sync that changed only the vision tower (the engine must forget the
-pictures' cached embeddings). vLLM's Qwen2-VL imports transformers' torchvision image processor, which the
+pictures' cached embeddings); and GRPO with separate engines (broadcast sync, verified). vLLM's Qwen2-VL imports transformers' torchvision image processor, which the
 CPU test install removes, so this runs only where that import works (a GPU install, or a CPU one with a
 torchvision that imports)."""
 
@@ -39,3 +39,20 @@ def test_vllm_with_pictures_verified_syncs_and_vision_tower(tmp_path):
     assert len(grpo["steps"]) == 3 and grpo["syncs_verified"] >= 2
     assert grpo["worst_sync_logprob_max_diff"] <= 1e-3  # fp32 on CPU
     assert images["after_sync_max_diff"] <= 1e-3 < images["vision_changed_before_sync_max_diff"]
+
+
+@pytest.mark.skipif(not vllm_serves_qwen2_vl(), reason="vLLM cannot load Qwen2-VL here (torchvision does not import)")
+def test_separate_vllm_engines_with_pictures_verified_syncs(ray_cluster, tiny_vlm_dir, visual_data, tmp_path):
+    """The engines in processes of their own: the trainer broadcasts every weight, the vision tower's included,
+    and checks each engine's probe log-probs against its own (`probe_log_probs` of a vision-language model)."""
+    from tests.vision.test_visual_task import visual_run
+    from trainer.config_loader import load_config
+    from trainer.main import run
+
+    history = run(load_config(visual_run(
+        tiny_vlm_dir, visual_data, tmp_path, "trainer.total_training_steps=3", "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.verify_sync=true",
+    )))
+    assert len(history) == 3
+    synced = [r for r in history if "rollout/sync_logprob_max_diff" in r]
+    assert len(synced) >= 2 and max(r["rollout/sync_logprob_max_diff"] for r in synced) <= 1e-3, history
