@@ -189,6 +189,7 @@ def check_inputs(cfg: DictConfig) -> str | None:
     nothing to train (the resumed checkpoint is already at the last step), or None."""
     from trainer.batch_checks import check_batch_split
     from trainer.data_checks import check_rows, reward_needs
+    from trainer.image_checks import check_images
     from trainer.package_checks import check_packages
     from trainer.trackers import check_entries
 
@@ -201,6 +202,7 @@ def check_inputs(cfg: DictConfig) -> str | None:
     needs = reward_needs(cfg)
     for key, files in data_keys:
         check_rows(files, key, cfg.data.prompt_key, needs)
+    check_images(cfg, data_keys)
     if cfg.reward.reward_model.enable and cfg.reward.reward_model.model.path:
         check_model_folder(cfg.reward.reward_model.model.path, "reward.reward_model.model.path", tokenizer=False)
     check_entries(list(cfg.trainer.logger))

@@ -29,9 +29,13 @@ def build_run_data(cfg: DictConfig) -> RunData:
 
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
     data = cfg.data
+    vision = vision_tokens(cfg.actor_rollout_ref.model.path, tokenizer)
 
     def dataset(files: Any) -> RLDataset:
-        return RLDataset(files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key, truncation=data.truncation)
+        return RLDataset(
+            files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key, truncation=data.truncation,
+            image_key=data.get("image_key"), vision=vision,
+        )
 
     train_set = dataset(data.train_files)
     train_loader = make_dataloader(train_set, gen_batch_size(cfg), shuffle=data.shuffle, seed=data.seed, drop_last=True)
@@ -49,3 +53,11 @@ def build_run_data(cfg: DictConfig) -> RunData:
 
         reward_fn = EnvRewardManager(reward_fn)  # environments may score their own episodes
     return RunData(tokenizer, train_loader, val_batches, reward_fn, counts)
+
+
+def vision_tokens(model_path: str, tokenizer: Any) -> Any:
+    """How the prompts write images for a vision-language model (trainer/data/images.py); None for a text model."""
+    from trainer.data.images import VisionTokens
+    from workers.vision.models import folder_is_vision_language
+
+    return VisionTokens.from_model(model_path, tokenizer) if folder_is_vision_language(model_path) else None

@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from trainer.input_errors import InputError
 
 DEFAULT_MODEL_PATH = "outputs/tiny_model"
+DEFAULT_VLM_PATH = "outputs/tiny_vlm"  # the tiny vision-language model of task=visual_colors
 DEFAULT_DATA_DIR = "outputs/data"
 DEFAULT_CONNECT_TIMEOUT_S = 30  # trainer.ray_connect_timeout_s of a config without it (a recipe's own)
 
@@ -20,6 +21,10 @@ def ensure_default_assets(cfg: DictConfig) -> None:
         from trainer.tiny_model import build_tiny_model
 
         build_tiny_model(DEFAULT_MODEL_PATH, seed=cfg.trainer.seed)
+    if cfg.actor_rollout_ref.model.path == DEFAULT_VLM_PATH and not Path(DEFAULT_VLM_PATH, "config.json").exists():
+        from trainer.tiny_vlm import build_tiny_vlm
+
+        build_tiny_vlm(DEFAULT_VLM_PATH, seed=cfg.trainer.seed)
     # The default folder, or another outputs/data* folder a task config names (task=tool_vault).
     data_dir = str(Path(str(cfg.data.train_files)).parent)
     defaults = (f"{data_dir}/train.parquet", f"{data_dir}/val.parquet")

@@ -1,4 +1,5 @@
-"""Prompt dataset for RL: verl-layout parquet -> chat-templated, left-padded prompt tensors."""
+"""Prompt dataset for RL: verl-layout parquet -> chat-templated, left-padded prompt tensors (and, for a
+vision-language model, each row's encoded images; trainer/data/images.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import torch
 from torch.utils.data import Dataset
 
 TRUNCATION_MODES = ("error", "left", "right", "filter")
-from trainer.preflight import REQUIRED_COLUMNS  # noqa: F401 - the prompt column (`prompt_key`) is required too
+from trainer.data.images import VisionTokens, placeholder_count, row_image_bytes  # noqa: E402
+from trainer.preflight import REQUIRED_COLUMNS  # noqa: F401,E402 - the prompt column (`prompt_key`) is required too
+from workers.vision.images import MULTI_MODAL_DATA  # noqa: E402 - per row {"image": [encoded bytes, ...]}
 
 
 class RLDataset(Dataset):
@@ -23,6 +26,10 @@ class RLDataset(Dataset):
     Prompts longer than that follow `truncation`: "error" raises, "left" keeps the last
     tokens (the generation prompt survives), "right" keeps the first, "filter" drops the
     row at load (counted in `num_filtered`; truncated rows in `num_truncated`).
+
+    With `vision` (a vision-language model) the `image_key` column's pictures replace the prompt's `<image>`
+    placeholders by the model's vision tokens, and each item carries them as `multi_modal_data` (encoded
+    bytes). A truncation that would cut vision tokens is an error.
     """
 
     def __init__(
@@ -32,6 +39,8 @@ class RLDataset(Dataset):
         max_prompt_length: int,
         prompt_key: str = "prompt",
         truncation: str = "error",
+        image_key: str | None = None,
+        vision: VisionTokens | None = None,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
@@ -41,6 +50,8 @@ class RLDataset(Dataset):
         self.max_prompt_length = max_prompt_length
         self.prompt_key = prompt_key
         self.truncation = truncation
+        self.image_key = image_key
+        self.vision = vision
         self.pad_token_id = _pad_token_id(tokenizer)
         self.num_filtered = 0
         self.num_truncated = 0
@@ -71,11 +82,12 @@ class RLDataset(Dataset):
         data_sources = table.column("data_source").to_pylist()
         reward_models = table.column("reward_model").to_pylist()
         extra_infos = table.column("extra_info").to_pylist() if "extra_info" in present else [None] * table.num_rows
+        images = self._images(table, path)
 
-        texts = [self._render(messages, path, row) for row, messages in enumerate(prompts)]
+        texts = [self._render(self._with_vision_tokens(messages, images, path, row), path, row) for row, messages in enumerate(prompts)]
         token_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]  # template already has specials
         for row, ids in enumerate(token_ids):
-            ids = self._fit(list(ids), path, row)
+            ids = self._fit(list(ids), path, row, images[row] if images else None)
             if ids is None:
                 self.num_filtered += 1
                 continue
@@ -89,8 +101,26 @@ class RLDataset(Dataset):
                     "extra_info": extra_info,
                     "raw_prompt": prompts[row],
                     "index": index if index is not None else len(self._rows),
+                    **({MULTI_MODAL_DATA: {"image": images[row]}} if images is not None else {}),
                 }
             )
+
+    def _images(self, table: Any, path: Path) -> list[list[bytes]] | None:
+        """Each row's encoded images; None for a text-only model's file without the image column (a
+        vision-language model's rows always carry the key, so files with and without images mix)."""
+        if not self.image_key or self.image_key not in table.column_names:
+            return None if self.vision is None else [[] for _ in range(table.num_rows)]
+        if self.vision is None:
+            raise ValueError(f"{path} has an image column {self.image_key!r} but the model is text-only (set data.image_key=null)")
+        return [row_image_bytes(cells) for cells in table.column(self.image_key).to_pylist()]
+
+    def _with_vision_tokens(self, messages: Any, images: list[list[bytes]] | None, path: Path, row: int) -> Any:
+        if images is None:
+            return messages
+        placeholders = placeholder_count(messages)
+        if placeholders != len(images[row]):
+            raise ValueError(f"{path} row {row}: the prompt has {placeholders} <image> placeholders for {len(images[row])} images")
+        return self.vision.expand(messages, [self.vision.tokens_of(encoded) for encoded in images[row]])
 
     def _render(self, messages: Any, path: Path, row: int) -> str:
         if not isinstance(messages, list) or not all(map(_is_message, messages)):
@@ -100,8 +130,8 @@ class RLDataset(Dataset):
             )
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-    def _fit(self, ids: list[int], path: Path, row: int) -> list[int] | None:
-        """Apply the truncation mode; None means the row is filtered out."""
+    def _fit(self, ids: list[int], path: Path, row: int, images: list[bytes] | None = None) -> list[int] | None:
+        """Apply the truncation mode; None means the row is filtered out. Vision tokens are never cut."""
         limit = self.max_prompt_length
         if len(ids) <= limit:
             return ids
@@ -112,8 +142,14 @@ class RLDataset(Dataset):
             )
         if self.truncation == "filter":
             return None
+        kept = ids[-limit:] if self.truncation == "left" else ids[:limit]
+        if images and kept.count(self.vision.placeholder_id) != ids.count(self.vision.placeholder_id):
+            raise ValueError(
+                f"{path} row {row}: prompt is {len(ids)} tokens with images; truncation={self.truncation!r} to "
+                f"max_prompt_length={limit} would cut its vision tokens (raise data.max_prompt_length or use 'filter')"
+            )
         self.num_truncated += 1
-        return ids[-limit:] if self.truncation == "left" else ids[:limit]
+        return kept
 
     def __len__(self) -> int:
         return len(self._rows)

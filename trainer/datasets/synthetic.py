@@ -30,6 +30,9 @@ synthetic/char_class (the default task) exists so that a RANDOM tiny model
 
 synthetic/tool_vault is the multi-turn tool task (workers/agent_tasks/vault.py, docs/agents.md).
 
+synthetic/visual_colors is the image task for the tiny vision-language model (trainer/datasets/visual_colors.py,
+docs/vision.md); its files have an `images` column.
+
 synthetic/arithmetic is a GSM8K-style family for real models: "what is 12 + 7 * 3?"
 with the answer expected after `####`; scored by exact match (see
 trainer/rewards/math_answer.py). A random tiny model scores 0 on it.
@@ -46,12 +49,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trainer.datasets.visual_colors import IMAGE_COLUMN, IMAGE_TYPE, make_visual_colors_row
 from trainer.rewards.char_class import CHAR_CLASSES, DEFAULT_LENGTH
 
 CHAR_CLASS_SOURCE = "synthetic/char_class"
 ARITHMETIC_SOURCE = "synthetic/arithmetic"
 TOOL_VAULT_SOURCE = "synthetic/tool_vault"
-TASKS = ("char_class", "arithmetic", "tool_vault")
+TASKS = ("char_class", "arithmetic", "tool_vault", "visual_colors")
+IMAGE_TASKS = ("visual_colors",)
 DEFAULT_CHAR_CLASSES = ("digits", "vowels")
 
 _CHAR_CLASS_TEMPLATES = (
@@ -147,12 +152,15 @@ def make_rows(
         "char_class": lambda r: make_char_class_row(r, char_classes),
         "arithmetic": make_arithmetic_row,
         "tool_vault": make_tool_vault_row,
+        "visual_colors": make_visual_colors_row,
     }
     rng = random.Random(f"{seed}:{split}")  # str seeds are stable across processes
     rows = []
     for index in range(size):
         row = makers[rng.choice(list(tasks))](rng)
         row["extra_info"] = {"split": split, "index": index}
+        if any(task in IMAGE_TASKS for task in tasks):
+            row.setdefault(IMAGE_COLUMN, [])  # text rows of a mix with images: no picture
         rows.append(row)
     return rows
 
@@ -168,11 +176,12 @@ def write_synthetic_dataset(
     """Write OUT_DIR/train.parquet and OUT_DIR/val.parquet; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    schema = SCHEMA.append(pa.field(IMAGE_COLUMN, IMAGE_TYPE)) if any(t in IMAGE_TASKS for t in tasks) else SCHEMA
     paths = []
     for split, size in (("train", train_size), ("val", val_size)):
         rows = make_rows(size, split, seed, tasks, char_classes)
         path = out / f"{split}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path)
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
         paths.append(path)
     return paths[0], paths[1]
 

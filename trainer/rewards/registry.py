@@ -11,6 +11,7 @@ from .math_answer import compute_math_answer_score
 # data_source -> scorer(solution_str, ground_truth) -> float. Add new rule tasks here.
 SCORERS: dict[str, Callable[[str, str], float]] = {
     "synthetic/char_class": compute_char_class_score,
+    "synthetic/visual_colors": compute_char_class_score,  # the picture's colour picks the class (docs/vision.md)
     "synthetic/arithmetic": compute_math_answer_score,
     "openai/gsm8k": compute_math_answer_score,
 }

@@ -15,10 +15,10 @@ generation still splits prompts over all W ranks.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
@@ -43,6 +43,9 @@ from workers.memory import MemoryLog
 from workers.rollout.agent.worker_glue import build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.sampling import SamplingParams, model_token_ids, sampling_params
 from workers.rollout.shaping import rollout_output
+from workers.vision.forward_inputs import generate_inputs
+from workers.vision.images import MULTI_MODAL_DATA, ImageInputs, decode_image, row_images
+from workers.vision.models import auto_model_class, is_vision_language, vision_token_ids
 
 ROLES = ("actor_rollout", "actor_rollout_ref", "ref")
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -64,6 +67,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         self.residency: ActorResidency | None = None  # where the actor's and the reference's state is, phase by phase
         self.agent = None  # the multi-turn tool-calling rollout (rollout.multi_turn.enable)
         self.layout: SequenceLayout | None = None  # the (dp, sp) layout of the log-prob and update methods
+        self.images: ImageInputs | None = None  # a vision-language model's image processor (workers/vision)
         self.init_actor_state()
 
     # ---- setup ----------------------------------------------------------------------------------------
@@ -75,15 +79,17 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         setting = "actor.ulysses_sequence_parallel_size"
         self.layout = init_sequence_layout(self, cfg["actor"]["ulysses_sequence_parallel_size"], setting)
         sequence_parallel = {"sequence_parallel": self.layout.group, "sequence_parallel_setting": setting}
+        auto_class = auto_model_class(cfg["model"]["path"])  # a causal LM, or a vision-language model
         if self.role != "ref":
             mini_batch_per_rank(cfg["actor"]["ppo_mini_batch_size"], self.layout.dp_size, self.layout.where("actor"))
             self.actor = FSDPEngine(
-                AutoModelForCausalLM, cfg["model"], self.rank, optim_cfg=cfg["actor"]["optim"], seed=cfg["seed"],
-                **sequence_parallel,
+                auto_class, cfg["model"], self.rank, optim_cfg=cfg["actor"]["optim"], seed=cfg["seed"], **sequence_parallel,
             )
         if self.role == "ref" or (self.role == "actor_rollout_ref" and self.actor.lora is None):
             # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.
-            self.ref = FSDPEngine(AutoModelForCausalLM, cfg["model"], self.rank, **sequence_parallel)
+            self.ref = FSDPEngine(auto_class, cfg["model"], self.rank, **sequence_parallel)
+        if is_vision_language((self.actor or self.ref).module.config):
+            self.images = ImageInputs(cfg["model"]["path"])
         rollout = cfg["rollout"]
         hybrid_vllm = self.actor is not None and rollout["name"] == "vllm" and rollout["placement"] == "hybrid"
         # A LoRA actor's frozen base becomes views of its engine's weights (rollout.share_base_weights).
@@ -104,7 +110,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             if self.shared_base is not None:
                 self.step_metrics.update(self.shared_base.attach(self.hybrid_rollout.engine.checkpoint_views()).metrics())
         if self.actor is not None:
-            eos, _ = model_token_ids(getattr(self.actor.module, "generation_config", None), self.actor.module.config)
+            eos, _ = model_token_ids(getattr(self.actor.module, "generation_config", None), self.actor.module.config.get_text_config())
             self.agent = build_agent(rollout, cfg["model"]["path"], eos)
         device = (self.actor or self.ref).device
         self.memory = MemoryLog(device)
@@ -163,8 +169,17 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
 
     # ---- rollout --------------------------------------------------------------------------------------
     def _sampling_params(self, meta_info: dict[str, Any], model: torch.nn.Module) -> SamplingParams:
-        eos, pad = model_token_ids(getattr(model, "generation_config", None), model.config)
-        return sampling_params(self.config["rollout"], meta_info, eos, pad)
+        eos, pad = model_token_ids(getattr(model, "generation_config", None), model.config.get_text_config())
+        params = sampling_params(self.config["rollout"], meta_info, eos, pad)
+        return dataclasses.replace(params, suppress_token_ids=vision_token_ids(model.config))
+
+    def _with_images(self, data: DataProto, method: str) -> DataProto:
+        """`data` with its rows' processed images (worker-local, cached for the step) when it carries any."""
+        if self.images is not None:
+            return self.images.attach(data)
+        if MULTI_MODAL_DATA in data.non_tensor_batch:
+            raise ValueError(f"{method}: the batch carries images ({MULTI_MODAL_DATA!r}) but {self.config['model']['path']!r} is a text-only model")
+        return data
 
     @register(Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -182,12 +197,15 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         seed = prompts.meta_info.get("seed")
         if self.hybrid_rollout is not None:
             inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
-            multi_turn = None if self.agent is None else (
-                lambda engine: vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)
-            )
+            run = None
+            if self.agent is not None:
+                run = lambda engine: vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)  # noqa: E731
+            elif MULTI_MODAL_DATA in prompts.non_tensor_batch:  # vLLM decodes and processes the images itself
+                images = [[decode_image(encoded) for encoded in row] for row in row_images(prompts)]
+                run = lambda engine: engine.generate(inputs, params, seed, self.rank, images=images)  # noqa: E731
             result, metrics = self.hybrid_rollout.generate(
                 inputs, params, seed, self.rank, self.weights_version,
-                before_sync=self.residency.actor_needed, after_sync=self.residency.rollout_needs_device, run=multi_turn,
+                before_sync=self.residency.actor_needed, after_sync=self.residency.rollout_needs_device, run=run,
             )
             self.step_metrics.update(metrics)
         elif self.agent is not None:
@@ -196,8 +214,9 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         else:
             engine.module.eval()
             inputs = {k: prompts.batch[k].to(engine.device) for k in PROMPT_KEYS}
+            vision = generate_inputs(engine.module, self._with_images(prompts, "generate_sequences"), engine.device)
             with seeded_sampling(seed, self.rank, engine.device):
-                result = generate_responses(engine.module, inputs, params, synced=self.world_size > 1)
+                result = generate_responses(engine.module, inputs, params, synced=self.world_size > 1, model_kwargs=vision)
         self._end_phase("generate")
         return rollout_output(prompts, result)
 
@@ -217,6 +236,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         """{"log_probs", "entropy" (with_entropy)} [B, R], micro-batched as config section `section` says."""
         require_batch_keys(data, LOG_PROB_KEYS, method)
         check_same_length(len(data), engine.device, method)
+        data = self._with_images(data, method)
         temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
         cfg = self.config[section]
         batching = MicroBatching.for_call(
@@ -272,6 +292,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         engine = self._resident_actor("update_actor")  # the optimizer state comes for each step only
         actor_cfg = self.config["actor"]
         require_batch_keys(data, required_update_keys(actor_cfg), "update_actor")
+        data = self._with_images(data, "update_actor")
         temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
 
         def loss_fn(micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
@@ -281,6 +302,8 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         metrics = run_ppo_updates(engine, data, loss_fn, schedule, method="update_actor")
         self.update_calls += 1
         self.weights_version += 1
+        if self.images is not None:
+            self.images.forget()  # the step is over: its images are not needed again
         self._end_phase("update_actor")
         return metrics
 

@@ -28,7 +28,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 DCP_SUBDIR = "model_optim"
-# Tokenizer files copied next to an exported model, so the export is usable on its own.
+# Tokenizer (and a vision-language model's processor) files copied next to an exported model, so the export is
+# usable on its own.
 TOKENIZER_PATTERNS = (
     "tokenizer*",
     "special_tokens_map.json",
@@ -39,6 +40,9 @@ TOKENIZER_PATTERNS = (
     "chat_template*",
     "*.tiktoken",
     "spiece.model",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
 )
 
 

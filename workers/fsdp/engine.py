@@ -20,6 +20,7 @@ from workers.lora.model import adapter_parameter_names
 from workers.lora.spec import LoraSpec
 from workers.packing.forward import enable_sequence_parallel
 from workers.packing.ulysses import SequenceParallel
+from workers.vision.models import with_vision_lora_default
 
 
 class FSDPEngine:
@@ -46,8 +47,9 @@ class FSDPEngine:
         self.device = worker_device()
         self.dtype = compute_dtype(model_cfg["dtype"], self.device)
         self.trainable = optim_cfg is not None
-        # LoRA (model_cfg["lora_rank"] > 0) applies to trainable models; a frozen one is the plain base model.
-        self.lora: LoraSpec | None = LoraSpec.from_model_config(model_cfg) if self.trainable else None
+        # LoRA (model_cfg["lora_rank"] > 0) applies to trainable models; a frozen one is the plain base model. A
+        # vision-language model's vision tower is left out unless model.exclude_modules says otherwise.
+        self.lora: LoraSpec | None = LoraSpec.from_model_config(with_vision_lora_default(model_cfg)) if self.trainable else None
         self.module: nn.Module = load_sharded_model(
             auto_class, model_cfg, self.device, self.trainable, config_overrides, seed, self.lora
         )

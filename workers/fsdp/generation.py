@@ -41,9 +41,11 @@ def seeded_sampling(seed: int | None, rank: int, device: torch.device) -> Iterat
 
 
 def generate_responses(
-    model: nn.Module, prompts: dict[str, torch.Tensor], params: SamplingParams, synced: bool
+    model: nn.Module, prompts: dict[str, torch.Tensor], params: SamplingParams, synced: bool,
+    model_kwargs: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Generate one response per left-padded prompt; returns the rollout batch tensors.
+    """Generate one response per left-padded prompt; returns the rollout batch tensors. `model_kwargs`: extra
+    inputs of the prompts' forward (a vision-language model's images, workers/vision/forward_inputs.py).
 
     `synced` must be True when several ranks share the FSDP model: a rank whose rows all ended keeps
     running forward passes until every rank has finished, or the others would wait in an all-gather.
@@ -57,5 +59,6 @@ def generate_responses(
             attention_mask=attention_mask,
             generation_config=params.generation_config(),
             synced_gpus=synced,
+            **(model_kwargs or {}),
         )
     return assemble_rollout(prompts, output[:, prompt_length:], params)

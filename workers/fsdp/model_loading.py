@@ -14,6 +14,7 @@ from workers.head_log_probs import set_logits_chunk_tokens
 from workers.lora.model import add_lora_adapters
 from workers.lora.spec import LoraSpec
 from workers.packing.forward import enable_packing
+from workers.vision.models import language_model, vision_units
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -39,7 +40,8 @@ def device_mesh(device: torch.device) -> DeviceMesh:
 
 def transformer_layers(model: nn.Module) -> list[nn.Module]:
     """Decoder layers of an HF model: the units sharded (and all-gathered) one at a time."""
-    for base in (getattr(model, getattr(model, "base_model_prefix", ""), None), getattr(model, "model", None), model):
+    bases = (getattr(model, getattr(model, "base_model_prefix", ""), None), getattr(model, "model", None), model, language_model(model))
+    for base in bases:
         layers = getattr(base, "layers", None)
         if isinstance(layers, nn.ModuleList) and len(layers) > 0:
             return list(layers)
@@ -78,9 +80,10 @@ def load_sharded_model(
     if trainable and model_cfg["enable_gradient_checkpointing"]:
         # Non-reentrant checkpointing works with FSDP2's per-layer all-gathers in recomputation.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if model.config.pad_token_id is None and getattr(model.config, "eos_token_id", None) is not None:
-        eos = model.config.eos_token_id
-        model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
+    text_config = model.config.get_text_config()  # the config itself, or a vision-language model's text part
+    if getattr(text_config, "pad_token_id", None) is None and getattr(text_config, "eos_token_id", None) is not None:
+        eos = text_config.eos_token_id
+        text_config.pad_token_id = eos[0] if isinstance(eos, list) else eos
     model.requires_grad_(trainable)
     if trainable and lora is not None:
         add_lora_adapters(model, lora, seed)
@@ -92,8 +95,13 @@ def load_sharded_model(
     shard_kwargs: dict[str, Any] = {"mesh": mesh}
     if trainable and dtype != torch.float32:
         shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    for layer in transformer_layers(model):
+    vision = vision_units(model)
+    for layer in transformer_layers(model) + vision:
         fully_shard(layer, **shard_kwargs)
     fully_shard(model, **shard_kwargs)  # also moves parameters and buffers to the mesh's device
+    if vision:
+        # FSDP2 takes the first unit to run forward as the root; HF generate runs the vision tower before the
+        # model's first forward, so the model is made the root now (what its first forward would do).
+        model._get_fsdp_state()._lazy_init()
     model.train(trainable)
     return model

@@ -15,6 +15,7 @@ from torch import nn
 from protocol import DataProto
 from workers.head_log_probs import token_log_probs_and_entropy
 from workers.packing.forward import is_packed, packed_response_log_probs_and_entropy, packed_response_values
+from workers.vision.forward_inputs import vision_forward_inputs
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
 
@@ -59,7 +60,8 @@ def response_log_probs_and_entropy(
     width, length = micro.batch["input_ids"].shape[1], responses.shape[1]
     # The outputs at positions P-1 .. P+R-2 predict the R response tokens; the head runs there only.
     predictors = torch.arange(width - length - 1, width - 1, device=device)
-    inputs = {**_sequence_inputs(micro, device), "use_cache": False}
+    # Rows with images add their pixels, image grids and multimodal rope positions (workers/vision).
+    inputs = {**_sequence_inputs(micro, device), **(vision_forward_inputs(model, micro, device) or {}), "use_cache": False}
     return token_log_probs_and_entropy(model, inputs, predictors, responses, temperature, with_entropy, entropy_grad)
 
 

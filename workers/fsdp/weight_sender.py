@@ -24,6 +24,7 @@ from workers.rollout.weight_sync import (
     plan_model_buckets,
     send_ipc_to_engines,
 )
+from workers.vision.models import probe_vocab_size
 
 GIB = float(1 << 30)
 
@@ -118,4 +119,4 @@ class WeightSenderMixin(SyncGroupHostMixin):
         """The trainer's log-probs of the probe batch (compared with each engine's after a sync); every
         rank runs the forward (FSDP), each returns the same values."""
         engine = self._sync_source()
-        return trainer_log_probs(engine.module, probe_sequences(engine.module.config.vocab_size), engine.device)
+        return trainer_log_probs(engine.module, probe_sequences(probe_vocab_size(engine.module.config)), engine.device)

@@ -20,6 +20,8 @@ from workers.head_log_probs import token_log_probs_and_entropy
 from workers.packing.attention import PACKED_PREFIX, packed_implementation
 from workers.packing.layout import PackedRows, scatter_slots
 from workers.packing.ulysses import SequenceParallel, check_heads, gather_shards, shard_packed_row
+from workers.vision.forward_inputs import packed_vision_inputs, vision_forward_inputs
+from workers.vision.models import attention_setting
 
 _sequence_parallel: "weakref.WeakKeyDictionary[nn.Module, SequenceParallel]" = weakref.WeakKeyDictionary()
 
@@ -42,7 +44,7 @@ def enable_packing(model: nn.Module, use_remove_padding: bool | None) -> bool:
                 "transformers' attention interface, so it cannot run packed; set use_remove_padding=false"
             )
         return False
-    model.set_attn_implementation(packed_implementation(model.config._attn_implementation))
+    model.set_attn_implementation(attention_setting(model, packed_implementation(model.config._attn_implementation)))
     return True
 
 
@@ -80,13 +82,20 @@ def packed_response_log_probs_and_entropy(
     slots, index = rows.response_predictors(micro.batch["responses"].shape[1])
     labels = micro.batch["responses"].to(device)[slots]
     sequence_parallel = sequence_parallel_of(model)
+    vision = vision_forward_inputs(model, micro, device)
     if sequence_parallel is None:
+        inputs = {**rows.model_inputs(), **packed_vision_inputs(vision, rows.valid)}
         # logits_to_keep as indices: the LM head runs only where a response token is predicted.
         log_probs, entropy = token_log_probs_and_entropy(
-            model, rows.model_inputs(), index, labels[None], temperature, with_entropy, entropy_grad
+            model, inputs, index, labels[None], temperature, with_entropy, entropy_grad
         )
         log_probs, entropy = log_probs[0], None if entropy is None else entropy[0]
     else:
+        if vision:
+            raise ValueError(
+                "ulysses_sequence_parallel_size > 1 with image inputs is not supported: the vision tower's "
+                "embeddings are not split over the sequence-parallel ranks; set it to 1 for vision-language models"
+            )
         shard = shard_packed_row(rows, sequence_parallel)
         counts = shard.counts(index)
         mine, local_index = shard.local(index)

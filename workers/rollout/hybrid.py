@@ -24,6 +24,7 @@ from workers.rollout.verify import (
 )
 from workers.rollout.vllm_engine import VLLMEngine
 from workers.rollout.weight_sync import named_full_parameters, plan_model_buckets
+from workers.vision.models import probe_vocab_size
 
 GIB = float(1 << 30)
 
@@ -54,7 +55,7 @@ class FSDPWeightSource:
     def __init__(self, actor: FSDPEngine) -> None:
         self.actor = actor
         self.model_path, self.device, self.dtype = actor.model_path, actor.device, actor.dtype
-        self.vocab_size = actor.module.config.vocab_size
+        self.vocab_size = probe_vocab_size(actor.module.config)
         self.lora = actor.lora
 
     def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]:

@@ -28,6 +28,9 @@ class SamplingParams:
     # Keep sampling past EOS (an EOS token is then an ordinary token of the response): every response is
     # response_length tokens long and all of them count (verl's rollout.ignore_eos, vLLM's ignore_eos).
     ignore_eos: bool = False
+    # Tokens never sampled: a vision-language model's image placeholders (workers/vision/models.py), which the
+    # next forward would read as slots for image features.
+    suppress_token_ids: tuple[int, ...] = ()
 
     def generation_config(self) -> GenerationConfig:
         # A fresh config: nothing from the checkpoint's generation_config.json (top_k=50, repetition
@@ -43,6 +46,7 @@ class SamplingParams:
             pad_token_id=self.pad_token_id,
             num_beams=1,
             use_cache=True,
+            suppress_tokens=list(self.suppress_token_ids) or None,
             **(sampling if self.do_sample else {}),
         )
 
@@ -97,4 +101,4 @@ def folder_token_ids(model_path: str) -> tuple[tuple[int, ...], int | None]:
         generation = GenerationConfig.from_pretrained(model_path)
     except OSError:  # no generation_config.json
         generation = None
-    return model_token_ids(generation, config)
+    return model_token_ids(generation, config.get_text_config())

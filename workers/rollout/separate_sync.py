@@ -7,6 +7,7 @@ from typing import Any
 from transformers import AutoConfig
 
 from workers.rollout.verify import TRAINER_FINGERPRINT, require_changed, verify_engines
+from workers.vision.models import probe_vocab_size
 
 
 class SeparateWeightSync:
@@ -28,7 +29,7 @@ class SeparateWeightSync:
         self.actor, self.rollout, self.cfg = actor, rollout, rollout_cfg
         self.engines_start_from_trainer = engines_start_from_trainer
         self.backend = "nccl" if use_gpu else "gloo"
-        self.vocab_size = AutoConfig.from_pretrained(model_path).vocab_size
+        self.vocab_size = probe_vocab_size(AutoConfig.from_pretrained(model_path))
         self.layouts: list | None = None
         self.trainer_fingerprint: float | None = None  # of the weights the engines hold, taken on the trainer
         self.synced_version = 0 if engines_start_from_trainer else -1  # 0: the engines loaded the actor's folder
@@ -85,7 +86,7 @@ class IpcRolloutSync:
         from workers.engines.ipc_sync import IpcEngineSync
 
         self.actor = actor
-        self.vocab_size = AutoConfig.from_pretrained(model_path).vocab_size
+        self.vocab_size = probe_vocab_size(AutoConfig.from_pretrained(model_path))
         self.transfer = IpcEngineSync(
             actor, rollout, feeding_rank, self.vocab_size, bool(rollout_cfg["verify_sync"]), rollout_cfg["verify_tolerance"]
         )

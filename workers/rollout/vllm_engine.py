@@ -20,6 +20,7 @@ from workers.lora.vllm_adapter import adapter_request, engine_options
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.shaping import assemble_rollout, pad_token_lists
 from workers.rollout.vllm_base_views import keep_plain_cpu_weights
+from workers.vision.models import collapse_image_placeholders
 from workers.rollout.sync_group import SyncGroupAddress
 
 EXTENSION = "workers.rollout.vllm_extension.WeightSyncExtension"
@@ -50,6 +51,8 @@ def vllm_sampling(params: Any, max_tokens: int, seed: int | None, min_tokens: in
         logprobs=0,
         detokenize=False,
         seed=seed,
+        # vLLM's strongest bias (it clamps to +-100): a probability of about e^-100, never drawn.
+        logit_bias={token: -100.0 for token in params.suppress_token_ids} or None,
     )
 
 
@@ -86,6 +89,7 @@ class VLLMEngine:
         if device.type == "cuda":
             # The CUDA build's FlashInfer sampler needs a JIT toolchain the workers may not have.
             os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        from transformers import AutoConfig
         from vllm import LLM
 
         self.device = device
@@ -134,18 +138,26 @@ class VLLMEngine:
                 print("note: rollout.enable_sleep has no effect on CPU (vLLM's CPU backend has no sleep mode)", file=sys.stderr)
         self._llm_kwargs = kwargs
         self.llm = LLM(**kwargs)
+        # A vision-language model's image placeholder (None for a text model): see `generate`.
+        self.image_token_id = getattr(AutoConfig.from_pretrained(model_path), "image_token_id", None)
 
     # ---- generation -----------------------------------------------------------------------------------
     def generate(
-        self, prompts: dict[str, torch.Tensor], params: Any, call_seed: int | None, rank: int, forced: list[int | None] | None = None
+        self, prompts: dict[str, torch.Tensor], params: Any, call_seed: int | None, rank: int, forced: list[int | None] | None = None,
+        images: list[list[Any]] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Left-padded prompts -> the rollout batch of `assemble_rollout` plus `rollout_log_probs` [B, R]
         (the engine's log-probs of the sampled tokens, 0 after the response). `forced[i]`, when set, is row
-        i's exact response length."""
+        i's exact response length. `images[i]`: row i's PIL images (vLLM's `multi_modal_data`); the prompt
+        holds their placeholders expanded, and vLLM gets one placeholder per image, which it expands itself."""
         from vllm import TokensPrompt
 
         ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
         requests = [TokensPrompt(prompt_token_ids=row[m].tolist()) for row, m in zip(ids, mask)]
+        for request, row_images in zip(requests, images or []):
+            if row_images:
+                request["prompt_token_ids"] = collapse_image_placeholders(request["prompt_token_ids"], self.image_token_id)
+                request["multi_modal_data"] = {"image": row_images}
         forced = forced or [None] * len(requests)
         sampling = [
             vllm_sampling(
@@ -231,8 +243,13 @@ class VLLMEngine:
         return loaded
 
     def after_weight_update(self) -> None:
-        # Cached prefixes hold keys/values computed with the old weights.
+        # Cached prefixes hold keys/values computed with the old weights, and the encoder cache a picture's
+        # embeddings from the old vision tower (keyed by the picture alone). The reload already emptied the
+        # worker's side of the encoder cache; the scheduler's side must forget it too, or a picture seen
+        # before the sync is taken as cached and its embeddings are missing.
         self.llm.reset_prefix_cache()
+        if self.image_token_id is not None:
+            self.llm.llm_engine.reset_encoder_cache()
 
     def fingerprint(self) -> float:
         return float(sum(self.llm.collective_rpc("sc_weights_fingerprint")))

@@ -41,7 +41,12 @@ class WeightSyncExtension:
     def _refresh_tied_head(self) -> None:
         # With tied embeddings the LM head shares the embedding's tensor but may keep a derived copy (the
         # CPU backend prepacks it for its GEMM); the reload does not touch the head, so rebuild that copy.
+        # A vision-language model keeps the head in its language model.
+        from vllm.model_executor.models.interfaces import supports_multimodal
+
         model = self.model_runner.get_model()
+        if supports_multimodal(model):
+            model = model.get_language_model()
         head = getattr(model, "lm_head", None)
         config = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
         method = getattr(head, "quant_method", None)

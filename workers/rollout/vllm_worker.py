@@ -6,9 +6,11 @@ over engines. New weights arrive by broadcast from the actor's rank 0 (see `sepa
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
 from protocol import DataProto
 from protocol.meta_merge import ROLLOUT_WEIGHTS_VERSION  # meta_info key: the weights version a batch was generated with
@@ -26,6 +28,8 @@ from workers.rollout.stream.worker_methods import StreamWorkerMixin
 from workers.rollout.sync_group import SyncGroupAddress
 from workers.rollout.verify import probe_sequences
 from workers.rollout.vllm_engine import VLLMEngine
+from workers.vision.images import MULTI_MODAL_DATA, decode_image, row_images
+from workers.vision.models import vision_token_ids
 
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
@@ -51,6 +55,7 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
         self.lora = LoraSpec.from_model_config(model)  # LoRA: the engine keeps the folder's base, syncs the adapter
         self.engine = VLLMEngine(model["path"], rollout, self.dtype, device, seed=self.config["seed"] + self.rank, lora=self.lora)
         self.token_ids = folder_token_ids(model["path"])
+        self.suppressed = vision_token_ids(AutoConfig.from_pretrained(model["path"]))  # never sampled: image placeholders
         self.agent = build_agent(rollout, model["path"], self.token_ids[0])
         self.memory = MemoryLog(device)
         self.memory.record("rollout_init")
@@ -66,13 +71,17 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
         engine = self._require_engine("generate_sequences")
         require_batch_keys(prompts, PROMPT_KEYS, "generate_sequences")
         params = sampling_params(self.config["rollout"], prompts.meta_info, *self.token_ids)
+        params = dataclasses.replace(params, suppress_token_ids=self.suppressed)
         inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
+        images = None
+        if MULTI_MODAL_DATA in prompts.non_tensor_batch:  # encoded bytes: vLLM processes the decoded images itself
+            images = [[decode_image(encoded) for encoded in row] for row in row_images(prompts)]
         with self._engine_idle():
             if self.agent is not None:
                 result = vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)
             else:
                 forced = forced_lengths(prompts.non_tensor_batch, len(prompts), params.response_length)
-                result = engine.generate(inputs, params, prompts.meta_info.get("seed"), self.rank, forced)
+                result = engine.generate(inputs, params, prompts.meta_info.get("seed"), self.rank, forced, images=images)
         self.memory.record("rollout_generate")
         output = rollout_output(prompts, result)
         output.meta_info[ROLLOUT_WEIGHTS_VERSION] = self.weights_version
