@@ -64,7 +64,8 @@ def grpo(workdir: Path, steps: int) -> dict[str, Any]:
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.verify_sync=true",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "trainer.n_gpus_per_node=1",
         f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.val_before_train=false",
-        "trainer.save_freq=-1", "trainer.logger=[console]", f"trainer.default_local_dir={workdir / 'run'}",
+        "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.logger=[console]",
+        f"trainer.default_local_dir={workdir / 'run'}",
     ]
     start = time.perf_counter()
     history = run(load_config(overrides))
@@ -156,7 +157,10 @@ def images(workdir: Path) -> dict[str, Any]:
     return result
 
 
-PARTS = {"grpo": grpo, "images": images}
+PARTS: dict[str, Any] = {
+    "grpo": lambda args: grpo(Path(args.workdir), args.steps),
+    "images": lambda args: images(Path(args.workdir)),
+}
 
 
 def run_part(part: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -198,7 +202,7 @@ def main() -> None:
     parser.add_argument("--part", choices=sorted(PARTS), help=argparse.SUPPRESS)  # a child: one part, JSON to --out
     args = parser.parse_args()
     if args.part is not None:
-        Path(args.out).write_text(json.dumps(PARTS[args.part](Path(args.workdir), *([args.steps] if args.part == "grpo" else []))))
+        Path(args.out).write_text(json.dumps(PARTS[args.part](args)))
         return
     Path(args.out).mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
