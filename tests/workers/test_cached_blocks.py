@@ -1,5 +1,6 @@
-"""Between micro-batches the workers hand the caching allocator's free blocks back to the device once they
-pass a limit (workers/fsdp/micro_batching.py), so the device's use follows the micro-batch's peak."""
+"""Between micro-batches the workers hand the caching allocator's free blocks back to the device when it
+reserves more than a limit beyond its peak (workers/fsdp/micro_batching.py), so the device's use follows the
+micro-batches' peak."""
 
 import pytest
 import torch
@@ -12,11 +13,14 @@ def test_nothing_to_release_on_the_cpu():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the caching allocator is CUDA's")
-def test_free_blocks_above_the_limit_go_back_to_the_device():
+def test_a_reserve_beyond_the_peak_goes_back_to_the_device():
     device = torch.device("cuda")
     block = torch.empty(64 << 20, dtype=torch.uint8, device=device)
     del block
-    assert release_cached_blocks(device, limit=128 << 20) is False  # under the limit: kept for reuse
+    # The reserve equals what was allocated at the peak: kept for the next micro-batch to reuse.
+    assert release_cached_blocks(device, limit=1 << 20) is False
     assert torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) >= 64 << 20
+    torch.cuda.reset_peak_memory_stats(device)  # now the reserve is beyond anything allocated at once
+    assert release_cached_blocks(device, limit=128 << 20) is False  # under the limit
     assert release_cached_blocks(device, limit=1 << 20) is True
     assert torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) < 1 << 20
