@@ -25,6 +25,7 @@ import argparse
 import json
 import string
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -114,24 +115,28 @@ def build_tiny_config(tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
     )
 
 
+def seeded_model(model_class: type, config: Any, tokenizer: Any, seed: int) -> Any:
+    """`model_class(config)` with weights that depend only on `seed` (not on earlier RNG use; the global RNG is
+    restored), generating with the tokenizer's special tokens."""
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = model_class(config)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    return model
+
+
 def build_tiny_model(out_dir: str | Path, seed: int = 0) -> Path:
     """Write tokenizer + random-init Qwen2ForCausalLM to `out_dir`; same seed -> same weights."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_char_tokenizer()
     config = build_tiny_config(tokenizer)
-    # Seed right before init so the weights depend only on `seed`, not on earlier RNG use.
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        model = Qwen2ForCausalLM(config)
-    finally:
-        torch.random.set_rng_state(generator_state)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    model = seeded_model(Qwen2ForCausalLM, config, tokenizer, seed)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     _make_tokenizer_config_portable(out / "tokenizer_config.json")

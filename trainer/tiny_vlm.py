@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from trainer.tiny_model import IM_START, _make_tokenizer_config_portable, build_char_tokenizer, build_tiny_config
+from trainer.tiny_model import IM_START, _make_tokenizer_config_portable, build_char_tokenizer, build_tiny_config, seeded_model
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 IMAGE_SIDE = 56  # pixels: 4 x 4 patches of 14, merged 2 x 2 into 4 image tokens
@@ -44,16 +43,7 @@ def build_tiny_vlm(out_dir: str | Path, seed: int = 0) -> Path:
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True,
     )
-    # Seed right before init so the weights depend only on `seed`, not on earlier RNG use.
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        model = Qwen2VLForConditionalGeneration(config)
-    finally:
-        torch.random.set_rng_state(generator_state)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
+    model = seeded_model(Qwen2VLForConditionalGeneration, config, tokenizer, seed)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     _make_tokenizer_config_portable(out / "tokenizer_config.json")
