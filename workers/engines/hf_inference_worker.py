@@ -8,14 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
-
 from single_controller import Dispatch, Worker, register
 from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
 from workers.rollout.verify import probe_sequences, trainer_log_probs
 from workers.rollout.weight_sync import IpcReceiver, receive_broadcast_buckets
+from workers.vision.models import auto_model_class
 
 
 class HFInferenceWorker(Worker):
@@ -27,7 +26,8 @@ class HFInferenceWorker(Worker):
     def _load(self) -> None:
         self.device = worker_device()
         self.dtype = compute_dtype("auto", self.device)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
+        # A vision-language folder loads as image-text-to-text (Qwen2-VL is no causal LM in transformers).
+        self.model = auto_model_class(self.model_path).from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
 
     def _require_model(self, what: str) -> Any:
         if self.model is None:
