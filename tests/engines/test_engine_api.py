@@ -152,6 +152,8 @@ def test_vision_language_module_syncs_verified_to_an_hf_engine(ray_cluster, tmp_
         assert train.sync_path == "gloo"
         assert sync["rollout/sync_logprob_max_diff"] <= 1e-3  # the engine scores the probe as the trainer does
         assert (infer.log_probs_of_probe(probe_vocab)[0] - before).abs().max() > 1e-3  # and the trained weights arrived
+        (generated,) = infer.generate([[5, 6, 7, 8]], {"temperature": 0.0, "max_tokens": 6})[0]  # text prompts on a VLM
+        assert len(generated["token_ids"]) == len(generated["log_probs"]) == 6
     finally:
         train.shutdown()
         infer.shutdown()

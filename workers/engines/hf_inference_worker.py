@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from single_controller import Dispatch, Worker, register
 from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.rollout.buckets import BucketLayout
@@ -43,6 +44,7 @@ class HFInferenceWorker(Worker):
         """Per prompt: generated `token_ids` and their `log_probs` (temperature 0 = greedy; `max_tokens`)."""
         model, sampling = self._require_model("generate"), dict(sampling or {})
         temperature = float(sampling.get("temperature", 1.0))
+        pad_token_id = model.config.get_text_config().pad_token_id  # a vision-language model keeps it in text_config
         results = []
         with torch.no_grad():
             for prompt in prompts:
@@ -50,7 +52,7 @@ class HFInferenceWorker(Worker):
                 out = model.generate(
                     input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(sampling.get("max_tokens", 16)),
                     do_sample=temperature > 0, temperature=temperature if temperature > 0 else None, top_k=None, top_p=None,
-                    output_scores=True, return_dict_in_generate=True, pad_token_id=model.config.pad_token_id,
+                    output_scores=True, return_dict_in_generate=True, pad_token_id=pad_token_id,
                 )
                 tokens = out.sequences[0, len(prompt):].tolist()
                 steps = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
