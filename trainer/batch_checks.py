@@ -176,10 +176,34 @@ def megatron_layout_problem(cfg: DictConfig, section: str, model_key: str) -> st
     return None
 
 
+def _language_config(path: str) -> dict[str, Any] | None:
+    """The language model's fields of a folder's config.json (a vision-language model's text_config)."""
+    from trainer.memory_plan.shape import language_model_config
+
+    model = _model_config(path)
+    return None if model is None else language_model_config(model)
+
+
+def sequence_parallel_vision_problem(cfg: DictConfig, section: str, model_key: str) -> str | None:
+    """Ulysses splits each sequence's tokens over a group of ranks, but not the vision tower's image embeddings
+    (workers/packing/forward.py refuses image inputs under it): a vision-language model trains with size 1."""
+    from workers.vision.models import is_vision_language
+
+    size = sequence_parallel_size(cfg, section)
+    model = _model_config(_get(cfg, model_key)) if size > 1 else None
+    if model is None or not is_vision_language(model):
+        return None
+    key = f"{section}.ulysses_sequence_parallel_size"
+    return (
+        f"{key}={size} with a vision-language model ({model_key}={_get(cfg, model_key)!r} has a vision_config): "
+        f"sequence parallelism does not split image inputs; set {key}=1, or use a text-only model"
+    )
+
+
 def sequence_parallel_heads_problem(cfg: DictConfig, section: str, model_key: str) -> str | None:
     """Ulysses splits the attention heads over the ranks of a sequence-parallel group."""
     size = sequence_parallel_size(cfg, section)
-    model = _model_config(_get(cfg, model_key)) if size > 1 else None
+    model = _language_config(_get(cfg, model_key)) if size > 1 else None
     if model is None or "num_attention_heads" not in model:
         return None
     from workers.packing.ulysses import check_heads
@@ -195,7 +219,7 @@ def sequence_parallel_heads_problem(cfg: DictConfig, section: str, model_key: st
 def rollout_tp_problem(cfg: DictConfig) -> str | None:
     """vLLM shards attention heads over its tensor-parallel ranks (key/value heads may be replicated)."""
     tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
-    model = _model_config(cfg.actor_rollout_ref.model.path) if tp > 1 else None
+    model = _language_config(cfg.actor_rollout_ref.model.path) if tp > 1 else None
     if model is None or "num_attention_heads" not in model:
         return None
     heads = model["num_attention_heads"]
@@ -224,7 +248,9 @@ def batch_split_problems(cfg: DictConfig) -> list[str]:
         if strategy == "megatron":
             problems.append(megatron_layout_problem(cfg, section, model_key))
         else:
-            problems.append(sequence_parallel_heads_problem(cfg, section, model_key))
+            problems.append(
+                sequence_parallel_vision_problem(cfg, section, model_key) or sequence_parallel_heads_problem(cfg, section, model_key)
+            )
         problems.append(mini_batch_problem(cfg, section, ranks))
     problems += token_budget_problems(cfg, uses_critic)
     problems.append(rollout_tp_problem(cfg))

@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.memory_plan.shape import language_model_config
 from workers.lora.spec import LoraSpec
 
 RECORD_KEY = "trained_with"
@@ -33,6 +34,7 @@ def model_shape(path: str) -> dict[str, Any]:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
         return {}
+    config = {**language_model_config(config), "model_type": config.get("model_type")}  # a VLM's sizes sit in text_config
     return {key: config[key] for key in SHAPE_KEYS if key in config}
 
 

@@ -126,3 +126,34 @@ def test_vision_language_module_trains_with_its_processor_on_the_workers(ray_clu
         assert result["losses"][-1] < result["losses"][0]
     finally:
         result["train"].shutdown()
+
+
+def test_vision_language_module_syncs_verified_to_an_hf_engine(ray_cluster, tmp_path):
+    # Qwen2VLConfig keeps vocab_size in its text_config: the trainer's probe reads the language model's
+    # vocabulary (below the vision tokens), and the hf executor loads the folder as image-text-to-text.
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig
+
+    from examples import engine_vlm
+    from workers.vision.models import probe_vocab_size
+
+    model_path = str(engine_vlm.build_tiny_vlm(tmp_path / "vlm"))
+    probe_vocab = probe_vocab_size(AutoConfig.from_pretrained(model_path))
+    infer = InferenceEngine(model_path, executor="hf").build()
+    with init_empty_weights():
+        policy = engine_vlm.TinyVLPolicy(AutoConfig.from_pretrained(model_path))
+    train = TrainEngine(policy).build(colocate_with=infer)
+    try:
+        before = infer.log_probs_of_probe(probe_vocab)[0]
+        for _ in range(2):
+            train.train_step(NeedParallel([(0, "red"), (1, "green")]))
+            train.optimizer_step()
+        sync = train.p2p_weight_sync(infer)
+        assert train.sync_path == "gloo"
+        assert sync["rollout/sync_logprob_max_diff"] <= 1e-3  # the engine scores the probe as the trainer does
+        assert (infer.log_probs_of_probe(probe_vocab)[0] - before).abs().max() > 1e-3  # and the trained weights arrived
+        (generated,) = infer.generate([[5, 6, 7, 8]], {"temperature": 0.0, "max_tokens": 6})[0]  # text prompts on a VLM
+        assert len(generated["token_ids"]) == len(generated["log_probs"]) == 6
+    finally:
+        train.shutdown()
+        infer.shutdown()

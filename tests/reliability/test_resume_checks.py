@@ -14,7 +14,7 @@ from trainer import checkpointing
 from trainer.config_loader import load_config
 from trainer.main import main, run
 from trainer.preflight import check_resume_matches
-from trainer.resume_checks import RECORD_KEY, resume_record
+from trainer.resume_checks import RECORD_KEY, model_shape, resume_record
 
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
 START_OVER = "or start over with trainer.resume_mode=disable or another trainer.default_local_dir"
@@ -61,6 +61,17 @@ def test_another_model_shape_stops_before_ray(no_ray, small_assets, tmp_path, ca
         f"but actor_rollout_ref.model.path='{deeper}' has num_hidden_layers={layers + 1}; point actor_rollout_ref.model.path "
         f"at the model the checkpoint was trained from, {START_OVER}"
     ]
+
+
+def test_a_vision_language_models_shape_is_its_language_models(tmp_path):
+    # Qwen2-VL's config.json keeps the sizes in text_config: the record must hold them to tell two models apart.
+    from transformers import Qwen2VLConfig
+
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, vocab_size=128)
+    Qwen2VLConfig(text_config=text, vision_config=dict(depth=1, embed_dim=32, hidden_size=64), tie_word_embeddings=True).save_pretrained(tmp_path)
+    shape = model_shape(str(tmp_path))
+    assert shape["model_type"] == "qwen2_vl" and shape["tie_word_embeddings"] is True
+    assert {key: shape[key] for key in text} == text
 
 
 def test_same_settings_and_old_checkpoints_pass(small_assets, tmp_path):

@@ -20,6 +20,15 @@ EXACT_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def language_model_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The language model's fields of a `config.json` dict: a vision-language model (Qwen2-VL) keeps its sizes
+    and vocab_size in `text_config`, with tie_word_embeddings at the top; a text model's dict as it is."""
+    text = config.get("text_config")
+    if not (isinstance(text, Mapping) and "hidden_size" in text):
+        return dict(config)
+    return {**text, "tie_word_embeddings": config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
+
+
 @dataclass(frozen=True)
 class ModelShape:
     model_type: str
@@ -39,9 +48,7 @@ class ModelShape:
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "ModelShape":
         """From the dict of a `config.json` (a multimodal config's `text_config` when it has one)."""
-        text = config.get("text_config")
-        if isinstance(text, Mapping) and "hidden_size" in text:
-            config = {**text, "tie_word_embeddings": config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
+        config = language_model_config(config)
         missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in config]
         if missing:
             raise ValueError(f"config.json has no {missing}; the memory plan needs a decoder-only language model's config")

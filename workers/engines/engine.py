@@ -194,12 +194,13 @@ class TrainEngine:
         from workers.engines.ipc_sync import IpcEngineSync
         from workers.engines.sync_path import CUDA_IPC, choose_sync_path
         from workers.rollout.separate_sync import SeparateWeightSync
+        from workers.vision.models import probe_vocab_size
 
         train, engines = self._require_group(), infer._require_group()
         path = choose_sync_path(train.node_info, engines.node_info, self.use_gpu, infer.tensor_parallel_size)
         self.sync_path = path.kind
         if path.kind == CUDA_IPC:
-            vocab_size = AutoConfig.from_pretrained(infer.model_path).vocab_size
+            vocab_size = probe_vocab_size(AutoConfig.from_pretrained(infer.model_path))
             return IpcEngineSync(train, engines, path.feeding_rank, vocab_size, verify, tolerance)
         options = {"tensor_model_parallel_size": infer.tensor_parallel_size, "verify_sync": verify,
                    "verify_tolerance": tolerance}

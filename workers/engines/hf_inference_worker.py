@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from single_controller import Dispatch, Worker, register
 from workers.fsdp.model_loading import compute_dtype, worker_device
@@ -16,6 +15,7 @@ from workers.rollout.buckets import BucketLayout
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
 from workers.rollout.verify import probe_sequences, trainer_log_probs
 from workers.rollout.weight_sync import IpcReceiver, receive_broadcast_buckets
+from workers.vision.models import auto_model_class
 
 
 class HFInferenceWorker(Worker):
@@ -27,7 +27,8 @@ class HFInferenceWorker(Worker):
     def _load(self) -> None:
         self.device = worker_device()
         self.dtype = compute_dtype("auto", self.device)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
+        # A vision-language folder loads as image-text-to-text (Qwen2-VL is no causal LM in transformers).
+        self.model = auto_model_class(self.model_path).from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
 
     def _require_model(self, what: str) -> Any:
         if self.model is None:
@@ -43,6 +44,7 @@ class HFInferenceWorker(Worker):
         """Per prompt: generated `token_ids` and their `log_probs` (temperature 0 = greedy; `max_tokens`)."""
         model, sampling = self._require_model("generate"), dict(sampling or {})
         temperature = float(sampling.get("temperature", 1.0))
+        pad_token_id = model.config.get_text_config().pad_token_id  # a vision-language model keeps it in text_config
         results = []
         with torch.no_grad():
             for prompt in prompts:
@@ -50,7 +52,7 @@ class HFInferenceWorker(Worker):
                 out = model.generate(
                     input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(sampling.get("max_tokens", 16)),
                     do_sample=temperature > 0, temperature=temperature if temperature > 0 else None, top_k=None, top_p=None,
-                    output_scores=True, return_dict_in_generate=True, pad_token_id=model.config.pad_token_id,
+                    output_scores=True, return_dict_in_generate=True, pad_token_id=pad_token_id,
                 )
                 tokens = out.sequences[0, len(prompt):].tolist()
                 steps = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]

@@ -20,6 +20,7 @@ from workers.fsdp.weight_sender import SyncGroupHostMixin
 from workers.rollout.buckets import BucketLayout, plan_buckets
 from workers.rollout.verify import TRAINER_FINGERPRINT, WeightFingerprint, probe_sequences, trainer_log_probs
 from workers.rollout.weight_sync import IpcStagingBuffers, send_broadcast, send_ipc_to_engines
+from workers.vision.models import probe_vocab_size
 
 GIB = float(1 << 30)
 
@@ -170,4 +171,4 @@ class ModuleWorker(SyncGroupHostMixin, Worker):
     def probe_log_probs(self) -> torch.Tensor:
         module = self._require_module("probe_log_probs")
         self.offloader.load()
-        return trainer_log_probs(module, probe_sequences(module.config.vocab_size), self.device)
+        return trainer_log_probs(module, probe_sequences(probe_vocab_size(module.config)), self.device)
