@@ -6,6 +6,12 @@ groups, one engine step, hand finished turns to their episodes, pick up finished
 groups to the outbox); `pause()` waits for the iteration in progress to end and parks the running turns, so
 the worker's thread can load weights (or run a synchronous generate) on an idle engine; `resume()` submits
 the parked turns again, continued or restarted according to `partial_rollout` when the weights changed.
+
+`collect()` never waits for an engine step: whoever owns the engine (the stream thread at the end of each
+iteration, the pauser) publishes the oldest weights version of every group in progress, together with the
+groups it finished, and `collect()` answers from that. A group admitted by the iteration in progress is
+reported as not started (None): its first tokens come from the engine's current weights, which are never
+older than the step that collects (the driver syncs first), so it is never due earlier than reported.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class GenerationStream:
         self._outbox: list[DataProto] = []
         self._stale: list[str] = []  # uids of groups dropped in flight for staleness, not yet reported
         self.active: list[PromptGroup] = []  # stream thread's (or the pauser's) while paused
+        self._admitting: list[PromptGroup] = []  # taken from the inbox by the iteration in progress
+        self._oldest: dict[str, int | None] = {}  # uid -> oldest token version of `active`, as last published
         self._group_of: dict[int, PromptGroup] = {}  # id(episode) -> its group
         self._tool_waiters: list[Any] = []  # episodes whose tool calls run
         self._stepping = False
@@ -66,13 +74,8 @@ class GenerationStream:
             self._raise_if_failed()
             finished, self._outbox = self._outbox, []
             stale, self._stale = self._stale, []
-            self._claims += 1
-            self._cv.wait_for(lambda: not self._stepping)
-            try:
-                in_progress = {g.uid: g.oldest_version() for g in [*self.active, *self._inbox]}
-            finally:
-                self._claims -= 1
-                self._cv.notify_all()
+            # What the engine's owner published with the outbox: no wait for the engine step in progress.
+            in_progress = {**self._oldest, **{g.uid: None for g in [*self._admitting, *self._inbox]}}
         return {"rollout": DataProto.concat(finished) if finished else None, "stale": stale, "in_progress": in_progress}
 
     @contextmanager
@@ -95,6 +98,7 @@ class GenerationStream:
             self._raise_if_failed()
             self._version_at_pause = self.engine.version
             self.engine.park()
+            self._publish()
 
     def set_version(self, version: int) -> None:
         """The weights the engine now holds (call while paused)."""
@@ -112,6 +116,7 @@ class GenerationStream:
                 if changed and self.settings.stale_groups != "wait":
                     self._drop_stale(self.engine.version - self.settings.max_staleness)
                 self.engine.resume(restart=changed and self.settings.partial_rollout == "abort")
+                self._publish()  # restarted turns have no tokens any more; dropped groups are gone
             finally:
                 self._cv.notify_all()
 
@@ -125,6 +130,7 @@ class GenerationStream:
             if not self._thread.is_alive():
                 self.engine.forget_all()
             self.active, self._inbox, self._outbox, self._tool_waiters = [], [], [], []
+            self._admitting, self._oldest = [], {}
 
     def _drop_stale(self, floor: int) -> None:
         """Groups in progress with a token older than `floor` can never be trained on: take them out now."""
@@ -139,6 +145,10 @@ class GenerationStream:
             for episode in group.episodes:
                 self._group_of.pop(id(episode), None)
         self._stale.extend(g.uid for g in stale)
+
+    def _publish(self) -> None:
+        """Record the oldest version of every active group (by the engine's owner, holding the condition)."""
+        self._oldest = {g.uid: g.oldest_version() for g in self.active}
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
@@ -165,6 +175,7 @@ class GenerationStream:
                         return
                     self._stepping = True
                     new, self._inbox = self._inbox, []
+                    self._admitting = new
                     tools_due = False
                 finished: list[DataProto] = []
                 try:
@@ -173,6 +184,8 @@ class GenerationStream:
                     with self._cv:
                         self._stepping = False
                         self._outbox.extend(finished)
+                        self._admitting = []
+                        self._publish()
                         self._cv.notify_all()
         except BaseException:  # noqa: BLE001 - reported to the driver by the next collect/pause
             with self._cv:
