@@ -9,9 +9,12 @@ the parked turns again, continued or restarted according to `partial_rollout` wh
 
 `collect()` never waits for an engine step: whoever owns the engine (the stream thread at the end of each
 iteration, the pauser) publishes the oldest weights version of every group in progress, together with the
-groups it finished, and `collect()` answers from that. A group admitted by the iteration in progress is
-reported as not started (None): its first tokens come from the engine's current weights, which are never
-older than the step that collects (the driver syncs first), so it is never due earlier than reported.
+groups it finished, and `collect()` answers from that. The step in progress can only give groups that had
+no token yet (those it admits, reported as None) their first tokens, from the engine's current weights,
+which the driver synced to its own version before collecting: such a group is not due for a step
+(`trainer/async_buffer.py`) when max_staleness >= 1, and with max_staleness 0 every finished group is due
+anyway, so the step never waits for one in progress. Publishing costs one look at each active group's
+first token per engine step.
 """
 
 from __future__ import annotations
