@@ -109,7 +109,8 @@ def dropped_in_flight(engine) -> dict:
 
 
 def collect_during_a_step(engine) -> dict:
-    """An engine step held open (its thread blocked inside `step()`): does `collect` answer meanwhile?"""
+    """An engine step held open (its thread blocked inside `step()`), the step that ends every response (two
+    tokens each): does `collect` answer meanwhile, and does every group show up in progress or finished?"""
     import threading
 
     from tests.rollout.test_agent_loop import EOS, PAD
@@ -132,7 +133,7 @@ def collect_during_a_step(engine) -> dict:
                 self.release.wait(timeout=120)
             return super().step()
 
-    params = SamplingParams(True, 1.0, 1.0, 0, 32, (EOS,), PAD)
+    params = SamplingParams(True, 1.0, 1.0, 0, 2, (EOS,), PAD)
     engine = HeldStep(engine, params, 0)
     stream = GenerationStream(engine, GroupFactory(params, None), StreamSettings(1, "wait", "continue"))
     uids = [f"c{i}" for i in range(3)]
@@ -151,7 +152,10 @@ def collect_during_a_step(engine) -> dict:
         engine.release.set()
         stream.stop()
     in_progress = answers[0]["in_progress"] if answers else {}
-    return {"answered_during_step": answered_during_step, "in_progress": in_progress, "finished": sorted(finished)}
+    first = answers[0]["rollout"] if answers else None
+    finished_first = sorted(set(first.non_tensor_batch["uid"])) if first is not None else []
+    return {"answered_during_step": answered_during_step, "in_progress": in_progress, "finished_first": finished_first,
+            "finished": sorted(finished)}
 
 
 @ray.remote(num_cpus=1)
@@ -193,6 +197,7 @@ def test_groups_older_than_max_staleness_are_dropped_in_flight(scenarios):
 def test_collect_answers_while_an_engine_step_runs(scenarios):
     result = scenarios["collect"]
     assert result["answered_during_step"], result  # no wait for the step to end
-    # Every group in progress reported, with the version of the tokens the first step gave them.
-    assert result["in_progress"] == {"c0": 0, "c1": 0, "c2": 0}, result
-    assert result["finished"] == ["c0", "c1", "c2"], result
+    # Every group reported in progress, with the version of the tokens the first step gave them (none was
+    # lost between the outbox and the groups in progress by the step finishing them) ...
+    assert result["in_progress"] == {"c0": 0, "c1": 0, "c2": 0} and result["finished_first"] == [], result
+    assert result["finished"] == ["c0", "c1", "c2"], result  # ... and each arrives finished later
