@@ -111,6 +111,7 @@ def dropped_in_flight(engine) -> dict:
 def collect_during_a_step(engine) -> dict:
     """An engine step held open (its thread blocked inside `step()`), the step that ends every response (two
     tokens each): does `collect` answer meanwhile, and does every group show up in progress or finished?"""
+    import sys
     import threading
 
     from tests.rollout.test_agent_loop import EOS, PAD
@@ -135,11 +136,13 @@ def collect_during_a_step(engine) -> dict:
 
     params = SamplingParams(True, 1.0, 1.0, 0, 2, (EOS,), PAD)
     engine = HeldStep(engine, params, 0)
+    switch_before = sys.getswitchinterval()
     stream = GenerationStream(engine, GroupFactory(params, None), StreamSettings(1, "wait", "continue"))
     uids = [f"c{i}" for i in range(3)]
     stream.submit(_groups(stream.factory, uids, [{}] * 3))
     answers: list[dict] = []
     try:
+        switch_while_streaming = sys.getswitchinterval()
         assert engine.entered.wait(timeout=120)
         asker = threading.Thread(target=lambda: answers.append(stream.collect(0.0)), daemon=True)
         asker.start()
@@ -155,7 +158,7 @@ def collect_during_a_step(engine) -> dict:
     first = answers[0]["rollout"] if answers else None
     finished_first = sorted(set(first.non_tensor_batch["uid"])) if first is not None else []
     return {"answered_during_step": answered_during_step, "in_progress": in_progress, "finished_first": finished_first,
-            "finished": sorted(finished)}
+            "finished": sorted(finished), "switch_s": (switch_before, switch_while_streaming, sys.getswitchinterval())}
 
 
 @ray.remote(num_cpus=1)
@@ -201,3 +204,12 @@ def test_collect_answers_while_an_engine_step_runs(scenarios):
     # lost between the outbox and the groups in progress by the step finishing them) ...
     assert result["in_progress"] == {"c0": 0, "c1": 0, "c2": 0} and result["finished_first"] == [], result
     assert result["finished"] == ["c0", "c1", "c2"], result  # ... and each arrives finished later
+
+
+def test_calls_get_the_gil_quickly_while_the_stream_runs(scenarios):
+    """The engine's Python holds the GIL in the worker's process: while the stream runs, the thread answering
+    driver calls gets it within GIL_SWITCH_S, not CPython's 5 ms; the process's setting comes back at stop."""
+    from workers.rollout.stream.generation_stream import GIL_SWITCH_S
+
+    before, streaming, after = scenarios["collect"]["switch_s"]
+    assert streaming == pytest.approx(GIL_SWITCH_S) and streaming < before == after, scenarios["collect"]["switch_s"]
