@@ -4,10 +4,10 @@ finished prompt groups as soon as it is ready.
 Per step (`next()`, called by the step loop before `train_step`):
 1. sync the engines to the actor's newest weights: they pause between two engine steps, load them, and go on
    with the responses in flight (partial rollouts) or restart them (`rollout.partial_rollout`);
-2. collect finished groups (all `rollout.n` responses of a prompt) from the engines into the buffer, hand out
-   new prompts while fewer than (max_staleness + 1) x train_batch_size are out (in progress, or finished and
-   waiting: the bound of the stream), and take `data.train_batch_size` groups when the staleness rules of
-   `trainer/async_buffer.py` allow;
+2. poll the engines, one call each that hands out new prompts while fewer than (max_staleness + 1) x
+   train_batch_size are out (in progress, or finished and waiting: the bound of the stream) and collects the
+   finished groups (all `rollout.n` responses of a prompt) into the buffer, and take `data.train_batch_size`
+   groups when the staleness rules of `trainer/async_buffer.py` allow;
 3. hand out replacements at once, up to max_staleness x train_batch_size out, so the engines keep
    generating while the actor trains. (With the new weights one more batch may go out: every prompt handed
    out at version v is among the first (v + max_staleness + 1) batches, so at most one batch is ever due at
@@ -48,7 +48,7 @@ class AsyncRollout:
         self.restored: dict[str, Any] | None = None  # the feed's state from a checkpoint, until fit() starts
         self.engine_of: dict[str, int] = {}  # uid -> the engine generating it
         self.in_progress: dict[str, int | None] = {}  # uid -> oldest token version, as the engines last said
-        self.counts = {"dropped": 0, "regenerated": 0}
+        self.counts = {"dropped": 0, "regenerated": 0, "polls": 0, "stream_calls": 0}
         self.taken: DataProto | None = None
         self.phases: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}
@@ -108,18 +108,23 @@ class AsyncRollout:
     def _wait_for_batch(self, version: int) -> list[FinishedGroup]:
         wait_s = 0.0
         while True:
-            self._collect(wait_s)
+            # One call per engine and poll: the prompts the bound lets out now ride on the collect (prompts
+            # freed by groups expiring below go out with the next poll).
+            self._poll(self._share_out((self.max_staleness + 1) * self.batch_size), wait_s)
             for group in self.buffer.expire(version):
                 self._stale(group.uid)
-            self._hand_out((self.max_staleness + 1) * self.batch_size)
             taken = self.buffer.take(version, self.in_progress)
             if taken is not None:
                 return taken
             wait_s = POLL_S
 
-    def _collect(self, wait_s: float) -> None:
+    def _poll(self, per_engine: list[DataProto | None], wait_s: float) -> None:
+        """Hand each engine its prompts and collect its finished groups, in one call per engine."""
+        self.counts["polls"] += 1
+        self.counts["stream_calls"] += 1
         self.in_progress = {}
-        for rank, report in enumerate(self.roles.rollout.stream_collect(wait_s)):
+        reports = self.roles.rollout.stream_exchange(per_engine, [wait_s] * len(per_engine))
+        for rank, report in enumerate(reports):
             for uid in report["stale"]:
                 self.engine_of.pop(uid, None)
                 self._stale(uid)
@@ -145,11 +150,18 @@ class AsyncRollout:
             self.counts["regenerated"] += 1
 
     def _hand_out(self, bound: int) -> None:
-        """New prompts to the engines with the fewest groups while fewer than `bound` are out (generating,
-        or finished and not trained yet)."""
+        """New prompts to the engines while fewer than `bound` are out, at once (a call of their own)."""
+        per_engine = self._share_out(bound)
+        if any(part is not None for part in per_engine):
+            self.counts["stream_calls"] += 1
+            self.roles.rollout.stream_submit(per_engine)
+
+    def _share_out(self, bound: int) -> list[DataProto | None]:
+        """Each engine's new prompts (None: none), to the engines with the fewest groups, while fewer than
+        `bound` are out (generating, or finished and not trained yet)."""
         free = bound - self.feed.outstanding()
         if free <= 0:
-            return
+            return [None] * self.roles.rollout.world_size
         refs = self.feed.take(free)
         load = [0] * self.roles.rollout.world_size
         for rank in self.engine_of.values():
@@ -160,9 +172,8 @@ class AsyncRollout:
             share[rank].append(ref)
             load[rank] += 1
             self.engine_of[ref.uid] = rank
-        per_engine = [self.feed.rows(part).repeat(self.n, interleave=True) if part else None for part in share]
         self.roles.start_streaming()
-        self.roles.rollout.stream_submit(per_engine)
+        return [self.feed.rows(part).repeat(self.n, interleave=True) if part else None for part in share]
 
     def _metrics(self, rollout: DataProto, version: int, started: dict[str, int]) -> dict[str, float]:
         oldest, newest = rollout.batch[VERSION_MIN], rollout.batch[VERSION_MAX]
@@ -177,6 +188,9 @@ class AsyncRollout:
             "async/regenerated_groups": float(self.counts["regenerated"] - started["regenerated"]),
             "async/dropped_total": float(self.counts["dropped"]),
             "async/regenerated_total": float(self.counts["regenerated"]),
+            # The driver's calls into the streams (hand-outs, collects) for this batch, and the polls among them.
+            "async/stream_calls": float(self.counts["stream_calls"] - started["stream_calls"]),
+            "async/polls": float(self.counts["polls"] - started["polls"]),
             "async/buffered_groups": float(len(self.buffer)),
             "async/in_progress_groups": float(len(self.engine_of)),
         }

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,18 +190,24 @@ class RoleGroups:
     def sync_rollout_weights(self) -> dict[str, float]:
         """Bring the rollout engines up to the actor's current weights (a no-op when they already are, and
         for the HF engine, which generates with the actor's own model)."""
-        if self.weight_sync is not None and self.streaming:
-            self.rollout.pause_generation()  # between two engine steps; in-flight responses are parked
-            try:
-                metrics = self.weight_sync.sync()
-            finally:
-                self.rollout.resume_generation()  # they go on with the new weights (or restart)
-        elif self.weight_sync is not None:
-            metrics = self.weight_sync.sync()
+        if self.weight_sync is not None:
+            # Streaming engines are paused only where a sync needs it (see the sync's `engines_idle`): not for
+            # a sync that finds nothing to send, nor around a broadcast, whose receive pauses each engine.
+            metrics = self.weight_sync.sync(self._engines_paused if self.streaming else nullcontext)
         else:
             metrics = mean_over_workers(self.actor.sync_rollout_weights())
         self.driver_metrics.update(metrics)
         return metrics
+
+    @contextmanager
+    def _engines_paused(self) -> Iterator[None]:
+        """The streaming engines parked between two engine steps; after, their in-flight responses go on
+        with the new weights (or restart)."""
+        self.rollout.pause_generation()
+        try:
+            yield
+        finally:
+            self.rollout.resume_generation()
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Generate with the current weights on whichever group holds the rollout engine."""

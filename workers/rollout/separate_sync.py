@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from transformers import AutoConfig
@@ -46,15 +48,23 @@ class SeparateWeightSync:
             # What the engines hold now (the model folder), as the trainer would send it.
             self.trainer_fingerprint = self.actor.weights_fingerprint(self.layouts)[0]
 
-    def sync(self) -> dict[str, float]:
-        """Broadcast the actor's weights if they changed since the last sync; verify when configured."""
+    def sync(self, engines_idle: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
+        """Broadcast the actor's weights if they changed since the last sync; verify when configured.
+        `engines_idle()` keeps generating engines paused around what must see one engine state: only the
+        checks (fingerprints before and after, the probe), since each engine pauses itself for the whole
+        load inside `receive_weights`."""
         version = self.actor.current_weights_version()
         self.actor_version = version
         if version == self.synced_version:
             return {}
         if self.layouts is None:
             self.connect()
-        verify = bool(self.cfg["verify_sync"])
+        if not self.cfg["verify_sync"]:
+            return self._send(version, verify=False)
+        with engines_idle():
+            return self._send(version, verify=True)
+
+    def _send(self, version: int, verify: bool) -> dict[str, float]:
         before = self.rollout.weights_fingerprint() if verify and self.trainer_fingerprint is not None else None
         received = self.rollout.receive_weights(self.layouts, version)
         metrics = dict(self.actor.broadcast_weights(self.layouts, fingerprint=verify)[0])
@@ -96,12 +106,15 @@ class IpcRolloutSync:
     def connect(self) -> None:
         """Nothing to set up before the first sync (the staging buffers are mapped then)."""
 
-    def sync(self) -> dict[str, float]:
+    def sync(self, engines_idle: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
+        """As `SeparateWeightSync.sync`; `engines_idle()` is held for the whole transfer, since the engines
+        load bucket by bucket (one call each) and must not step on half-loaded weights."""
         version = self.actor.current_weights_version()
         self.actor_version = version
         if version == self.synced_version:
             return {}
-        metrics = self.transfer.sync(version)
+        with engines_idle():
+            metrics = self.transfer.sync(version)
         self.synced_version = version
         return metrics
 

@@ -6,10 +6,20 @@ groups, one engine step, hand finished turns to their episodes, pick up finished
 groups to the outbox); `pause()` waits for the iteration in progress to end and parks the running turns, so
 the worker's thread can load weights (or run a synchronous generate) on an idle engine; `resume()` submits
 the parked turns again, continued or restarted according to `partial_rollout` when the weights changed.
+
+`collect()` never waits for an engine step: whoever owns the engine (the stream thread at the end of each
+iteration, the pauser) publishes the oldest weights version of every group in progress, together with the
+groups it finished, and `collect()` answers from that. The step in progress can only give groups that had
+no token yet (those it admits, reported as None) their first tokens, from the engine's current weights,
+which the driver synced to its own version before collecting: such a group is not due for a step
+(`trainer/async_buffer.py`) when max_staleness >= 1, and with max_staleness 0 every finished group is due
+anyway, so the step never waits for one in progress. Publishing costs one look at each active group's
+first token per engine step.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import traceback
 from collections.abc import Iterator
@@ -22,6 +32,12 @@ from workers.rollout.stream.episodes import GroupFactory, PromptGroup
 from workers.rollout.stream.jobs import ContinuousEngine, TurnJob
 
 TOOL_POLL_S = 0.01  # how often an idle engine looks at tool calls in flight
+# The process's GIL switch interval while a stream runs. With tensor parallel 1 the engine steps in this
+# process, and its Python (scheduler, inputs, outputs) holds the GIL; the worker's thread answering a driver
+# call needs it several times per call and waits up to the interval each time. Measured with a Ray actor
+# whose other thread runs Python: a trivial call took 8.8 ms (median) at CPython's default 5 ms, 1.2 ms at
+# 0.5 ms, 0.7 ms with that thread idle. A thread alone is never interrupted, so idle costs nothing.
+GIL_SWITCH_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -39,6 +55,8 @@ class GenerationStream:
         self._outbox: list[DataProto] = []
         self._stale: list[str] = []  # uids of groups dropped in flight for staleness, not yet reported
         self.active: list[PromptGroup] = []  # stream thread's (or the pauser's) while paused
+        self._admitting: list[PromptGroup] = []  # taken from the inbox by the iteration in progress
+        self._oldest: dict[str, int | None] = {}  # uid -> oldest token version of `active`, as last published
         self._group_of: dict[int, PromptGroup] = {}  # id(episode) -> its group
         self._tool_waiters: list[Any] = []  # episodes whose tool calls run
         self._stepping = False
@@ -47,6 +65,8 @@ class GenerationStream:
         self._version_at_pause = engine.version
         self._stopped = False
         self.error: str | None = None
+        self._switch_before = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_before, GIL_SWITCH_S))
         self._thread = threading.Thread(target=self._run, name="rollout-stream", daemon=True)
         self._thread.start()
 
@@ -66,13 +86,8 @@ class GenerationStream:
             self._raise_if_failed()
             finished, self._outbox = self._outbox, []
             stale, self._stale = self._stale, []
-            self._claims += 1
-            self._cv.wait_for(lambda: not self._stepping)
-            try:
-                in_progress = {g.uid: g.oldest_version() for g in [*self.active, *self._inbox]}
-            finally:
-                self._claims -= 1
-                self._cv.notify_all()
+            # What the engine's owner published with the outbox: no wait for the engine step in progress.
+            in_progress = {**self._oldest, **{g.uid: None for g in [*self._admitting, *self._inbox]}}
         return {"rollout": DataProto.concat(finished) if finished else None, "stale": stale, "in_progress": in_progress}
 
     @contextmanager
@@ -95,6 +110,7 @@ class GenerationStream:
             self._raise_if_failed()
             self._version_at_pause = self.engine.version
             self.engine.park()
+            self._publish()
 
     def set_version(self, version: int) -> None:
         """The weights the engine now holds (call while paused)."""
@@ -112,6 +128,7 @@ class GenerationStream:
                 if changed and self.settings.stale_groups != "wait":
                     self._drop_stale(self.engine.version - self.settings.max_staleness)
                 self.engine.resume(restart=changed and self.settings.partial_rollout == "abort")
+                self._publish()  # restarted turns have no tokens any more; dropped groups are gone
             finally:
                 self._cv.notify_all()
 
@@ -125,6 +142,8 @@ class GenerationStream:
             if not self._thread.is_alive():
                 self.engine.forget_all()
             self.active, self._inbox, self._outbox, self._tool_waiters = [], [], [], []
+            self._admitting, self._oldest = [], {}
+        sys.setswitchinterval(self._switch_before)
 
     def _drop_stale(self, floor: int) -> None:
         """Groups in progress with a token older than `floor` can never be trained on: take them out now."""
@@ -139,6 +158,10 @@ class GenerationStream:
             for episode in group.episodes:
                 self._group_of.pop(id(episode), None)
         self._stale.extend(g.uid for g in stale)
+
+    def _publish(self) -> None:
+        """Record the oldest version of every active group (by the engine's owner, holding the condition)."""
+        self._oldest = {g.uid: g.oldest_version() for g in self.active}
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
@@ -165,6 +188,7 @@ class GenerationStream:
                         return
                     self._stepping = True
                     new, self._inbox = self._inbox, []
+                    self._admitting = new
                     tools_due = False
                 finished: list[DataProto] = []
                 try:
@@ -173,6 +197,8 @@ class GenerationStream:
                     with self._cv:
                         self._stepping = False
                         self._outbox.extend(finished)
+                        self._admitting = []
+                        self._publish()
                         self._cv.notify_all()
         except BaseException:  # noqa: BLE001 - reported to the driver by the next collect/pause
             with self._cv:

@@ -58,6 +58,22 @@ class StreamWorkerMixin:
     def stream_submit(self, prompts: DataProto | None) -> int:
         """Add prompt groups to the stream: rows sharing a `uid` (`rollout.n` each) form one group. Returns
         how many groups were added."""
+        return self._submit(prompts)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def stream_collect(self, wait_s: float = 0.0) -> dict[str, Any]:
+        """Finished groups since the last call (`rollout`: their rows, or None), the uids dropped in flight
+        as too stale (`stale`), and the oldest weights version of each group in progress (`in_progress`)."""
+        return self._collect(wait_s)
+
+    @register(Dispatch.ALL_TO_ALL)
+    def stream_exchange(self, prompts: DataProto | None, wait_s: float) -> dict[str, Any]:
+        """`stream_submit(prompts)` then `stream_collect(wait_s)` in one call: the driver's poll also hands
+        out the prompts it has for this engine (one round trip into the busy engine process, not two)."""
+        self._submit(prompts)
+        return self._collect(wait_s)
+
+    def _submit(self, prompts: DataProto | None) -> int:
         if prompts is None or len(prompts) == 0:
             return 0
         stream = self._stream()
@@ -72,10 +88,7 @@ class StreamWorkerMixin:
         stream.submit(groups)
         return len(groups)
 
-    @register(Dispatch.ONE_TO_ALL)
-    def stream_collect(self, wait_s: float = 0.0) -> dict[str, Any]:
-        """Finished groups since the last call (`rollout`: their rows, or None), the uids dropped in flight
-        as too stale (`stale`), and the oldest weights version of each group in progress (`in_progress`)."""
+    def _collect(self, wait_s: float) -> dict[str, Any]:
         if self.stream is None:
             return {"rollout": None, "stale": [], "in_progress": {}}
         return self.stream.collect(wait_s)
