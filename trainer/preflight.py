@@ -78,8 +78,10 @@ def check_lengths_fit_model(cfg: DictConfig) -> None:
     rollout = cfg.actor_rollout_ref.rollout
     if rollout.name != "vllm":
         return
+    from trainer.memory_plan.shape import language_model_config
+
     config = json.loads((Path(cfg.actor_rollout_ref.model.path) / "config.json").read_text())
-    positions = config.get("max_position_embeddings", (config.get("text_config") or {}).get("max_position_embeddings"))
+    positions = language_model_config(config).get("max_position_embeddings")
     if rollout.max_model_len is not None:
         length, named = int(rollout.max_model_len), f"actor_rollout_ref.rollout.max_model_len={rollout.max_model_len}"
     else:

@@ -56,6 +56,16 @@ def _actor_group(pool, model_dir: str, size: int):
     return make_group(pool, ActorRolloutRefWorker, config, "actor_rollout_ref")
 
 
+def _run_then_export(group, export_dir: Path, *calls):
+    """Each call's result on the group, then its HF export to `export_dir`; the group is killed either way."""
+    try:
+        results = [call(group) for call in calls]
+        group.export_hf(str(export_dir))
+        return results
+    finally:
+        group.kill()
+
+
 def _assert_close_on(mask: torch.Tensor, got: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(got[mask], expected[mask], atol=ATOL, rtol=0)
 
@@ -72,14 +82,10 @@ def test_actor_and_reference_with_two_ranks_per_sequence_equal_one_rank(pool_1, 
     data = _batch()
     results = {}
     for size, pool in ((1, pool_1), (2, pool_2)):
-        group = _actor_group(pool, tiny_model_dir, size)
-        try:
-            old = group.compute_log_prob(data)
-            ref = group.compute_ref_log_prob(data)
-            metrics = group.update_actor(data)
-            group.export_hf(str(tmp_path / f"k{size}"))
-        finally:
-            group.kill()
+        old, ref, metrics = _run_then_export(
+            _actor_group(pool, tiny_model_dir, size), tmp_path / f"k{size}",
+            lambda g: g.compute_log_prob(data), lambda g: g.compute_ref_log_prob(data), lambda g: g.update_actor(data),
+        )
         # One data-parallel group either way: one output, from the group's first rank.
         assert len(metrics) == 1, metrics
         results[size] = (old, ref, metrics[0])
@@ -149,13 +155,10 @@ def test_critic_with_two_ranks_per_sequence_equals_one_rank(pool_1, pool_2, four
             "forward_micro_batch_size_per_gpu": 3,
             "ulysses_sequence_parallel_size": size,
         }
-        group = make_group(pool, CriticWorker, config)
-        try:
-            values = group.compute_values(data)
-            metrics = group.update_critic(data)
-            group.export_hf(str(tmp_path / f"k{size}"))
-        finally:
-            group.kill()
+        values, metrics = _run_then_export(
+            make_group(pool, CriticWorker, config), tmp_path / f"k{size}",
+            lambda g: g.compute_values(data), lambda g: g.update_critic(data),
+        )
         assert len(metrics) == 1, metrics
         results[size] = (values, metrics[0])
     mask = data.batch["response_mask"].bool()
