@@ -45,9 +45,9 @@ def test_a_gpu_run_whose_plan_does_not_fit_stops_with_one_error_line(no_ray, sma
     captured = capsys.readouterr()
     errors = [l for l in captured.err.splitlines() if l.startswith("error:")]
     assert len(errors) == 1
-    assert errors[0].startswith("error: memory plan: trainer GPUs, ") and "needs 1.0 GiB per GPU but the GPU has 0.5 GiB" in errors[0]
+    assert errors[0].startswith("error: memory plan: trainer GPUs, ") and "needs 2.0 GiB per GPU but the GPU has 0.5 GiB" in errors[0]
     assert errors[0].endswith("trainer.plan_only=true prints the plan, trainer.memory_check=warn runs anyway")
-    assert "memory plan: does not fit: peak 1.0 GiB of 0.5 GiB per GPU" in captured.out
+    assert "memory plan: does not fit: peak 2.0 GiB of 0.5 GiB per GPU" in captured.out
 
 
 def test_memory_check_warn_goes_on_and_off_does_not_check(no_ray, small_assets, tmp_path, capsys):

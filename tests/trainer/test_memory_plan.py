@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from trainer.config_loader import load_config
 from trainer.memory_plan import build_plan, misfit_message, render_plan
 from trainer.memory_plan.shape import ModelShape, lora_params, lora_targets
+from workers.cached_blocks import CACHED_BLOCKS_LIMIT
 
 GIB = 1 << 30
 QWEN_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
@@ -256,3 +257,20 @@ def test_a_lora_base_shared_with_the_hybrid_engine_is_counted_once(folders):
     separate = ("actor_rollout_ref.rollout.placement=separate",)
     assert render_plan(plan_of(scale_config(folders["7B"], *separate, lora_rank=64))) == render_plan(
         plan_of(scale_config(folders["7B"], *separate, "actor_rollout_ref.rollout.share_base_weights=false", lora_rank=64)))
+
+
+def test_compute_phases_count_the_free_blocks_a_gpu_worker_keeps_between_micro_batches(folders):
+    """Up to CACHED_BLOCKS_LIMIT of freed blocks stay reserved between micro-batches (the workers hand back only
+    what passes it), on a GPU; the same run's plan on the CPU has no such term, and nothing else differs in
+    these rows when nothing is offloaded."""
+    resident = ("actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.fsdp.param_offload=false",
+                "actor_rollout_ref.actor.fsdp.optimizer_offload=false", "actor_rollout_ref.ref.fsdp.param_offload=false")
+    gpu = plan_of(scale_config(folders["3B"], *resident))
+    cpu = plan_of(scale_config(folders["3B"], *resident, "trainer.device=cpu"))
+
+    def other(plan, phase: str, moment: str) -> int:
+        return next(r.parts["other"] for g in plan.groups for r in g.rows if r.phase == phase and r.moment == moment)
+
+    for phase, moment in (("old_log_prob", "log-probs + entropy"), ("ref_log_prob", "log-probs"),
+                          ("update_actor", "forward/backward")):
+        assert other(gpu, phase, moment) - other(cpu, phase, moment) == CACHED_BLOCKS_LIMIT

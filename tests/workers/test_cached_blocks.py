@@ -5,7 +5,7 @@ micro-batches' peak."""
 import pytest
 import torch
 
-from workers.fsdp.micro_batching import release_cached_blocks
+from workers.cached_blocks import release_cached_blocks
 
 
 def test_nothing_to_release_on_the_cpu():

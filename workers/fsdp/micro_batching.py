@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from protocol import DataProto
+from workers.cached_blocks import release_cached_blocks
 from workers.packing.token_budget import groups_needed, spread
 
 
@@ -78,28 +79,6 @@ class MicroBatching:
             groups = agreed
         members = spread(lengths, groups) if lengths else []
         return [data[torch.tensor(m)] for m in members], [row for m in members for row in m]
-
-
-# Reserved device memory beyond the allocator's peak above this is handed back (see release_cached_blocks).
-CACHED_BLOCKS_LIMIT = 1 << 30
-
-
-def release_cached_blocks(device: torch.device, limit: int = CACHED_BLOCKS_LIMIT) -> bool:
-    """Return the caching allocator's free blocks to the device when it reserves more than `limit` bytes beyond
-    the highest it ever had allocated at once (since the last peak reset); whether it did.
-
-    Long micro-batches of slightly different token counts leave blocks the next one cannot reuse: at 7B with
-    66K-token micro-batches the allocator reserved 33 GiB for an 11.6 GiB peak on an H100, and the device's use
-    (what the sleeping engine's wake-up and other processes see) followed the reserve. Where blocks are reused
-    (equal shapes), the reserve stays at the peak and nothing is freed, so the next micro-batch does not pay
-    for new device allocations.
-    """
-    if device.type != "cuda":
-        return False
-    if torch.cuda.memory_reserved(device) - torch.cuda.max_memory_allocated(device) <= limit:
-        return False
-    torch.cuda.empty_cache()
-    return True
 
 
 def forward_in_micro_batches(

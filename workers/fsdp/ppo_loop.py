@@ -22,10 +22,11 @@ import torch
 import torch.distributed as dist
 
 from protocol import DataProto
+from workers.cached_blocks import release_cached_blocks
 from workers.config import mini_batch_per_rank
 from workers.fsdp.dist_utils import check_same_length, mean_over_ranks
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.micro_batching import MicroBatching, release_cached_blocks, sum_over_ranks
+from workers.fsdp.micro_batching import MicroBatching, sum_over_ranks
 from workers.fsdp.sequences import response_mask
 
 # loss_fn(micro_batch) -> (scalar loss aggregated over the micro-batch, float metrics)

@@ -1,0 +1,34 @@
+"""Handing the caching allocator's unused blocks back to the device between micro-batches.
+
+Its own module so that the memory plan (which imports no torch) counts the same limit the workers apply.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+# Reserved device memory beyond the allocator's peak above this is handed back (see release_cached_blocks).
+CACHED_BLOCKS_LIMIT = 1 << 30
+
+
+def release_cached_blocks(device: torch.device, limit: int = CACHED_BLOCKS_LIMIT) -> bool:
+    """Return the caching allocator's free blocks to the device when it reserves more than `limit` bytes beyond
+    the highest it ever had allocated at once (since the last peak reset); whether it did.
+
+    Long micro-batches of slightly different token counts leave blocks the next one cannot reuse: at 7B with
+    66K-token micro-batches the allocator reserved 33 GiB for an 11.6 GiB peak on an H100, and the device's use
+    (what the sleeping engine's wake-up and other processes see) followed the reserve. Where blocks are reused
+    (equal shapes), the reserve stays at the peak and nothing is freed, so the next micro-batch does not pay
+    for new device allocations.
+    """
+    if device.type != "cuda":
+        return False
+    import torch  # here, not at the top: the memory plan imports this module's limit without torch
+
+    if torch.cuda.memory_reserved(device) - torch.cuda.max_memory_allocated(device) <= limit:
+        return False
+    torch.cuda.empty_cache()
+    return True
