@@ -58,8 +58,9 @@ def write_config(out_dir: str | Path, shape: dict) -> Any:
     tokenizer = build_char_tokenizer()
     if shape["vocab_size"] < len(tokenizer):
         raise ValueError(f"vocab_size={shape['vocab_size']} is smaller than the character tokenizer's {len(tokenizer)} tokens")
+    # `architectures` names the model class: verl's workers (benchmarks/peers) refuse a folder without it.
     config = Qwen2Config(**shape, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.pad_token_id, dtype="bfloat16")
+                         bos_token_id=tokenizer.pad_token_id, dtype="bfloat16", architectures=["Qwen2ForCausalLM"])
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return config

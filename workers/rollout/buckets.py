@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -43,6 +44,25 @@ class BucketLayout:
     @property
     def names(self) -> list[str]:
         return [slot.name for slot in self.slots]
+
+    def to_wire(self) -> list[Any]:
+        """Plain lists, strings and ints: what vLLM's worker calls carry across processes (its msgpack turns a
+        dataclass into a dict and cannot encode a torch.dtype)."""
+        return [self.nbytes, [[s.name, list(s.shape), str(s.dtype).removeprefix("torch."), s.offset] for s in self.slots]]
+
+    @classmethod
+    def from_wire(cls, wire: "list[Any] | BucketLayout") -> "BucketLayout":
+        if isinstance(wire, BucketLayout):
+            return wire
+        nbytes, slots = wire
+        return cls(tuple(TensorSlot(name, tuple(shape), _dtype(dtype), offset) for name, shape, dtype, offset in slots), nbytes)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{name!r} is not a torch dtype")
+    return dtype
 
 
 def _aligned(offset: int) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,14 @@ class SyncGroupAddress:
     port: int
     world_size: int
     backend: str
+
+    def to_wire(self) -> list[Any]:
+        """Plain values for vLLM's worker calls (its msgpack turns a dataclass into a dict)."""
+        return [self.host, self.port, self.world_size, self.backend]
+
+    @classmethod
+    def from_wire(cls, wire: "list[Any] | SyncGroupAddress") -> "SyncGroupAddress":
+        return wire if isinstance(wire, SyncGroupAddress) else cls(*wire)
 
 
 def local_ip() -> str:

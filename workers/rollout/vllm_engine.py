@@ -27,6 +27,18 @@ EXTENSION = "workers.rollout.vllm_extension.WeightSyncExtension"
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
+def cpu_thread_binding(tp: int) -> str:
+    """vLLM's CPU backend binds each tensor-parallel worker's threads to cores of a NUMA node of its own and
+    refuses when the process may use fewer nodes than workers (a one-node machine): split the cores this
+    process may use into `tp` disjoint groups instead, in its `VLLM_CPU_OMP_THREADS_BIND` form ("0-3|4-7")."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tp:
+        raise ValueError(f"rollout.tensor_model_parallel_size={tp} on CPU needs a core per engine worker; this process may use {len(cores)}")
+    share = len(cores) // tp
+    groups = [cores[i * share : (i + 1) * share] for i in range(tp)]
+    return "|".join(",".join(str(c) for c in group) for group in groups)
+
+
 def row_seed(call_seed: int, rank: int, row: int) -> int:
     """Each response's own sampling seed: depends only on (call seed, rank, row)."""
     return (call_seed * 1_000_003 + rank * 65_537 + row) % (2**31 - 1)
@@ -81,14 +93,17 @@ class VLLMEngine:
         (workers/fsdp/shared_base.py): they must stay where they are, so sleep frees only the KV cache, and
         on CPU the linears keep their [out, in] weights (`keep_plain_cpu_weights`)."""
         tp = rollout["tensor_model_parallel_size"]
-        if tp == 1:
-            # Keep the engine in this process: tensors can then be passed to it without serialization.
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # In this process (tensor parallel 1, engine_process false) the trainer can pass tensors to the engine
+        # without serialization; in its own, the engine steps without holding this process's GIL.
+        own_process = tp > 1 or bool(rollout.get("engine_process"))
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if own_process else "0"
         # vLLM logs every engine start at INFO (its full config); keep worker logs readable unless asked.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if device.type == "cuda":
             # The CUDA build's FlashInfer sampler needs a JIT toolchain the workers may not have.
             os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        elif tp > 1:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_thread_binding(tp))
         from transformers import AutoConfig
         from vllm import LLM
 
@@ -216,7 +231,7 @@ class VLLMEngine:
 
     def receive_adapter(self, layouts: list[BucketLayout]) -> None:
         """Broadcast path: receive the adapter factors laid out as `layouts` and make them the adapter."""
-        self.llm.collective_rpc("sc_receive_lora_broadcast", args=(layouts, self._adapter_config()))
+        self.llm.collective_rpc("sc_receive_lora_broadcast", args=([l.to_wire() for l in layouts], self._adapter_config()))
         self._adapter_updated()
 
     def _adapter_config(self) -> dict[str, Any]:
@@ -229,10 +244,10 @@ class VLLMEngine:
         self.after_weight_update()
 
     def join_weight_sync_group(self, address: SyncGroupAddress, first_rank: int) -> None:
-        self.llm.collective_rpc("sc_join_weight_sync_group", args=(address, first_rank))
+        self.llm.collective_rpc("sc_join_weight_sync_group", args=(address.to_wire(), first_rank))
 
     def receive_broadcast(self, layouts: list[BucketLayout]) -> None:
-        self.llm.collective_rpc("sc_receive_broadcast", args=(layouts,))
+        self.llm.collective_rpc("sc_receive_broadcast", args=([l.to_wire() for l in layouts],))
         self.after_weight_update()
 
     def open_ipc_buffers(self, handles: list[Any]) -> None:

@@ -63,8 +63,11 @@ class WeightSyncExtension:
         """In-process: make `(trainer name, tensor)` pairs of the adapter factors the engine's adapter."""
         return register_adapter(self.model_runner, pairs, adapter_config)
 
-    def sc_receive_lora_broadcast(self, layouts: list[BucketLayout], adapter_config: dict[str, Any]) -> int:
-        return register_adapter(self.model_runner, receive_broadcast_buckets(layouts, self._sync_group, self.device), adapter_config)
+    def sc_receive_lora_broadcast(self, layouts: list[Any], adapter_config: dict[str, Any]) -> int:
+        """`layouts` in their wire form (`BucketLayout.to_wire`): with tensor parallel > 1 this runs in vLLM's
+        worker processes, and so do the broadcast methods below."""
+        buckets = [BucketLayout.from_wire(layout) for layout in layouts]
+        return register_adapter(self.model_runner, receive_broadcast_buckets(buckets, self._sync_group, self.device), adapter_config)
 
     # ---- base weights shared with the trainer (LoRA, in-process: workers/fsdp/shared_base.py) -----------
     def sc_checkpoint_views(self) -> dict[str, torch.Tensor]:
@@ -80,13 +83,15 @@ class WeightSyncExtension:
         self.wake_up(tags=[KV_CACHE_TAG])
 
     # ---- broadcast ------------------------------------------------------------------------------------
-    def sc_join_weight_sync_group(self, address: SyncGroupAddress, first_rank: int) -> None:
-        """Join as rank `first_rank + self.rank` (engine workers take consecutive ranks)."""
+    def sc_join_weight_sync_group(self, address: list[Any], first_rank: int) -> None:
+        """Join as rank `first_rank + self.rank` (engine workers take consecutive ranks); `address` in its wire
+        form (`SyncGroupAddress.to_wire`)."""
         self._sync_group = WeightSyncGroup()
-        self._sync_group.connect(address, first_rank + self.rank)
+        self._sync_group.connect(SyncGroupAddress.from_wire(address), first_rank + self.rank)
 
-    def sc_receive_broadcast(self, layouts: list[BucketLayout]) -> int:
-        return self._reload(receive_broadcast_buckets(layouts, self._sync_group, self.device))
+    def sc_receive_broadcast(self, layouts: list[Any]) -> int:
+        buckets = [BucketLayout.from_wire(layout) for layout in layouts]
+        return self._reload(receive_broadcast_buckets(buckets, self._sync_group, self.device))
 
     # ---- CUDA IPC -------------------------------------------------------------------------------------
     def sc_open_ipc_buffers(self, handles: list[Any]) -> None:

@@ -3,6 +3,7 @@ stream around whatever needs the engine idle (weight loads, synchronous generate
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,9 +70,12 @@ class StreamWorkerMixin:
     @register(Dispatch.ALL_TO_ALL)
     def stream_exchange(self, prompts: DataProto | None, wait_s: float) -> dict[str, Any]:
         """`stream_submit(prompts)` then `stream_collect(wait_s)` in one call: the driver's poll also hands
-        out the prompts it has for this engine (one round trip into the busy engine process, not two)."""
+        out the prompts it has for this engine (one round trip into the busy engine process, not two).
+        `worker_s`: the seconds spent inside this method (the driver compares it with the call's round trip)."""
+        started = time.perf_counter()
         self._submit(prompts)
-        return self._collect(wait_s)
+        report = self._collect(wait_s)
+        return {**report, "worker_s": time.perf_counter() - started}
 
     def _submit(self, prompts: DataProto | None) -> int:
         if prompts is None or len(prompts) == 0:
