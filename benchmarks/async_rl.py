@@ -2,6 +2,7 @@
 step time, trained tokens/s, mean staleness and the reward curve of each, in one process.
 
     python -m benchmarks.async_rl --preset gpu-longtail [--gpus 1|2] [--steps 14]
+    python -m benchmarks.async_rl --preset gpu-7b --gpus 2 [--steps 8]
         [--modes sync,one_step_off,async1,async2,async4] [--long-tokens 1024] [--long-fraction 0.1]
     python -m benchmarks.async_rl --preset cpu-learning [--steps 40]
     python -m benchmarks.async_rl --preset cpu-longtail [--steps 6]      # the long-tail run at CPU size
@@ -17,6 +18,9 @@ Presets:
   exactly): 90% of prompts 32-64 tokens, 10% 1024. A synchronous step waits for its 1024-token group while
   most of the engine's batch is empty; the asynchronous engine keeps its batch full with the next prompts
   and the long group overlaps up to max_staleness updates.
+- gpu-7b: the same workload on the Qwen2.5-7B shape, the actor (full fine-tune, parameters and Adam state
+  offloaded between phases, gradient checkpointing) on one GPU and the engine on the other (`--gpus 2` only;
+  the plan's peak, the optimizer step, needs an H200's memory).
 - cpu-learning: the default tiny task (char_class, 8 tokens) on the tiny model; the learning check: each
   mode's final reward (mean of the last 5 steps, averaged over `--seeds`) within 0.05 of the synchronous
   run's. Use several seeds: a single run can stall on a plateau (seed 0's synchronous run stays near 0.89).
@@ -80,7 +84,7 @@ GPU_LAYOUTS = {
     1: ["trainer.gpus_per_process=0.5", "actor_rollout_ref.rollout.gpus_per_engine=0.5"],
     2: ["trainer.gpus_per_process=1", "actor_rollout_ref.rollout.gpus_per_engine=null"],
 }
-DEFAULT_STEPS = {"gpu-longtail": 14, "cpu-learning": 40, "cpu-longtail": 6}
+DEFAULT_STEPS = {"gpu-longtail": 14, "gpu-7b": 8, "cpu-learning": 40, "cpu-longtail": 6}
 STEADY_PHASES = ("sync_weights", "generate", "wait_rollout", "old_log_prob", "ref_log_prob", "update_actor")
 
 
@@ -109,6 +113,24 @@ def gpu_longtail_overrides(model: Path, train: Path, val: Path, long: int) -> li
     ]
 
 
+# gpu-7b: the actor (full fine-tune, on a GPU of its own) keeps its parameters and Adam state on the host between
+# the phases that need them; its engine has the other GPU to itself.
+SEVEN_B_ACTOR = ["actor_rollout_ref.actor.fsdp.param_offload=true", "actor_rollout_ref.actor.fsdp.optimizer_offload=true",
+                 "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.rollout.gpu_memory_utilization=0.85"]
+
+
+def gpu_7b(work: Path, tail: Tail) -> tuple[list[str], dict[str, Any]]:
+    """The gpu-longtail workload on the Qwen2.5-7B shape (random init, written once): --gpus 2 only."""
+    from benchmarks.e2e_step import SHAPES, model_folder
+
+    params = model_folder(work / "model", SHAPES["7B"], reuse=True)
+    train, val = write_synthetic_dataset(work / "data", train_size=512, val_size=16, tasks=("arithmetic",))
+    long = tail.tokens or 1024
+    lengths = force_lengths(train, (32, 64), long, tail.fraction, seed=0)
+    overrides = [*gpu_longtail_overrides(work / "model", train, val, long), *SEVEN_B_ACTOR]
+    return overrides, {"params": params, "long_tokens": long, "long_fraction": float(np.mean(np.array(lengths) == long))}
+
+
 def cpu_model_and_data(work: Path) -> tuple[Path, Path, Path]:
     from trainer.tiny_model import build_tiny_model
 
@@ -132,7 +154,9 @@ def cpu_longtail(work: Path, tail: Tail) -> tuple[list[str], dict[str, Any]]:
     return overrides, {"long_tokens": long, "long_fraction": float(np.mean(np.array(lengths) == long))}
 
 
-PRESETS = {"gpu-longtail": gpu_longtail, "cpu-learning": cpu_learning, "cpu-longtail": cpu_longtail}
+PRESETS = {"gpu-longtail": gpu_longtail, "gpu-7b": gpu_7b, "cpu-learning": cpu_learning, "cpu-longtail": cpu_longtail}
+# Presets whose actor and engine cannot share one GPU.
+TWO_GPUS_ONLY = {"gpu-7b"}
 
 
 def mean(history: list[dict[str, float]], key: str, first: int = 1) -> float:
@@ -207,6 +231,8 @@ def main() -> None:
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         parser.error(f"unknown modes {unknown}; valid: {list(MODES)}")
+    if args.preset in TWO_GPUS_ONLY and args.gpus != 2:
+        parser.error(f"--preset {args.preset} needs --gpus 2: a 7B actor and its engine do not share one GPU")
     steps = args.steps or DEFAULT_STEPS[args.preset]
     out = Path(args.out or f"results/async_rl_{args.preset}.json")
     work = Path(args.workdir) / args.preset

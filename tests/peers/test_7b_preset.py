@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,18 @@ def test_our_plan_fits_an_h200_not_an_h100(tmp_path):
         assert cfg.trainer.n_gpus_per_node == 2 and not cfg.actor_rollout_ref.actor.fsdp.param_offload
         assert build_plan(cfg, int(139.8 * GIB)).fits() is True
         assert build_plan(cfg, int(79.6 * GIB)).fits() is False
+
+
+def test_the_4_gpu_preset_is_the_2_gpu_run_over_4_and_fits_h100s(tmp_path):
+    """The issue's item 5: the same run, FSDP over 4 GPUs; half the per-GPU state, so 4 H100s hold it."""
+    four = PRESETS["7b-4gpu"]
+    assert four.settings == replace(PRESET.settings, gpus=4) and four.limits_s == PRESET.limits_s
+    write_config(tmp_path / "model", QWEN2_7B)
+    base = grpo_overrides(tmp_path, tmp_path / "t.parquet", tmp_path / "v.parquet", 3, "[jsonl]") + engine_overrides("vllm", False)
+    for side in ("ours_padded", "ours_packed"):
+        cfg = load_config(base + ours_overrides(four.settings, side))
+        assert cfg.trainer.n_gpus_per_node == 4
+        assert build_plan(cfg, int(79.6 * GIB)).fits() is True
 
 
 def test_the_model_folder_names_its_architecture(tmp_path):

@@ -91,3 +91,29 @@ def test_the_summary_says_where_a_steady_step_goes():
     assert summary["dispatch_collect_s"] == pytest.approx(0.035)
     assert summary["tokens_per_s"] == pytest.approx(400 / 19.0)  # every step, the fill included
     assert summary["generate_s"] != summary["generate_s"]  # no generate phase in an asynchronous run: NaN
+
+
+@pytest.mark.parametrize("mode", ["sync", "async2"])
+def test_the_7b_preset_fits_two_h200s_with_the_actor_offloaded(tmp_path, mode):
+    """gpu-7b: the 7B actor (full fine-tune) offloads its state between phases on one GPU, the engine has the other;
+    the plan's peak (the optimizer step, ~122 GiB) fits an H200's 139.8 GiB, not an H100."""
+    from benchmarks.async_rl import SEVEN_B_ACTOR
+    from benchmarks.model_shapes import QWEN2_7B
+
+    write_config(tmp_path, QWEN2_7B)
+    cfg = load_config([*gpu_longtail_overrides(tmp_path, tmp_path / "t.parquet", tmp_path / "v.parquet", 1024), *SEVEN_B_ACTOR,
+                       *SEPARATE, *MODES[mode], *GPU_LAYOUTS[2]])
+    check_worker_settings(cfg)
+    assert batch_split_problems(cfg) == []
+    assert cfg.actor_rollout_ref.actor.fsdp.param_offload and cfg.actor_rollout_ref.actor.fsdp.optimizer_offload
+    assert build_plan(cfg, int(139.8 * GIB)).fits() is True
+    assert build_plan(cfg, int(H100_GIB * GIB)).fits() is False
+
+
+def test_the_7b_preset_refuses_one_gpu(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "benchmarks.async_rl", "--preset", "gpu-7b", "--gpus", "1", "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--preset gpu-7b needs --gpus 2" in done.stderr
