@@ -186,6 +186,7 @@ def summarize(history: list[dict[str, float]]) -> dict[str, Any]:
         **{f"{phase}_s": mean(history, f"timing/{phase}_s", first=3) for phase in STEADY_PHASES},
         "outside_phases_s": mean(outside, "outside", first=3),
         "dispatch_collect_s": mean(history, "overhead/dispatch_collect_s", first=3),
+        "worker_metrics_s": mean(history, "timing/worker_metrics_s", first=3),  # inside outside_phases_s
         # async: the polls' round trips into the engines and the time inside the engines' method
         "exchange_s": mean(history, "async/exchange_s", first=3),
         "exchange_in_worker_s": mean(history, "async/exchange_in_worker_s", first=3),

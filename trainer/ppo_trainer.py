@@ -82,8 +82,11 @@ class PPOTrainer(StepLoop):
             metrics.update(mean_metrics(actor.update_actor(rollout), "actor"))
         metrics.update(self._batch_metrics(rollout, scored.metrics, kl_metrics, timer))
         metrics.update({**staleness, **is_metrics, **filter_metrics})
-        metrics.update(step_overhead(time.perf_counter() - started, self.roles, scored.reward_fn_s + timer.seconds["advantage"]))
+        collecting = time.perf_counter()
+        metrics.update(step_overhead(collecting - started, self.roles, scored.reward_fn_s + timer.seconds["advantage"]))
         metrics.update(self.roles.pop_worker_metrics())
+        # After the step's phases: the calls that collect the workers' call timings and metrics.
+        metrics["timing/worker_metrics_s"] = time.perf_counter() - collecting
         return metrics
 
     def _score(self, prompts: DataProto, rollout: DataProto, timer: PhaseTimer) -> ScoredRollout:

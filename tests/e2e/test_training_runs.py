@@ -42,6 +42,8 @@ def test_ppo_with_critic_runs(ray_cluster, tiny_assets, tmp_path):
     for record in history:
         for key in ("critic/vf_loss", "actor/pg_loss", "reward/mean", "timing/values_s", "timing/update_critic_s"):
             assert np.isfinite(record[key]), (key, record)
+        # the calls collecting the workers' metrics after the phases, outside timing/step_s but inside the wall time
+        assert 0 < record["timing/worker_metrics_s"] < record["timing/wall_step_s"] - record["timing/step_s"] + 1e-3, record
     assert (tmp_path / "global_step_3" / "critic").is_dir()
 
 
