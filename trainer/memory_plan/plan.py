@@ -110,7 +110,7 @@ class _TrainerGpu:
     def has(self, name: str) -> bool:
         return name in self.roles
 
-    def cached_blocks(self, name: str) -> int:
+    def _cached_blocks(self, name: str) -> int:
         """Free allocator blocks a computing FSDP worker keeps on its GPU: between micro-batches it hands back only
         what passes CACHED_BLOCKS_LIMIT beyond its peak (workers/cached_blocks.py), so up to that much stays
         (measured at 7B LoRA on an H100: 0.7-2.6 GiB above the plan's compute rows without this term)."""
@@ -140,8 +140,9 @@ class _TrainerGpu:
             other += SLEEPING_ENGINE_BYTES if self.engine else 0
         return _parts(weights=weights, grads=grads, optimizer=optimizer, engine=engine, other=other)
 
-    def forward(self, name: str, batch: Batching, logits_use: str | None) -> tuple[int, int, int]:
-        """(compute copies, activations, logits) of a no-grad pass of model `name`."""
+    def forward(self, name: str, batch: Batching, logits_use: str | None) -> dict[str, int]:
+        """The compute memory of a no-grad pass of model `name`, by column: its compute copies (weights),
+        activations, logits and the free blocks its worker keeps cached (other)."""
         role, mem = self.roles[name], self.memory[name]
         tp = role.tp if role.strategy == "megatron" else 1
         activations = batch.tokens * forward_peak_bytes(role.shape, role.e) // tp
@@ -150,10 +151,11 @@ class _TrainerGpu:
             logits = logits_bytes(
                 batch.response_tokens, role.shape.vocab, role.e, logits_use, role.logits_chunk_tokens, role.shape.hidden
             ) // tp
-        return mem.gathered, activations, logits
+        return _parts(weights=mem.gathered, activations=activations, logits=logits, other=self._cached_blocks(name))
 
-    def backward(self, name: str, batch: Batching, logits: bool) -> tuple[int, int, int, int]:
-        """(compute copies, reduce buffers, activations, logits) at the end of a training forward."""
+    def backward(self, name: str, batch: Batching, logits: bool) -> dict[str, int]:
+        """The compute memory at the end of a training forward, by column: compute copies (weights), reduce
+        buffers (grads), activations, logits and the free blocks its worker keeps cached (other)."""
         role, mem = self.roles[name], self.memory[name]
         train = role.train or Trainability(full=True)
         tp = role.tp if role.strategy == "megatron" else 1
@@ -165,7 +167,8 @@ class _TrainerGpu:
             logit_bytes = logits_bytes(
                 batch.response_tokens, role.shape.vocab, role.e, "train", role.logits_chunk_tokens, role.shape.hidden
             ) // tp
-        return mem.gathered, mem.reduce, activations, logit_bytes
+        return _parts(weights=mem.gathered, grads=mem.reduce, activations=activations, logits=logit_bytes,
+                      other=self._cached_blocks(name))
 
 
 def vllm_lora_rank(rank: int) -> int:
@@ -173,8 +176,9 @@ def vllm_lora_rank(rank: int) -> int:
     return next((size for size in VLLM_MAX_LORA_RANKS if size >= rank), rank)
 
 
-def _add(parts: dict[str, int], **extra: int) -> dict[str, int]:
-    return {column: parts[column] + int(extra.get(column, 0)) for column in COLUMNS}
+def _add(parts: dict[str, int], *more: dict[str, int], **extra: int) -> dict[str, int]:
+    """`parts` plus, column by column, the `more` parts and the `extra` values."""
+    return {column: parts[column] + sum(m[column] for m in more) + int(extra.get(column, 0)) for column in COLUMNS}
 
 
 def _load_slack(gpu: _TrainerGpu, before: dict[str, int], after: dict[str, int]) -> int:
@@ -230,29 +234,24 @@ def _trainer_rows(gpu: _TrainerGpu) -> list[Row]:
     if gpu.has("actor"):
         rows.append(_init_row(gpu))
         rows.append(_generate_row(gpu))
-        copies, acts, logits = gpu.forward("actor", setup.old_log_prob, "log_probs_and_entropy")
-        rows.append(Row("actor", "old_log_prob", "log-probs + entropy", _add(gpu.resident(True, False, False), weights=copies, activations=acts,
-                                                                             logits=logits, other=gpu.cached_blocks("actor"))))
+        forward = gpu.forward("actor", setup.old_log_prob, "log_probs_and_entropy")
+        rows.append(Row("actor", "old_log_prob", "log-probs + entropy", _add(gpu.resident(True, False, False), forward)))
     if setup.lora_reference and gpu.has("actor"):
-        copies, acts, logits = gpu.forward("actor", setup.ref_log_prob, "log_probs")
-        rows.append(Row("actor", "ref_log_prob", "base model (adapters off)", _add(gpu.resident(True, False, False), weights=copies,
-                                                                                   activations=acts, logits=logits, other=gpu.cached_blocks("actor"))))
+        forward = gpu.forward("actor", setup.ref_log_prob, "log_probs")
+        rows.append(Row("actor", "ref_log_prob", "base model (adapters off)", _add(gpu.resident(True, False, False), forward)))
     elif gpu.has("ref"):
-        copies, acts, logits = gpu.forward("ref", setup.ref_log_prob, "log_probs")
         # The actor stays on the GPU from its old log-probs to its update (workers/fsdp/residency.py).
         resident = gpu.resident(gpu.has("actor"), False, False, loaded=("ref",))
         slack = _load_slack(gpu, gpu.resident(gpu.has("actor"), False, False), resident)
-        forward = _add(resident, weights=copies, activations=acts, logits=logits, other=slack + gpu.cached_blocks("ref"))
-        rows.append(Row("ref", "ref_log_prob", "log-probs", forward))
+        forward = gpu.forward("ref", setup.ref_log_prob, "log_probs")
+        rows.append(Row("ref", "ref_log_prob", "log-probs", _add(resident, forward, other=slack)))
     if gpu.has("critic") and setup.critic_forward is not None and setup.critic_update is not None:
-        copies, acts, _ = gpu.forward("critic", setup.critic_forward, None)
-        rows.append(Row("critic", "values", "forward", _add(gpu.resident(False, False, False), weights=copies, activations=acts,
-                                                            other=gpu.cached_blocks("critic"))))
+        forward = gpu.forward("critic", setup.critic_forward, None)
+        rows.append(Row("critic", "values", "forward", _add(gpu.resident(False, False, False), forward)))
         rows.extend(_update_rows(gpu, "critic", "update_critic", setup.critic_update, logits=False))
     if gpu.has("reward_model") and setup.reward_forward is not None:
-        copies, acts, _ = gpu.forward("reward_model", setup.reward_forward, None)
-        rows.append(Row("reward_model", "reward_model", "forward", _add(gpu.resident(False, False, False), weights=copies, activations=acts,
-                                                                        other=gpu.cached_blocks("reward_model"))))
+        forward = gpu.forward("reward_model", setup.reward_forward, None)
+        rows.append(Row("reward_model", "reward_model", "forward", _add(gpu.resident(False, False, False), forward)))
     if gpu.has("actor"):
         rows.extend(_update_rows(gpu, "actor", "update_actor", setup.update, logits=True))
     return rows
@@ -267,11 +266,11 @@ def _update_rows(gpu: _TrainerGpu, name: str, phase: str, batch: Batching, logit
     base = gpu.resident(actor_loaded=is_actor, with_optimizer=False, engine_awake=False)
     stepping = gpu.resident(actor_loaded=is_actor, with_optimizer=is_actor, engine_awake=False)
     grads = 0 if gpu.roles[name].strategy == "megatron" else mem.grads  # Megatron's buffer is already resident
-    copies, reduce, acts, logit_bytes = gpu.backward(name, batch, logits)
-    cached = gpu.cached_blocks(name)
-    backward = _add(base, weights=copies, grads=grads + reduce, activations=acts, logits=logit_bytes, other=cached)
+    compute = gpu.backward(name, batch, logits)
+    backward = _add(base, compute, grads=grads)
     temporary = 0 if gpu.setup.on_gpu and gpu.roles[name].strategy == "fsdp" else mem.step_temporary
-    step = _add(stepping, grads=grads, optimizer=temporary, other=_load_slack(gpu, base, stepping) + cached)
+    # The blocks the forward/backward left cached stay reserved through the step.
+    step = _add(stepping, grads=grads, optimizer=temporary, other=_load_slack(gpu, base, stepping) + compute["other"])
     rows = [Row(name, phase, "forward/backward", backward)]
     if sum(step.values()) > sum(backward.values()):  # shown only where it is the phase's peak
         rows.append(Row(name, phase, "optimizer step", step))
