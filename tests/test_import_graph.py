@@ -187,8 +187,10 @@ def test_no_import_from_a_lower_floor_to_a_higher_one():
 
 def test_the_config_check_loads_no_torch():
     # `python -m trainer.main` checks the config before torch loads, so a bad override fails in about a second;
-    # the names it checks against (workers/rl_math/names.py, workers/rollout_choices.py) must stay torch-free.
-    code = "import sys, trainer.main, trainer.config_loader; print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
+    # the names it checks against (workers/rl_math/names.py, workers/rollout_choices.py) and the memory plan with
+    # the workers' limits it counts (workers/cached_blocks_limit.py) must stay torch-free.
+    code = ("import sys, trainer.main, trainer.config_loader, trainer.memory_plan; "
+            "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
 

@@ -1,17 +1,11 @@
-"""Handing the caching allocator's unused blocks back to the device between micro-batches.
-
-Its own module so that the memory plan (which imports no torch) counts the same limit the workers apply.
-"""
+"""Handing the caching allocator's unused blocks back to the device between micro-batches (the limit is in
+workers/cached_blocks_limit.py, free of torch, for the memory plan)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import torch
 
-if TYPE_CHECKING:
-    import torch
-
-# Reserved device memory beyond the allocator's peak above this is handed back (see release_cached_blocks).
-CACHED_BLOCKS_LIMIT = 1 << 30
+from workers.cached_blocks_limit import CACHED_BLOCKS_LIMIT
 
 
 def release_cached_blocks(device: torch.device, limit: int = CACHED_BLOCKS_LIMIT) -> bool:
@@ -26,8 +20,6 @@ def release_cached_blocks(device: torch.device, limit: int = CACHED_BLOCKS_LIMIT
     """
     if device.type != "cuda":
         return False
-    import torch  # here, not at the top: the memory plan imports this module's limit without torch
-
     if torch.cuda.memory_reserved(device) - torch.cuda.max_memory_allocated(device) <= limit:
         return False
     torch.cuda.empty_cache()

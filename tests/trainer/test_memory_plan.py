@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from trainer.config_loader import load_config
 from trainer.memory_plan import build_plan, misfit_message, render_plan
 from trainer.memory_plan.shape import ModelShape, lora_params, lora_targets
-from workers.cached_blocks import CACHED_BLOCKS_LIMIT
+from workers.cached_blocks_limit import CACHED_BLOCKS_LIMIT
 
 GIB = 1 << 30
 QWEN_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,

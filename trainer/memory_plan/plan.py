@@ -21,7 +21,7 @@ from trainer.memory_plan.shape import lora_params
 from trainer.memory_plan.terms import (
     Trainability, backward_peak_bytes, forward_peak_bytes, kv_cache_bytes, logits_bytes, model_saved_bytes,
 )
-from workers.cached_blocks import CACHED_BLOCKS_LIMIT
+from workers.cached_blocks_limit import CACHED_BLOCKS_LIMIT
 from workers.lora.spec import VLLM_MAX_LORA_RANKS
 
 COLUMNS = ("weights", "grads", "optimizer", "activations", "logits", "engine", "other")
