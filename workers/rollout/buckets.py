@@ -51,9 +51,7 @@ class BucketLayout:
         return [self.nbytes, [[s.name, list(s.shape), str(s.dtype).removeprefix("torch."), s.offset] for s in self.slots]]
 
     @classmethod
-    def from_wire(cls, wire: "list[Any] | BucketLayout") -> "BucketLayout":
-        if isinstance(wire, BucketLayout):
-            return wire
+    def from_wire(cls, wire: list[Any]) -> "BucketLayout":
         nbytes, slots = wire
         return cls(tuple(TensorSlot(name, tuple(shape), _dtype(dtype), offset) for name, shape, dtype, offset in slots), nbytes)
 

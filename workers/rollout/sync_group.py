@@ -29,8 +29,8 @@ class SyncGroupAddress:
         return [self.host, self.port, self.world_size, self.backend]
 
     @classmethod
-    def from_wire(cls, wire: "list[Any] | SyncGroupAddress") -> "SyncGroupAddress":
-        return wire if isinstance(wire, SyncGroupAddress) else cls(*wire)
+    def from_wire(cls, wire: list[Any]) -> "SyncGroupAddress":
+        return cls(*wire)
 
 
 def local_ip() -> str:
