@@ -30,7 +30,8 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 def cpu_thread_binding(tp: int) -> str:
     """vLLM's CPU backend binds each tensor-parallel worker's threads to cores of a NUMA node of its own and
     refuses when the process may use fewer nodes than workers (a one-node machine): split the cores this
-    process may use into `tp` disjoint groups instead, in its `VLLM_CPU_OMP_THREADS_BIND` form ("0-3|4-7")."""
+    process may use into `tp` disjoint groups instead, in its `VLLM_CPU_OMP_THREADS_BIND` form (comma lists joined
+    by "|": "0,1,2,3|4,5,6,7")."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < tp:
         raise ValueError(f"rollout.tensor_model_parallel_size={tp} on CPU needs a core per engine worker; this process may use {len(cores)}")
