@@ -230,6 +230,7 @@ def _trainer_rows(gpu: _TrainerGpu) -> list[Row]:
     if gpu.has("actor"):
         rows.append(_init_row(gpu))
         rows.append(_generate_row(gpu))
+    if gpu.has("actor") and setup.old_log_prob is not None:
         copies, acts, logits = gpu.forward("actor", setup.old_log_prob, "log_probs_and_entropy")
         rows.append(Row("actor", "old_log_prob", "log-probs + entropy", _add(gpu.resident(True, False, False), weights=copies, activations=acts,
                                                                              logits=logits, other=gpu.cached_blocks("actor"))))
