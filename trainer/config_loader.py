@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from trainer.algorithm_settings import check_algorithm_settings
 from trainer.rollout_settings import check_rollout_settings
 from trainer.trackers.spec import entry_problem
-from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, POLICY_LOSS_MODES
+from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, OLD_LOG_PROB_PASS_CHOICES, POLICY_LOSS_MODES
 
 CONFIG_MODULE = "trainer.config"
 CONFIG_NAME = "trainer"
@@ -121,6 +121,7 @@ _CHOICES = {
     "actor_rollout_ref.actor.loss_agg_mode": LOSS_AGG_MODES,
     "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_MODES,
     "actor_rollout_ref.actor.optim.lr_scheduler": ("constant", "cosine"),
+    "actor_rollout_ref.actor.old_log_prob_pass": OLD_LOG_PROB_PASS_CHOICES,
     "actor_rollout_ref.model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "actor_rollout_ref.rollout.name": ("hf", "vllm"),
     "actor_rollout_ref.rollout.placement": ("hybrid", "separate"),

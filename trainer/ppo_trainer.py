@@ -16,6 +16,7 @@ from trainer.algorithm_settings import gen_batch_size
 from trainer.algorithms import make_kl_controller
 from trainer.balance import balance_batch
 from trainer.dynamic_sampling import ScoredRollout, fill_with_mixed_groups, rows_per_prompt
+from trainer.old_log_prob_pass import old_log_prob_pass_needed
 from trainer.overhead import reset_call_logs, step_overhead
 from trainer.perf_metrics import RunPerf
 from trainer.rewards.overlong import add_overlong_penalty
@@ -25,14 +26,16 @@ from trainer.step_loop import StepLoop
 from trainer.timing import PhaseTimer
 from trainer.tracking import Tracker
 from workers.rl_math.masked import masked_mean
-from workers.rl_math.rollout_correction import ROLLOUT_IS_WEIGHTS, truncated_is_weights
+from workers.rl_math.rollout_correction import OLD_LOG_PROBS, ROLLOUT_IS_WEIGHTS, ROLLOUT_LOG_PROBS, logprob_gap_metrics, truncated_is_weights
 
 RewardFn = Callable[[DataProto], tuple[Any, dict[str, float]]]
 
 
 def mean_metrics(per_worker: list[dict[str, float]], prefix: str) -> dict[str, float]:
+    """Each metric averaged over the workers, named `prefix/name`; a name that already has its group
+    (`rollout/logprob_gap_mean` from the update) keeps it."""
     keys = per_worker[0].keys() if per_worker else []
-    return {f"{prefix}/{k}": float(np.mean([m[k] for m in per_worker])) for k in keys}
+    return {k if "/" in k else f"{prefix}/{k}": float(np.mean([m[k] for m in per_worker])) for k in keys}
 
 
 class PPOTrainer(StepLoop):
@@ -47,6 +50,7 @@ class PPOTrainer(StepLoop):
         self.reward_fn = data.reward_fn
         self._warned_top_up = False
         self.perf = RunPerf.from_config(cfg)  # MFU per phase, tokens/s per GPU
+        self.old_log_prob_pass = old_log_prob_pass_needed(cfg)
 
     # ---- one step --------------------------------------------------------------------------------------
     def train_step(self, batch: DataProto) -> dict[str, float]:
@@ -62,9 +66,11 @@ class PPOTrainer(StepLoop):
         rollout = scored.rollout
         if self.cfg.trainer.balance_batch:
             rollout = balance_batch(rollout, actor.world_size)
-        with timer("old_log_prob"):
-            rollout = rollout.union(actor.compute_log_prob(rollout))
-        is_metrics = self._importance_weights(rollout)
+        is_metrics: dict[str, float] = {}
+        if self.old_log_prob_pass:  # else the update's own forward gives pi_old (trainer/old_log_prob_pass.py)
+            with timer("old_log_prob"):
+                rollout = rollout.union(actor.compute_log_prob(rollout))
+            is_metrics = self._importance_weights(rollout)
         if self.roles.uses_reference:
             with timer("ref_log_prob"):
                 rollout = rollout.union(actor.compute_ref_log_prob(rollout))
@@ -151,7 +157,7 @@ class PPOTrainer(StepLoop):
         if cap is None:
             return {}
         weights, metrics = truncated_is_weights(
-            rollout.batch["old_log_probs"], rollout.batch["rollout_log_probs"], rollout.batch["response_mask"], float(cap)
+            rollout.batch[OLD_LOG_PROBS], rollout.batch[ROLLOUT_LOG_PROBS], rollout.batch["response_mask"], float(cap)
         )
         rollout.batch[ROLLOUT_IS_WEIGHTS] = weights
         return metrics
@@ -172,10 +178,8 @@ class PPOTrainer(StepLoop):
         step_s = sum(timer.seconds.values())
         tokens_per_s = tokens / step_s if step_s else 0.0
         engine_gap = {}
-        if "rollout_log_probs" in rollout.batch.keys():
-            # How far the rollout engine's log-probs are from the trainer's for the same tokens.
-            gap = (rollout.batch["rollout_log_probs"] - rollout.batch["old_log_probs"]).abs()
-            engine_gap = {"rollout/logprob_gap_mean": float(masked_mean(gap, mask)), "rollout/logprob_gap_max": float((gap * mask).max())}
+        if ROLLOUT_LOG_PROBS in rollout.batch.keys() and OLD_LOG_PROBS in rollout.batch.keys():  # else the update reports it
+            engine_gap = logprob_gap_metrics(rollout.batch[OLD_LOG_PROBS], rollout.batch[ROLLOUT_LOG_PROBS], mask)
         return {
             **engine_gap,
             "reward/mean": float(scores.mean()),

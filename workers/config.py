@@ -14,7 +14,7 @@ from workers.config_fields import (
     REQUIRED, Field, betas, boolean, float_in, int_at_least, module_names, non_empty_str, one_of, optional, spec_list, token_ids,
 )
 from workers.lora.spec import check_base_sharing, check_lora_settings
-from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS, KL_PENALTY_NAMES, LOSS_AGG_MODES, POLICY_LOSS_MODES
+from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS, KL_PENALTY_NAMES, LOSS_AGG_MODES, OLD_LOG_PROB_PASS_CHOICES, POLICY_LOSS_MODES
 from workers.rollout_choices import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES, STALENESS_VALUES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -136,6 +136,8 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "use_kl_loss": Field(False, boolean, "a bool"),
         "kl_loss_coef": Field(0.001, float_in(0.0), "a float >= 0"),
         "kl_loss_type": Field("low_var_kl", one_of(*KL_PENALTY_NAMES), f"one of {list(KL_PENALTY_NAMES)}"),
+        # The driver's setting (trainer/old_log_prob_pass.py); the update sees only whether old_log_probs came.
+        "old_log_prob_pass": Field("auto", one_of(*OLD_LOG_PROB_PASS_CHOICES), f"one of {list(OLD_LOG_PROB_PASS_CHOICES)}"),
         "strategy": _strategy_field("actor and reference"),
         "ulysses_sequence_parallel_size": _ulysses_field(),
         "megatron": megatron_spec(),

@@ -39,6 +39,7 @@ class Plan:
     tiny: bool = False
     verl_extra: tuple[str, ...] = ()
     peak_tflops: float | None = None  # given: our sides' trainer.device_peak_tflops (else found by the GPU's name)
+    ours_extra: tuple[str, ...] = ()  # more overrides of our sides
 
     @property
     def size(self) -> str:
@@ -85,7 +86,7 @@ def side_command(side: str, plan: Plan) -> SideCommand:
                    "--workdir", str(plan.work), "--out", str(out), "--reuse-model", *(["--eager"] if plan.tiny else []),
                    *ours_overrides(plan.settings, side), f"trainer.default_local_dir={plan.work / side}",
                    *(["trainer.device=cpu"] if plan.tiny else []),
-                   *([f"trainer.device_peak_tflops={plan.peak_tflops}"] if plan.peak_tflops else [])]
+                   *([f"trainer.device_peak_tflops={plan.peak_tflops}"] if plan.peak_tflops else []), *plan.ours_extra]
         return SideCommand(side, command, env, out, log)
     if side == "verl":
         overrides = verl_overrides(plan.model, plan.data / "train.parquet", plan.data / "val.parquet", plan.work, plan.steps, plan.settings)

@@ -2,7 +2,7 @@
 to back, then one table.
 
     python -m benchmarks.peers.verl_gpu [--preset 0.5b-1gpu|7b-2gpu] [--sides ours_padded,verl,...] [--steps N]
-        [--budget-s 540] [--limit SIDE=SECONDS ...] [--out-dir $OUT] [--verl-extra KEY=VALUE ...] [--tiny] [--dry-run]
+        [--budget-s 540] [--limit SIDE=SECONDS ...] [--out-dir $OUT] [--verl-extra KEY=VALUE ...] [--ours-extra KEY=VALUE ...] [--tiny] [--dry-run]
 
 Every side gets the same model folder and parquet, written once (a random-init Qwen2 of the preset's shape with
 the character tokenizer; synthetic arithmetic, 256 rows), and the settings of the preset's `gpu_settings.GpuGRPO`,
@@ -109,6 +109,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/peers_gpu"))
     parser.add_argument("--out-dir", type=Path, default=Path(os.environ.get("OUT", "results/peers_gpu")))
     parser.add_argument("--verl-extra", nargs="*", default=[], help="more verl overrides")
+    parser.add_argument("--ours-extra", nargs="*", default=[], help="more overrides of our sides")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's bf16 peak for MFU (default: by the GPU's name; none on CPU)")
     parser.add_argument("--tiny", action="store_true", help="CPU dry run at the tiny size")
@@ -122,7 +123,7 @@ def main() -> None:
     if steps < 2:
         raise SystemExit("error: --steps must be >= 2 (step 1 holds warm-up; the table uses steps 2..N)")
     settings = preset.settings.tiny() if args.tiny else preset.settings
-    plan = Plan(args.workdir, args.out_dir, steps, settings, args.tiny, tuple(args.verl_extra), args.peak_tflops)
+    plan = Plan(args.workdir, args.out_dir, steps, settings, args.tiny, tuple(args.verl_extra), args.peak_tflops, tuple(args.ours_extra))
     if args.dry_run:
         for side in sides:
             command = side_command(side, plan)

@@ -44,6 +44,22 @@ def test_one_step_off_grpo_learns_the_task(ray_cluster, tiny_assets, tmp_path):
 
 
 @pytest.mark.slow
+def test_one_optimizer_step_per_batch_takes_pi_old_from_the_update(ray_cluster, tiny_assets, tmp_path):
+    cfg = load_config(run_overrides(
+        tiny_assets, tmp_path, *OFF_BY_ONE, "trainer.total_training_steps=3", "trainer.save_at_end=false",
+        "actor_rollout_ref.rollout.tis_imp_ratio_cap=2.0", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    ))
+    history = run(cfg)
+    _check_versions(history)
+    for record in history:
+        assert "timing/old_log_prob_s" not in record  # no separate pass (trainer/old_log_prob_pass.py)
+        # The update reports what the driver computed from the pass, under the same names.
+        assert 0 < record["rollout_is/weight_mean"] <= 2.0 and record["rollout_is/ratio_max"] >= record["rollout_is/ratio_mean"]
+        assert record["rollout/logprob_gap_max"] >= record["rollout/logprob_gap_mean"] >= 0
+        assert record["actor/ppo_kl"] == 0.0 and np.isfinite(record["actor/pg_loss"])
+
+
+@pytest.mark.slow
 def test_one_step_off_online_dpo_keeps_the_in_flight_batch_out_of_the_checkpoint(ray_cluster, tiny_assets, tmp_path):
     cfg = load_recipe_config("online_dpo", run_overrides(
         tiny_assets, tmp_path, *OFF_BY_ONE, "trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.save_at_end=false",

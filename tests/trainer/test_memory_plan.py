@@ -40,7 +40,8 @@ def scale_config(model: str, *extra: str, lora_rank: int = 0):
         "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.fsdp.param_offload=true",
-        "actor_rollout_ref.actor.fsdp.optimizer_offload=true", "actor_rollout_ref.model.enable_gradient_checkpointing=true", *extra,
+        "actor_rollout_ref.actor.fsdp.optimizer_offload=true", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        "actor_rollout_ref.actor.old_log_prob_pass=always", *extra,  # the pass's row is checked too
     ])
     if lora_rank:  # the key of the LoRA branch; set directly so this works before and after it exists
         OmegaConf.update(cfg, "actor_rollout_ref.model.lora_rank", lora_rank, force_add=True)
@@ -274,3 +275,10 @@ def test_compute_phases_count_the_free_blocks_a_gpu_worker_keeps_between_micro_b
     for phase, moment in (("old_log_prob", "log-probs + entropy"), ("ref_log_prob", "log-probs"),
                           ("update_actor", "forward/backward")):
         assert other(gpu, phase, moment) - other(cpu, phase, moment) == CACHED_BLOCKS_LIMIT
+
+
+def test_no_old_log_prob_row_when_the_update_gives_them(folders):
+    kept, skipped = (plan_of(scale_config(folders["7B"], f"actor_rollout_ref.actor.old_log_prob_pass={v}")) for v in ("always", "auto"))
+    assert kept.row("old_log_prob") is not None and skipped.row("old_log_prob") is None
+    assert skipped.row("update_actor").total == kept.row("update_actor").total
+    assert any("no old log-prob pass" in note for note in skipped.notes)

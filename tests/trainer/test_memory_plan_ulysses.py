@@ -35,7 +35,7 @@ def long_sequences(model: str, *extra: str, prompts: int = 4, micro_rows: int = 
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_rows}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_rows}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro_rows}",
-        "actor_rollout_ref.model.use_remove_padding=true", *extra,
+        "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.old_log_prob_pass=always", *extra,
     ])
 
 

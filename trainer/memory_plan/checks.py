@@ -53,9 +53,9 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
 def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     notes = [
         f"sequences at their maximum: {setup.prompt} prompt + {setup.response} response tokens, every response full "
-        f"length; micro-batches of {setup.update.tokens} tokens per GPU (update), {setup.old_log_prob.tokens} (old "
-        "log-probs), "
-        f"{'packed' if setup.packed else 'padded'}",
+        f"length; micro-batches of {setup.update.tokens} tokens per GPU (update), "
+        + (f"{setup.old_log_prob.tokens} (old log-probs), " if setup.old_log_prob else "no old log-prob pass (the update gives them), ")
+        + ("packed" if setup.packed else "padded"),
         f"'other' holds {gib(RUNTIME_BYTES)} per GPU process for the CUDA context, cuBLAS/NCCL workspaces and "
         "allocator slack (an allowance), and weight-sync buffers",
     ]

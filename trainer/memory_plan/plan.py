@@ -234,6 +234,7 @@ def _trainer_rows(gpu: _TrainerGpu) -> list[Row]:
     if gpu.has("actor"):
         rows.append(_init_row(gpu))
         rows.append(_generate_row(gpu))
+    if gpu.has("actor") and setup.old_log_prob is not None:
         forward = gpu.forward("actor", setup.old_log_prob, "log_probs_and_entropy")
         rows.append(Row("actor", "old_log_prob", "log-probs + entropy", _add(gpu.resident(True, False, False), forward)))
     if setup.lora_reference and gpu.has("actor"):

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.memory_plan.shape import ModelShape, lora_targets, read_shape
 from trainer.memory_plan.terms import FP32, Trainability
+from trainer.old_log_prob_pass import old_log_prob_pass_needed
 from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -112,7 +113,7 @@ class PlanSetup:
     reward_model: ModelRole | None
     rollout: RolloutSetup
     update: Batching
-    old_log_prob: Batching
+    old_log_prob: Batching | None  # None: no separate pass, the update gives pi_old (trainer/old_log_prob_pass.py)
     ref_log_prob: Batching
     critic_forward: Batching | None
     critic_update: Batching | None
@@ -226,7 +227,8 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         update=Batching.of(mini_rows, int(arr.actor.ppo_micro_batch_size_per_gpu), bool(arr.actor.use_dynamic_bsz),
                            int(arr.actor.ppo_max_token_len_per_gpu), prompt, response, actor_sp),
         old_log_prob=Batching.of(actor_rows, int(ro.log_prob_micro_batch_size_per_gpu), log_dynamic,
-                                 int(ro.log_prob_max_token_len_per_gpu), prompt, response, actor_sp),
+                                 int(ro.log_prob_max_token_len_per_gpu), prompt, response, actor_sp)
+        if old_log_prob_pass_needed(cfg) else None,
         ref_log_prob=Batching.of(
             actor_rows, int(arr.ref.log_prob_micro_batch_size_per_gpu), bool(arr.ref.log_prob_use_dynamic_bsz),
             int(arr.ref.log_prob_max_token_len_per_gpu), prompt, response, actor_sp,

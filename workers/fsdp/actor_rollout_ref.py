@@ -30,7 +30,7 @@ from workers.fsdp.dpo_update import PAIR_KEYS, DPOSettings, run_dpo_update
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.generation import generate_responses, seeded_sampling
 from workers.fsdp.offload import GIB, Offloader
-from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.fsdp.ppo_loop import PPOSchedule, check_one_optimizer_step, run_ppo_updates
 from workers.fsdp.residency import ActorResidency, process_tenants
 from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.sequences import require_batch_keys, response_log_probs_and_entropy
@@ -40,6 +40,7 @@ from workers.fsdp.ulysses import METRICS_OVER_DATA_PARALLEL, OVER_DATA_PARALLEL,
 from workers.fsdp.weight_sender import WeightSenderMixin
 from workers.lora.model import adapters_disabled
 from workers.memory import MemoryLog
+from workers.rl_math.rollout_correction import OLD_LOG_PROBS
 from workers.rollout.agent.worker_glue import build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.sampling import SamplingParams, model_token_ids, sampling_params
 from workers.rollout.shaping import rollout_output
@@ -291,14 +292,17 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         """PPO update on this rank's share; returns metrics averaged over micro-batches and ranks."""
         engine = self._resident_actor("update_actor")  # the optimizer state comes for each step only
         actor_cfg = self.config["actor"]
-        require_batch_keys(data, required_update_keys(actor_cfg), "update_actor")
+        require_batch_keys(data, required_update_keys(actor_cfg, with_old_log_probs=False), "update_actor")
+        schedule = self._update_schedule()
+        if OLD_LOG_PROBS not in data.batch.keys():
+            check_one_optimizer_step(schedule, len(data))  # this update's forward gives pi_old
         data = self._with_images(data, "update_actor")
         temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
+        is_cap = self.config["rollout"].get("tis_imp_ratio_cap")
 
         def loss_fn(micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
-            return actor_micro_loss(engine.module, micro, engine.device, temperature, actor_cfg)
+            return actor_micro_loss(engine.module, micro, engine.device, temperature, actor_cfg, is_cap)
 
-        schedule = self._update_schedule()
         metrics = run_ppo_updates(engine, data, loss_fn, schedule, method="update_actor")
         self.update_calls += 1
         self.weights_version += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,20 @@ def mean_over_ranks(metrics: dict[str, float], device: torch.device) -> dict[str
     dist.all_reduce(values, op=dist.ReduceOp.SUM)
     values /= dist.get_world_size()
     return {k: float(v) for k, v in zip(keys, values.tolist())}
+
+
+def reduce_over_ranks(metrics: dict[str, float], device: torch.device, extremes: Mapping[str, str]) -> dict[str, float]:
+    """`mean_over_ranks`, except the metrics named in `extremes` ("max" / "min"), which take the extreme."""
+    named = {k: extremes[k] for k in metrics if k in extremes}
+    averaged = mean_over_ranks({k: v for k, v in metrics.items() if k not in named}, device)
+    if not named or not dist.is_initialized() or dist.get_world_size() == 1:
+        return {**averaged, **{k: metrics[k] for k in named}}
+    keys = sorted(named)
+    # One MAX all-reduce: a minimum is the negated maximum of the negated values.
+    signs = torch.tensor([1.0 if named[k] == "max" else -1.0 for k in keys], dtype=torch.float64, device=device)
+    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device) * signs
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return {**averaged, **{k: float(v) for k, v in zip(keys, (values * signs).tolist())}}
 
 
 @contextmanager

@@ -24,10 +24,11 @@ import torch.distributed as dist
 from protocol import DataProto
 from workers.cached_blocks import release_cached_blocks
 from workers.config import mini_batch_per_rank
-from workers.fsdp.dist_utils import check_same_length, mean_over_ranks
+from workers.fsdp.dist_utils import check_same_length, reduce_over_ranks
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.micro_batching import MicroBatching, sum_over_ranks
 from workers.fsdp.sequences import response_mask
+from workers.rl_math.rollout_correction import EXTREME_METRICS
 
 # loss_fn(micro_batch) -> (scalar loss aggregated over the micro-batch, float metrics)
 MicroLossFn = Callable[[DataProto], tuple[torch.Tensor, dict[str, float]]]
@@ -72,6 +73,20 @@ class PPOSchedule:
         return MicroBatching(self.micro_batch_size, self.max_token_len, self.budget_setting)
 
 
+def check_one_optimizer_step(schedule: PPOSchedule, rows: int) -> None:
+    """An update without `old_log_probs` takes pi_old from its own forward, which is right only when it makes
+    one optimizer step over the batch; ValueError otherwise."""
+    if schedule.epochs == 1 and rows <= schedule.mini_batch_size:
+        return
+    raise ValueError(
+        f"update_actor got a batch without old_log_probs, but it makes {schedule.epochs} epoch(s) over "
+        f"{-(-rows // schedule.mini_batch_size)} mini-batch(es) of {schedule.mini_batch_size} rows per rank ({rows} rows "
+        "here): after the first optimizer step its own forward no longer gives pi_old. Add the actor's "
+        "compute_log_prob output to the batch first, or make one optimizer step per batch (ppo_epochs=1 and "
+        "ppo_mini_batch_size = data.train_batch_size)"
+    )
+
+
 def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> float:
     """How many units `agg_loss` averages over in a batch with this response mask."""
     if loss_agg_mode == "token-mean":
@@ -113,6 +128,13 @@ def run_ppo_updates(engine: FSDPEngine, data: DataProto, loss_fn: MicroLossFn, s
                     collected[key].append(value)
             collected["grad_norm"].append(engine.optimizer_step(schedule.grad_clip))
     engine.lr_scheduler_step()
-    averaged = {key: sum(values) / len(values) for key, values in collected.items()}
-    averaged["lr"] = lr
-    return mean_over_ranks(averaged, engine.device)
+    reduced = {key: _over_micro_batches(key, values) for key, values in collected.items()}
+    reduced["lr"] = lr
+    return reduce_over_ranks(reduced, engine.device, EXTREME_METRICS)
+
+
+def _over_micro_batches(key: str, values: list[float]) -> float:
+    extreme = EXTREME_METRICS.get(key)
+    if extreme is not None:
+        return max(values) if extreme == "max" else min(values)
+    return sum(values) / len(values)

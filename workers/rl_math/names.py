@@ -22,3 +22,7 @@ KL_PENALTY_NAMES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl
 # logits of 2048 tokens x 152064 entries (Qwen2.5's vocabulary) are 1.2 GiB; the chunk is large enough that
 # the head's matrix products stay efficient.
 DEFAULT_LOGITS_CHUNK_TOKENS = 2048
+
+# actor.old_log_prob_pass: skip the log-prob pass before the update when the update's own forward gives pi_old
+# (auto, trainer/old_log_prob_pass.py), or run it before every update (always).
+OLD_LOG_PROB_PASS_CHOICES: tuple[str, ...] = ("auto", "always")

@@ -14,6 +14,19 @@ from .masked import masked_mean
 
 # The batch key holding the per-token weights; the actor's policy loss applies them when present.
 ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
+# The engine's log-probs of the tokens it sampled, and the actor's before the update (pi_old).
+ROLLOUT_LOG_PROBS = "rollout_log_probs"
+OLD_LOG_PROBS = "old_log_probs"
+# Metrics that are extremes, not means: reduced over micro-batches and ranks with max / min when the update
+# computes them (no old log-prob pass: trainer/old_log_prob_pass.py).
+EXTREME_METRICS = {"rollout_is/ratio_max": "max", "rollout_is/ratio_min": "min", "rollout/logprob_gap_max": "max"}
+
+
+def logprob_gap_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the trainer's for the same tokens (mean and max)."""
+    mask = response_mask.to(old_log_probs.dtype)
+    gap = (rollout_log_probs - old_log_probs).abs()
+    return {"rollout/logprob_gap_mean": float(masked_mean(gap, mask)), "rollout/logprob_gap_max": float((gap * mask).max())}
 
 
 def truncated_is_weights(
