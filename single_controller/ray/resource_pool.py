@@ -27,7 +27,9 @@ class RayResourcePool:
 
     Each process slot is a bundle of `cpus_per_process` CPUs (and `gpus_per_process` GPUs when `use_gpu`,
     e.g. a tensor-parallel engine that starts its own per-GPU processes); up to
-    `max_colocate_count` worker groups can share the pool, each actor taking that fraction of its slot.
+    `max_colocate_count` worker groups can share the pool, each actor taking that fraction of its slot
+    (default 10; 1 for processes of several GPUs: Ray shows an actor asking a fraction of a multi-GPU slot only
+    one of its GPUs, so such a process takes its whole slot and sees every GPU of it).
     A `gpus_per_process` below 1 lets pools share a GPU (e.g. 0.5 each: a trainer and a rollout engine on one
     GPU, in two pools); Ray decides which GPU each fractional slot lands on.
     """
@@ -36,7 +38,7 @@ class RayResourcePool:
         self,
         process_on_nodes: list[int],
         use_gpu: bool = True,
-        max_colocate_count: int = 10,
+        max_colocate_count: int | None = None,
         name_prefix: str = "",
         cpus_per_process: float = 1.0,
         detached: bool = False,
@@ -46,8 +48,17 @@ class RayResourcePool:
             raise ValueError(f"process_on_nodes must be a non-empty list of positive ints, got {process_on_nodes!r}")
         if not gpus_per_process > 0 or (gpus_per_process > 1 and gpus_per_process != int(gpus_per_process)):
             raise ValueError(f"gpus_per_process must be a fraction in (0, 1] or a whole number of GPUs, got {gpus_per_process}")
+        several_gpus = use_gpu and gpus_per_process > 1
+        if max_colocate_count is None:
+            max_colocate_count = 1 if several_gpus else 10
         if max_colocate_count < 1:
             raise ValueError(f"max_colocate_count must be >= 1, got {max_colocate_count}")
+        if several_gpus and max_colocate_count != 1:
+            raise ValueError(
+                f"gpus_per_process={gpus_per_process} with max_colocate_count={max_colocate_count}: a process of several "
+                "GPUs takes its whole slot (Ray would show an actor asking a share of it only one GPU); leave "
+                "max_colocate_count unset (1) or give each colocated group a pool of its own"
+            )
         self.process_on_nodes = list(process_on_nodes)
         self.use_gpu = use_gpu
         self.max_colocate_count = max_colocate_count

@@ -122,3 +122,12 @@ def test_a_pool_slot_takes_a_fraction_of_a_gpu_or_whole_gpus(gpus, valid):
     else:
         with pytest.raises(ValueError, match="fraction in"):
             RayResourcePool([1], use_gpu=True, gpus_per_process=gpus)
+
+
+def test_a_process_of_several_gpus_takes_its_whole_slot():
+    from single_controller.ray import RayResourcePool
+
+    assert RayResourcePool([1], use_gpu=True, gpus_per_process=2).actor_resources()["num_gpus"] == 2
+    assert RayResourcePool([1], use_gpu=True).max_colocate_count == 10  # one GPU or less: groups share slots
+    with pytest.raises(ValueError, match="max_colocate_count=3: a process of several GPUs takes its whole slot"):
+        RayResourcePool([1], use_gpu=True, gpus_per_process=2, max_colocate_count=3)
