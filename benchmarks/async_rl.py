@@ -33,8 +33,13 @@ of the asynchronous runs included); the step time is the steady state (mean of s
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -190,6 +195,8 @@ def summarize(history: list[dict[str, float]]) -> dict[str, Any]:
         # async: the polls' round trips into the engines and the time inside the engines' method
         "exchange_s": mean(history, "async/exchange_s", first=3),
         "exchange_in_worker_s": mean(history, "async/exchange_in_worker_s", first=3),
+        "share_out_s": mean(history, "async/share_out_s", first=3),
+        "filing_s": mean(history, "async/filing_s", first=3),
         "staleness_mean": mean(history, "rollout/staleness"),
         "staleness_max": max((r.get("rollout/staleness_max", r.get("rollout/staleness", 0.0)) for r in history), default=0.0),
         "multi_version_fraction": mean(history, "rollout/multi_version_fraction"),
@@ -227,6 +234,9 @@ def main() -> None:
     parser.add_argument("--long-fraction", type=float, default=0.1, help="share of prompts forced to the long length")
     parser.add_argument("--workdir", default="/tmp/async_rl")
     parser.add_argument("--out", default=None, help="JSON results (default results/async_rl_<preset>.json)")
+    parser.add_argument("--profile-driver", type=Path, default=None, metavar="DIR",
+                        help="cProfile the driver of each run into DIR (<mode>_seed<k>.prof and .txt, the top functions "
+                             "by cumulative time); the profiler slows the driver, so its step times are not the benchmark's")
     args, extra = parser.parse_known_args()
     modes = args.modes.split(",")
     unknown = sorted(set(modes) - set(MODES))
@@ -249,13 +259,33 @@ def main() -> None:
         for seed in seeds:
             run_overrides = [*overrides, *SEPARATE, *MODES[mode], f"trainer.total_training_steps={steps}", f"trainer.seed={seed}",
                              f"trainer.default_local_dir={work / 'runs' / f'{mode}_seed{seed}'}", *extra]
-            histories.append(run(load_config(run_overrides)))
+            with driver_profile(args.profile_driver, f"{mode}_seed{seed}"):
+                histories.append(run(load_config(run_overrides)))
             per_seed.append({"seed": seed, "history": histories[-1], "overrides": run_overrides})
         runs[mode] = {"summary": summarize_seeds(histories), "runs": per_seed}
         write(out, args, extra, workload, runs, verdict(args.preset, {m: r["summary"] for m, r in runs.items()}), started)
     summaries = {m: r["summary"] for m, r in runs.items()}
     report(args.preset, steps, workload, summaries, verdict(args.preset, summaries))
     print(f"wrote {out} ({time.perf_counter() - started:.0f} s)")
+
+
+@contextmanager
+def driver_profile(folder: Path | None, name: str) -> Iterator[None]:
+    """With a folder: this process (the driver) under cProfile, its stats written there as `name`.prof and .txt."""
+    if folder is None:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        profiler.dump_stats(folder / f"{name}.prof")
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(60)
+        (folder / f"{name}.txt").write_text(text.getvalue())
 
 
 def write(out: Path, args: argparse.Namespace, extra: list[str], workload: dict, runs: dict, result: dict, started: float) -> None:

@@ -50,8 +50,9 @@ class AsyncRollout:
         self.engine_of: dict[str, int] = {}  # uid -> the engine generating it
         self.in_progress: dict[str, int | None] = {}  # uid -> oldest token version, as the engines last said
         self.counts = {"dropped": 0, "regenerated": 0, "polls": 0, "stream_calls": 0}
-        # Seconds of the polls' round trips into the engines, and of those the engines spent in the method.
-        self.exchange = {"round_trip": 0.0, "in_worker": 0.0}
+        # Seconds of the polls' round trips into the engines, of those the engines spent in the method, and
+        # the driver's own parts of the wait: choosing the prompts to hand out, filing the finished groups.
+        self.exchange = {"round_trip": 0.0, "in_worker": 0.0, "share_out": 0.0, "filing": 0.0}
         self.taken: DataProto | None = None
         self.phases: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}
@@ -113,7 +114,10 @@ class AsyncRollout:
         while True:
             # One call per engine and poll: the prompts the bound lets out now ride on the collect (prompts
             # freed by groups expiring below go out with the next poll).
-            self._poll(self._share_out((self.max_staleness + 1) * self.batch_size), wait_s)
+            share_started = time.perf_counter()
+            per_engine = self._share_out((self.max_staleness + 1) * self.batch_size)
+            self.exchange["share_out"] += time.perf_counter() - share_started
+            self._poll(per_engine, wait_s)
             for group in self.buffer.expire(version):
                 self._stale(group.uid)
             taken = self.buffer.take(version, self.in_progress)
@@ -130,6 +134,7 @@ class AsyncRollout:
         reports = self.roles.rollout.stream_exchange(per_engine, [wait_s] * len(per_engine))
         self.exchange["round_trip"] += time.perf_counter() - call_started
         self.exchange["in_worker"] += max(report["worker_s"] for report in reports)
+        filing_started = time.perf_counter()
         for rank, report in enumerate(reports):
             for uid in report["stale"]:
                 self.engine_of.pop(uid, None)
@@ -144,6 +149,7 @@ class AsyncRollout:
                 oldest, newest = version_bounds(group)
                 self.buffer.add(str(uid), group, oldest if oldest is not None else -1, newest)
                 self.engine_of.pop(str(uid), None)
+        self.exchange["filing"] += time.perf_counter() - filing_started
 
     def _stale(self, uid: str) -> None:
         """A group too old to train on: its prompt is generated again (regenerate; wait, as a fallback) or
@@ -201,6 +207,9 @@ class AsyncRollout:
             # a gap between the two is the call waiting for the engine's process, not the engine's work.
             "async/exchange_s": self.exchange["round_trip"] - started["round_trip"],
             "async/exchange_in_worker_s": self.exchange["in_worker"] - started["in_worker"],
+            # The rest of the wait is the driver's: the prompts handed out, the finished groups filed.
+            "async/share_out_s": self.exchange["share_out"] - started["share_out"],
+            "async/filing_s": self.exchange["filing"] - started["filing"],
             "async/buffered_groups": float(len(self.buffer)),
             "async/in_progress_groups": float(len(self.engine_of)),
         }

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM
 
 from protocol import DataProto
-from tests.packing.test_packed_forward import CONFIG, rollout_batch
+from tests.packing.test_packed_forward import rollout_batch
 from trainer.config_loader import ConfigError, load_config
 from trainer.old_log_prob_pass import old_log_prob_pass_needed
 from workers.config import actor_rollout_ref_config
 from workers.fsdp.actor_loss import actor_micro_loss
-from workers.fsdp.dist_utils import single_process_group
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.ppo_loop import PPOSchedule, check_one_optimizer_step, run_ppo_updates
 from workers.fsdp.sequences import response_log_probs_and_entropy
@@ -23,20 +22,6 @@ from workers.rl_math.rollout_correction import ROLLOUT_IS_WEIGHTS, logprob_gap_m
 PROMPTS = [9, 3, 6, 2, 7, 4]
 RESPONSES = [12, 2, 5, 9, 1, 12]
 CAP = 1.5
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("tiny_old_log_probs")
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(**CONFIG)).save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    with single_process_group(torch.device("cpu")):
-        yield
 
 
 def make_engine(model_dir: str, mini_batch: int) -> tuple[FSDPEngine, dict]:

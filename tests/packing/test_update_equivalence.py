@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM
 
-from tests.packing.test_packed_forward import CONFIG, rollout_batch
+from tests.packing.test_packed_forward import rollout_batch
 from workers.config import actor_rollout_ref_config
 from workers.fsdp.actor_loss import actor_micro_loss
-from workers.fsdp.dist_utils import single_process_group
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.rl_math.names import LOSS_AGG_MODES
@@ -18,20 +17,6 @@ from workers.rl_math.names import LOSS_AGG_MODES
 PROMPTS = [9, 3, 6, 2, 7, 4, 9, 5]
 RESPONSES = [12, 2, 5, 9, 1, 12, 3, 7]
 BUDGET = 22  # tokens per micro-batch: groups of uneven row counts
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("tiny_packing")
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(**CONFIG)).save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    with single_process_group(torch.device("cpu")):
-        yield
 
 
 def update_batch():

@@ -40,6 +40,9 @@ def _check_one_call_per_poll(history):
         assert record["async/stream_calls"] == record["async/polls"] >= 1, record
         # each poll's round trip holds the engine's time inside the method
         assert record["async/exchange_s"] >= record["async/exchange_in_worker_s"] > 0, record
+        # the driver's own parts of the wait, timed apart from the round trips
+        parts = record["async/exchange_s"] + record["async/share_out_s"] + record["async/filing_s"]
+        assert record["async/share_out_s"] > 0 and record["async/filing_s"] > 0 and parts <= record["timing/wait_rollout_s"], record
 
 
 def test_async_grpo_learns_the_task(ray_cluster, tiny_assets, tmp_path):

@@ -117,3 +117,17 @@ def test_the_7b_preset_refuses_one_gpu(tmp_path):
     done = subprocess.run([sys.executable, "-m", "benchmarks.async_rl", "--preset", "gpu-7b", "--gpus", "1", "--workdir", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--preset gpu-7b needs --gpus 2" in done.stderr
+
+
+def test_the_driver_profile_names_where_the_driver_spent_its_time(tmp_path):
+    from benchmarks.async_rl import driver_profile
+
+    def busy_driver_work():
+        return sum(i * i for i in range(200_000))
+
+    with driver_profile(tmp_path / "prof", "async2_seed0"):
+        busy_driver_work()
+    with driver_profile(None, "off"):  # no folder: nothing profiled, nothing written
+        busy_driver_work()
+    assert sorted(p.name for p in (tmp_path / "prof").iterdir()) == ["async2_seed0.prof", "async2_seed0.txt"]
+    assert "busy_driver_work" in (tmp_path / "prof" / "async2_seed0.txt").read_text()

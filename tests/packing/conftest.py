@@ -1,0 +1,25 @@
+"""Fixtures of the packing tests that run an FSDP engine in this process: a tiny random Qwen2 folder and a one-rank
+process group."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from tests.packing.test_packed_forward import CONFIG
+from workers.fsdp.dist_utils import single_process_group
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tiny_packing")
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(**CONFIG)).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    with single_process_group(torch.device("cpu")):
+        yield
