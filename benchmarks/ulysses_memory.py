@@ -77,6 +77,8 @@ def trainer_overrides(args: argparse.Namespace, model_dir: Path, size: int) -> l
         "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
         "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.name=hf",
         f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={size}", "trainer.total_training_steps=1",
+        # This benchmark calls each phase itself, the old log-prob pass among them, and checks each against the plan.
+        "actor_rollout_ref.actor.old_log_prob_pass=always",
     ]
     if args.tiny:
         overrides.append("trainer.device=cpu")
