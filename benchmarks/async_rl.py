@@ -33,13 +33,8 @@ of the asynchronous runs included); the step time is the steady state (mean of s
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
-import pstats
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.driver_profile import driver_profile
 from trainer.config_loader import load_config
 from trainer.datasets.synthetic import write_synthetic_dataset
 from trainer.main import run
@@ -267,25 +263,6 @@ def main() -> None:
     summaries = {m: r["summary"] for m, r in runs.items()}
     report(args.preset, steps, workload, summaries, verdict(args.preset, summaries))
     print(f"wrote {out} ({time.perf_counter() - started:.0f} s)")
-
-
-@contextmanager
-def driver_profile(folder: Path | None, name: str) -> Iterator[None]:
-    """With a folder: this process (the driver) under cProfile, its stats written there as `name`.prof and .txt."""
-    if folder is None:
-        yield
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    profiler = cProfile.Profile()
-    profiler.enable()
-    try:
-        yield
-    finally:
-        profiler.disable()
-        profiler.dump_stats(folder / f"{name}.prof")
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(60)
-        (folder / f"{name}.txt").write_text(text.getvalue())
 
 
 def write(out: Path, args: argparse.Namespace, extra: list[str], workload: dict, runs: dict, result: dict, started: float) -> None:

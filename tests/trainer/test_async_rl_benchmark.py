@@ -120,7 +120,7 @@ def test_the_7b_preset_refuses_one_gpu(tmp_path):
 
 
 def test_the_driver_profile_names_where_the_driver_spent_its_time(tmp_path):
-    from benchmarks.async_rl import driver_profile
+    from benchmarks.driver_profile import driver_profile
 
     def busy_driver_work():
         return sum(i * i for i in range(200_000))
@@ -130,4 +130,19 @@ def test_the_driver_profile_names_where_the_driver_spent_its_time(tmp_path):
     with driver_profile(None, "off"):  # no folder: nothing profiled, nothing written
         busy_driver_work()
     assert sorted(p.name for p in (tmp_path / "prof").iterdir()) == ["async2_seed0.prof", "async2_seed0.txt"]
-    assert "busy_driver_work" in (tmp_path / "prof" / "async2_seed0.txt").read_text()
+    text = (tmp_path / "prof" / "async2_seed0.txt").read_text()
+    assert "busy_driver_work" in text and text.startswith("garbage collection pauses: ")
+
+
+def test_the_collectors_pauses_are_counted_per_generation():
+    import gc
+
+    from benchmarks.driver_profile import GcPauses
+
+    pauses = GcPauses()
+    with pauses.installed():
+        gc.collect(2)
+        gc.collect(0)
+    assert pauses.counts[2] >= 1 and pauses.counts[0] >= 1 and pauses.seconds[2] > 0
+    assert pauses not in gc.callbacks  # removed again
+    assert pauses.summary().startswith("garbage collection pauses: ")
