@@ -193,6 +193,8 @@ def summarize(history: list[dict[str, float]]) -> dict[str, Any]:
         "exchange_in_worker_s": mean(history, "async/exchange_in_worker_s", first=3),
         "share_out_s": mean(history, "async/share_out_s", first=3),
         "filing_s": mean(history, "async/filing_s", first=3),
+        "wait_thread_cpu_s": mean(history, "async/wait_thread_cpu_s", first=3),
+        "wait_process_cpu_s": mean(history, "async/wait_process_cpu_s", first=3),
         "staleness_mean": mean(history, "rollout/staleness"),
         "staleness_max": max((r.get("rollout/staleness_max", r.get("rollout/staleness", 0.0)) for r in history), default=0.0),
         "multi_version_fraction": mean(history, "rollout/multi_version_fraction"),
@@ -271,7 +273,7 @@ def write(out: Path, args: argparse.Namespace, extra: list[str], workload: dict,
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": device, "args": vars(args), "extra": extra, "workload": workload, "verdict": result,
+    out.write_text(json.dumps({"device": device, "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "extra": extra, "workload": workload, "verdict": result,
                                "elapsed_s": time.perf_counter() - started, "runs": runs}, indent=2))
 
 

@@ -52,7 +52,7 @@ class AsyncRollout:
         self.counts = {"dropped": 0, "regenerated": 0, "polls": 0, "stream_calls": 0}
         # Seconds of the polls' round trips into the engines, of those the engines spent in the method, and
         # the driver's own parts of the wait: choosing the prompts to hand out, filing the finished groups.
-        self.exchange = {"round_trip": 0.0, "in_worker": 0.0, "share_out": 0.0, "filing": 0.0}
+        self.exchange = {"round_trip": 0.0, "in_worker": 0.0, "share_out": 0.0, "filing": 0.0, "thread_cpu": 0.0, "process_cpu": 0.0}
         self.taken: DataProto | None = None
         self.phases: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}
@@ -70,8 +70,13 @@ class AsyncRollout:
         with timer("sync_weights"):
             self.roles.sync_rollout_weights()  # the engines pause around it (RoleGroups.streaming)
         version = self.roles.actor_weights_version()
+        # The driver's CPU time in the wait, its own thread's and the whole process's: a wait far longer than
+        # the parts below that this thread did not spend computing was blocked (on another thread, the GIL).
+        thread_cpu, process_cpu = time.thread_time(), time.process_time()
         with timer("wait_rollout"):
             groups = self._wait_for_batch(version)
+        self.exchange["thread_cpu"] += time.thread_time() - thread_cpu
+        self.exchange["process_cpu"] += time.process_time() - process_cpu
         for group in groups:
             self.feed.settle(group.uid)
         # Replacements start generating while the actor trains, with the weights before this update: at
@@ -210,6 +215,8 @@ class AsyncRollout:
             # The rest of the wait is the driver's: the prompts handed out, the finished groups filed.
             "async/share_out_s": self.exchange["share_out"] - started["share_out"],
             "async/filing_s": self.exchange["filing"] - started["filing"],
+            "async/wait_thread_cpu_s": self.exchange["thread_cpu"] - started["thread_cpu"],
+            "async/wait_process_cpu_s": self.exchange["process_cpu"] - started["process_cpu"],
             "async/buffered_groups": float(len(self.buffer)),
             "async/in_progress_groups": float(len(self.engine_of)),
         }

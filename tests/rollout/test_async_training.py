@@ -43,6 +43,9 @@ def _check_one_call_per_poll(history):
         # the driver's own parts of the wait, timed apart from the round trips
         parts = record["async/exchange_s"] + record["async/share_out_s"] + record["async/filing_s"]
         assert record["async/share_out_s"] > 0 and record["async/filing_s"] > 0 and parts <= record["timing/wait_rollout_s"], record
+        # the driver's own CPU time in the wait: its thread's within the process's, neither above the wait (plus clock slack)
+        assert 0 < record["async/wait_thread_cpu_s"] <= record["async/wait_process_cpu_s"] + 0.01, record
+        assert record["async/wait_thread_cpu_s"] <= record["timing/wait_rollout_s"] + 0.01, record
 
 
 def test_async_grpo_learns_the_task(ray_cluster, tiny_assets, tmp_path):

@@ -129,7 +129,7 @@ def test_the_driver_profile_names_where_the_driver_spent_its_time(tmp_path):
         busy_driver_work()
     with driver_profile(None, "off"):  # no folder: nothing profiled, nothing written
         busy_driver_work()
-    assert sorted(p.name for p in (tmp_path / "prof").iterdir()) == ["async2_seed0.prof", "async2_seed0.txt"]
+    assert sorted(p.name for p in (tmp_path / "prof").iterdir()) == ["async2_seed0.prof", "async2_seed0.stacks.txt", "async2_seed0.txt"]
     text = (tmp_path / "prof" / "async2_seed0.txt").read_text()
     assert "busy_driver_work" in text and text.startswith("garbage collection pauses: ")
 
@@ -146,3 +146,33 @@ def test_the_collectors_pauses_are_counted_per_generation():
     assert pauses.counts[2] >= 1 and pauses.counts[0] >= 1 and pauses.seconds[2] > 0
     assert pauses not in gc.callbacks  # removed again
     assert pauses.summary().startswith("garbage collection pauses: ")
+
+
+def test_the_stack_sampler_shows_a_waiting_main_thread_and_what_held_it_up():
+    import threading
+    import time
+
+    from benchmarks.driver_profile import StackSampler
+
+    def background_spin(stop):
+        while not stop.is_set():
+            sum(i for i in range(1000))
+
+    def _wait_for_batch(seconds):  # the focus function's name, as in trainer/async_rollout.py
+        time.sleep(seconds)
+
+    stop = threading.Event()
+    spinner = threading.Thread(target=background_spin, args=(stop,), name="spinner")
+    sampler = StackSampler(focus="_wait_for_batch", interval_s=0.005)
+    with sampler.running():
+        spinner.start()
+        _wait_for_batch(0.3)
+        time.sleep(0.1)  # outside the focus
+        stop.set()
+        spinner.join()
+    focused = sum(sampler.focused.values())
+    assert 10 <= focused < sampler.samples
+    assert all("_wait_for_batch" in stack for stack in sampler.focused)
+    assert any(stack.startswith("[spinner]") and "background_spin" in stack for stack in sampler.others_in_focus)
+    text = sampler.summary()
+    assert "== main thread inside _wait_for_batch" in text and "== thread spinner" in text
