@@ -148,12 +148,10 @@ class AsyncRollout:
             rows = report["rollout"]
             if rows is None:
                 continue
-            uids = rows.non_tensor_batch["uid"]
-            for uid in dict.fromkeys(uids):
-                group = rows[np.flatnonzero(uids == uid)]
+            for uid, group in groups_of(rows):
                 oldest, newest = version_bounds(group)
-                self.buffer.add(str(uid), group, oldest if oldest is not None else -1, newest)
-                self.engine_of.pop(str(uid), None)
+                self.buffer.add(uid, group, oldest if oldest is not None else -1, newest)
+                self.engine_of.pop(uid, None)
         self.exchange["filing"] += time.perf_counter() - filing_started
 
     def _stale(self, uid: str) -> None:
@@ -220,6 +218,20 @@ class AsyncRollout:
             "async/buffered_groups": float(len(self.buffer)),
             "async/in_progress_groups": float(len(self.engine_of)),
         }
+
+
+def groups_of(rows: DataProto) -> list[tuple[str, DataProto]]:
+    """The rows of each prompt group (by `uid`), in order of first appearance: slices (views, no copy) of one
+    batch ordered by group; the engines send each group's rows together, so that order is usually the batch's."""
+    uids = rows.non_tensor_batch["uid"]
+    starts = np.flatnonzero(np.r_[True, uids[1:] != uids[:-1]])
+    if len(starts) != len(set(uids)):  # a group split apart: one reordering copy, stable within groups
+        first_seen = {uid: i for i, uid in reversed(list(enumerate(uids)))}
+        rows = rows[np.argsort([first_seen[uid] for uid in uids], kind="stable")]
+        uids = rows.non_tensor_batch["uid"]
+        starts = np.flatnonzero(np.r_[True, uids[1:] != uids[:-1]])
+    stops = [*starts[1:], len(rows)]
+    return [(str(uids[start]), rows[int(start):int(stop)]) for start, stop in zip(starts, stops)]
 
 
 def version_bounds(rows: DataProto) -> tuple[int | None, int]:

@@ -149,6 +149,7 @@ _OPTIONAL_POSITIVE = {
     "trainer.max_ckpt_to_keep": ((int,), "off"),
     "trainer.gpu_memory_gib": ((int, float), "read from the driver machine's GPU"),
     "trainer.device_peak_tflops": ((int, float), "the GPU's dense bf16 peak by its name"),
+    "trainer.driver_threads": ((int,), "torch's default, one per core"),
 }
 # Keys that are a positive number of the given kind.
 _POSITIVE_NUMBERS = {"trainer.ray_connect_timeout_s": (int, float)}

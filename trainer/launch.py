@@ -22,7 +22,7 @@ MakeLoop = Callable[[DictConfig, Any, "RunData", "Tracker"], "StepLoop"]
 def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> list[dict[str, Any]]:
     """Build everything `cfg` names, run `make_loop(...).fit()`, and always release the workers."""
     from trainer.preflight import check_inputs, memory_plan_text
-    from trainer.run_setup import ensure_default_assets, init_ray
+    from trainer.run_setup import driver_threads, ensure_default_assets
 
     ensure_default_assets(cfg)
     if cfg.trainer.get("plan_only", False):  # the memory plan, like `--cfg job`: printed, nothing started
@@ -38,7 +38,6 @@ def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> l
 
     from trainer.data_counts import StepCountsTracker
     from trainer.preflight import resume_step
-    from trainer.run_data import build_run_data
 
     log_dir = Path(cfg.trainer.default_local_dir) / "logs"
     start_step = resume_step(cfg)
@@ -48,6 +47,19 @@ def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> l
         cfg.trainer.logger, log_dir, project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
         config=OmegaConf.to_container(cfg, resolve=True), resume_step=start_step,
     )
+    with driver_threads(cfg):
+        history = _build_and_fit(cfg, build_roles, make_loop, tracker, start_step)
+    print(outputs_text(cfg))
+    return history
+
+
+def _build_and_fit(
+    cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop, tracker: "Tracker", start_step: int | None
+) -> list[dict[str, Any]]:
+    """Ray, the data and the worker groups, then the loop; the tracker closes and the workers go in any case."""
+    from trainer.run_data import build_run_data
+    from trainer.run_setup import init_ray
+
     try:
         init_ray(cfg)
         data = build_run_data(cfg)
@@ -61,7 +73,7 @@ def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> l
         raise
     try:
         history = make_loop(cfg, roles, data, tracker).fit()
-        curve = tracker.plot_reward_curve(log_dir / "reward_curve.png")
+        curve = tracker.plot_reward_curve(Path(cfg.trainer.default_local_dir) / "logs" / "reward_curve.png")
         if curve:
             print(f"reward curve: {curve}")
         if cfg.trainer.export_hf_at_end:
@@ -72,7 +84,6 @@ def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> l
     finally:
         tracker.close()
         roles.shutdown()
-    print(outputs_text(cfg))
     return history
 
 

@@ -143,3 +143,20 @@ def test_feed_regenerated_prompt_goes_out_before_the_queue():
 def test_async_and_gpu_share_settings_are_checked(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(overrides)
+
+
+def test_an_engine_report_is_filed_per_group_as_views_of_its_batch():
+    import numpy as np
+    import torch
+
+    from protocol import DataProto
+    from trainer.async_rollout import groups_of
+
+    together = DataProto.from_dict({"x": torch.arange(6)}, {"uid": np.array(list("aabbcc"), dtype=object)})
+    groups = groups_of(together)
+    assert [(uid, g.batch["x"].tolist()) for uid, g in groups] == [("a", [0, 1]), ("b", [2, 3]), ("c", [4, 5])]
+    # each group's rows share the report's memory: filing copies nothing
+    assert all(g.batch["x"].untyped_storage().data_ptr() == together.batch["x"].untyped_storage().data_ptr() for _, g in groups)
+    # a group split apart in the report is still filed whole, in order of first appearance
+    apart = DataProto.from_dict({"x": torch.arange(6)}, {"uid": np.array(list("abacbc"), dtype=object)})
+    assert [(uid, g.batch["x"].tolist()) for uid, g in groups_of(apart)] == [("a", [0, 2]), ("b", [1, 4]), ("c", [3, 5])]

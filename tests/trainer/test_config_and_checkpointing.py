@@ -30,12 +30,29 @@ def test_defaults_and_algorithm_group():
         # the config accepts exactly the estimators the KL code has (it once listed 'full', which the code lacks)
         ("algorithm.kl_penalty=full", r"algorithm.kl_penalty='full' is not valid; choose one of \['kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3'\]"),
         ("data.train_batch_size=12", r"ppo_mini_batch_size=8 \(prompts\) must divide data.train_batch_size=12"),
+        ("trainer.driver_threads=0", r"trainer.driver_threads=0 must be null \(torch's default, one per core\) or a positive integer"),
         ("trainer.logger=[console,swanlab]", r"unknown entries \['swanlab'\]; valid are \['console', 'jsonl', 'tensorboard', 'wandb', 'mlflow'\]"),
     ],
 )
 def test_bad_overrides_name_the_problem_and_the_valid_choices(override, expected):
     with pytest.raises(ConfigError, match=expected):
         load_config([override])
+
+
+def test_the_driver_keeps_to_its_thread_count_while_the_run_lasts():
+    import torch
+
+    from trainer.run_setup import driver_threads
+
+    before = torch.get_num_threads()
+    with driver_threads(load_config(["trainer.driver_threads=3"])):
+        assert torch.get_num_threads() == 3
+        with driver_threads(load_config(["trainer.driver_threads=null"])):  # null: left as it is
+            assert torch.get_num_threads() == 3
+        with driver_threads(load_config([])):  # the default: one
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 3
+    assert torch.get_num_threads() == before
 
 
 def test_cli_prints_config_and_rejects_bad_keys(capsys):
