@@ -131,8 +131,9 @@ class RunPerf:
     peak_tflops: float | None
     actor_epochs: int = 1
     critic_epochs: int = 1
-    actor_recompute: bool = False
-    critic_recompute: bool = False
+    # The share of the decoder layers gradient checkpointing recomputes (0: off; 1: all of them).
+    actor_recompute: float = 0.0
+    critic_recompute: float = 0.0
     count_generate: bool = True
 
     @classmethod
@@ -149,15 +150,16 @@ class RunPerf:
         critic = None
         if cfg.algorithm.adv_estimator == "gae":
             critic = _model_flops(str(cfg.critic.model.path), "critic.model.path", "value")
+        actor = _model_flops(str(arr.model.path), "actor_rollout_ref.model.path", "lm", arr.model if fsdp else None)
         return cls(
-            actor=_model_flops(str(arr.model.path), "actor_rollout_ref.model.path", "lm", arr.model if fsdp else None),
+            actor=actor,
             critic=critic,
             gpus=GpuCounts.from_config(cfg),
             peak_tflops=peak_tflops,
             actor_epochs=int(arr.actor.ppo_epochs),
             critic_epochs=int(cfg.critic.ppo_epochs),
-            actor_recompute=bool(arr.model.enable_gradient_checkpointing) and fsdp,
-            critic_recompute=bool(cfg.critic.model.enable_gradient_checkpointing) and critic_fsdp,
+            actor_recompute=_recompute_share(arr.model, actor) if fsdp else 0.0,
+            critic_recompute=_recompute_share(cfg.critic.model, critic) if critic_fsdp else 0.0,
             count_generate=not bool(cfg.algorithm.filter_groups.enable),
         )
 
@@ -171,12 +173,12 @@ class RunPerf:
             work["old_log_prob"] = PhaseWork(self.actor.forward(lengths), trainer_gpus)
             work["ref_log_prob"] = PhaseWork(self.actor.forward(lengths, adapters=False), trainer_gpus)
             update = self.actor.train(lengths) * self.actor_epochs
-            recompute = self.actor.recompute(lengths) * self.actor_epochs if self.actor_recompute else None
+            recompute = self.actor.recompute(lengths) * (self.actor_epochs * self.actor_recompute) if self.actor_recompute else None
             work["update_actor"] = PhaseWork(update, trainer_gpus, update + recompute if recompute else None)
         if self.critic is not None:
             work["values"] = PhaseWork(self.critic.forward(lengths), self.gpus.critic)
             update = self.critic.train(lengths) * self.critic_epochs
-            recompute = self.critic.recompute(lengths) * self.critic_epochs if self.critic_recompute else None
+            recompute = self.critic.recompute(lengths) * (self.critic_epochs * self.critic_recompute) if self.critic_recompute else None
             work["update_critic"] = PhaseWork(update, self.gpus.critic, update + recompute if recompute else None)
         return work
 
@@ -199,6 +201,17 @@ class RunPerf:
             if work.hardware is not None:
                 out[f"perf/hfu/{phase}"] = work.hardware.total / capacity
         return out
+
+
+def _recompute_share(model: DictConfig, flops: ModelFlops | None) -> float:
+    """The share of the decoder layers gradient checkpointing recomputes: all, or the first
+    `gradient_checkpointing_layers` of them."""
+    if not model.enable_gradient_checkpointing:
+        return 0.0
+    layers = model.get("gradient_checkpointing_layers")
+    if layers is None or flops is None:
+        return 1.0
+    return min(int(layers), flops.shape.layers) / flops.shape.layers
 
 
 def _model_flops(path: str, key: str, head: str, lora_section: DictConfig | None = None) -> ModelFlops | None:

@@ -62,6 +62,9 @@ MODEL_SPEC: dict[str, Any] = {
     "path": Field(REQUIRED, non_empty_str, "a local directory or hub id (string)"),
     "dtype": Field("auto", one_of(*DTYPES), f"one of {list(DTYPES)} (auto: bfloat16 on GPU, float32 on CPU)"),
     "enable_gradient_checkpointing": Field(False, boolean, "a bool"),
+    "gradient_checkpointing_layers": Field(
+        None, optional(int_at_least(1)), "None (every decoder layer recomputes) or an int >= 1 (the first N decoder layers recompute; the rest keep their activations)"
+    ),
     "attn_implementation": Field(None, optional(non_empty_str), "None (HF default) or e.g. 'sdpa', 'eager'"),
     "use_remove_padding": Field(
         None, optional(boolean), "None (packed, padding-free forwards where the model supports them), true (required) or false"

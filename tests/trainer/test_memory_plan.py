@@ -140,6 +140,22 @@ def test_checkpointing_changes_only_the_update_activations(folders):
     assert logits_part(off, "update_actor") == logits_part(on, "update_actor")
 
 
+def test_checkpointing_some_layers_lies_between_none_and_all(folders):
+    kept = "actor_rollout_ref.actor.fsdp.optimizer_offload=false"
+    every = plan_of(scale_config(folders["3B"], kept))
+    none = plan_of(scale_config(folders["3B"], kept, "actor_rollout_ref.model.enable_gradient_checkpointing=false"))
+    half = plan_of(scale_config(folders["3B"], kept, "actor_rollout_ref.model.gradient_checkpointing_layers=18"))  # of 36
+    all_named = plan_of(scale_config(folders["3B"], kept, "actor_rollout_ref.model.gradient_checkpointing_layers=36"))
+    activations = {name: part(plan, "update_actor", "activations") for name, plan in
+                   (("every", every), ("none", none), ("half", half), ("all_named", all_named))}
+    assert activations["all_named"] == activations["every"]
+    assert activations["every"] < activations["half"] < activations["none"]
+    # half the layers keep their activations: about half of what none-checkpointed keeps
+    assert activations["half"] == pytest.approx(activations["none"] / 2, rel=0.1)
+    with pytest.raises(ValueError, match=r"gradient_checkpointing_layers=37, but the model has 36 decoder layers; valid: 1 to 36"):
+        plan_of(scale_config(folders["3B"], kept, "actor_rollout_ref.model.gradient_checkpointing_layers=37"))
+
+
 def test_logits_scale_with_the_micro_batch_rows_and_packing_counts_response_tokens(folders):
     # LoRA: the update's peak is the end of the forward (its optimizer step is small), where the logits are.
     full = "actor_rollout_ref.model.logits_chunk_tokens=0"
@@ -282,3 +298,11 @@ def test_no_old_log_prob_row_when_the_update_gives_them(folders):
     assert kept.row("old_log_prob") is not None and skipped.row("old_log_prob") is None
     assert skipped.row("update_actor").total == kept.row("update_actor").total
     assert any("no old log-prob pass" in note for note in skipped.notes)
+
+
+def test_a_checkpointed_layer_count_below_one_is_refused_before_ray_starts():
+    from trainer.input_errors import InputError
+    from trainer.preflight import check_worker_settings
+
+    with pytest.raises(InputError, match=r"'actor_rollout_ref.model.gradient_checkpointing_layers' must be None \(every decoder layer recomputes\) or an int >= 1.*got 0"):
+        check_worker_settings(load_config(["actor_rollout_ref.model.gradient_checkpointing_layers=0"]))

@@ -110,6 +110,22 @@ def test_saved_activations_equal_autograds_saved_tensors(dtype, checkpointing):
     assert _per_token_saved(model) == expected
 
 
+def test_saved_activations_with_the_first_layers_checkpointed():
+    from workers.fsdp.model_loading import enable_gradient_checkpointing
+
+    config = Qwen2Config(hidden_size=128, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16).train()
+    enable_gradient_checkpointing(model, 1)  # the first of 3 layers recomputes, the last 2 keep theirs
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [True, False, False]
+    shape = ModelShape.from_config(config.to_dict())
+    expected = terms.model_saved_bytes(shape, 2, True, kv_repeated=False, kept_layers=2) - 8
+    assert _per_token_saved(model) == expected
+    assert terms.model_saved_bytes(shape, 2, True, kv_repeated=False) < expected < terms.model_saved_bytes(shape, 2, False, kv_repeated=False)
+    with pytest.raises(ValueError, match=r"gradient_checkpointing_layers=4, but the model has 3 decoder layers; valid: 1 to 3, or null"):
+        enable_gradient_checkpointing(model, 4)
+
+
 @pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"]])
 def test_lora_saved_activations_equal_autograds_saved_tensors(targets):
     torch.manual_seed(0)
@@ -224,14 +240,17 @@ def test_chunked_update_peak_is_far_below_the_float32_logits():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("intermediate", [256, 1024])
 def test_forward_and_backward_peaks_match_torchs_accounting(dtype, intermediate):
-    """The fitted terms (MLP-heavy and norm-heavy shapes) within 10% of the measured peaks."""
+    """The fitted terms (MLP-heavy and norm-heavy shapes) within 10% of the measured peaks: no checkpointing,
+    every layer checkpointed, the last layer keeping its activations."""
+    from workers.fsdp.model_loading import enable_gradient_checkpointing
+
     config = Qwen2Config(hidden_size=128, intermediate_size=intermediate, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
     shape, e = ModelShape.from_config(config.to_dict()), torch.finfo(dtype).bits // 8
-    for checkpointing in (False, True):
+    for checkpointing, kept in ((False, 0), (True, 0), (True, 1)):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config).to(dtype).train()
         if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_gradient_checkpointing(model, shape.layers - kept if kept else None)
         rows, length = 4, 128
         ids = torch.randint(0, 64, (rows, length))
         positions = torch.arange(length).expand(rows, length)
@@ -241,9 +260,12 @@ def test_forward_and_backward_peaks_match_torchs_accounting(dtype, intermediate)
                 model.model(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state.sum().backward()
 
         measured = _peak_without_params(model, train_step) / (rows * length)
-        expected = terms.model_saved_bytes(shape, e, checkpointing, kv_repeated=False)
-        expected += terms.backward_peak_bytes(shape, e, checkpointing, kv_repeated=False)
-        assert abs(measured / expected - 1) < 0.10, (checkpointing, measured, expected)
+        expected = terms.model_saved_bytes(shape, e, checkpointing, kv_repeated=False, kept_layers=kept)
+        expected += terms.backward_peak_bytes(shape, e, checkpointing, kv_repeated=False, kept_layers=kept)
+        # With a layer kept the plan may sit up to 15% above (the safe side): in the norm-heavy float32 shape
+        # the kept layer's backward and the first layer's recompute peak at close, not equal, moments.
+        low = 0.85 if kept else 0.90
+        assert low < measured / expected < 1.10, (checkpointing, kept, measured, expected)
     model.zero_grad(set_to_none=True)
 
     def forward():

@@ -56,10 +56,10 @@ def tiny_model(tmp_path_factory):
 
 
 def test_step_metrics(tiny_model):
-    cfg = load_config([f"actor_rollout_ref.model.path={tiny_model}", "trainer.device=cpu", "trainer.n_gpus_per_node=2",
-                       "trainer.device_peak_tflops=0.001", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
-                       "actor_rollout_ref.actor.ppo_epochs=2"])
-    perf = RunPerf.from_config(cfg)
+    cfg_overrides = [f"actor_rollout_ref.model.path={tiny_model}", "trainer.device=cpu", "trainer.n_gpus_per_node=2",
+                     "trainer.device_peak_tflops=0.001", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+                     "actor_rollout_ref.actor.ppo_epochs=2"]
+    perf = RunPerf.from_config(load_config(cfg_overrides))
     lengths, generated = [20, 30, 25, 40], [8, 8, 5, 8]
     seconds = {"generate": 0.5, "old_log_prob": 0.1, "ref_log_prob": 0.1, "advantage": 0.01, "update_actor": 0.4}
     metrics = perf.metrics(lengths, generated, seconds, tokens_per_s=1000.0)
@@ -73,6 +73,12 @@ def test_step_metrics(tiny_model):
     assert metrics["perf/mfu/old_log_prob"] == pytest.approx(metrics["perf/mfu/ref_log_prob"])  # no LoRA: same model
     assert metrics["perf/tokens_per_s_per_gpu"] == 500.0 and metrics["perf/gpus"] == 2.0
     assert "perf/mfu/advantage" not in metrics and "perf/mfu/values" not in metrics  # no FLOP count / no critic
+    # the first of the tiny model's layers recomputing: that share of the recomputed forward
+    layers = flops.shape.layers
+    some = RunPerf.from_config(load_config([*cfg_overrides, "actor_rollout_ref.model.gradient_checkpointing_layers=1"]))
+    share = some.metrics(lengths, generated, seconds, tokens_per_s=1000.0)
+    partly = update + 2 * flops.recompute(lengths).total / layers
+    assert layers > 1 and share["perf/hfu/update_actor"] == pytest.approx(partly / (0.4 * 2 * 0.001e12))
     # No peak (CPU, no override): FLOPs and tokens/s per GPU, no MFU.
     plain = RunPerf.from_config(load_config([f"actor_rollout_ref.model.path={tiny_model}", "trainer.device=cpu"]))
     metrics = plain.metrics(lengths, generated, seconds, tokens_per_s=1000.0)

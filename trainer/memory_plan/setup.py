@@ -79,6 +79,7 @@ class ModelRole:
     distributed_optimizer: bool = False
     # The LM head's log-probs a chunk of this many tokens at a time (0: full logits; megatron: always full).
     logits_chunk_tokens: int = 0
+    kept_layers: int = 0  # with checkpointing: the last decoder layers that keep their activations
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,20 @@ class PlanSetup:
     critic_update: Batching | None
     reward_forward: Batching | None
     packed: bool
+
+
+def kept_layers(model: DictConfig, shape: ModelShape) -> int:
+    """The decoder layers that keep their activations under `gradient_checkpointing_layers` (the first N
+    recompute; null: all recompute, none kept)."""
+    recompute = model.get("gradient_checkpointing_layers")
+    if recompute is None:
+        return 0
+    if int(recompute) > shape.layers:
+        raise ValueError(
+            f"gradient_checkpointing_layers={recompute}, but the model has {shape.layers} decoder layers; "
+            f"valid: 1 to {shape.layers}, or null for all of them"
+        )
+    return shape.layers - int(recompute)
 
 
 def _lora(model: DictConfig) -> Trainability:
@@ -174,7 +189,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     actor = ModelRole(
         "actor", actor_shape, "lm", e, strategy, train, bool(arr.model.enable_gradient_checkpointing) and strategy == "fsdp",
         bool(fsdp.get("param_offload", False)) and on_gpu, bool(fsdp.get("optimizer_offload", False)) and on_gpu, **parallel,
-        logits_chunk_tokens=chunk,
+        logits_chunk_tokens=chunk, kept_layers=kept_layers(arr.model, actor_shape),
     )
     uses_reference = bool(arr.actor.use_kl_loss) or bool(_get(cfg, "algorithm.use_kl_in_reward", False))
     lora_reference = uses_reference and train.lora_rank > 0
@@ -190,10 +205,11 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         section = cfg.critic
         critic_e = dtype_bytes(str(section.model.dtype), on_gpu)
         critic_strategy = str(section.get("strategy", "fsdp"))
+        critic_shape = read_shape(str(section.model.path), "critic.model.path")
         critic = ModelRole(
-            "critic", read_shape(str(section.model.path), "critic.model.path"), "value", critic_e, critic_strategy,
+            "critic", critic_shape, "value", critic_e, critic_strategy,
             Trainability(full=True), bool(section.model.enable_gradient_checkpointing) and critic_strategy == "fsdp",
-            **(_megatron(section) if critic_strategy == "megatron" else {}),
+            **(_megatron(section) if critic_strategy == "megatron" else {}), kept_layers=kept_layers(section.model, critic_shape),
         )
         dynamic = bool(section.use_dynamic_bsz)
         critic_sp = int(_get(cfg, "critic.ulysses_sequence_parallel_size", 1))

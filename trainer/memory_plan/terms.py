@@ -82,25 +82,38 @@ def layer_saved_bytes(shape: ModelShape, e: int, train: Trainability = FULL, kv_
     return saved
 
 
-def model_saved_bytes(shape: ModelShape, e: int, checkpointing: bool, train: Trainability = FULL, kv_repeated: bool = True) -> int:
+def model_saved_bytes(
+    shape: ModelShape, e: int, checkpointing: bool, train: Trainability = FULL, kv_repeated: bool = True, kept_layers: int = 0
+) -> int:
     """Bytes per token the whole decoder keeps for backward (the LM head's side is in `logits_bytes`).
     With gradient checkpointing only each layer's input stays; its activations are recomputed in backward
-    (`backward_peak_bytes` adds the one layer being recomputed)."""
-    per_layer = e * shape.hidden if checkpointing else layer_saved_bytes(shape, e, train, kv_repeated)
+    (`backward_peak_bytes` adds the one layer being recomputed) — except in the last `kept_layers` layers
+    (`gradient_checkpointing_layers` = layers - kept_layers), which keep theirs."""
+    saved_layer = layer_saved_bytes(shape, e, train, kv_repeated)
+    kept = kept_layers if checkpointing else shape.layers
+    per_layers = (shape.layers - kept) * e * shape.hidden + kept * saved_layer
     final_norm = FP32 * shape.hidden + FP32 + (e * shape.hidden if train.full else 0)
-    rotary = 0 if checkpointing else 2 * e * shape.head_dim  # cos/sin, shared by the layers that keep them
-    return shape.layers * per_layer + final_norm + rotary + 8  # + the token ids
+    rotary = 2 * e * shape.head_dim if kept else 0  # cos/sin, shared by the layers that keep them
+    return per_layers + final_norm + rotary + 8  # + the token ids
 
 
-def backward_peak_bytes(shape: ModelShape, e: int, checkpointing: bool, train: Trainability = FULL, kv_repeated: bool = True) -> int:
+def backward_peak_bytes(
+    shape: ModelShape, e: int, checkpointing: bool, train: Trainability = FULL, kv_repeated: bool = True, kept_layers: int = 0
+) -> int:
     """Bytes per token that the backward of the layers allocates beyond the saved tensors (fitted to torch's
     allocations on CPU, tests/trainer/test_memory_plan_terms.py): without checkpointing the gradients of the
     MLP's intermediates minus the saved ones they free, and the norms' float32 gradients; with
-    checkpointing the recomputed layer's saved tensors plus its MLP gradients."""
+    checkpointing the recomputed layer's saved tensors plus its MLP gradients. With `kept_layers` (the last
+    layers keep their activations) the recompute comes after their backward freed what they kept."""
     h, i = shape.hidden, shape.intermediate
-    if checkpointing:
-        return layer_saved_bytes(shape, e, train, kv_repeated) + 2 * e * (i - h)
-    return e * i + 16 * h if e < FP32 else 2 * e * i + FP32 * h
+    plain = e * i + 16 * h if e < FP32 else 2 * e * i + FP32 * h
+    if not checkpointing:
+        return plain
+    recompute = layer_saved_bytes(shape, e, train, kv_repeated) + 2 * e * (i - h)
+    if not kept_layers:
+        return recompute
+    freed = kept_layers * layer_saved_bytes(shape, e, train, kv_repeated)
+    return max(plain, recompute - freed)
 
 
 def forward_peak_bytes(shape: ModelShape, e: int) -> int:

@@ -48,6 +48,24 @@ def transformer_layers(model: nn.Module) -> list[nn.Module]:
     raise ValueError(f"cannot find the decoder layers (a `layers` ModuleList) of {type(model).__name__}")
 
 
+def enable_gradient_checkpointing(model: nn.Module, recompute_layers: int | None) -> None:
+    """Recompute the first `recompute_layers` decoder layers in backward (None: all of them); the later layers
+    keep their activations, trading memory for the recompute's forward (a third of the update's FLOPs when all
+    recompute). The first ones recompute because their activations would be held longest."""
+    # Non-reentrant checkpointing works with FSDP2's per-layer all-gathers in recomputation.
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if recompute_layers is None:
+        return
+    layers = transformer_layers(model)
+    if recompute_layers > len(layers):
+        raise ValueError(
+            f"gradient_checkpointing_layers={recompute_layers}, but the model has {len(layers)} decoder layers; "
+            f"valid: 1 to {len(layers)}, or null for all of them"
+        )
+    for layer in layers[recompute_layers:]:
+        layer.gradient_checkpointing = False  # transformers' GradientCheckpointingLayer reads this per call
+
+
 def load_sharded_model(
     auto_class: Any,
     model_cfg: dict[str, Any],
@@ -78,8 +96,7 @@ def load_sharded_model(
     torch.manual_seed(seed)
     model = auto_class.from_pretrained(model_cfg["path"], **kwargs)
     if trainable and model_cfg["enable_gradient_checkpointing"]:
-        # Non-reentrant checkpointing works with FSDP2's per-layer all-gathers in recomputation.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model, model_cfg.get("gradient_checkpointing_layers"))
     text_config = model.config.get_text_config()  # the config itself, or a vision-language model's text part
     if getattr(text_config, "pad_token_id", None) is None and getattr(text_config, "eos_token_id", None) is not None:
         eos = text_config.eos_token_id
