@@ -70,8 +70,8 @@ class AsyncRollout:
         with timer("sync_weights"):
             self.roles.sync_rollout_weights()  # the engines pause around it (RoleGroups.streaming)
         version = self.roles.actor_weights_version()
-        # The driver's CPU time in the wait, its own thread's and the whole process's: a wait far longer than
-        # the parts below that this thread did not spend computing was blocked (on another thread, the GIL).
+        # The driver's CPU time in the wait, its main thread's and the whole process's: a process figure far
+        # above the wait's wall time means threads spinning beside it (see trainer.driver_threads).
         thread_cpu, process_cpu = time.thread_time(), time.process_time()
         with timer("wait_rollout"):
             groups = self._wait_for_batch(version)

@@ -48,13 +48,13 @@ def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> l
         config=OmegaConf.to_container(cfg, resolve=True), resume_step=start_step,
     )
     with driver_threads(cfg):
-        history = _build_and_fit(cfg, build_roles, make_loop, tracker, start_step)
+        history = _build_and_fit(cfg, build_roles, make_loop, tracker, start_step, log_dir)
     print(outputs_text(cfg))
     return history
 
 
 def _build_and_fit(
-    cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop, tracker: "Tracker", start_step: int | None
+    cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop, tracker: "Tracker", start_step: int | None, log_dir: Path
 ) -> list[dict[str, Any]]:
     """Ray, the data and the worker groups, then the loop; the tracker closes and the workers go in any case."""
     from trainer.run_data import build_run_data
@@ -73,7 +73,7 @@ def _build_and_fit(
         raise
     try:
         history = make_loop(cfg, roles, data, tracker).fit()
-        curve = tracker.plot_reward_curve(Path(cfg.trainer.default_local_dir) / "logs" / "reward_curve.png")
+        curve = tracker.plot_reward_curve(log_dir / "reward_curve.png")
         if curve:
             print(f"reward curve: {curve}")
         if cfg.trainer.export_hf_at_end:
