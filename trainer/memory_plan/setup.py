@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from trainer.memory_plan.shape import ModelShape, lora_targets, read_shape
 from trainer.memory_plan.terms import FP32, Trainability
 from trainer.old_log_prob_pass import old_log_prob_pass_needed
+from workers.checkpointed_layers import kept_layers
 from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -122,18 +123,9 @@ class PlanSetup:
     packed: bool
 
 
-def kept_layers(model: DictConfig, shape: ModelShape) -> int:
-    """The decoder layers that keep their activations under `gradient_checkpointing_layers` (the first N
-    recompute; null: all recompute, none kept)."""
+def _kept_layers(model: DictConfig, shape: ModelShape) -> int:
     recompute = model.get("gradient_checkpointing_layers")
-    if recompute is None:
-        return 0
-    if int(recompute) > shape.layers:
-        raise ValueError(
-            f"gradient_checkpointing_layers={recompute}, but the model has {shape.layers} decoder layers; "
-            f"valid: 1 to {shape.layers}, or null for all of them"
-        )
-    return shape.layers - int(recompute)
+    return kept_layers(None if recompute is None else int(recompute), shape.layers)
 
 
 def _lora(model: DictConfig) -> Trainability:
@@ -189,7 +181,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     actor = ModelRole(
         "actor", actor_shape, "lm", e, strategy, train, bool(arr.model.enable_gradient_checkpointing) and strategy == "fsdp",
         bool(fsdp.get("param_offload", False)) and on_gpu, bool(fsdp.get("optimizer_offload", False)) and on_gpu, **parallel,
-        logits_chunk_tokens=chunk, kept_layers=kept_layers(arr.model, actor_shape),
+        logits_chunk_tokens=chunk, kept_layers=_kept_layers(arr.model, actor_shape),
     )
     uses_reference = bool(arr.actor.use_kl_loss) or bool(_get(cfg, "algorithm.use_kl_in_reward", False))
     lora_reference = uses_reference and train.lora_rank > 0
@@ -209,7 +201,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         critic = ModelRole(
             "critic", critic_shape, "value", critic_e, critic_strategy,
             Trainability(full=True), bool(section.model.enable_gradient_checkpointing) and critic_strategy == "fsdp",
-            **(_megatron(section) if critic_strategy == "megatron" else {}), kept_layers=kept_layers(section.model, critic_shape),
+            **(_megatron(section) if critic_strategy == "megatron" else {}), kept_layers=_kept_layers(section.model, critic_shape),
         )
         dynamic = bool(section.use_dynamic_bsz)
         critic_sp = int(_get(cfg, "critic.ulysses_sequence_parallel_size", 1))

@@ -10,6 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig
 
+from workers.checkpointed_layers import kept_layers
 from workers.head_log_probs import set_logits_chunk_tokens
 from workers.lora.model import add_lora_adapters
 from workers.lora.spec import LoraSpec
@@ -57,12 +58,7 @@ def enable_gradient_checkpointing(model: nn.Module, recompute_layers: int | None
     if recompute_layers is None:
         return
     layers = transformer_layers(model)
-    if recompute_layers > len(layers):
-        raise ValueError(
-            f"gradient_checkpointing_layers={recompute_layers}, but the model has {len(layers)} decoder layers; "
-            f"valid: 1 to {len(layers)}, or null for all of them"
-        )
-    for layer in layers[recompute_layers:]:
+    for layer in layers[len(layers) - kept_layers(recompute_layers, len(layers)) :]:
         layer.gradient_checkpointing = False  # transformers' GradientCheckpointingLayer reads this per call
 
 
