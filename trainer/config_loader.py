@@ -10,6 +10,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.algorithm_settings import check_algorithm_settings
+from trainer.cuda_alloc import alloc_conf_problem
 from trainer.rollout_settings import check_rollout_settings
 from trainer.trackers.spec import entry_problem
 from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, OLD_LOG_PROB_PASS_CHOICES, POLICY_LOSS_MODES
@@ -179,6 +180,7 @@ def validate_config(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key, default=1)
         if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
             problems.append(f"{key}={value!r} must be a positive number (seconds)")
+    problems.append(alloc_conf_problem(cfg.trainer.get("cuda_alloc_conf")))
     problems.extend(check_rollout_settings(cfg))
     problems.extend(check_algorithm_settings(cfg))
     problems = [p for p in problems if p]

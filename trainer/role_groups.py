@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from protocol import DataProto, DataProtoFuture
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from trainer.algorithm_settings import gen_batch_size
+from trainer.cuda_alloc import gpu_worker_env
 from workers.rollout.agent.rollout import absolute_specs
 from workers.rollout.separate_sync import IpcRolloutSync, SeparateWeightSync, rollout_weight_sync
 
@@ -151,7 +152,9 @@ class RoleGroups:
 
         def new_group(pool: RayResourcePool, role_cls: RayClassWithInitArgs, name: str) -> RayWorkerGroup:
             # Every group's processes start side by side; `started` waits for them all.
-            groups.append(RayWorkerGroup(pool, role_cls, name_prefix=name, call_timeout_s=timeout, wait_started=False))
+            groups.append(RayWorkerGroup(
+                pool, role_cls, name_prefix=name, call_timeout_s=timeout, wait_started=False, worker_env=gpu_worker_env(cfg, use_gpu(cfg))
+            ))
             return groups[-1]
 
         def started() -> None:

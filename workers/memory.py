@@ -25,8 +25,20 @@ def memory_reading(device: torch.device) -> dict[str, float]:
             "allocated_gib": torch.cuda.memory_allocated(device) / GIB,
             "reserved_gib": torch.cuda.memory_reserved(device) / GIB,
             "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+            **allocator_counts(device),
         }
     return {"rss_gib": psutil.Process(os.getpid()).memory_info().rss / GIB}
+
+
+def allocator_counts(device: torch.device) -> dict[str, float]:
+    """The caching allocator's counts since the process started: device allocations (cudaMalloc, each a
+    possible pause) and retries (an allocation that failed, emptied the cache and tried again: memory pressure
+    or fragmentation). Rising counts between steps mean the allocator, not the kernels, costs time."""
+    stats = torch.cuda.memory_stats(device)
+    return {
+        "device_allocs_total": float(stats.get("num_device_alloc", 0)),
+        "alloc_retries_total": float(stats.get("num_alloc_retries", 0)),
+    }
 
 
 class DevicePeak:

@@ -31,6 +31,7 @@ def test_defaults_and_algorithm_group():
         ("algorithm.kl_penalty=full", r"algorithm.kl_penalty='full' is not valid; choose one of \['kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3'\]"),
         ("data.train_batch_size=12", r"ppo_mini_batch_size=8 \(prompts\) must divide data.train_batch_size=12"),
         ("trainer.driver_threads=0", r"trainer.driver_threads=0 must be null \(torch's default, one per core\) or a positive integer"),
+        ("trainer.cuda_alloc_conf=expandable_segments", r"trainer.cuda_alloc_conf=.expandable_segments. must be null .* name:value entries"),
         ("trainer.logger=[console,swanlab]", r"unknown entries \['swanlab'\]; valid are \['console', 'jsonl', 'tensorboard', 'wandb', 'mlflow'\]"),
     ],
 )
@@ -53,6 +54,15 @@ def test_the_driver_keeps_to_its_thread_count_while_the_run_lasts():
             assert torch.get_num_threads() == 1
         assert torch.get_num_threads() == 3
     assert torch.get_num_threads() == before
+
+
+def test_the_allocator_setting_reaches_gpu_workers_only():
+    from trainer.cuda_alloc import ALLOC_CONF_VAR, gpu_worker_env
+
+    cfg = load_config(["trainer.cuda_alloc_conf='expandable_segments:True,max_split_size_mb:512'"])
+    assert gpu_worker_env(cfg, gpu=True) == {ALLOC_CONF_VAR: "expandable_segments:True,max_split_size_mb:512"}
+    assert gpu_worker_env(cfg, gpu=False) == {}  # the CPU has no caching allocator
+    assert gpu_worker_env(load_config(["trainer.cuda_alloc_conf=null"]), gpu=True) == {}  # null: environment kept
 
 
 def test_cli_prints_config_and_rejects_bad_keys(capsys):

@@ -113,6 +113,7 @@ def run_ppo_updates(engine: FSDPEngine, data: DataProto, loss_fn: MicroLossFn, s
     lr = engine.current_lr()
     batching = schedule.micro_batching()
     ranks = dist.get_world_size() if dist.is_initialized() else 1
+    releases = 0  # micro-batches after which the allocator's free blocks went back to the device
     for epoch in range(schedule.epochs):
         for mini in shuffled(data, schedule.shuffle, schedule.seed + epoch).split(schedule.mini_batch_size):
             micros, _ = batching.split(mini, engine.device)
@@ -123,13 +124,14 @@ def run_ppo_updates(engine: FSDPEngine, data: DataProto, loss_fn: MicroLossFn, s
                 loss, metrics = loss_fn(micro)
                 scale = unit * ranks / total if total > 0 else len(micro) / len(mini)
                 (loss * scale).backward()
-                release_cached_blocks(engine.device)
+                releases += release_cached_blocks(engine.device)
                 for key, value in metrics.items():
                     collected[key].append(value)
             collected["grad_norm"].append(engine.optimizer_step(schedule.grad_clip))
     engine.lr_scheduler_step()
     reduced = {key: _over_micro_batches(key, values) for key, values in collected.items()}
     reduced["lr"] = lr
+    reduced["cached_block_releases"] = float(releases)
     return reduce_over_ranks(reduced, engine.device, EXTREME_METRICS)
 
 
