@@ -8,6 +8,7 @@ import torch
 
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from tests.offload.tiny import UNEVEN, device_bytes, sharded_model, train_step
+from tests.model_folders import write_random_qwen2
 from tests.workers.conftest import TINY_CONFIG
 from tests.workers.helpers import actor_config, random_prompts
 from workers.fsdp import ActorRolloutRefWorker
@@ -99,12 +100,7 @@ def worker(ray_cluster, tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory) -> str:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny_qwen2_offload")
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(**TINY_CONFIG)).save_pretrained(path)
-    return str(path)
+    return write_random_qwen2(tmp_path_factory.mktemp("tiny_qwen2_offload"), TINY_CONFIG)
 
 
 def _grpo_step(worker) -> dict[str, float]:

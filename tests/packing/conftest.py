@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from tests.model_folders import write_random_qwen2
 from tests.packing.test_packed_forward import CONFIG
 from workers.fsdp.dist_utils import single_process_group
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("tiny_packing")
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(**CONFIG)).save_pretrained(path)
-    return str(path)
+    return write_random_qwen2(tmp_path_factory.mktemp("tiny_packing"), CONFIG)
 
 
 @pytest.fixture(scope="module")

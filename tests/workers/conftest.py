@@ -26,12 +26,10 @@ TINY_CONFIG = dict(
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """A random tiny causal LM saved with save_pretrained, plus a stand-in tokenizer file."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from tests.model_folders import write_random_qwen2
 
     path = tmp_path_factory.mktemp("tiny_qwen2")
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(**TINY_CONFIG)).save_pretrained(path)
+    write_random_qwen2(path, TINY_CONFIG)
     # Not a usable tokenizer: only here to check that export_hf copies tokenizer files along.
     (path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 256}))
     return str(path)

@@ -24,3 +24,17 @@ def test_a_reserve_beyond_the_peak_goes_back_to_the_device():
     assert release_cached_blocks(device, limit=128 << 20) is False  # under the limit
     assert release_cached_blocks(device, limit=1 << 20) is True
     assert torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) < 1 << 20
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the caching allocator is CUDA's")
+def test_emptying_the_cache_shows_in_the_device_allocation_count():
+    from workers.memory import allocator_counts, memory_reading
+
+    device = torch.device("cuda")
+    before = allocator_counts(device)["device_allocs_total"]
+    block = torch.empty(64 << 20, dtype=torch.uint8, device=device)
+    del block
+    torch.cuda.empty_cache()
+    block = torch.empty(64 << 20, dtype=torch.uint8, device=device)  # the cache was emptied: a new device allocation
+    assert allocator_counts(device)["device_allocs_total"] >= before + 2
+    assert {"device_allocs_total", "alloc_retries_total"} <= set(memory_reading(device))
