@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.algorithm_settings import check_algorithm_settings
 from trainer.cuda_alloc import alloc_conf_problem
+from workers.cached_blocks_limit import RELEASE_POINTS
 from trainer.rollout_settings import check_rollout_settings
 from trainer.trackers.spec import entry_problem
 from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, OLD_LOG_PROB_PASS_CHOICES, POLICY_LOSS_MODES
@@ -128,6 +129,7 @@ _CHOICES = {
     "actor_rollout_ref.rollout.placement": ("hybrid", "separate"),
     "data.truncation": ("error", "left", "right", "filter"),
     "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.release_cached_blocks": RELEASE_POINTS,
     "trainer.placement": ("colocated", "separate"),
     "trainer.memory_check": ("error", "warn", "off"),
     "trainer.plan_only": (False, True),

@@ -33,6 +33,7 @@ def actor_worker_config(cfg: DictConfig) -> dict[str, Any]:
     section["actor"]["ppo_mini_batch_size"] = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
     section["actor"]["optim"]["total_training_steps"] = cfg.trainer.total_training_steps
     section["seed"] = cfg.trainer.seed
+    section["release_cached_blocks"] = cfg.trainer.release_cached_blocks
     section["rollout"]["multi_turn"] = absolute_specs(section["rollout"]["multi_turn"])
     if section["rollout"]["max_model_len"] is None:
         section["rollout"]["max_model_len"] = cfg.data.max_prompt_length + cfg.data.max_response_length
@@ -74,6 +75,7 @@ def critic_worker_config(cfg: DictConfig) -> dict[str, Any]:
     section["ppo_mini_batch_size"] = cfg.critic.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
     section["optim"]["total_training_steps"] = cfg.trainer.total_training_steps
     section["seed"] = cfg.trainer.seed
+    section["release_cached_blocks"] = cfg.trainer.release_cached_blocks
     return section
 
 
@@ -83,6 +85,7 @@ def reward_model_worker_config(cfg: DictConfig) -> dict[str, Any]:
     if not section["model"]["path"]:
         raise ValueError("reward.reward_model.enable=true needs reward.reward_model.model.path (a Hugging Face model folder)")
     section["seed"] = cfg.trainer.seed
+    section["release_cached_blocks"] = cfg.trainer.release_cached_blocks
     return section
 
 

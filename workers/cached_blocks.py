@@ -1,11 +1,27 @@
-"""Handing the caching allocator's unused blocks back to the device between micro-batches (the limit is in
-workers/cached_blocks_limit.py, free of torch, for the memory plan)."""
+"""Handing the caching allocator's unused blocks back to the device between micro-batches or after a phase's last
+one (the limit and the choices are in workers/cached_blocks_limit.py, free of torch, for the memory plan)."""
 
 from __future__ import annotations
 
 import torch
 
-from workers.cached_blocks_limit import CACHED_BLOCKS_LIMIT
+from workers.cached_blocks_limit import AFTER_MICRO_BATCH, CACHED_BLOCKS_LIMIT, RELEASE_POINTS
+
+# Process-wide, like the caching allocator it governs (colocated roles share one process and one allocator).
+_release_point = AFTER_MICRO_BATCH
+
+
+def set_release_point(point: str) -> None:
+    """When the workers of this process check the allocator's reserve: `after_micro_batch` or `after_phase`."""
+    global _release_point
+    if point not in RELEASE_POINTS:
+        raise ValueError(f"release_cached_blocks={point!r} is not valid; choose one of {list(RELEASE_POINTS)}")
+    _release_point = point
+
+
+def release_after_micro_batch(device: torch.device) -> bool:
+    """`release_cached_blocks` where the release point is every micro-batch; False (nothing done) otherwise."""
+    return _release_point == AFTER_MICRO_BATCH and release_cached_blocks(device)
 
 
 def release_cached_blocks(device: torch.device, limit: int = CACHED_BLOCKS_LIMIT) -> bool:

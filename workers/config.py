@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from workers.cached_blocks_limit import AFTER_MICRO_BATCH, RELEASE_POINTS
 from workers.config_fields import (
     REQUIRED, Field, betas, boolean, float_in, int_at_least, module_names, non_empty_str, one_of, optional, spec_list, token_ids,
 )
@@ -18,6 +19,13 @@ from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS, KL_PENALTY_NAMES,
 from workers.rollout_choices import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES, STALENESS_VALUES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _release_field() -> Field:
+    return Field(
+        AFTER_MICRO_BATCH, one_of(*RELEASE_POINTS),
+        f"one of {list(RELEASE_POINTS)} (when the caching allocator's free blocks beyond its peak go back to the GPU)",
+    )
 ROLLOUT_ENGINES = ("hf", "vllm")
 ROLLOUT_PLACEMENTS = ("hybrid", "separate")
 LR_SCHEDULERS = ("constant", "cosine")
@@ -125,6 +133,7 @@ def _ppo_spec() -> dict[str, Any]:
 
 ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
     "seed": Field(0, int_at_least(0), "an int >= 0 (LoRA adapter init, mini-batch shuffling; sampling adds the rank)"),
+    "release_cached_blocks": _release_field(),
     "model": ACTOR_MODEL_SPEC,
     "actor": {
         "optim": optim_spec(1e-6),
@@ -201,6 +210,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
 
 CRITIC_SPEC: dict[str, Any] = {
     "seed": Field(0, int_at_least(0), "an int >= 0 (value-head init and mini-batch shuffling)"),
+    "release_cached_blocks": _release_field(),
     "model": MODEL_SPEC,
     "optim": optim_spec(1e-5),
     **_ppo_spec(),
@@ -214,6 +224,7 @@ CRITIC_SPEC: dict[str, Any] = {
 
 REWARD_MODEL_SPEC: dict[str, Any] = {
     "seed": Field(0, int_at_least(0), "an int >= 0 (init of a score head missing from the checkpoint)"),
+    "release_cached_blocks": _release_field(),
     "model": MODEL_SPEC,
     "micro_batch_size_per_gpu": Field(8, int_at_least(1), "an int >= 1"),
     "use_dynamic_bsz": Field(False, boolean, "a bool (micro-batches filled up to forward_max_token_len_per_gpu tokens)"),

@@ -32,6 +32,7 @@ def test_defaults_and_algorithm_group():
         ("data.train_batch_size=12", r"ppo_mini_batch_size=8 \(prompts\) must divide data.train_batch_size=12"),
         ("trainer.driver_threads=0", r"trainer.driver_threads=0 must be null \(torch's default, one per core\) or a positive integer"),
         ("trainer.cuda_alloc_conf=expandable_segments", r"trainer.cuda_alloc_conf=.expandable_segments. must be null .* name:value entries"),
+        ("trainer.release_cached_blocks=sometimes", r"trainer.release_cached_blocks='sometimes' is not valid; choose one of \['after_micro_batch', 'after_phase'\]"),
         ("trainer.logger=[console,swanlab]", r"unknown entries \['swanlab'\]; valid are \['console', 'jsonl', 'tensorboard', 'wandb', 'mlflow'\]"),
     ],
 )
@@ -63,6 +64,16 @@ def test_the_allocator_setting_reaches_gpu_workers_only():
     assert gpu_worker_env(cfg, gpu=True) == {ALLOC_CONF_VAR: "expandable_segments:True,max_split_size_mb:512"}
     assert gpu_worker_env(cfg, gpu=False) == {}  # the CPU has no caching allocator
     assert gpu_worker_env(load_config(["trainer.cuda_alloc_conf=null"]), gpu=True) == {}  # null: environment kept
+
+
+def test_every_fsdp_worker_gets_the_release_point():
+    from trainer.role_groups import actor_worker_config, critic_worker_config
+    from workers.config import actor_rollout_ref_config, critic_config
+
+    assert actor_worker_config(load_config([]))["release_cached_blocks"] == "after_micro_batch"
+    cfg = load_config(["trainer.release_cached_blocks=after_phase"])
+    assert actor_rollout_ref_config(actor_worker_config(cfg))["release_cached_blocks"] == "after_phase"
+    assert critic_config(critic_worker_config(cfg))["release_cached_blocks"] == "after_phase"
 
 
 def test_cli_prints_config_and_rejects_bad_keys(capsys):

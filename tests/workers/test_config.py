@@ -37,7 +37,7 @@ def test_user_dict_is_not_modified_and_omegaconf_is_accepted():
 def test_unknown_key_lists_valid_keys():
     with pytest.raises(ValueError, match=r"unknown config key\(s\) \['lrr'\] in section 'actor.optim'.*'lr'"):
         actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"optim": {"lrr": 1e-3}}})
-    with pytest.raises(ValueError, match=r"\['critic'\] at the top level; valid keys: \['actor', 'model', 'ref', 'rollout', 'seed'\]"):
+    with pytest.raises(ValueError, match=r"\['critic'\] at the top level; valid keys: \['actor', 'model', 'ref', 'release_cached_blocks', 'rollout', 'seed'\]"):
         actor_rollout_ref_config({"model": {"path": "/m"}, "critic": {}})
 
 

@@ -23,6 +23,7 @@ import torch
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
 from workers.actor_state import ActorStateMixin
+from workers.cached_blocks import set_release_point
 from workers.config import actor_rollout_ref_config, mini_batch_per_rank
 from workers.fsdp.actor_loss import actor_micro_loss, required_update_keys
 from workers.fsdp.dist_utils import check_same_length
@@ -75,6 +76,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         self.init_process_group()
+        set_release_point(self.config["release_cached_blocks"])
         cfg = self.config
         # The reference's size equals the actor's (workers/config.py): one layout for the whole worker.
         setting = "actor.ulysses_sequence_parallel_size"

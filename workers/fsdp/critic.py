@@ -13,6 +13,7 @@ from transformers import AutoModelForTokenClassification
 
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
+from workers.cached_blocks import set_release_point
 from workers.config import critic_config, mini_batch_per_rank
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
@@ -39,6 +40,7 @@ class CriticWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         self.init_process_group()
+        set_release_point(self.config["release_cached_blocks"])
         cfg = self.config
         setting = "critic.ulysses_sequence_parallel_size"
         self.layout = init_sequence_layout(self, cfg["ulysses_sequence_parallel_size"], setting)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from protocol import DataProto
-from workers.cached_blocks import release_cached_blocks
+from workers.cached_blocks import release_after_micro_batch, release_cached_blocks
 from workers.packing.token_budget import groups_needed, spread
 
 
@@ -89,7 +89,8 @@ def forward_in_micro_batches(
     outputs = []
     for micro in micros:
         outputs.append(forward(micro))
-        release_cached_blocks(device)
+        release_after_micro_batch(device)
+    release_cached_blocks(device)  # the phase is over: whatever the release point
     if not outputs:
         return {}
     joined = {key: torch.cat([o[key] for o in outputs]) for key in outputs[0]}

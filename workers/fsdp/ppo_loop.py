@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from protocol import DataProto
-from workers.cached_blocks import release_cached_blocks
+from workers.cached_blocks import release_after_micro_batch, release_cached_blocks
 from workers.config import mini_batch_per_rank
 from workers.fsdp.dist_utils import check_same_length, reduce_over_ranks
 from workers.fsdp.engine import FSDPEngine
@@ -113,7 +113,7 @@ def run_ppo_updates(engine: FSDPEngine, data: DataProto, loss_fn: MicroLossFn, s
     lr = engine.current_lr()
     batching = schedule.micro_batching()
     ranks = dist.get_world_size() if dist.is_initialized() else 1
-    releases = 0  # micro-batches after which the allocator's free blocks went back to the device
+    releases = 0  # times the allocator's free blocks went back to the device (after micro-batches, after the phase)
     for epoch in range(schedule.epochs):
         for mini in shuffled(data, schedule.shuffle, schedule.seed + epoch).split(schedule.mini_batch_size):
             micros, _ = batching.split(mini, engine.device)
@@ -124,10 +124,11 @@ def run_ppo_updates(engine: FSDPEngine, data: DataProto, loss_fn: MicroLossFn, s
                 loss, metrics = loss_fn(micro)
                 scale = unit * ranks / total if total > 0 else len(micro) / len(mini)
                 (loss * scale).backward()
-                releases += release_cached_blocks(engine.device)
+                releases += release_after_micro_batch(engine.device)
                 for key, value in metrics.items():
                     collected[key].append(value)
             collected["grad_norm"].append(engine.optimizer_step(schedule.grad_clip))
+    releases += release_cached_blocks(engine.device)  # the phase is over: whatever the release point
     engine.lr_scheduler_step()
     reduced = {key: _over_micro_batches(key, values) for key, values in collected.items()}
     reduced["lr"] = lr

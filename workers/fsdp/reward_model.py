@@ -10,6 +10,7 @@ from transformers import AutoModelForSequenceClassification
 
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
+from workers.cached_blocks import set_release_point
 from workers.config import reward_model_config
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
@@ -58,6 +59,7 @@ class RewardModelWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         self.init_process_group()
+        set_release_point(self.config["release_cached_blocks"])
         self.reward_model = FSDPEngine(
             AutoModelForSequenceClassification,
             self.config["model"],
