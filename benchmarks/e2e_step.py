@@ -94,6 +94,20 @@ def phase_summary(history: list[dict[str, float]]) -> dict[str, float]:
     return summary
 
 
+def update_allocations(history: list[dict[str, float]]) -> dict[str, float]:
+    """The update's allocator work, steady: device allocations in the update phase (its running count less the
+    highest count the step's earlier phases reached) and how often the update emptied the cache."""
+    update_key = "memory/update_actor/device_allocs_total"
+    per_step = [
+        {"allocs": r[update_key] - max(v for k, v in r.items() if k.endswith("/device_allocs_total") and k != update_key)}
+        for r in history if update_key in r and sum(k.endswith("/device_allocs_total") for k in r) > 1
+    ]
+    return {
+        "update_actor_device_allocs": steady(per_step, "allocs"),
+        "update_actor_cached_block_releases": steady(history, "actor/cached_block_releases"),
+    }
+
+
 def run_size(size: str, work: Path, steps: int, engine: str, eager: bool, extra: list[str], reuse_model: bool = False) -> dict[str, Any]:
     params = model_folder(work / size / "model", SHAPES[size], reuse_model)
     train, val = write_synthetic_dataset(work / size / "data", train_size=256, val_size=16, tasks=("arithmetic",))
@@ -102,6 +116,7 @@ def run_size(size: str, work: Path, steps: int, engine: str, eager: bool, extra:
     history = run(load_config(overrides))
     summary: dict[str, Any] = {"size": size, "params": params, "engine": engine, "run_s": time.perf_counter() - start}
     summary.update(phase_summary(history))
+    summary.update(update_allocations(history))
     for key in ("timing/step_s", "perf/tokens", "perf/tokens_per_s", "perf/tokens_per_s_per_gpu", "perf/device_peak_tflops",
                 "overhead/calls_s", "overhead/in_workers_s", "overhead/dispatch_collect_s", "overhead/driver_s",
                 "overhead/toolkit_s", "overhead/toolkit_share", "rollout/sync_s", "rollout/generate_s", "agent/turns_mean", "agent/tool_use_rate", "agent/model_tokens_mean",
