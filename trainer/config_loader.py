@@ -11,9 +11,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.algorithm_settings import check_algorithm_settings
 from trainer.cuda_alloc import alloc_conf_problem
-from workers.cached_blocks_limit import RELEASE_POINTS
 from trainer.rollout_settings import check_rollout_settings
 from trainer.trackers.spec import entry_problem
+from workers.cached_blocks_limit import RELEASE_POINTS
 from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, OLD_LOG_PROB_PASS_CHOICES, POLICY_LOSS_MODES
 
 CONFIG_MODULE = "trainer.config"

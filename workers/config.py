@@ -19,6 +19,10 @@ from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS, KL_PENALTY_NAMES,
 from workers.rollout_choices import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES, STALENESS_VALUES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+ROLLOUT_ENGINES = ("hf", "vllm")
+ROLLOUT_PLACEMENTS = ("hybrid", "separate")
+LR_SCHEDULERS = ("constant", "cosine")
+STRATEGIES = ("fsdp", "megatron")
 
 
 def _release_field() -> Field:
@@ -26,10 +30,6 @@ def _release_field() -> Field:
         AFTER_MICRO_BATCH, one_of(*RELEASE_POINTS),
         f"one of {list(RELEASE_POINTS)} (when the caching allocator's free blocks beyond its peak go back to the GPU)",
     )
-ROLLOUT_ENGINES = ("hf", "vllm")
-ROLLOUT_PLACEMENTS = ("hybrid", "separate")
-LR_SCHEDULERS = ("constant", "cosine")
-STRATEGIES = ("fsdp", "megatron")
 
 
 def megatron_spec() -> dict[str, Any]:
