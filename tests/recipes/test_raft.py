@@ -68,7 +68,7 @@ def test_update_actor_sft_is_the_masked_nll_and_lowers_it(pool_2, tiny_model_dir
     history = [group.update_actor_sft(data)[0] for _ in range(4)]
     assert history[0]["sft_loss"] == pytest.approx(expected, rel=1e-4)  # measured before the first step
     assert history[-1]["sft_loss"] < history[0]["sft_loss"] - 0.5, history
-    assert set(history[0]) == {"sft_loss", "grad_norm", "lr"}
+    assert set(history[0]) == {"sft_loss", "grad_norm", "lr", "cached_block_releases"}
     with pytest.raises(Exception, match=r"update_actor_sft needs batch keys .* missing \['responses'"):
         group.update_actor_sft(data.select(batch_keys=["input_ids", "attention_mask", "position_ids", "response_mask"]))
 

@@ -6,9 +6,11 @@ a driver without that mode (Ray alone would dial the machine's address instead).
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -19,8 +21,18 @@ from tests.reliability.test_ray_job_submit import free_ports, kill_leftovers
 from trainer.interrupts import EXIT_CODE
 
 
-def test_nothing_listening_gives_up_after_the_timeout():
-    (port,) = free_ports(1)
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A port that refuses connections for the whole test: bound here on every address, never listening. A port
+    only found free could meanwhile be taken by one of the session's Ray processes, and a driver dialling that
+    one waits inside Ray's connection code, where Ctrl-C is not seen."""
+    with socket.socket() as held:
+        held.bind(("", 0))
+        yield held.getsockname()[1]
+
+
+def test_nothing_listening_gives_up_after_the_timeout(refused_port):
+    port = refused_port
     started = time.monotonic()
     with pytest.raises(ClusterUnreachable) as info:
         wait_for_gcs(f"127.0.0.1:{port}", 1.5)
@@ -44,8 +56,8 @@ def _driver_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_unreachable_cluster_stops_with_one_error_line(small_assets, tmp_path):
-    (port,) = free_ports(1)
+def test_unreachable_cluster_stops_with_one_error_line(small_assets, tmp_path, refused_port):
+    port = refused_port
     overrides = short_run(small_assets, tmp_path, "trainer.ray_connect_timeout_s=3")
     env = _driver_env(RAY_ADDRESS=f"127.0.0.1:{port}")
     done = subprocess.run([sys.executable, "-m", "trainer.main", *overrides], cwd=REPO_ROOT, capture_output=True, text=True,
@@ -58,8 +70,8 @@ def test_unreachable_cluster_stops_with_one_error_line(small_assets, tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_while_waiting_for_the_cluster(small_assets, tmp_path):
-    (port,) = free_ports(1)
+def test_ctrl_c_while_waiting_for_the_cluster(small_assets, tmp_path, refused_port):
+    port = refused_port
     overrides = short_run(small_assets, tmp_path, "trainer.ray_connect_timeout_s=120")
     log = tmp_path / "driver.log"
     with open(log, "w") as out:
