@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -25,18 +27,28 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@contextmanager
+def sigint_reaches_children() -> Iterator[None]:
+    """Children started inside get Python's usual Ctrl-C. A background launcher (`cmd &` in a script) leaves SIGINT
+    ignored, and an ignored signal stays ignored across exec (the child would then never see its Ctrl-C); a handled
+    one is reset to the default there."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class ChildProcess:
     """A child process whose stdout+stderr go to `log_path`; remembers every descendant it has seen."""
 
     def __init__(self, args: list[str], log_path: Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
         self._log = open(log_path, "w")
-        # A background launcher may leave SIGINT ignored, and an ignored signal stays ignored across exec
-        # (the child would then have no KeyboardInterrupt); a handled one is reset to the default.
-        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-        if ignored:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
+        with sigint_reaches_children():
             self.proc = subprocess.Popen(
                 [sys.executable, *args],
                 stdout=self._log,
@@ -45,9 +57,6 @@ class ChildProcess:
                 env=child_env(**(env or {})),
                 start_new_session=True,  # its own session: the test's terminal signals never reach it
             )
-        finally:
-            if ignored:
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.seen: dict[int, psutil.Process] = {}
 
     @property

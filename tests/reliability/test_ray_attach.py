@@ -16,16 +16,15 @@ import pytest
 
 from single_controller.ray.attach import ClusterUnreachable, attach, wait_for_gcs
 from tests.reliability.conftest import short_run
-from tests.reliability.processes import REPO_ROOT, child_env
+from tests.reliability.processes import REPO_ROOT, child_env, sigint_reaches_children
 from tests.reliability.test_ray_job_submit import free_ports, kill_leftovers
 from trainer.interrupts import EXIT_CODE
 
 
 @pytest.fixture
 def refused_port() -> Iterator[int]:
-    """A port that refuses connections for the whole test: bound here on every address, never listening. A port
-    only found free could meanwhile be taken by one of the session's Ray processes, and a driver dialling that
-    one waits inside Ray's connection code, where Ctrl-C is not seen."""
+    """A port that refuses connections for the whole test: bound here on every address, never listening, so no
+    other process (the session's Ray cluster included) can start listening there meanwhile."""
     with socket.socket() as held:
         held.bind(("", 0))
         yield held.getsockname()[1]
@@ -76,8 +75,9 @@ def test_ctrl_c_while_waiting_for_the_cluster(small_assets, tmp_path, refused_po
     log = tmp_path / "driver.log"
     with open(log, "w") as out:
         env = _driver_env(RAY_ADDRESS=f"127.0.0.1:{port}")
-        driver = subprocess.Popen([sys.executable, "-m", "trainer.main", *overrides], cwd=REPO_ROOT, stdout=out,
-                                  stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        with sigint_reaches_children():  # the Ctrl-C below must reach the driver however the suite was started
+            driver = subprocess.Popen([sys.executable, "-m", "trainer.main", *overrides], cwd=REPO_ROOT, stdout=out,
+                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while "checkpoints and logs:" not in log.read_text() and time.monotonic() < deadline and driver.poll() is None:
