@@ -112,9 +112,12 @@ def load_sharded_model(
     for layer in transformer_layers(model) + vision:
         fully_shard(layer, **shard_kwargs)
     fully_shard(model, **shard_kwargs)  # also moves parameters and buffers to the mesh's device
-    if vision:
-        # FSDP2 takes the first unit to run forward as the root; HF generate runs the vision tower before the
-        # model's first forward, so the model is made the root now (what its first forward would do).
-        model._get_fsdp_state()._lazy_init()
+    # FSDP2's lazy init, which its first forward would run, is run now, for two reasons:
+    # - it fixes each unit's gradient dtypes from the parameters that require grad at that moment, and peft's
+    #   disable_adapters clears requires_grad: a first forward with the adapters off (a LoRA actor's reference
+    #   pass, the first forward when the old log-prob pass is skipped) left every adapter gradient in the
+    #   compute dtype, which the float32 factors refuse in the first backward;
+    # - it takes the first unit to run forward as the root, and HF generate runs a vision tower first.
+    model._get_fsdp_state()._lazy_init()
     model.train(trainable)
     return model
