@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
+from trainer import run_setup
 from trainer.algorithm_settings import check_algorithm_settings
 from trainer.cuda_alloc import alloc_conf_problem
 from trainer.rollout_settings import check_rollout_settings
@@ -96,6 +97,7 @@ def _check_additions(overrides: Sequence[str], config_name: str) -> None:
 
 
 _MISSING = object()
+AUTO = "auto"
 
 
 def load_config(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -> DictConfig:
@@ -112,8 +114,18 @@ def load_config(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -
     OmegaConf.resolve(cfg)
     if isinstance(cfg.trainer.logger, str):  # `trainer.logger=console`: one backend by name
         cfg.trainer.logger = [cfg.trainer.logger]
+    resolve_auto_values(cfg)
     validate_config(cfg)
     return cfg
+
+
+def resolve_auto_values(cfg: DictConfig) -> None:
+    """Replace the `auto` values that depend on this node by what they mean here, once, so that `--cfg job`,
+    `trainer.plan_only`, the memory plan, the checks and the workers all read the same number."""
+    trainer = cfg.trainer
+    if trainer.get("n_gpus_per_node") == AUTO:
+        # Through the module: tests replace run_setup.visible_gpu_count with a count of their own.
+        trainer.n_gpus_per_node = run_setup.default_workers_per_node(str(trainer.get("device", "auto")))
 
 
 _CHOICES = {
@@ -146,6 +158,10 @@ _POSITIVE_INTS = (
     "trainer.n_gpus_per_node",
     "trainer.nnodes",
 )
+# Positive integers that may also be `auto` (resolve_auto_values replaces it), and what auto means.
+_AUTO_INTS = {
+    "trainer.n_gpus_per_node": f"one worker per GPU this node shows, {run_setup.CPU_WORKERS_PER_NODE} CPU workers without a GPU",
+}
 # Keys that are null or a positive number of the given kind, and what null means.
 _OPTIONAL_POSITIVE = {
     "trainer.call_timeout_s": ((int, float), "off"),
@@ -176,7 +192,8 @@ def validate_config(cfg: DictConfig) -> None:
     for key in _POSITIVE_INTS:
         value = OmegaConf.select(cfg, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            problems.append(f"{key}={value!r} must be a positive integer")
+            auto = f" or auto ({_AUTO_INTS[key]})" if key in _AUTO_INTS else ""
+            problems.append(f"{key}={value!r} must be a positive integer{auto}")
     problems.extend(_optional_positive(cfg, key, kind, null_means) for key, (kind, null_means) in _OPTIONAL_POSITIVE.items())
     for key, kind in _POSITIVE_NUMBERS.items():
         value = OmegaConf.select(cfg, key, default=1)

@@ -5,12 +5,14 @@ from a model folder that has none)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
+from trainer import run_setup
 from trainer.input_errors import InputError
 
 # Any one of these makes a folder loadable by AutoTokenizer.
@@ -185,10 +187,66 @@ def check_memory(cfg: DictConfig) -> None:
         print(f"warning: {misfit_message(plan)}", file=sys.stderr)
 
 
+def _plural(count: float, noun: str) -> str:
+    return f"{count:g} {noun}" + ("" if count == 1 else "s")
+
+
+def check_local_gpus(cfg: DictConfig) -> None:
+    """A GPU run that starts its own Ray cluster has this node alone: every GPU it reserves (the trainer pools of
+    trainer.n_gpus_per_node x nnodes processes, one more per role with trainer.placement=separate, separate vLLM
+    engines: perf_metrics.GpuCounts) must be among the GPUs this node shows, or Ray waits 60 s for a placement
+    that cannot come and the run ends in a traceback. A run attaching to a cluster (RAY_ADDRESS, or Ray already up
+    in this process) is not checked: this node is not that cluster."""
+    if run_setup.ray_address() or run_setup.ray_running_here() or cfg.trainer.device == "cpu":
+        return
+    shown = run_setup.visible_gpu_count()
+    if not run_setup.runs_on_gpu(cfg.trainer.device, shown):
+        return  # trainer.device=auto without a GPU: CPU workers, any number of them
+    from trainer.perf_metrics import GpuCounts
+
+    asked = GpuCounts.from_config(cfg).total
+    if asked <= shown:
+        return
+    per_node = cfg.trainer.n_gpus_per_node
+    asks = f"trainer.n_gpus_per_node={per_node} asks for {_plural(asked, 'GPU')} per node"
+    if asked != per_node:  # more than one GPU per process, several pool nodes, pools or engines: say what counts
+        asks = (
+            f"trainer.n_gpus_per_node={per_node} asks for {_plural(asked, 'GPU')} on this node (n_gpus_per_node x "
+            "trainer.nnodes x trainer.gpus_per_process per trainer pool, a pool per role with trainer.placement="
+            "separate, plus separate vLLM engines; a local Ray cluster is this one node)"
+        )
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    where = "CUDA_VISIBLE_DEVICES unset" if visible is None else f"CUDA_VISIBLE_DEVICES={visible!r}"
+    cpu = "; trainer.device=auto or cpu runs CPU workers instead" if shown == 0 else ""
+    raise InputError(
+        f"{asks}, but this node shows {shown} ({where}); lower trainer.n_gpus_per_node (auto: one worker per GPU "
+        f"shown), make more GPUs visible, or set RAY_ADDRESS to attach to a Ray cluster that has them{cpu}"
+    )
+
+
+def check_ray_address(cfg: DictConfig) -> None:
+    """The cluster at RAY_ADDRESS answers on its GCS port: a TCP probe until trainer.ray_connect_timeout_s, as
+    init_ray's attach does first, without starting Ray. Addresses only Ray resolves (`auto`, `ray://...`, a
+    dashboard URL) are left to init_ray."""
+    address = run_setup.ray_address()
+    if address is None or run_setup.ray_running_here():
+        return
+    from single_controller.ray.attach import ClusterUnreachable, split_address, wait_for_gcs
+
+    if split_address(address) is None:
+        return
+    try:
+        wait_for_gcs(address, cfg.trainer.get("ray_connect_timeout_s", run_setup.DEFAULT_CONNECT_TIMEOUT_S))
+    except ClusterUnreachable as error:
+        raise InputError(str(error)) from None
+
+
 def check_inputs(cfg: DictConfig) -> str | None:
-    """Every driver-side check of `cfg`'s paths, data files and rows, reward function, trackers, checkpoint and
-    worker settings, before Ray starts (the file checks first: they need no torch). Returns why there is
-    nothing to train (the resumed checkpoint is already at the last step), or None."""
+    """Every driver-side check of `cfg`'s paths, data files and rows, reward function, trackers, GPUs, checkpoint
+    and worker settings, before Ray starts (the file checks first: they need no torch). Returns why there is nothing
+    to train (the resumed checkpoint is already at the last step), or None. That is decided last: a finished run
+    with a mistake in its settings, or a RAY_ADDRESS where nothing answers, reports the mistake (exit 2), not
+    "nothing to train" (exit 0)."""
     from trainer.batch_checks import check_batch_split
     from trainer.data_checks import check_rows, reward_needs
     from trainer.image_checks import check_images
@@ -208,12 +266,16 @@ def check_inputs(cfg: DictConfig) -> str | None:
     if cfg.reward.reward_model.enable and cfg.reward.reward_model.model.path:
         check_model_folder(cfg.reward.reward_model.model.path, "reward.reward_model.model.path", tokenizer=False)
     check_entries(list(cfg.trainer.logger))
+    check_local_gpus(cfg)  # before the batch split: with too few GPUs, the worker count is what to change first
+    check_worker_settings(cfg)
+    check_batch_split(cfg)
+    check_resume_matches(cfg)
+    check_packages(cfg)
+    check_lengths_fit_model(cfg)
+    check_memory(cfg)  # NVML only (no CUDA context); nothing on CPU
     nothing_to_do = finished_run(cfg)
-    if nothing_to_do is None:
-        check_worker_settings(cfg)
-        check_batch_split(cfg)
-        check_resume_matches(cfg)
-        check_packages(cfg)
-        check_lengths_fit_model(cfg)
-        check_memory(cfg)
+    if nothing_to_do:
+        # A run that trains finds a dead RAY_ADDRESS when init_ray attaches (after the tracker started, where
+        # Ctrl-C reports the step); one that stops here would never reach it, so the address is probed now.
+        check_ray_address(cfg)
     return nothing_to_do

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +17,9 @@ DEFAULT_VLM_PATH = "outputs/tiny_vlm"  # the tiny vision-language model of task=
 DEFAULT_DATA_DIR = "outputs/data"
 DEFAULT_CONNECT_TIMEOUT_S = 30  # trainer.ray_connect_timeout_s of a config without it (a recipe's own)
 DEFAULT_DRIVER_THREADS = 1  # trainer.driver_threads of a config without it
+# trainer.n_gpus_per_node=auto where the run has no GPU: two CPU worker processes, the fewest that exercise the
+# data-parallel path (FSDP over gloo) the README's default job runs; more would compete for the same cores.
+CPU_WORKERS_PER_NODE = 2
 
 
 def ensure_default_assets(cfg: DictConfig) -> None:
@@ -61,19 +65,51 @@ def driver_threads(cfg: DictConfig) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def visible_gpu_count() -> int:
+    """The GPUs this node shows (CUDA_VISIBLE_DEVICES applied), read the way the memory plan reads their size
+    (trainer/memory_plan/gpu.py: NVML, else nvidia-smi): no torch import and no CUDA context in the driver."""
+    from trainer.memory_plan.gpu import detect_gpu_count
+
+    return detect_gpu_count()
+
+
+def runs_on_gpu(device: str, gpus_shown: int) -> bool:
+    """Whether the run's workers take GPUs, as the driver decides it before torch loads (trainer.device)."""
+    return device == "cuda" or (device == "auto" and gpus_shown > 0)
+
+
+def default_workers_per_node(device: str) -> int:
+    """trainer.n_gpus_per_node=auto: one worker per GPU this node shows, CPU_WORKERS_PER_NODE without a GPU
+    (or with trainer.device=cpu). The one place `auto` is resolved; config_loader calls it."""
+    if device == "cpu":
+        return CPU_WORKERS_PER_NODE  # no GPU query: a CPU run never needs one
+    # trainer.device=cuda on a node that shows none (a driver attaching to GPU nodes): 2, as before `auto`.
+    return visible_gpu_count() or CPU_WORKERS_PER_NODE
+
+
+def ray_address() -> str | None:
+    """The cluster the run attaches to (RAY_ADDRESS), or None: init_ray starts a local one on this node."""
+    return os.environ.get("RAY_ADDRESS") or None
+
+
+def ray_running_here() -> bool:
+    """Whether this process already has Ray (a notebook, a test session): init_ray then starts and attaches
+    nothing, and the run uses that cluster. Read without importing Ray."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
 def init_ray(cfg: DictConfig) -> None:
     """Attach to RAY_ADDRESS when set (giving up after trainer.ray_connect_timeout_s when nothing answers);
     otherwise start a local cluster bound to 127.0.0.1."""
-    import ray
-
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray.is_initialized():
+    if ray_running_here():
         return
     from single_controller.ray.attach import ClusterUnreachable, attach
     from single_controller.ray.local_cluster import init_local_ray, prepend_pythonpath
 
     runtime_env = {"env_vars": {"PYTHONPATH": prepend_pythonpath(os.getcwd())}}
-    address = os.environ.get("RAY_ADDRESS")
+    address = ray_address()
     if address:
         try:
             timeout_s = cfg.trainer.get("ray_connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S)

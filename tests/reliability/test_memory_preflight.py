@@ -35,12 +35,20 @@ def test_plan_only_names_a_folder_without_config_json(no_ray, small_assets, tmp_
     assert line == f"error: actor_rollout_ref.model.path='{tmp_path}' has no config.json (the memory plan reads the model's shape from it)"
 
 
+@pytest.fixture
+def node_with_gpus(monkeypatch):
+    """The driver's node shows two GPUs, so the local GPU count passes and the memory plan is what is checked."""
+    from trainer import run_setup
+
+    monkeypatch.setattr(run_setup, "visible_gpu_count", lambda: 2)
+
+
 def gpu_run(small_assets, tmp_path, *extra: str) -> list[str]:
     """A GPU run (as the driver sees it) of the tiny model on GPUs of 0.5 GiB: its plan cannot fit."""
     return short_run(small_assets, tmp_path, "trainer.device=cuda", "trainer.gpu_memory_gib=0.5", *extra)
 
 
-def test_a_gpu_run_whose_plan_does_not_fit_stops_with_one_error_line(no_ray, small_assets, tmp_path, capsys):
+def test_a_gpu_run_whose_plan_does_not_fit_stops_with_one_error_line(no_ray, node_with_gpus, small_assets, tmp_path, capsys):
     assert main(gpu_run(small_assets, tmp_path)) == 2
     captured = capsys.readouterr()
     errors = [l for l in captured.err.splitlines() if l.startswith("error:")]
@@ -50,7 +58,7 @@ def test_a_gpu_run_whose_plan_does_not_fit_stops_with_one_error_line(no_ray, sma
     assert "memory plan: does not fit: peak 2.0 GiB of 0.5 GiB per GPU" in captured.out
 
 
-def test_memory_check_warn_goes_on_and_off_does_not_check(no_ray, small_assets, tmp_path, capsys):
+def test_memory_check_warn_goes_on_and_off_does_not_check(no_ray, node_with_gpus, small_assets, tmp_path, capsys):
     with pytest.raises(AssertionError, match="Ray was started"):  # past the checks
         main(gpu_run(small_assets, tmp_path, "trainer.memory_check=warn"))
     warnings = [l for l in capsys.readouterr().err.splitlines() if l.startswith("warning: memory plan:")]

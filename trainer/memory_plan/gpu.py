@@ -56,6 +56,12 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)  # older NVML bindings return bytes
 
 
+def detect_gpu_count() -> int:
+    """How many GPUs this node shows (CUDA_VISIBLE_DEVICES applied); 0 without a GPU."""
+    handles = _nvml_each(lambda nvml, handle: handle)
+    return len(handles) if handles is not None else len(_smi_each("index"))
+
+
 def detect_gpu_bytes() -> int | None:
     """The smallest visible GPU's memory in bytes, or None when the driver machine has no GPU."""
     totals = _nvml_each(lambda nvml, handle: int(nvml.nvmlDeviceGetMemoryInfo(handle).total))
