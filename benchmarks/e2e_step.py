@@ -1,4 +1,4 @@
-"""GRPO steps on one GPU end to end: time per phase, tokens/s, peak memory and the toolkit's own overhead.
+"""GRPO steps on one GPU end to end: time per phase, tokens/s, the device's peak memory and the toolkit's own overhead.
 
     python -m benchmarks.e2e_step [--sizes 0.5B,1.5B] [--steps 4] [--engine vllm|hf] [--eager] [--reuse-model]
         [--out results/e2e_step.json] [overrides...]
@@ -122,8 +122,10 @@ def run_size(size: str, work: Path, steps: int, engine: str, eager: bool, extra:
                 "overhead/toolkit_s", "overhead/toolkit_share", "rollout/sync_s", "rollout/generate_s", "agent/turns_mean", "agent/tool_use_rate", "agent/model_tokens_mean",
                 "agent/tool_tokens_mean"):
         summary[key.split("/")[-1] if key.startswith("overhead") else key.replace("/", "_")] = steady(history, key)
-    peaks = [v for r in history for k, v in r.items() if k.endswith("peak_allocated_gib")]
-    summary["peak_allocated_gib"] = max(peaks) if peaks else float("nan")
+    # The device's highest use in any phase (NVML, sampled in the worker). Not the allocator's peak: with the hybrid
+    # engine (the default) PyTorch also counts the engine's pool while it sleeps unmapped (workers/memory.py).
+    peaks = [v for r in history for k, v in r.items() if k.endswith("/gpu_used_peak_gib")]
+    summary["gpu_used_peak_gib"] = max(peaks) if peaks else float("nan")
     used = [v for r in history for k, v in r.items() if k.endswith("gpu_used_gib")]
     summary["max_gpu_used_gib"] = max(used) if used else float("nan")
     return {"summary": summary, "history": history, "overrides": overrides}

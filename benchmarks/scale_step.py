@@ -11,7 +11,10 @@ frozen base shared with the engine by default (actor_rollout_ref.rollout.share_b
 Before running, the memory plan (trainer/memory_plan) is printed; a size whose plan does not fit the GPU is
 skipped unless `--force`. Per phase: time (steady state = mean of steps 2..N), the plan's estimate and the
 measured peak: `gpu_used_peak_gib`, the whole device's highest use during the phase (NVML, sampled in the
-worker), next to the allocator's peak and the device use at the phase's end. Per phase also the offload
+worker), next to the device use at the phase's end. The allocator's per-phase peak (`peak_allocated_gib`) is
+not shown: the hybrid engine lives in the worker's process, and PyTorch counts its memory pool (weights, KV
+cache) even while it sleeps with that memory unmapped, so the figure is the engine's share plus the phase's
+and exceeded the GPU (182.5 GiB in a 7B update on a 140 GiB H200: workers/memory.py). Per phase also the offload
 traffic (the workers' `offload/<phase>/...` metrics: GiB each way, seconds moving) against the page-locked
 host<->device bandwidth measured at the start of the same run (benchmarks/offload.py, in a child process),
 as a multiple of bytes / bandwidth. `--sizes tiny` runs a small shape on CPU (vLLM's CPU build), to check
@@ -102,7 +105,7 @@ def memory_table(history: list[dict[str, Any]], plan: Any) -> list[dict[str, Any
         estimate = estimate_for(window, windows, plan)
         peak = highest("gpu_used_peak_gib")
         entry = {"phase": window, "estimate_gib": estimate, "measured_peak_gib": peak, "end_gib": highest("gpu_used_gib"),
-                 "allocator_peak_gib": highest("peak_allocated_gib"), "rss_gib": highest("rss_gib")}
+                 "rss_gib": highest("rss_gib")}
         entry["ratio"] = peak / estimate if estimate and peak == peak else float("nan")
         entry["within_tolerance"] = abs(entry["ratio"] - 1) <= TOLERANCE if entry["ratio"] == entry["ratio"] else None
         table.append(entry)
@@ -155,12 +158,12 @@ def print_result(result: dict[str, Any]) -> None:
     print(f"\n{name}: steady state (mean of steps 2..N), run {result['run_s']:.0f} s, model folder {result['build_s']:.0f} s")
     for key, value in result["summary"].items():
         print(f"  {key.ljust(28)}{value:12.3f}")
-    print("  memory per GPU (GiB)     estimate  measured peak  ratio  end of phase  allocator peak")
+    print("  memory per GPU (GiB)     estimate  measured peak  ratio  end of phase")
     for m in result["memory"]:
         flag = "" if m["within_tolerance"] is None else (" ok" if m["within_tolerance"] else " OFF")
         estimate = f"{m['estimate_gib']:.1f}" if m["estimate_gib"] is not None else "-"
         print(f"  {m['phase'].ljust(22)}{estimate:>10}{m['measured_peak_gib']:15.1f}{m['ratio']:7.2f}{flag:4}"
-              f"{m['end_gib']:12.1f}{m['allocator_peak_gib']:16.1f}")
+              f"{m['end_gib']:12.1f}")
     bandwidth = result.get("bandwidth")
     print_offload_table(result["offload"], Bandwidth(**bandwidth) if bandwidth else None)
 

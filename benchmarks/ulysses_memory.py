@@ -15,9 +15,11 @@ local Ray cluster.
 
 Per phase it records the memory plan's estimate (trainer/memory_plan, for the same settings as a trainer
 config) and the measured peaks of both GPUs (`gpu_used_peak_gib`: the device's highest use during the phase,
-NVML, and the allocator's peak). A CUDA out-of-memory error is caught and recorded with the phase it hit; the
-other size still runs. The default size is where the plan says k=1 does not fit an 80 GiB GPU and k=2 does
-(at 1.5B with gradient checkpointing a single 16K- or even 128K-token micro-batch fits at k=1).
+NVML, and `peak_allocated_gib`: the allocator's peak during the phase, reset at each phase's reading; the
+workers here hold no vLLM engine, whose sleeping pool it would also count: workers/memory.py). A CUDA
+out-of-memory error is caught and recorded with the phase it hit; the other size still runs. The default size
+is where the plan says k=1 does not fit an 80 GiB GPU and k=2 does (at 1.5B with gradient checkpointing a
+single 16K- or even 128K-token micro-batch fits at k=1).
 
 `--tiny` runs a 2-layer model at a toy size on CPU (gloo), to check the script end to end.
 """
@@ -216,7 +218,7 @@ def run_child(args: argparse.Namespace, size: int, out: Path) -> dict[str, Any]:
 
 def print_table(results: list[dict[str, Any]], gpu_gib: float) -> None:
     print(f"\nper GPU, GiB (GPU {gpu_gib:.1f} GiB); plan = the memory plan's estimate; peak = the device's highest use "
-          "(NVML), alloc = the allocator's peak, rss = a worker's host memory at the phase's end: the higher of the 2")
+          "(NVML), alloc = the allocator's peak in the phase, rss = a worker's host memory at the phase's end: the higher of the 2")
     print(f"  {'k':>2}  {'phase':<14}{'plan':>8}{'peak':>8}{'alloc':>8}{'rss':>8}{'time s':>9}  note")
     nan = float("nan")
     for result in results:

@@ -17,7 +17,14 @@ PEAK_SAMPLE_INTERVAL_S = 0.01
 
 def memory_reading(device: torch.device) -> dict[str, float]:
     """Device memory in use (whole GPU, all processes: total - free) and this process's allocations; on
-    CPU, the process's resident memory."""
+    CPU, the process's resident memory. `peak_allocated_gib` is the allocator's peak since its last reset,
+    which `MemoryLog.record` makes at every reading: there it is the phase's own.
+
+    PyTorch's allocator figures (`allocated_gib`, `reserved_gib`, `peak_allocated_gib`) count every memory pool
+    of the process, a hybrid vLLM engine's too: its CuMemAllocator makes the engine's weights and KV cache
+    through a `torch.cuda.MemPool`, and PyTorch keeps counting those blocks while the engine sleeps with their
+    memory unmapped. With such an engine they can exceed the device (182.5 GiB peak in a 7B update on a 140 GiB
+    H200); `gpu_used_gib` and `MemoryLog`'s `gpu_used_peak_gib` (NVML) are what the device holds."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return {
@@ -90,7 +97,8 @@ def device_peak(device: torch.device) -> DevicePeak | None:
 
 class MemoryLog:
     """Readings taken after each phase of a step; `pop()` returns and clears them as flat metrics. On a GPU
-    `gpu_used_peak_gib` is the device's highest use during the phase (since the previous reading)."""
+    `gpu_used_peak_gib` is the device's highest use during the phase (since the previous reading), and
+    `peak_allocated_gib` the allocator's (its peak is reset at each reading; what it counts: `memory_reading`)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -102,7 +110,7 @@ class MemoryLog:
             self._metrics[f"memory/{phase}/{key}"] = value
         if self._peak is not None:
             self._metrics[f"memory/{phase}/gpu_used_peak_gib"] = self._peak.take()
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # the next reading's allocator peak is its phase's own, not the process's
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def pop(self) -> dict[str, float]:

@@ -20,6 +20,12 @@ at the mean length (EOS is ignored, so only prompt lengths vary: a few tokens of
 what each side logs itself: verl's `perf/mfu/actor` (update) and `perf/mfu/actor_infer` (old log-probs), timed
 inside its worker and counting the embedding as a matmul (6 x vocabulary x hidden more per token than ours);
 ours `perf/mfu/update_actor` and `perf/mfu/old_log_prob`, timed by the driver.
+
+Memory: `gpu_used_peak_gib` is the device's peak (NVML, runs.json), the measured one. `allocator_lifetime_peak_gib`
+is the trainer process's PyTorch allocator peak over the run (`torch.cuda.max_memory_allocated`: verl's
+`perf/max_memory_allocated_gb`, read in its update; TRL's, read after training; ours the highest of the worker's
+per-phase peaks, the same figure). PyTorch counts every pool of the process, an in-process vLLM engine's weights
+and KV cache too, also while the engine sleeps with them unmapped: it is not the device's use and can exceed the GPU.
 """
 
 from __future__ import annotations
@@ -112,10 +118,10 @@ def side_rows(side: str, history: list[dict[str, float]], setup: dict[str, Any] 
     rows.update(counted_mfu(rows, setup))
     rows.update({row: steady(history, key[column - 1]) for row, *key in REPORTED_MFU})
     if side == "verl":
-        rows["allocator_peak_gib"] = max((r["perf/max_memory_allocated_gb"] for r in history if "perf/max_memory_allocated_gb" in r), default=None)
+        rows["allocator_lifetime_peak_gib"] = max((r["perf/max_memory_allocated_gb"] for r in history if "perf/max_memory_allocated_gb" in r), default=None)
     else:
         peaks = [v for r in history for k, v in r.items() if k.endswith("peak_allocated_gib")]
-        rows["allocator_peak_gib"] = max(peaks) if peaks else None
+        rows["allocator_lifetime_peak_gib"] = max(peaks) if peaks else None
     return rows
 
 

@@ -300,6 +300,71 @@ def test_no_old_log_prob_row_when_the_update_gives_them(folders):
     assert any("no old log-prob pass" in note for note in skipped.notes)
 
 
+def test_the_reference_row_holds_the_actors_parameters_only_where_a_phase_brought_them(folders):
+    """With param_offload the actor's parameters leave while the hybrid engine generates and come back for the
+    next phase that computes with the actor (workers/fsdp/residency.py). With the old log-prob pass skipped
+    (auto: one optimizer step per batch) that is the update: a separate reference computes without them. With
+    the pass, or with LoRA (the reference is the actor, adapters off), they are on the GPU then."""
+    params = ModelShape.from_config(QWEN_7B).total_params()
+    skipped, kept = (plan_of(scale_config(folders["7B"], f"actor_rollout_ref.actor.old_log_prob_pass={v}")) for v in ("auto", "always"))
+    assert skipped.row("old_log_prob") is None and skipped.row("ref_log_prob").role == "ref"
+    # the actor's float32 master weights (one GPU): the only difference between the two reference rows
+    assert kept.row("ref_log_prob").total - skipped.row("ref_log_prob").total == 4 * params
+    assert part(skipped, "ref_log_prob", "weights") < 4 * params / GIB
+    # the update brings them back either way
+    assert skipped.row("update_actor").parts == kept.row("update_actor").parts
+    # without param_offload they never leave: the pass makes no difference to the reference's row
+    stay = "actor_rollout_ref.actor.fsdp.param_offload=false"
+    skipped, kept = (plan_of(scale_config(folders["7B"], stay, f"actor_rollout_ref.actor.old_log_prob_pass={v}")) for v in ("auto", "always"))
+    assert skipped.row("ref_log_prob").parts == kept.row("ref_log_prob").parts
+    # LoRA: the reference pass is the actor's own forward; its base (not shared here, so the actor's to offload) is in
+    own_base = "actor_rollout_ref.rollout.share_base_weights=false"
+    skipped, kept = (plan_of(scale_config(folders["7B"], own_base, f"actor_rollout_ref.actor.old_log_prob_pass={v}", lora_rank=64))
+                     for v in ("auto", "always"))
+    assert skipped.row("old_log_prob") is None and skipped.row("ref_log_prob").role == "actor"
+    assert skipped.row("ref_log_prob").parts == kept.row("ref_log_prob").parts
+    assert part(skipped, "ref_log_prob", "weights") > 2 * params / GIB  # the bf16 base and more
+
+
+def test_the_actors_residency_per_phase_follows_the_tenants_that_claim_the_gpu(folders):
+    """One rule for every row (trainer/memory_plan/plan.py `actor_residency`): the hybrid engine, a colocated
+    critic or reward model send the actor's parameters out; a phase computing with the actor brings them."""
+    from trainer.memory_plan.plan import actor_residency
+    from trainer.memory_plan.setup import plan_setup
+
+    def residency(*extra: str, lora_rank: int = 0, roles: tuple[str, ...] = ("actor", "ref")) -> dict[str, bool]:
+        return actor_residency(plan_setup(scale_config(folders["3B"], *extra, lora_rank=lora_rank), on_gpu=True), set(roles))
+
+    auto, always = "actor_rollout_ref.actor.old_log_prob_pass=auto", "actor_rollout_ref.actor.old_log_prob_pass=always"
+    assert residency(auto) == {"reward_model": False, "old_log_prob": False, "ref_log_prob": False, "values": False,
+                               "update_critic": False, "update_actor": True}
+    assert residency(always)["ref_log_prob"] and residency(auto, lora_rank=8)["ref_log_prob"]
+    # HF generate computes with the actor and a separate engine's process claims nothing here: they stay
+    assert residency(auto, "actor_rollout_ref.rollout.name=hf")["ref_log_prob"]
+    assert residency(auto, "actor_rollout_ref.rollout.placement=separate")["ref_log_prob"]
+    # a colocated reward model scores before the log-probs and claims the GPU
+    scored = residency(auto, "actor_rollout_ref.rollout.name=hf", roles=("actor", "ref", "reward_model"))
+    assert not scored["reward_model"] and not scored["ref_log_prob"] and scored["update_actor"]
+    # a colocated critic claims the GPU for its values and update, after the reference's log-probs
+    critic = residency(always, roles=("actor", "ref", "critic"))
+    assert critic["ref_log_prob"] and not critic["values"] and not critic["update_critic"] and critic["update_actor"]
+
+
+def test_a_colocated_critic_computes_without_the_actors_offloaded_parameters(folders):
+    """PPO with the KL as a loss (no KL in the reward): the old log-prob pass is skipped, and the critic's rows
+    hold the critic's and the reference's state but none of the actor's offloaded parameters, as they did with it."""
+    ppo = ("algorithm=ppo", "algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use_kl_loss=true",
+           "actor_rollout_ref.rollout.n=8")
+    skipped, kept = (plan_of(scale_config(folders["3B"], *ppo, f"actor_rollout_ref.actor.old_log_prob_pass={v}"), gib=80)
+                     for v in ("auto", "always"))
+    assert skipped.row("old_log_prob") is None and kept.row("old_log_prob") is not None
+    for phase in ("values", "update_critic"):
+        assert skipped.row(phase).parts == kept.row(phase).parts
+    # the actor's parameters (float32, one GPU) are in the reference's row only with the pass
+    params = ModelShape.from_config(QWEN_3B).total_params()
+    assert kept.row("ref_log_prob").total - skipped.row("ref_log_prob").total == 4 * params
+
+
 def test_a_checkpointed_layer_count_below_one_is_refused_before_ray_starts():
     from trainer.input_errors import InputError
     from trainer.preflight import check_worker_settings

@@ -3,12 +3,12 @@ with trainer.placement=separate), the peak bytes on one GPU in each phase of a s
 
 Each phase's row is its peak moment: what is resident then (the models' state, minus what the config
 offloads to the host), plus that moment's compute memory. Phases and residency follow the workers
-(workers/fsdp/residency.py): with param_offload the actor's parameters are on the GPU from the weight sync
-before generation through old log-probs, the reference's log-probs and the update, and leave while the
-hybrid engine generates and while a colocated critic or reward model computes; with optimizer_offload its
-optimizer state is on the GPU inside the optimizer step only; an offloading reference comes in for its
-log-probs; the critic and reward model never offload; a hybrid vLLM engine holds `gpu_memory_utilization`
-x the GPU while awake (generate) and nothing while asleep.
+(workers/fsdp/residency.py): with param_offload the actor's parameters come to the GPU for each phase that
+computes with the actor and stay until another tenant of the process claims it (`actor_residency`, the one
+place that says which phases have them); with optimizer_offload its optimizer state is on the GPU inside the
+optimizer step only; an offloading reference comes in for its log-probs; the critic and reward model never
+offload; a hybrid vLLM engine holds `gpu_memory_utilization` x the GPU while awake (generate) and nothing
+while asleep.
 """
 
 from __future__ import annotations
@@ -87,12 +87,48 @@ def _parts(**values: int) -> dict[str, int]:
     return {column: int(values.get(column, 0)) for column in COLUMNS}
 
 
+# The phases of a step after generation, in the order the trainer runs them (trainer/ppo_trainer.py: the reward
+# model scores the rollout before the log-probs).
+STEP_PHASES = ("reward_model", "old_log_prob", "ref_log_prob", "values", "update_critic", "update_actor")
+
+
+def actor_residency(setup: PlanSetup, on_this_gpu: set[str]) -> dict[str, bool]:
+    """Whether the actor's parameters are on the GPU while each phase of `STEP_PHASES` computes (with
+    param_offload; without it they never leave), by the workers' rule (workers/fsdp/residency.py): a phase
+    that computes with the actor brings them and they stay; another tenant of the process claiming the GPU
+    sends them to the host (the hybrid engine once its weight sync read them, a colocated critic or reward
+    model); a separate reference's pass moves none of the actor's state. So with the old log-prob pass
+    skipped (trainer/old_log_prob_pass.py) a separate reference computes while the actor's parameters are
+    still on the host from generation, and they come back for the update; with LoRA the reference is the
+    actor itself (adapters off), which brings them."""
+    rollout = setup.rollout
+    # After generation: on the host if the hybrid engine claimed the GPU, else on it (HF generate computes with
+    # the actor; a separate engine's weight broadcast reads the actor, and the engine's process claims nothing here).
+    resident = not (rollout.name == "vllm" and rollout.placement == "hybrid")
+    # Per phase: True, it computes with the actor; False, another tenant claims the GPU; None, nothing moves.
+    moves: dict[str, bool | None] = {
+        "reward_model": False if "reward_model" in on_this_gpu else None,
+        "old_log_prob": True if setup.old_log_prob is not None else None,
+        "ref_log_prob": True if setup.lora_reference else None,
+        "values": False if "critic" in on_this_gpu else None,
+        "update_critic": False if "critic" in on_this_gpu else None,
+        "update_actor": True,
+    }
+    residency: dict[str, bool] = {}
+    for phase in STEP_PHASES:
+        if moves[phase] is not None:
+            resident = moves[phase]
+        residency[phase] = resident
+    return residency
+
+
 class _TrainerGpu:
     """One GPU of a trainer pool and the models on it."""
 
     def __init__(self, setup: PlanSetup, roles: list[ModelRole], engine: int, broadcast_staging: int) -> None:
         self.setup = setup
         self.roles = {role.name: role for role in roles}
+        self.actor_in = actor_residency(setup, set(self.roles))  # the actor's parameters on the GPU, per phase
         self.memory: dict[str, RoleMemory] = {r.name: role_memory(r, setup.gpus_per_pool) for r in roles}
         self.engine = engine  # a hybrid engine's bytes while awake (0: none here)
         self.staging = broadcast_staging
@@ -139,6 +175,11 @@ class _TrainerGpu:
             weights += self.engine_weights
             other += SLEEPING_ENGINE_BYTES if self.engine else 0
         return _parts(weights=weights, grads=grads, optimizer=optimizer, engine=engine, other=other)
+
+    def during(self, phase: str, with_optimizer: bool = False, loaded: tuple[str, ...] = ()) -> dict[str, int]:
+        """What sits on the GPU while `phase` of `STEP_PHASES` computes (the hybrid engine asleep), the actor's
+        parameters as `actor_residency` says."""
+        return self.resident(self.actor_in[phase], with_optimizer, engine_awake=False, loaded=loaded)
 
     def forward(self, name: str, batch: Batching, logits_use: str | None) -> dict[str, int]:
         """The compute memory of a no-grad pass of model `name`, by column: its compute copies (weights),
@@ -236,23 +277,22 @@ def _trainer_rows(gpu: _TrainerGpu) -> list[Row]:
         rows.append(_generate_row(gpu))
     if gpu.has("actor") and setup.old_log_prob is not None:
         forward = gpu.forward("actor", setup.old_log_prob, "log_probs_and_entropy")
-        rows.append(Row("actor", "old_log_prob", "log-probs + entropy", _add(gpu.resident(True, False, False), forward)))
+        rows.append(Row("actor", "old_log_prob", "log-probs + entropy", _add(gpu.during("old_log_prob"), forward)))
     if setup.lora_reference and gpu.has("actor"):
         forward = gpu.forward("actor", setup.ref_log_prob, "log_probs")
-        rows.append(Row("actor", "ref_log_prob", "base model (adapters off)", _add(gpu.resident(True, False, False), forward)))
+        rows.append(Row("actor", "ref_log_prob", "base model (adapters off)", _add(gpu.during("ref_log_prob"), forward)))
     elif gpu.has("ref"):
-        # The actor stays on the GPU from its old log-probs to its update (workers/fsdp/residency.py).
-        resident = gpu.resident(gpu.has("actor"), False, False, loaded=("ref",))
-        slack = _load_slack(gpu, gpu.resident(gpu.has("actor"), False, False), resident)
+        resident = gpu.during("ref_log_prob", loaded=("ref",))
+        slack = _load_slack(gpu, gpu.during("ref_log_prob"), resident)
         forward = gpu.forward("ref", setup.ref_log_prob, "log_probs")
         rows.append(Row("ref", "ref_log_prob", "log-probs", _add(resident, forward, other=slack)))
     if gpu.has("critic") and setup.critic_forward is not None and setup.critic_update is not None:
         forward = gpu.forward("critic", setup.critic_forward, None)
-        rows.append(Row("critic", "values", "forward", _add(gpu.resident(False, False, False), forward)))
+        rows.append(Row("critic", "values", "forward", _add(gpu.during("values"), forward)))
         rows.extend(_update_rows(gpu, "critic", "update_critic", setup.critic_update, logits=False))
     if gpu.has("reward_model") and setup.reward_forward is not None:
         forward = gpu.forward("reward_model", setup.reward_forward, None)
-        rows.append(Row("reward_model", "reward_model", "forward", _add(gpu.resident(False, False, False), forward)))
+        rows.append(Row("reward_model", "reward_model", "forward", _add(gpu.during("reward_model"), forward)))
     if gpu.has("actor"):
         rows.extend(_update_rows(gpu, "actor", "update_actor", setup.update, logits=True))
     return rows
@@ -263,9 +303,8 @@ def _update_rows(gpu: _TrainerGpu, name: str, phase: str, batch: Batching, logit
     earlier micro-batches) and, where it is higher, the optimizer step (on CPU, foreach AdamW's temporary; fused AdamW on GPU makes none).
     With optimizer_offload the actor's optimizer state is on the GPU inside the step only."""
     mem = gpu.memory[name]
-    is_actor = name == "actor"  # a critic's update claims the GPU: the actor's offloadable state is out
-    base = gpu.resident(actor_loaded=is_actor, with_optimizer=False, engine_awake=False)
-    stepping = gpu.resident(actor_loaded=is_actor, with_optimizer=is_actor, engine_awake=False)
+    base = gpu.during(phase)
+    stepping = gpu.during(phase, with_optimizer=name == "actor")  # the actor's optimizer state, for its own step
     grads = 0 if gpu.roles[name].strategy == "megatron" else mem.grads  # Megatron's buffer is already resident
     compute = gpu.backward(name, batch, logits)
     backward = _add(base, compute, grads=grads)
