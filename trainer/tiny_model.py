@@ -130,12 +130,15 @@ def seeded_model(model_class: type, config: Any, tokenizer: Any, seed: int) -> A
     return model
 
 
-def build_tiny_model(out_dir: str | Path, seed: int = 0) -> Path:
-    """Write tokenizer + random-init Qwen2ForCausalLM to `out_dir`; same seed -> same weights."""
+def build_tiny_model(out_dir: str | Path, seed: int = 0, num_key_value_heads: int | None = None) -> Path:
+    """Write tokenizer + random-init Qwen2ForCausalLM to `out_dir`; same seed -> same weights.
+    `num_key_value_heads=2` gives a shape that tensor parallelism of 2 can split (the default has one)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_char_tokenizer()
     config = build_tiny_config(tokenizer)
+    if num_key_value_heads is not None:
+        config.num_key_value_heads = num_key_value_heads
     model = seeded_model(Qwen2ForCausalLM, config, tokenizer, seed)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -162,8 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default 1; 2 for tensor parallel 2)")
     args = parser.parse_args(argv)
-    path = build_tiny_model(args.out_dir, seed=args.seed)
+    path = build_tiny_model(args.out_dir, seed=args.seed, num_key_value_heads=args.kv_heads)
     print(f"wrote tiny model to {path}")
 
 

@@ -1,0 +1,250 @@
+"""Running one case of the GPU suite (benchmarks/gpu_suite.py): its commands in a folder of its own, each as
+a child process with a time limit, then the case's check on what the run left behind.
+
+A case passes when every command exits 0 and its check holds. A failed case reports the first line of its
+error: the `error:` line of an input mistake, else the last exception line the log shows (a worker's
+exception reaches the driver's log inside Ray's wrapper, so the last one named is the innermost cause).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+METRICS_FILE = "metrics.jsonl"
+REWARD = "reward/mean"
+STEP_TIME = "timing/step_s"
+SYNC_GAP = "rollout/sync_logprob_max_diff"  # logged by every verified weight sync (rollout.verify_sync=true)
+_ERROR_LINE = re.compile(r"^(error: .*|[\w.]*(Error|Exception|Mismatch|Interrupt)(\(.*?\))?: .*|[\w.]*(Error|Exception))$")
+
+
+def error_line(log: str) -> str:
+    """The line that says what broke: the driver's `error: ...` line when there is one, else the last
+    exception line (`SomeError: message`), else the last non-empty line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("error: "):
+            return line[:300]
+    for line in reversed(lines):
+        if _ERROR_LINE.match(line):
+            return line[:300]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def read_metrics(folder: Path) -> list[dict[str, Any]]:
+    """The step records of the one run logged under `folder` (its `logs/metrics.jsonl`); [] before any."""
+    files = sorted(folder.rglob(METRICS_FILE))
+    if len(files) > 1:
+        raise ValueError(f"{folder} holds {len(files)} {METRICS_FILE} files; a case runs one training folder: {files}")
+    if not files:
+        return []
+    return [json.loads(line) for line in files[0].read_text().splitlines() if line.strip()]
+
+
+def steady_step_s(rows: list[dict[str, Any]]) -> float | None:
+    """Mean step time over steps 2..N (step 1 carries the start-up: CUDA graphs, NCCL, allocator warm-up)."""
+    times = [r[STEP_TIME] for r in rows[1:] if STEP_TIME in r] or [r[STEP_TIME] for r in rows if STEP_TIME in r]
+    return round(statistics.mean(times), 3) if times else None
+
+
+@dataclass
+class CommandRun:
+    """What one command of a case did: exit code, wall time, and the step records it added."""
+
+    argv: list[str]
+    returncode: int
+    wall_s: float
+    rows: list[dict[str, Any]]
+    log: Path
+    timed_out: bool = False
+
+
+class Check(Protocol):
+    def describe(self) -> str:
+        """What the check asserts, in words (the table's and the dry run's)."""
+        ...
+
+    def judge(self, folder: Path, runs: list[CommandRun]) -> list[str]:
+        """What is wrong (empty: the check holds)."""
+        ...
+
+    def detail(self, runs: list[CommandRun]) -> str:
+        """What was measured, for a passing case's row."""
+        ...
+
+
+@dataclass(frozen=True)
+class RunCheck:
+    """A training run's metrics: the steps it should reach, values that must be finite, learning, syncs,
+    offload traffic, and where a resumed run starts."""
+
+    steps: int
+    finite: tuple[str, ...] = ("actor/pg_loss",)
+    reward_rises_by: float | None = None  # mean of the last 3 steps minus the first 3
+    last_reward_at_least: float | None = None
+    synced: bool = False  # every step's weight sync was verified (SYNC_GAP logged; the run stops on a mismatch)
+    offloaded: bool = False  # some phase moved bytes to the host
+    resumed_after: int | None = None  # the last command resumes from this step's checkpoint
+
+    def describe(self) -> str:
+        parts = [f"reaches step {self.steps}", " and ".join(self.finite) + " finite"]
+        if self.reward_rises_by is not None:
+            parts.append(f"reward rises by >= {self.reward_rises_by}")
+        if self.last_reward_at_least is not None:
+            parts.append(f"last reward >= {self.last_reward_at_least}")
+        if self.synced:
+            parts.append("every sync verified")
+        if self.offloaded:
+            parts.append("offload moved bytes")
+        if self.resumed_after is not None:
+            parts.append(f"resumed at step {self.resumed_after + 1}")
+        return "; ".join(parts)
+
+    def judge(self, folder: Path, runs: list[CommandRun]) -> list[str]:
+        rows = [row for run in runs for row in run.rows]
+        if not rows:
+            return ["no step was logged"]
+        problems = []
+        if rows[-1].get("step") != self.steps:
+            problems.append(f"last step {rows[-1].get('step')}, expected {self.steps}")
+        for key in self.finite:
+            bad = [r["step"] for r in rows if not isinstance(r.get(key), (int, float)) or not math.isfinite(r[key])]
+            if bad:
+                problems.append(f"{key} missing or not finite at steps {bad[:5]}")
+        rewards = [r[REWARD] for r in rows if REWARD in r]
+        if self.reward_rises_by is not None:
+            rise = statistics.mean(rewards[-3:]) - statistics.mean(rewards[:3]) if len(rewards) >= 6 else float("nan")
+            if not rise >= self.reward_rises_by:
+                problems.append(f"reward rose by {rise:.3f} ({rewards[0]:.3f} -> {rewards[-1]:.3f}), wanted {self.reward_rises_by}")
+        if self.last_reward_at_least is not None and not (rewards and rewards[-1] >= self.last_reward_at_least):
+            problems.append(f"last reward {rewards[-1] if rewards else None}, wanted >= {self.last_reward_at_least}")
+        if self.synced:
+            unverified = [r["step"] for r in rows if SYNC_GAP not in r]
+            if unverified:
+                problems.append(f"no verified sync at steps {unverified[:5]}")
+        if self.offloaded and not any(k.startswith("offload/") and k.endswith("d2h_gib") and v > 0 for r in rows for k, v in r.items()):
+            problems.append("no offload/*/d2h_gib above 0: nothing left the GPU")
+        if self.resumed_after is not None:
+            resumed = [r["step"] for r in runs[-1].rows]
+            if resumed[:1] != [self.resumed_after + 1]:
+                problems.append(f"the resumed run logged steps {resumed[:3]}..., expected to start at {self.resumed_after + 1}")
+        return problems
+
+    def detail(self, runs: list[CommandRun]) -> str:
+        rows = [row for run in runs for row in run.rows]
+        rewards = [r[REWARD] for r in rows if REWARD in r]
+        text = f"reward {rewards[0]:.2f}->{rewards[-1]:.2f}" if rewards else "no reward"
+        gaps = [r[SYNC_GAP] for r in rows if SYNC_GAP in r]
+        if gaps:
+            text += f"; sync gap max {max(gaps):.3f} ({len(gaps)} syncs)"
+        return text
+
+
+@dataclass(frozen=True)
+class ExampleCheck:
+    """benchmarks/engine_examples.py's JSON: every expected example ran and passed its verified sync."""
+
+    examples: tuple[str, ...]
+    result_file: str = "examples.json"
+
+    def describe(self) -> str:
+        return f"examples {', '.join(self.examples)} pass (sync verified)"
+
+    def judge(self, folder: Path, runs: list[CommandRun]) -> list[str]:
+        path = folder / self.result_file
+        if not path.is_file():
+            return [f"no {self.result_file} written"]
+        rows = json.loads(path.read_text())["rows"]
+        ran = {row["example"]: row for row in rows}
+        problems = [f"{name} did not run" for name in self.examples if name not in ran]
+        problems += [f"{row['example']}: {row.get('error', 'failed')}" for row in rows if not row["passed"]]
+        return problems
+
+    def detail(self, runs: list[CommandRun]) -> str:
+        return ""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One GPU path: the commands that run it (the arguments of `python`), the check, a time limit."""
+
+    name: str
+    part: str  # "one" (one GPU) or "two" (two GPUs)
+    path: str  # what it exercises, in words
+    commands: tuple[tuple[str, ...], ...]
+    check: Check
+    timeout_s: int = 300
+
+    def command_lines(self) -> list[str]:
+        return ["python " + " ".join(command) for command in self.commands]
+
+
+@dataclass
+class CaseResult:
+    name: str
+    part: str
+    path: str
+    commands: list[str]
+    check: str
+    passed: bool = False
+    error: str | None = None
+    wall_s: float = 0.0
+    steady_step_s: float | None = None
+    detail: str = ""
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _run_command(argv: list[str], folder: Path, log: Path, timeout_s: float, env: dict[str, str]) -> tuple[int, bool]:
+    """Run in its own process group, so a timeout also stops what the command started (its Ray cluster)."""
+    with open(log, "w") as out:
+        process = subprocess.Popen(argv, cwd=folder, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=env, start_new_session=True)
+        try:
+            return process.wait(timeout=max(timeout_s, 1)), False
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return -signal.SIGKILL, True
+
+
+def run_case(case: Case, root: Path, env: dict[str, str] | None = None) -> CaseResult:
+    """Run `case` in `root/<name>` (made empty first): its commands in order while they succeed, then its check."""
+    folder = root / case.name
+    if folder.exists():
+        subprocess.run(["rm", "-rf", str(folder)], check=True)
+    folder.mkdir(parents=True)
+    result = CaseResult(case.name, case.part, case.path, case.command_lines(), case.check.describe())
+    started = time.perf_counter()
+    runs: list[CommandRun] = []
+    for index, command in enumerate(case.commands):
+        argv = [sys.executable, *command]
+        log = folder / f"command_{index}.log"
+        before = len(read_metrics(folder))
+        remaining = case.timeout_s - (time.perf_counter() - started)
+        begin = time.perf_counter()
+        code, timed_out = _run_command(argv, folder, log, remaining, {**os.environ, **(env or {})})
+        rows = read_metrics(folder)[before:]
+        runs.append(CommandRun(argv, code, round(time.perf_counter() - begin, 2), rows, log, timed_out))
+        if code != 0:
+            result.error = f"timed out after {case.timeout_s} s" if timed_out else error_line(log.read_text(errors="replace"))
+            break
+    result.wall_s = round(time.perf_counter() - started, 2)
+    result.runs = [{"command": " ".join(r.argv[1:]), "returncode": r.returncode, "wall_s": r.wall_s, "steps": len(r.rows),
+                    "log": str(r.log)} for r in runs]
+    result.steady_step_s = steady_step_s(runs[-1].rows) if runs else None
+    if result.error is None:
+        problems = case.check.judge(folder, runs)
+        result.passed = not problems
+        result.error = "; ".join(problems) or None
+    result.detail = case.check.detail(runs)
+    return result

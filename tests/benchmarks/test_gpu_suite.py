@@ -1,0 +1,140 @@
+"""benchmarks/gpu_suite.py on a CPU: the dry run lists every path the suite must cover with commands whose
+overrides load, and the runner runs a case's commands, reads its run's metrics, judges them, and reports a
+failure by its first error line (fake cases of `python -c`, nothing trained)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_suite import cases, main
+from benchmarks.suite_runner import Case, ExampleCheck, RunCheck, error_line, run_case
+from tests.conftest import REPO_ROOT
+from trainer.config_loader import load_config
+
+REQUIRED = {
+    "one": {"readme_default", "hf_padded_checkpointing", "vllm_hybrid", "lora_vllm_ref_first", "lora_unshared",
+            "lora_shared_always", "lora_unshared_offload_always", "full_offload", "ppo_critic", "dapo", "image_task",
+            "checkpoint_resume", "engine_examples"},
+    "two": {"fsdp_two_gpus", "ulysses_two", "separate_async_nccl", "megatron_tp2", "engine_quickstart_two_gpus"},
+}
+
+
+def test_dry_run_lists_every_case_with_its_commands():
+    listing = subprocess.run([sys.executable, "-m", "benchmarks.gpu_suite", "--dry-run", "--part", "all"],
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0, listing.stderr
+    for part, names in REQUIRED.items():
+        assert {case.name for case in cases(part)} == names
+        for name in names:
+            assert f"{name} [{part}]" in listing.stdout
+    assert "    python -m trainer.main\n" in listing.stdout  # the README's job, as typed
+    assert listing.stdout.count("check: ") == len(cases("all"))
+
+
+def test_every_training_command_loads_as_a_config():
+    for case in cases("all"):
+        for command in case.commands:
+            if command[:2] == ("-m", "trainer.main"):
+                load_config(list(command[2:]))  # raises on an unknown key or a bad value
+
+
+def test_the_lora_cases_cover_every_pair_of_settings():
+    """base shared x offload x pass always: every pair of the three settings takes all four level pairs."""
+    settings = []
+    for case in cases("one"):
+        if case.name.startswith("lora"):
+            words = set(case.commands[0])
+            settings.append((
+                "actor_rollout_ref.rollout.share_base_weights=true" in words,
+                "actor_rollout_ref.actor.fsdp.param_offload=true" in words,
+                "actor_rollout_ref.actor.old_log_prob_pass=always" in words,
+            ))
+    for first, second in ((0, 1), (0, 2), (1, 2)):
+        assert {(s[first], s[second]) for s in settings} == {(a, b) for a in (False, True) for b in (False, True)}
+
+
+def _metrics_writer(steps: list[int], reward: float = 0.1, rise: float = 0.1, nan_at: int | None = None) -> tuple[str, ...]:
+    """A command that appends step records to run/logs/metrics.jsonl, as a training run does."""
+    code = (
+        "import json, pathlib; p = pathlib.Path('run/logs'); p.mkdir(parents=True, exist_ok=True)\n"
+        f"with open(p / 'metrics.jsonl', 'a') as f:\n"
+        f"    for i, s in enumerate({steps}):\n"
+        f"        loss = float('nan') if s == {nan_at} else 0.5\n"
+        f"        f.write(json.dumps({{'step': s, 'reward/mean': {reward} + {rise} * s, 'actor/pg_loss': loss,\n"
+        "                             'timing/step_s': 2.0 if s == 1 else 1.0, 'rollout/sync_logprob_max_diff': 0.01}) + '\\n')\n"
+    )
+    return ("-c", code)
+
+
+def _python(code: str) -> tuple[str, ...]:
+    return ("-c", code)
+
+
+def test_a_passing_case_reports_its_steady_step_time(tmp_path):
+    case = Case("fake", "one", "fake", (_metrics_writer([1, 2, 3, 4, 5, 6]),), RunCheck(6, reward_rises_by=0.2, synced=True))
+    result = run_case(case, tmp_path)
+    assert result.passed, result.error
+    assert result.steady_step_s == 1.0 and result.runs[0]["steps"] == 6
+    assert "sync gap max 0.010 (6 syncs)" in result.detail
+
+
+def test_a_check_that_fails_names_what(tmp_path):
+    flat = run_case(Case("flat", "one", "", (_metrics_writer([1, 2, 3, 4, 5, 6], rise=0.0),), RunCheck(6, reward_rises_by=0.2)), tmp_path)
+    assert not flat.passed and "reward rose by 0.000" in flat.error
+    short = run_case(Case("short", "one", "", (_metrics_writer([1, 2, 3], nan_at=2),), RunCheck(6)), tmp_path)
+    assert not short.passed and "last step 3, expected 6" in short.error and "not finite at steps [2]" in short.error
+
+
+def test_a_resumed_run_must_start_after_its_checkpoint(tmp_path):
+    check = RunCheck(6, resumed_after=4)
+    resumed = run_case(Case("resumed", "one", "", (_metrics_writer([1, 2, 3, 4]), _metrics_writer([5, 6])), check), tmp_path)
+    assert resumed.passed, resumed.error
+    restarted = run_case(Case("restarted", "one", "", (_metrics_writer([1, 2, 3, 4]), _metrics_writer([1, 2, 3, 4, 5, 6])), check), tmp_path)
+    assert not restarted.passed and "expected to start at 5" in restarted.error
+
+
+def test_a_failing_command_reports_its_error_line_and_stops_the_case(tmp_path):
+    raising = _python("import sys; print('working'); raise ValueError('the model folder has no config.json')")
+    never = _python("open('never_ran', 'w')")
+    result = run_case(Case("raises", "one", "", (raising, never), RunCheck(1)), tmp_path)
+    assert not result.passed and result.error == "ValueError: the model folder has no config.json"
+    assert not (tmp_path / "raises" / "never_ran").exists() and len(result.runs) == 1
+    refused = run_case(Case("refused", "one", "", (_python("import sys; print('error: trainer.x=3 is bad'); sys.exit(2)"),), RunCheck(1)), tmp_path)
+    assert refused.error == "error: trainer.x=3 is bad"
+
+
+def test_a_case_past_its_time_limit_is_stopped(tmp_path):
+    result = run_case(Case("slow", "one", "", (_python("import time; time.sleep(60)"),), RunCheck(1), timeout_s=2), tmp_path)
+    assert not result.passed and result.error == "timed out after 2 s" and result.wall_s < 30
+
+
+def test_error_line_finds_the_worker_exception_inside_rays_wrapper():
+    log = "\n".join([
+        "Traceback (most recent call last):",
+        '  File "trainer/main.py", line 3, in <module>',
+        "ray.exceptions.RayTaskError(RuntimeError): ray::Colocated.update_actor() (pid=1, ip=127.0.0.1)",
+        '  File "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py", line 700, in foreach_reduce',
+        "RuntimeError: attempting to assign a gradient with dtype 'c10::BFloat16' to a tensor with grad_dtype 'Float'",
+        "(Colocated pid=1) some later log line",
+    ])
+    assert error_line(log).startswith("RuntimeError: attempting to assign a gradient")
+    assert error_line("just\nlines\n") == "lines"
+
+
+def test_example_check_reads_the_examples_json(tmp_path):
+    check = ExampleCheck(("quickstart (colocated)", "vlm"))
+    (tmp_path / "examples.json").write_text(json.dumps({"rows": [
+        {"example": "quickstart (colocated)", "passed": True}, {"example": "vlm", "passed": False, "error": "gap 3.1 above 0.25"}]}))
+    assert check.judge(tmp_path, []) == ["vlm: gap 3.1 above 0.25"]
+    assert check.judge(Path(tmp_path / "missing"), []) == ["no examples.json written"]
+
+
+def test_a_part_refuses_a_machine_of_another_size(capsys):
+    with pytest.raises(SystemExit):
+        main(["--part", "two", "--workdir", "/tmp/unused"])
+    assert "part two runs on exactly 2 visible GPU(s); this process sees 0" in capsys.readouterr().err
