@@ -108,3 +108,26 @@ def test_on_cpu_nothing_moves_but_the_moves_are_counted(process_group):
     assert device_bytes(model, optimizer) == resident and moves.host_bytes == 0
     moves.load(with_optimizer=True)
     assert (moves.param_moves, moves.optimizer_moves) == (2, 0)
+
+
+def test_a_checkpoint_loads_into_an_optimizer_the_offloader_moves_each_step(process_group, tmp_path):
+    """A resumed run loads its checkpoint before any step: torch's state-dict helpers create AdamW's state with a
+    zero-gradient step, whose post-step hook would empty that state's storages before the load copies into them
+    (a crash on CPU, CUDA "invalid argument" on a GPU). Held on the device, the state loads exactly."""
+    from workers.fsdp import checkpoint
+
+    saved, saved_opt = sharded_model(UNEVEN, seed=3)
+    train_step(saved, saved_opt, seed=0)
+    checkpoint.save_sharded(str(tmp_path), saved, saved_opt, {}, rank=0)
+    model, optimizer = sharded_model(UNEVEN, seed=4)
+    moves = offloader(model, optimizer)
+    moves.optimizer_only_in_steps()
+    moves.offload()
+    moves.load(with_optimizer=True)
+    with moves.optimizer_held():
+        checkpoint.load_sharded(str(tmp_path), model, optimizer, rank=0)
+        assert moves.optimizer_on_device
+    assert identical(snapshot(saved, saved_opt), snapshot(model, optimizer)) == []
+    moves.offload_optimizer()  # after the block it leaves as before, and comes back intact for the next step
+    assert not moves.optimizer_on_device
+    assert train_step(model, optimizer, seed=1) == train_step(saved, saved_opt, seed=1)

@@ -360,12 +360,16 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
         """Sharded actor model + optimizer, LR schedule, RNG states and update counter (the ref is frozen)."""
-        self._resident_actor("save_checkpoint", with_optimizer=True).save_checkpoint(path, {"update_calls": self.update_calls})
+        engine = self._resident_actor("save_checkpoint", with_optimizer=True)
+        with self.residency.optimizer_held():
+            engine.save_checkpoint(path, {"update_calls": self.update_calls})
         self._end_phase("save_checkpoint")
 
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        extra = self._resident_actor("load_checkpoint", with_optimizer=True).load_checkpoint(path)
+        engine = self._resident_actor("load_checkpoint", with_optimizer=True)
+        with self.residency.optimizer_held():  # the load may create the optimizer's state with a step
+            extra = engine.load_checkpoint(path)
         self.update_calls = int(extra["update_calls"])
         self.weights_version += 1
         self._end_phase("load_checkpoint")

@@ -11,6 +11,7 @@ can be checked there; `move_on_cpu=True` (tests, the benchmark's CPU check) make
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,6 +74,7 @@ class Offloader:
         self.param_moves = 0  # requested changes of place, also where nothing moves (CPU)
         self.optimizer_moves = 0
         self._step_hooks: list[Any] = []
+        self._optimizer_holds = 0  # open `optimizer_held` blocks: the optimizer's state does not leave
 
     # ---- moves ----------------------------------------------------------------------------------------
     def load_params(self) -> None:
@@ -98,7 +100,7 @@ class Offloader:
             self.optimizer_moves += 1
 
     def offload_optimizer(self) -> None:
-        if self.optimizer_offload and self.optimizer_on_device:
+        if self.optimizer_offload and self.optimizer_on_device and not self._optimizer_holds:
             if self.moves_bytes:
                 self.optimizer_state.offload()
                 self._return_freed_memory()
@@ -120,6 +122,18 @@ class Offloader:
         """Freed storages go back to PyTorch's cache; empty it so another tenant (vLLM) can take them."""
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    @contextlib.contextmanager
+    def optimizer_held(self) -> Iterator[None]:
+        """The optimizer's state stays on the device inside the block, whatever steps run there. A checkpoint
+        load needs this: torch's state-dict helpers create a missing AdamW state with a zero-gradient step,
+        whose post-step hook would move that state to the host (its storages emptied) right before the
+        checkpoint's values are copied into it (a CUDA "invalid argument" on a GPU, a crash on CPU)."""
+        self._optimizer_holds += 1
+        try:
+            yield
+        finally:
+            self._optimizer_holds -= 1
 
     def optimizer_only_in_steps(self) -> None:
         """With `optimizer_offload`, the optimizer's state comes to the device right before each

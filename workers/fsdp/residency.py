@@ -17,7 +17,9 @@ The actor worker's policy (`ActorResidency`), with `actor.fsdp.param_offload` / 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from typing import ContextManager
 
 from workers.fsdp.offload import Offloader, transfer_metrics
 from workers.fsdp.storage_offload import Transfer
@@ -70,6 +72,11 @@ class ActorResidency:
     def actor_needed(self, with_optimizer: bool = False) -> None:
         self.tenants.claim(ACTOR)
         self.actor.load(with_optimizer)
+
+    def optimizer_held(self) -> ContextManager[None]:
+        """The actor's optimizer state stays on the device inside the block (a checkpoint's save or load); it
+        leaves at the phase's end."""
+        return self.actor.optimizer_held() if self.actor is not None else contextlib.nullcontext()
 
     def rollout_needs_device(self) -> None:
         """The hybrid engine generates next: the actor's parameters leave (after the sync that read them)."""
