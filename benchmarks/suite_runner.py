@@ -25,6 +25,7 @@ METRICS_FILE = "metrics.jsonl"
 REWARD = "reward/mean"
 STEP_TIME = "timing/step_s"
 SYNC_GAP = "rollout/sync_logprob_max_diff"  # logged by every verified weight sync (rollout.verify_sync=true)
+SHARED_GPU_RACE = "Error in memory profiling"  # vLLM: the GPU's free memory grew while it measured its start-up
 _ERROR_LINE = re.compile(r"^(error: .*|[\w.]*(Error|Exception|Mismatch|Interrupt)(\(.*?\))?: .*|[\w.]*(Error|Exception))$")
 
 
@@ -69,6 +70,18 @@ class CommandRun:
     timed_out: bool = False
 
 
+def training_rows(run: CommandRun) -> list[dict[str, Any]]:
+    """The step records of training steps (1, 2, ...): the validation before training logs step 0."""
+    return [row for row in run.rows if isinstance(row.get("step"), int) and row["step"] >= 1]
+
+
+def _synced_steps(run: CommandRun) -> list[dict[str, Any]]:
+    """The steps that begin with a weight sync: all but a new run's first, which generates with the weights the
+    engine loaded from the model folder (a resumed run's first step syncs the checkpoint's weights)."""
+    rows = training_rows(run)
+    return rows[1:] if rows and rows[0]["step"] == 1 else rows
+
+
 class Check(Protocol):
     def describe(self) -> str:
         """What the check asserts, in words (the table's and the dry run's)."""
@@ -111,7 +124,7 @@ class RunCheck:
         return "; ".join(parts)
 
     def judge(self, folder: Path, runs: list[CommandRun]) -> list[str]:
-        rows = [row for run in runs for row in run.rows]
+        rows = [row for run in runs for row in training_rows(run)]
         if not rows:
             return ["no step was logged"]
         problems = []
@@ -129,19 +142,19 @@ class RunCheck:
         if self.last_reward_at_least is not None and not (rewards and rewards[-1] >= self.last_reward_at_least):
             problems.append(f"last reward {rewards[-1] if rewards else None}, wanted >= {self.last_reward_at_least}")
         if self.synced:
-            unverified = [r["step"] for r in rows if SYNC_GAP not in r]
+            unverified = [r["step"] for run in runs for r in _synced_steps(run) if SYNC_GAP not in r]
             if unverified:
                 problems.append(f"no verified sync at steps {unverified[:5]}")
         if self.offloaded and not any(k.startswith("offload/") and k.endswith("d2h_gib") and v > 0 for r in rows for k, v in r.items()):
             problems.append("no offload/*/d2h_gib above 0: nothing left the GPU")
         if self.resumed_after is not None:
-            resumed = [r["step"] for r in runs[-1].rows]
+            resumed = [r["step"] for r in training_rows(runs[-1])]
             if resumed[:1] != [self.resumed_after + 1]:
                 problems.append(f"the resumed run logged steps {resumed[:3]}..., expected to start at {self.resumed_after + 1}")
         return problems
 
     def detail(self, runs: list[CommandRun]) -> str:
-        rows = [row for run in runs for row in run.rows]
+        rows = [row for run in runs for row in training_rows(run)]
         rewards = [r[REWARD] for r in rows if REWARD in r]
         text = f"reward {rewards[0]:.2f}->{rewards[-1]:.2f}" if rewards else "no reward"
         gaps = [r[SYNC_GAP] for r in rows if SYNC_GAP in r]
@@ -201,6 +214,7 @@ class CaseResult:
     wall_s: float = 0.0
     steady_step_s: float | None = None
     detail: str = ""
+    retried: str | None = None  # the first attempt's error, when the case ran twice
     runs: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -218,7 +232,19 @@ def _run_command(argv: list[str], folder: Path, log: Path, timeout_s: float, env
 
 
 def run_case(case: Case, root: Path, env: dict[str, str] | None = None) -> CaseResult:
-    """Run `case` in `root/<name>` (made empty first): its commands in order while they succeed, then its check."""
+    """Run `case` in `root/<name>` (made empty first): its commands in order while they succeed, then its check.
+    A case stopped by vLLM's start-up check on memory that another case freed meanwhile runs once more
+    (`retried` says why): two cases share a GPU, and vLLM refuses to start when the GPU's free memory grows
+    while it measures its own use."""
+    result = _attempt(case, root, env)
+    if result.error is not None and SHARED_GPU_RACE in result.error:
+        first_error = result.error
+        result = _attempt(case, root, env)
+        result.retried = first_error
+    return result
+
+
+def _attempt(case: Case, root: Path, env: dict[str, str] | None) -> CaseResult:
     folder = root / case.name
     if folder.exists():
         subprocess.run(["rm", "-rf", str(folder)], check=True)
@@ -241,7 +267,7 @@ def run_case(case: Case, root: Path, env: dict[str, str] | None = None) -> CaseR
     result.wall_s = round(time.perf_counter() - started, 2)
     result.runs = [{"command": " ".join(r.argv[1:]), "returncode": r.returncode, "wall_s": r.wall_s, "steps": len(r.rows),
                     "log": str(r.log)} for r in runs]
-    result.steady_step_s = steady_step_s(runs[-1].rows) if runs else None
+    result.steady_step_s = steady_step_s(training_rows(runs[-1])) if runs else None
     if result.error is None:
         problems = case.check.judge(folder, runs)
         result.passed = not problems
