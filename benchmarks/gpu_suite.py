@@ -71,11 +71,9 @@ def one_gpu_cases() -> list[Case]:
                    "LoRA, vLLM hybrid, base not shared, offload, pass always"),
     ]
     resume = ("trainer.save_freq=2", *VLLM, *VERIFY, "actor_rollout_ref.actor.fsdp.optimizer_offload=true")
-    # Longest first (measured on an H200), so the cases running side by side end close together.
+    # Longest first (measured on an H200), so the cases running side by side end close together. The engine
+    # examples size their vLLM engines by measuring the GPU's free memory, which a neighbour upsets: they run alone.
     return [
-        Case("engine_examples", "one", "the engine-API examples: quick start, LoRA, VLM (colocated, CUDA IPC)",
-             (("-m", "benchmarks.engine_examples", "--workdir", ".", "--out", "examples.json"),),
-             ExampleCheck(("quickstart (colocated)", "lora (colocated)", "vlm"))),
         Case("checkpoint_resume", "one", "checkpoint saved at step 4 (optimizer offloaded), resumed to step 6, vLLM",
              (_train(*resume, steps(4)), _train(*resume, steps(6))), RunCheck(6, synced=True, resumed_after=4)),
         lora[0],
@@ -96,6 +94,9 @@ def one_gpu_cases() -> list[Case]:
              (_train("task=visual_colors", steps(10)),), RunCheck(10)),
         Case("ppo_critic", "one", "PPO with a critic (GAE), HF rollout",
              (_train("algorithm=ppo", steps(30)),), RunCheck(30, finite=PPO_FINITE, reward_rises_by=0.2)),
+        Case("engine_examples", "one", "the engine-API examples: quick start, LoRA, VLM (colocated, CUDA IPC)",
+             (("-m", "benchmarks.engine_examples", "--workdir", ".", "--out", "examples.json"),),
+             ExampleCheck(("quickstart (colocated)", "lora (colocated)", "vlm")), alone=True),
     ]
 
 
@@ -116,7 +117,7 @@ def two_gpu_cases() -> list[Case]:
              RunCheck(10, synced=True)),
         Case("engine_quickstart_two_gpus", "two", "engine-API quick start, train engine colocated and on its own GPU (NCCL)",
              (("-m", "benchmarks.engine_examples", "--only", "quickstart", "--workdir", ".", "--out", "examples.json"),),
-             ExampleCheck(("quickstart (colocated)", "quickstart (own GPU)"))),
+             ExampleCheck(("quickstart (colocated)", "quickstart (own GPU)")), alone=True),
     ]
 
 
@@ -168,7 +169,7 @@ def table(results: list[CaseResult]) -> str:
 def dry_run(selected: list[Case]) -> str:
     lines = []
     for case in selected:
-        lines.append(f"{case.name} [{case.part}] {case.path}")
+        lines.append(f"{case.name} [{case.part}]{' (alone)' if case.alone else ''} {case.path}")
         lines += [f"    {line}" for line in case.command_lines()]
         lines.append(f"    check: {case.check.describe()}")
     return "\n".join(lines)
@@ -203,7 +204,8 @@ def main(argv: list[str] | None = None) -> list[CaseResult]:
     root.mkdir(parents=True, exist_ok=True)
     report = Report(Path(args.out or f"results/gpu_suite_{args.part}.json"), args.part, jobs)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda case: report.add(run_case(case, root)), selected))
+        results = list(pool.map(lambda case: report.add(run_case(case, root)), [c for c in selected if not c.alone]))
+    results += [report.add(run_case(case, root)) for case in selected if case.alone]
     print(table(results))
     return results
 

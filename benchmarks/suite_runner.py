@@ -197,6 +197,7 @@ class Case:
     commands: tuple[tuple[str, ...], ...]
     check: Check
     timeout_s: int = 300
+    alone: bool = False  # runs with no other case beside it (its engines' start-up measures the GPU's free memory)
 
     def command_lines(self) -> list[str]:
         return ["python " + " ".join(command) for command in self.commands]

@@ -165,3 +165,25 @@ def test_a_part_refuses_a_machine_of_another_size(capsys):
     with pytest.raises(SystemExit):
         main(["--part", "two", "--workdir", "/tmp/unused"])
     assert "part two runs on exactly 2 visible GPU(s); this process sees 0" in capsys.readouterr().err
+
+
+def test_a_case_marked_alone_runs_after_the_others_end(tmp_path, monkeypatch):
+    """Cases run side by side (--jobs), but one marked `alone` starts only when every other case has ended."""
+    import benchmarks.gpu_suite as suite
+
+    def stamps(seconds: float) -> tuple[str, ...]:
+        return _python(f"import time, pathlib; s = time.time(); time.sleep({seconds}); pathlib.Path('span').write_text(f'{{s}} {{time.time()}}')")
+
+    fake = [Case("alone", "one", "", (stamps(0.1),), ExampleCheck(()), alone=True),
+            Case("slow", "one", "", (stamps(1.5),), ExampleCheck(())),
+            Case("quick", "one", "", (stamps(0.2),), ExampleCheck(()))]
+    monkeypatch.setattr(suite, "cases", lambda part: fake)
+    monkeypatch.setattr(suite, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(suite, "machine", lambda: {"gpus": 1})
+    results = suite.main(["--part", "one", "--jobs", "2", "--workdir", str(tmp_path), "--out", str(tmp_path / "out.json")])
+    assert [r.name for r in results] == ["slow", "quick", "alone"]
+    span = {name: [float(x) for x in (tmp_path / name / "span").read_text().split()] for name in ("alone", "slow", "quick")}
+    assert span["quick"][0] < span["slow"][1]  # the two others overlapped
+    assert span["alone"][0] >= max(span["slow"][1], span["quick"][1])
+    written = [c["name"] for c in json.loads((tmp_path / "out.json").read_text())["cases"]]  # in the order they ended
+    assert sorted(written[:2]) == ["quick", "slow"] and written[2] == "alone"
