@@ -166,6 +166,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "gpus_per_engine": Field(None, optional(float_in(0.0, 1.0, low_open=True)), "None (tensor_model_parallel_size) or a fraction in (0, 1] (vllm separate, tensor_model_parallel_size 1)"),
         "gpu_memory_utilization": Field(0.5, float_in(0.0, 1.0, low_open=True), "a float in (0, 1] (vllm on GPU)"),
         "cpu_kv_cache_mb": Field(256, int_at_least(1), "an int >= 1 (vllm on CPU: KV-cache size in MiB)"),
+        "kv_cache_gib": Field(None, optional(float_in(0.0, low_open=True)), "None (vLLM sizes its KV cache within gpu_memory_utilization) or a number > 0 (vllm on GPU: a fixed KV-cache size in GiB per GPU)"),
         "enforce_eager": Field(None, optional(boolean), "None (CUDA graphs on a GPU, eager on CPU) or a bool (vllm: true = no CUDA graphs / torch.compile)"),
         "cuda_graph_max_batch": Field(None, optional(int_at_least(1)), "None (the sequences one engine decodes at once, set by the trainer) or an int >= 1 (vllm on GPU: the largest decode batch captured as a CUDA graph)"),
         "engine_process": Field(None, optional(boolean), "None (the worker's process; the trainer picks for its separate engines) or a bool (vllm, tensor_model_parallel_size 1: the engine's core in a process of its own)"),

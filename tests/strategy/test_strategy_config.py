@@ -15,6 +15,8 @@ from workers.strategy.inference import engine_groups
         (lambda: StrategyConfig.parse({"logits_chunk_tokens": -1}), r"logits_chunk_tokens must be an int >= 0 \(0: full logits\), got -1"),
         (lambda: StrategyConfig.parse({"megatron": {"pipeline_model_parallel_size": 2}}), r"pipeline_model_parallel_size=2: the strategy supports 1"),
         (lambda: InferenceConfig.parse({"group_size": 2}), r"needs model_path"),
+        (lambda: InferenceConfig.parse({"model_path": "/m", "kv_cache_gib": 0}), r"inference kv_cache_gib must be None \(sized within gpu_memory_utilization\) or a number > 0 \(GiB\), got 0$"),
+        (lambda: InferenceConfig.parse({"model_path": "/m", "kv_cache_gib": "4"}), r"inference kv_cache_gib must be None .* got '4'$"),
         (lambda: optimizer_settings({"learning_rate": 1e-5}), r"optimizer settings: unknown keys \['learning_rate'\]; valid keys: \['betas', 'eps', 'lr', 'weight_decay'\]"),
         (lambda: scheduler_settings({"warmup": 3}), r"scheduler settings: unknown keys \['warmup'\]"),
         (lambda: engine_groups(4, 3), r"group_size=3 must divide the strategy's 4 ranks \(valid: \[1, 2, 4\]\)"),
@@ -30,3 +32,13 @@ def test_settings_fill_defaults_and_parse_nested_megatron():
     assert config.megatron.tensor_model_parallel_size == 2 and config.grad_clip == 1.0
     assert optimizer_settings({"lr": 1e-5})["betas"] == (0.9, 0.999)
     assert engine_groups(4, 2) == [[0, 1], [2, 3]]
+
+
+def test_the_engine_api_passes_a_fixed_kv_cache_size_to_the_engine():
+    import torch
+
+    from workers.rollout.vllm_engine import device_options
+
+    assert InferenceConfig.parse({"model_path": "/m"}).vllm_rollout_options()["kv_cache_gib"] is None
+    options = InferenceConfig.parse({"model_path": "/m", "kv_cache_gib": 4}).vllm_rollout_options()
+    assert device_options(options, torch.device("cuda"), sleep=True)["kv_cache_memory_bytes"] == 4 << 30

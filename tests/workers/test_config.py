@@ -41,6 +41,10 @@ def test_unknown_key_lists_valid_keys():
         actor_rollout_ref_config({"model": {"path": "/m"}, "critic": {}})
 
 
+# The key, what was wrong (the value) and what is valid.
+KV_CACHE_GIB = r"rollout.kv_cache_gib' must be None \(vLLM sizes its KV cache within gpu_memory_utilization\) or a number > 0 .*, got "
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
@@ -57,6 +61,10 @@ def test_unknown_key_lists_valid_keys():
         ({"rollout": {"name": "sglang"}}, r"rollout.name' must be one of \['hf', 'vllm'\]"),
         ({"rollout": {"placement": "remote"}}, r"rollout.placement' must be one of \['hybrid', 'separate'\]"),
         ({"rollout": {"gpu_memory_utilization": 1.5}}, r"rollout.gpu_memory_utilization' must be a float in \(0, 1\]"),
+        ({"rollout": {"kv_cache_gib": 0}}, KV_CACHE_GIB + "0$"),
+        ({"rollout": {"kv_cache_gib": -2.0}}, KV_CACHE_GIB + "-2.0$"),
+        ({"rollout": {"kv_cache_gib": "2"}}, KV_CACHE_GIB + "'2'$"),
+        ({"rollout": {"kv_cache_gib": True}}, KV_CACHE_GIB + "True$"),
         ({"rollout": {"name": "vllm", "verify_tolerance": 0}}, r"rollout.verify_tolerance' must be None"),
         ({"rollout": {"placement": "separate"}}, r"placement='separate' needs rollout.name='vllm'"),
         ({"rollout": {"name": "vllm", "tensor_model_parallel_size": 2}}, r"tensor_model_parallel_size=2 needs rollout.name='vllm' and rollout.placement='separate'"),
@@ -77,6 +85,36 @@ def test_bad_values_name_key_and_expectation(override, message):
         config[section] = {**config.get(section, {}), **values} if isinstance(values, dict) else values
     with pytest.raises(ValueError, match=message):
         actor_rollout_ref_config(config)
+
+
+def test_a_fixed_kv_cache_size_is_null_or_a_positive_number_of_gib():
+    def kv(value):
+        return actor_rollout_ref_config({"model": {"path": "/m"}, "rollout": {"kv_cache_gib": value}})["rollout"]["kv_cache_gib"]
+
+    assert actor_rollout_ref_config({"model": {"path": "/m"}})["rollout"]["kv_cache_gib"] is None  # vLLM measures
+    assert kv(None) is None and kv(2.0) == 2.0
+    assert kv(2) == 2.0 and isinstance(kv(2), float)
+
+
+def test_the_engine_fixes_its_kv_cache_on_a_gpu_only_when_kv_cache_gib_is_set():
+    """`device_options` builds the device's `LLM(...)` arguments without starting vLLM: on a GPU a set
+    rollout.kv_cache_gib adds kv_cache_memory_bytes and keeps gpu_memory_utilization (vLLM still requires that
+    fraction free at its start); CPU sizes its cache from cpu_kv_cache_mb either way."""
+    import torch
+
+    from workers.rollout.vllm_engine import device_options
+
+    rollout = actor_rollout_ref_config({"model": {"path": "/m"}, "rollout": {"name": "vllm", "cuda_graph_max_batch": 16}})["rollout"]
+    cuda = torch.device("cuda")
+    measured = device_options(rollout, cuda, sleep=True)
+    assert measured == {"gpu_memory_utilization": 0.5, "enable_sleep_mode": True,
+                        "compilation_config": {"max_cudagraph_capture_size": 16}}
+    fixed = device_options({**rollout, "kv_cache_gib": 2.5}, cuda, sleep=True)
+    assert fixed == {**measured, "kv_cache_memory_bytes": int(2.5 * 2**30)}
+    assert device_options({**rollout, "kv_cache_gib": 3}, cuda, sleep=False)["kv_cache_memory_bytes"] == 3 << 30
+    cpu = {"kv_cache_memory_bytes": 256 << 20, "enable_chunked_prefill": False}
+    assert device_options(rollout, torch.device("cpu"), sleep=False) == cpu
+    assert device_options({**rollout, "kv_cache_gib": 2.5}, torch.device("cpu"), sleep=False) == cpu
 
 
 def test_missing_path_and_indivisible_mini_batch():

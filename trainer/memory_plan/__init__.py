@@ -9,7 +9,9 @@ from omegaconf import DictConfig, OmegaConf
 from trainer.memory_plan.checks import plan_notes, startup_problems
 from trainer.memory_plan.gpu import GIB, detect_gpu_bytes
 from trainer.memory_plan.plan import COLUMNS, GpuGroup, MemoryPlan, Row, build_groups
-from trainer.memory_plan.report import LORA, OPTIMIZER_OFFLOAD, PARAM_OFFLOAD, misfit_message, render_plan, summary_line
+from trainer.memory_plan.report import (
+    LORA, LOWER_UTILIZATION, OPTIMIZER_OFFLOAD, PARAM_OFFLOAD, SMALLER_KV_CACHE, misfit_message, render_plan, summary_line,
+)
 from trainer.memory_plan.setup import PlanSetup, plan_setup
 
 __all__ = [
@@ -43,7 +45,10 @@ def build_plan(cfg: DictConfig, gpu_bytes: int | None = None, gpu_source: str = 
 
 
 def _settings_on(setup: PlanSetup) -> set[str]:
+    """The remedies not to suggest: settings the run already has, and the engine setting that does not size its
+    share (with a fixed KV cache the utilization only gates the start; without one there is no cache size)."""
     actor = setup.actor
     on = {PARAM_OFFLOAD} if actor.param_offload else set()
     on |= {OPTIMIZER_OFFLOAD} if actor.optimizer_offload else set()
+    on |= {LOWER_UTILIZATION} if setup.rollout.kv_cache_bytes is not None else {SMALLER_KV_CACHE}
     return on | ({LORA} if actor.train is not None and actor.train.lora_rank else set())

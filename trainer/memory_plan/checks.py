@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 from trainer.memory_plan.gpu import GIB
-from trainer.memory_plan.plan import RUNTIME_BYTES
+from trainer.memory_plan.plan import FIXED_KV_ALLOWANCE_BYTES, RUNTIME_BYTES, engine_gpus, engine_weight_bytes, utilization_bytes
 from trainer.memory_plan.residency import role_memory
 from trainer.memory_plan.setup import PlanSetup
+from trainer.memory_plan.terms import kv_cache_bytes
 
 # What vLLM needs besides its weights inside its budget to start: activations of its profiling run and a
 # KV cache of a useful size (an allowance).
 ENGINE_HEADROOM_BYTES = 1 << 30
+UTILIZATION_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
+KV_CACHE_KEY = "actor_rollout_ref.rollout.kv_cache_gib"
 
 
 def gib(value: float) -> str:
@@ -18,19 +23,33 @@ def gib(value: float) -> str:
 
 def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     """vLLM refuses to start when the GPU's free memory is below its budget (gpu_memory_utilization x the
-    GPU), and cannot serve when its budget does not hold its weights and a KV cache."""
+    GPU; it checks this with a fixed KV cache too), and cannot serve when its budget does not hold its weights
+    and a KV cache, or a fixed KV cache (rollout.kv_cache_gib) does not hold one sequence of max_model_len."""
     rollout = setup.rollout
-    if rollout.name != "vllm" or not gpu_bytes or not setup.on_gpu:
+    if rollout.name != "vllm" or not setup.on_gpu:
         return []
     problems = []
-    budget = int(rollout.gpu_memory_utilization * gpu_bytes)
-    key = "actor_rollout_ref.rollout.gpu_memory_utilization"
-    engine_gpus = 1 if rollout.placement == "hybrid" else rollout.tp
-    weights = setup.actor.e * setup.actor.shape.total_params() // engine_gpus
-    if budget < weights + ENGINE_HEADROOM_BYTES:
+    fixed_kv = rollout.kv_cache_bytes is not None
+    if fixed_kv:
+        # vLLM's own check (kv_cache_utils._check_enough_kv_cache_memory), whose message would ask for a
+        # higher gpu_memory_utilization, which a fixed cache ignores. About: vLLM counts whole blocks.
+        one_sequence = kv_cache_bytes(setup.actor.shape, rollout.engine_e, 1, rollout.max_model_len) // engine_gpus(rollout)
+        if rollout.kv_cache_bytes < one_sequence:
+            least = math.ceil(one_sequence / GIB * 100) / 100
+            problems.append(
+                f"{KV_CACHE_KEY}={rollout.kv_cache_bytes / GIB:g} holds less than one sequence of max_model_len="
+                f"{rollout.max_model_len} tokens (about {least:.2f} GiB per GPU); vLLM refuses to start: raise it to "
+                f"at least {least:.2f} or lower actor_rollout_ref.rollout.max_model_len"
+            )
+    if not gpu_bytes:
+        return problems
+    budget = utilization_bytes(rollout, gpu_bytes)
+    weights = engine_weight_bytes(setup)
+    # With a fixed KV cache vLLM does not fit the engine into its budget: the budget only gates the start (below).
+    if not fixed_kv and budget < weights + ENGINE_HEADROOM_BYTES:
         problems.append(
-            f"{key}={rollout.gpu_memory_utilization} gives the vLLM engine {gib(budget)} per GPU, less than its weights "
-            f"({gib(weights)}) plus room for a KV cache; raise it"
+            f"{UTILIZATION_KEY}={rollout.gpu_memory_utilization} gives the vLLM engine {gib(budget)} per GPU, less than its "
+            f"weights ({gib(weights)}) plus room for a KV cache; raise it"
         )
     if rollout.placement == "hybrid":
         # The engine starts after the actor (and a separate reference) loaded, before anything is offloaded.
@@ -42,10 +61,14 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
         free = gpu_bytes - before
         if free < budget:
             most = max(0.0, free / gpu_bytes)
+            only_gate = (
+                f" (with {KV_CACHE_KEY} set it only sets this check: the engine takes its weights + the KV cache + "
+                f"{gib(FIXED_KV_ALLOWANCE_BYTES)})" if fixed_kv else ""
+            )
             problems.append(
-                f"{key}={rollout.gpu_memory_utilization} asks {gib(budget)} when the hybrid vLLM engine starts, but only "
+                f"{UTILIZATION_KEY}={rollout.gpu_memory_utilization} asks {gib(budget)} when the hybrid vLLM engine starts, but only "
                 f"{gib(free)} are free then (the actor's and reference's weights are on the GPU); vLLM refuses to "
-                f"start: lower it to at most {most:.2f}"
+                f"start: lower it to at most {most:.2f}{only_gate}"
             )
     return problems
 
@@ -86,7 +109,15 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
             f"dtype, float32 adapters with their gradients and AdamW state; the reference is the base model (adapters "
             f"off); {engine_note}"
         )
-    if setup.rollout.name == "vllm" and not gpu_bytes:
+    rollout = setup.rollout
+    if rollout.name == "vllm" and rollout.kv_cache_bytes is not None:
+        notes.append(
+            f"the vLLM engine's share per GPU while awake: its weights ({gib(engine_weight_bytes(setup))}) + "
+            f"{KV_CACHE_KEY} ({gib(rollout.kv_cache_bytes)}) + {gib(FIXED_KV_ALLOWANCE_BYTES)} for its activations and "
+            f"CUDA graphs (an allowance; with a fixed KV cache vLLM measures neither); {UTILIZATION_KEY} only sets the "
+            "free memory its start requires"
+        )
+    elif rollout.name == "vllm" and not gpu_bytes:
         notes.append("the GPU's memory is unknown: the vLLM engine's share (gpu_memory_utilization x the GPU) is left "
                      "out; set trainer.gpu_memory_gib")
     if setup.on_gpu and setup.rollout.name == "vllm" and setup.rollout.placement == "hybrid" and not setup.rollout.sleeps:

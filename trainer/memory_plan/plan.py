@@ -7,8 +7,9 @@ offloads to the host), plus that moment's compute memory. Phases and residency f
 computes with the actor and stay until another tenant of the process claims it (`actor_residency`, the one
 place that says which phases have them); with optimizer_offload its optimizer state is on the GPU inside the
 optimizer step only; an offloading reference comes in for its log-probs; the critic and reward model never
-offload; a hybrid vLLM engine holds `gpu_memory_utilization` x the GPU while awake (generate) and nothing
-while asleep.
+offload; a hybrid vLLM engine holds its share (`engine_bytes`: `gpu_memory_utilization` x the GPU, or with
+`rollout.kv_cache_gib` its weights, that KV cache and an allowance) while awake (generate) and nothing while
+asleep.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainer.memory_plan.residency import RoleMemory, role_memory
-from trainer.memory_plan.setup import Batching, ModelRole, PlanSetup
+from trainer.memory_plan.setup import Batching, ModelRole, PlanSetup, RolloutSetup
 from trainer.memory_plan.shape import lora_params
 from trainer.memory_plan.terms import (
     Trainability, backward_peak_bytes, forward_peak_bytes, kv_cache_bytes, logits_bytes, model_saved_bytes,
@@ -30,6 +31,12 @@ RUNTIME_BYTES = 1 << 30
 # What a sleeping hybrid vLLM engine keeps outside its sleep pool: its CUDA graphs' memory pool (captured up to
 # rollout.cuda_graph_max_batch) and bookkeeping. Measured 0.4-0.5 GiB at 7B on an H200 (2026-11-27).
 SLEEPING_ENGINE_BYTES = 1 << 29
+# A vLLM engine with a fixed KV cache (rollout.kv_cache_gib) holds, besides its weights and that cache, the
+# activations of its largest forward (its start-up profile run's batch) and its CUDA graphs' pool; vLLM then
+# measures neither. Allowance: this (activations, not measured) plus what a sleeping engine keeps (the graphs'
+# pool and bookkeeping, SLEEPING_ENGINE_BYTES, measured).
+FIXED_KV_ACTIVATION_BYTES = 1 << 30
+FIXED_KV_ALLOWANCE_BYTES = FIXED_KV_ACTIVATION_BYTES + SLEEPING_ENGINE_BYTES
 # State brought back from the host for a phase lands in new allocator segments beside what the phase's other
 # allocations left: measured at 7B on an H200 (2026-11-27) 0.10-0.17 of the loaded bytes above the plan.
 LOAD_SLACK = 0.12
@@ -65,7 +72,7 @@ class MemoryPlan:
     gpu_source: str
     problems: list[str] = field(default_factory=list)  # start-up conditions that fail regardless of the peak
     notes: list[str] = field(default_factory=list)
-    settings_on: set[str] = field(default_factory=set)  # remedies the run already uses (not suggested again)
+    settings_on: set[str] = field(default_factory=set)  # remedies not suggested: already in use, or not applicable
 
     def peak(self) -> tuple[GpuGroup, Row]:
         group = max(self.groups, key=lambda g: g.peak.total)
@@ -81,6 +88,36 @@ class MemoryPlan:
         """The highest row of `phase` over the groups (None when no group runs it)."""
         rows = [r for g in self.groups for r in g.rows if r.phase == phase]
         return max(rows, key=lambda r: r.total) if rows else None
+
+
+def engine_gpus(rollout: RolloutSetup) -> int:
+    """The GPUs one vLLM engine spans: a hybrid engine its actor rank's, a separate one its tensor-parallel size."""
+    return 1 if rollout.placement == "hybrid" else rollout.tp
+
+
+def engine_weight_bytes(setup: PlanSetup) -> int:
+    """A vLLM engine's weights on one of its GPUs: the actor's model in the engine's dtype, with its LoRA adapter
+    slots (vLLM's rank) when the actor trains LoRA, split over the engine's tensor-parallel ranks."""
+    actor = setup.actor
+    params = actor.shape.total_params()
+    if actor.train is not None and actor.train.lora_rank:
+        params += lora_params(actor.shape, vllm_lora_rank(actor.train.lora_rank), actor.train.lora_targets)
+    return setup.rollout.engine_e * params // engine_gpus(setup.rollout)
+
+
+def utilization_bytes(rollout: RolloutSetup, gpu_bytes: int) -> int:
+    """vLLM's budget, `gpu_memory_utilization` x the GPU: the free memory its start requires, and (without a
+    fixed KV cache) all it holds, its KV cache sized to fill it."""
+    return int(rollout.gpu_memory_utilization * gpu_bytes)
+
+
+def engine_bytes(setup: PlanSetup, gpu_bytes: int | None) -> int:
+    """A vLLM engine's bytes on one of its GPUs while awake: with rollout.kv_cache_gib its weights, that KV cache
+    and FIXED_KV_ALLOWANCE_BYTES; else its budget (0 while the GPU's memory is unknown)."""
+    rollout = setup.rollout
+    if rollout.kv_cache_bytes is not None:
+        return engine_weight_bytes(setup) + rollout.kv_cache_bytes + FIXED_KV_ALLOWANCE_BYTES
+    return utilization_bytes(rollout, gpu_bytes) if gpu_bytes else 0
 
 
 def _parts(**values: int) -> dict[str, int]:
@@ -138,10 +175,7 @@ class _TrainerGpu:
         actor = self.roles.get("actor")
         shares = setup.rollout.shares_base and setup.on_gpu and actor is not None and actor.train is not None
         self.shared_base = self.memory["actor"].frozen_base if shares else 0
-        self.engine_weights = 0
-        if shares:
-            slots = lora_params(actor.shape, vllm_lora_rank(actor.train.lora_rank), actor.train.lora_targets)
-            self.engine_weights = actor.e * (actor.shape.total_params() + slots)
+        self.engine_weights = engine_weight_bytes(setup) if shares else 0
 
     def has(self, name: str) -> bool:
         return name in self.roles
@@ -262,10 +296,14 @@ def _init_row(gpu: _TrainerGpu) -> Row:
                  gpu.resident(True, False, False, optimizer_state=False, loaded=every_model, engine_started=False))
     if not gpu.engine:
         return loaded
-    started = Row("actor", "init", "vLLM engine started", gpu.resident(False, False, True, optimizer_state=False))
-    # A base to be shared stays on the GPU while the engine starts (its values are compared, then it goes), but
-    # inside the engine's budget: vLLM sizes its KV cache within rollout.gpu_memory_utilization of the whole GPU,
-    # counting what the process already holds there (measured at 7B on an H200: 70.2 GiB with the base, 70.9 without).
+    parts = gpu.resident(False, False, True, optimizer_state=False)
+    # A base to be shared stays on the GPU while the engine starts (its values are compared, then it goes). vLLM
+    # sizes its KV cache within rollout.gpu_memory_utilization of the whole GPU, counting what the process already
+    # holds there, so the base is inside the engine's budget (measured at 7B on an H200: 70.2 GiB with the base,
+    # 70.9 without); a fixed KV cache (rollout.kv_cache_gib) does not shrink for it.
+    if gpu.setup.rollout.kv_cache_bytes is not None:
+        parts = _add(parts, weights=gpu.shared_base)
+    started = Row("actor", "init", "vLLM engine started", parts)
     return started if started.total >= loaded.total else loaded
 
 
@@ -320,8 +358,8 @@ def _update_rows(gpu: _TrainerGpu, name: str, phase: str, batch: Batching, logit
 def build_groups(setup: PlanSetup, gpu_bytes: int | None) -> list[GpuGroup]:
     """The GPU groups of the run and their rows."""
     rollout = setup.rollout
-    engine_bytes = int(rollout.gpu_memory_utilization * gpu_bytes) if gpu_bytes else 0
-    # The engine's budget on a trainer GPU: a hybrid engine, or a separate one sharing the GPU.
+    engine = engine_bytes(setup, gpu_bytes)
+    # The engine's share on a trainer GPU: a hybrid engine, or a separate one sharing the GPU.
     hybrid = rollout.name == "vllm" and setup.on_gpu and (rollout.placement == "hybrid" or rollout.shares_trainer_gpu)
     separate = rollout.name == "vllm" and rollout.placement == "separate"
     staging = 0
@@ -333,14 +371,14 @@ def build_groups(setup: PlanSetup, gpu_bytes: int | None) -> list[GpuGroup]:
     n = setup.gpus_per_pool
     groups: list[GpuGroup] = []
     if setup.placement == "separate":
-        groups.append(GpuGroup("actor GPUs", n, tuple(_trainer_rows(_TrainerGpu(setup, actor_roles, engine_bytes if hybrid else 0, staging)))))
+        groups.append(GpuGroup("actor GPUs", n, tuple(_trainer_rows(_TrainerGpu(setup, actor_roles, engine if hybrid else 0, staging)))))
         for role in others:
             groups.append(GpuGroup(f"{role.name} GPUs", n, tuple(_trainer_rows(_TrainerGpu(setup, [role], 0, 0)))))
     else:
-        gpu = _TrainerGpu(setup, actor_roles + others, engine_bytes if hybrid else 0, staging)
+        gpu = _TrainerGpu(setup, actor_roles + others, engine if hybrid else 0, staging)
         groups.append(GpuGroup("trainer GPUs", n, tuple(_trainer_rows(gpu))))
     if separate and not rollout.shares_trainer_gpu:
-        engine = _parts(engine=engine_bytes, other=RUNTIME_BYTES)
         gpus = rollout.num_engines * rollout.tp
-        groups.append(GpuGroup("rollout GPUs", gpus, (Row("rollout", "rollout_generate", "engine (weights + KV cache)", engine),)))
+        row = Row("rollout", "rollout_generate", "engine (weights + KV cache)", _parts(engine=engine, other=RUNTIME_BYTES))
+        groups.append(GpuGroup("rollout GPUs", gpus, (row,)))
     return groups

@@ -19,15 +19,18 @@ SMALLER_MICRO = "smaller micro-batches (actor.ppo_micro_batch_size_per_gpu, roll
 ULYSSES = (
     "Ulysses sequence parallelism (actor_rollout_ref.actor.ulysses_sequence_parallel_size: GPUs sharing each sequence)"
 )
+# The engine's share: its budget, or with a fixed KV cache that cache (the budget then only gates its start).
+LOWER_UTILIZATION = "a lower actor_rollout_ref.rollout.gpu_memory_utilization"
+SMALLER_KV_CACHE = "a smaller actor_rollout_ref.rollout.kv_cache_gib"
 # What lowers each column, most effective first; `misfit_message` lists each suggestion once and leaves out
-# the offload settings a run already has.
+# the settings a run already has and those that do not apply to it (`MemoryPlan.settings_on`).
 REMEDIES = {
     "weights": (SHARD, PARAM_OFFLOAD, LORA),
     "grads": (SHARD, LORA),
     "optimizer": (SHARD, LORA, OPTIMIZER_OFFLOAD),
     "activations": ("actor_rollout_ref.model.enable_gradient_checkpointing=true", SMALLER_MICRO, ULYSSES),
     "logits": (CHUNKED_LOGITS, SMALLER_MICRO, ULYSSES),
-    "engine": ("a lower actor_rollout_ref.rollout.gpu_memory_utilization",),
+    "engine": (LOWER_UTILIZATION, SMALLER_KV_CACHE),
     "other": ("a smaller actor_rollout_ref.rollout.weight_sync_bucket_mb",),
 }
 

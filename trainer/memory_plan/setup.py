@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.memory_plan.gpu import GIB
 from trainer.memory_plan.shape import ModelShape, lora_targets, read_shape
 from trainer.memory_plan.terms import FP32, Trainability
 from trainer.old_log_prob_pass import old_log_prob_pass_needed
@@ -98,6 +99,11 @@ class RolloutSetup:
     # LoRA's frozen base is views of the hybrid engine's weights (rollout.share_base_weights): one copy, which
     # the engine keeps through its sleep (only its KV cache is freed).
     shares_base: bool = False
+    engine_e: int = 2  # the engine's dtype bytes (rollout.dtype; auto: the actor's compute dtype)
+    # rollout.kv_cache_gib in bytes: a fixed KV cache per engine GPU (None: sized within gpu_memory_utilization;
+    # always on CPU, where vLLM's cache is rollout.cpu_kv_cache_mb).
+    kv_cache_bytes: int | None = None
+    max_model_len: int = 0  # tokens of the longest sequence the engine serves (rollout.max_model_len)
 
 
 @dataclass(frozen=True)
@@ -136,16 +142,26 @@ def _lora(model: DictConfig) -> Trainability:
     return Trainability(full=False, lora_rank=rank, lora_targets=targets)
 
 
+def _base_dtype(cfg: DictConfig, on_gpu: bool) -> str:
+    """The actor's compute dtype (auto: bfloat16 on GPU, float32 on CPU)."""
+    model = cfg.actor_rollout_ref.model
+    return str(model.dtype) if str(model.dtype) != "auto" else ("bfloat16" if on_gpu else "float32")
+
+
+def _engine_dtype(cfg: DictConfig, on_gpu: bool) -> str:
+    """The vLLM engine's dtype: rollout.dtype, auto meaning the actor's compute dtype."""
+    ro = cfg.actor_rollout_ref.rollout
+    return _base_dtype(cfg, on_gpu) if str(ro.dtype) == "auto" else str(ro.dtype)
+
+
 def _shares_base(cfg: DictConfig, train: Trainability, strategy: str, on_gpu: bool) -> bool:
     """The workers' rule (workers/fsdp/shared_base.py): null shares wherever LoRA runs on the FSDP actor with
     a hybrid vLLM engine of the base's dtype."""
-    ro, model = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model
+    ro = cfg.actor_rollout_ref.rollout
     if _get(cfg, "actor_rollout_ref.rollout.share_base_weights", None) is False:
         return False
-    base_dtype = str(model.dtype) if str(model.dtype) != "auto" else ("bfloat16" if on_gpu else "float32")
-    engine_dtype = base_dtype if str(ro.dtype) == "auto" else str(ro.dtype)
     return (train.lora_rank > 0 and strategy == "fsdp" and str(ro.name) == "vllm" and str(ro.placement) == "hybrid"
-            and int(ro.tensor_model_parallel_size) == 1 and engine_dtype == base_dtype)
+            and int(ro.tensor_model_parallel_size) == 1 and _engine_dtype(cfg, on_gpu) == _base_dtype(cfg, on_gpu))
 
 
 def _megatron(section: DictConfig) -> dict[str, Any]:
@@ -221,11 +237,14 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         reward_forward = Batching.of(rows, int(rm.micro_batch_size_per_gpu), bool(rm.use_dynamic_bsz), int(rm.forward_max_token_len_per_gpu), prompt, response)
     ro = arr.rollout
     shares = str(ro.placement) == "separate" and float(_get(cfg, "actor_rollout_ref.rollout.gpus_per_engine", None) or 1) < 1
+    kv_cache_gib = _get(cfg, "actor_rollout_ref.rollout.kv_cache_gib", None)
     rollout = RolloutSetup(
         name=str(ro.name), placement=str(ro.placement), gpu_memory_utilization=float(ro.gpu_memory_utilization),
         sleeps=bool(ro.enable_sleep) and bool(ro.free_cache_engine) and on_gpu and not shares, num_engines=int(ro.num_engines),
         tp=int(ro.tensor_model_parallel_size), bucket_bytes=int(ro.weight_sync_bucket_mb) << 20, shares_trainer_gpu=shares,
-        shares_base=_shares_base(cfg, train, strategy, on_gpu),
+        shares_base=_shares_base(cfg, train, strategy, on_gpu), engine_e=dtype_bytes(_engine_dtype(cfg, on_gpu), on_gpu),
+        kv_cache_bytes=int(float(kv_cache_gib) * GIB) if kv_cache_gib is not None and on_gpu else None,
+        max_model_len=int(_get(cfg, "actor_rollout_ref.rollout.max_model_len", prompt + response)),
     )
     log_dynamic = bool(ro.log_prob_use_dynamic_bsz)
     return PlanSetup(

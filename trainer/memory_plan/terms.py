@@ -162,5 +162,6 @@ def logits_bytes(response_tokens: int, vocab: int, e: int, use: str, chunk_token
 
 
 def kv_cache_bytes(shape: ModelShape, e: int, sequences: int, length: int) -> int:
-    """HF generate's key/value cache: every layer's keys and values for the whole batch."""
+    """A key/value cache (HF generate's, or what a vLLM engine needs for them): every layer's keys and values of
+    `sequences` sequences of `length` tokens."""
     return sequences * length * shape.layers * 2 * shape.kv_width * e

@@ -83,6 +83,27 @@ def eager_mode(rollout: dict[str, Any], device: torch.device) -> bool:
     return device.type != "cuda" if setting is None else bool(setting)
 
 
+def device_options(rollout: dict[str, Any], device: torch.device, sleep: bool) -> dict[str, Any]:
+    """The `LLM` arguments that depend on the device: how the KV cache is sized, sleep mode and the CUDA graphs'
+    sizes on a GPU, whole-prompt scheduling on CPU. Pure (nothing starts), so it is tested without vLLM."""
+    if device.type != "cuda":
+        # vLLM's CPU backend sizes its KV cache from this (its GPU-memory fraction does not apply).
+        # Seeded sampling of a prompt split across steps (chunked prefill) fails there ("CPU
+        # Generator does not use offset"), so prompts are scheduled whole.
+        return {"kv_cache_memory_bytes": int(rollout["cpu_kv_cache_mb"]) << 20, "enable_chunked_prefill": False}
+    # vLLM still needs the fraction with a fixed KV cache: its start requires that much of the GPU free.
+    options: dict[str, Any] = {"gpu_memory_utilization": float(rollout["gpu_memory_utilization"]), "enable_sleep_mode": sleep}
+    if rollout.get("kv_cache_gib") is not None:
+        # A fixed KV cache skips vLLM's start-up measurement of its own memory (free memory before and after a
+        # profiling forward), which fails when processes sharing the GPU allocate or free meanwhile.
+        options["kv_cache_memory_bytes"] = int(float(rollout["kv_cache_gib"]) * (1 << 30))
+    if not eager_mode(rollout, device) and rollout.get("cuda_graph_max_batch"):
+        # Graphs for decode batches up to what this engine runs at once, not vLLM's default 512: each
+        # captured size keeps memory outside the sleep-mode pool while the engine sleeps.
+        options["compilation_config"] = {"max_cudagraph_capture_size": int(rollout["cuda_graph_max_batch"])}
+    return options
+
+
 class VLLMEngine:
     def __init__(
         self, model_path: str, rollout: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int,
@@ -139,19 +160,9 @@ class VLLMEngine:
         )
         if lora is not None:
             kwargs.update(engine_options(lora))
-        if device.type == "cuda":
-            kwargs.update(gpu_memory_utilization=float(rollout["gpu_memory_utilization"]), enable_sleep_mode=self.sleep_enabled)
-            if not kwargs["enforce_eager"] and rollout.get("cuda_graph_max_batch"):
-                # Graphs for decode batches up to what this engine runs at once, not vLLM's default 512: each
-                # captured size keeps memory outside the sleep-mode pool while the engine sleeps.
-                kwargs["compilation_config"] = {"max_cudagraph_capture_size": int(rollout["cuda_graph_max_batch"])}
-        else:
-            # vLLM's CPU backend sizes its KV cache from this (its GPU-memory fraction does not apply).
-            # Seeded sampling of a prompt split across steps (chunked prefill) fails there ("CPU
-            # Generator does not use offset"), so prompts are scheduled whole.
-            kwargs.update(kv_cache_memory_bytes=int(rollout["cpu_kv_cache_mb"]) << 20, enable_chunked_prefill=False)
-            if rollout["enable_sleep"]:
-                print("note: rollout.enable_sleep has no effect on CPU (vLLM's CPU backend has no sleep mode)", file=sys.stderr)
+        kwargs.update(device_options(rollout, device, self.sleep_enabled))
+        if device.type != "cuda" and rollout["enable_sleep"]:
+            print("note: rollout.enable_sleep has no effect on CPU (vLLM's CPU backend has no sleep mode)", file=sys.stderr)
         self._llm_kwargs = kwargs
         self.llm = LLM(**kwargs)
         # A vision-language model's image placeholder (None for a text model): see `generate`.

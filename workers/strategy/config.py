@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from workers.config_fields import is_number
 from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS
 
 BACKENDS = ("fsdp2", "megatron")
@@ -116,6 +117,9 @@ class InferenceConfig:
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.3  # vllm on GPU: the engine shares the device with training
     cpu_kv_cache_mb: int = 256  # vllm on CPU
+    # vllm on GPU: a fixed KV cache (GiB per GPU) instead of vLLM's start-up measurement of free memory, which
+    # fails when other processes on the GPU allocate or free meanwhile (None: sized within gpu_memory_utilization)
+    kv_cache_gib: float | None = None
     enforce_eager: bool | None = None  # None: CUDA graphs on a GPU, eager on CPU
     enable_sleep: bool = True  # GPU: maybe_sleep_inference_engine releases the engine's memory
     verify: bool = True  # update_engine_weights checks the engine's log-probs against the model's
@@ -127,6 +131,11 @@ class InferenceConfig:
         _require(self.group_size >= 1, f"inference group_size must be >= 1, got {self.group_size}")
         _require(self.dtype in DTYPES, f"inference dtype {self.dtype!r} is not valid; valid: {list(DTYPES)}")
         _require(0 < self.gpu_memory_utilization <= 1, f"inference gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        kv = self.kv_cache_gib
+        _require(
+            kv is None or (is_number(kv) and kv > 0),
+            f"inference kv_cache_gib must be None (sized within gpu_memory_utilization) or a number > 0 (GiB), got {kv!r}",
+        )
         _require(self.bucket_mb >= 1, f"inference bucket_mb must be >= 1, got {self.bucket_mb}")
 
     @classmethod
@@ -143,4 +152,5 @@ class InferenceConfig:
             "max_model_len": self.max_model_len,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "cpu_kv_cache_mb": self.cpu_kv_cache_mb,
+            "kv_cache_gib": self.kv_cache_gib,
         }
