@@ -131,18 +131,20 @@ def cases(part: str) -> list[Case]:
 
 
 def visible_gpus() -> int:
-    import torch
+    """The GPUs this process shows, counted as the trainer counts them (NVML: no CUDA context here)."""
+    from trainer.memory_plan.gpu import detect_gpu_count
 
-    return torch.cuda.device_count()
+    return detect_gpu_count()
 
 
 def machine() -> dict[str, Any]:
     import torch
 
-    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "gpus": visible_gpus()}
-    if info["gpus"]:
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    from trainer.memory_plan.gpu import detect_gpu_bytes, detect_gpu_name
+
+    gpu_bytes = detect_gpu_bytes()
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "gpus": visible_gpus(),
+                            "gpu": detect_gpu_name(), "gpu_memory_gib": round(gpu_bytes / 2**30, 1) if gpu_bytes else None}
     for package in ("vllm", "transformers", "ray", "megatron.core"):
         try:
             info[package] = __import__(package, fromlist=["__version__"]).__version__
