@@ -35,14 +35,26 @@ from benchmarks.suite_runner import Case, CaseResult, ExampleCheck, RunCheck, ru
 MAIN = ("-m", "trainer.main")
 # Every training case except the README's own job: no validation, a logger that needs nothing, the run's folder
 # in the case's folder.
-QUIET = ("trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.logger=[console,jsonl]", "trainer.default_local_dir=run")
+QUIET = (
+    "trainer.test_freq=-1",
+    "trainer.val_before_train=false",
+    "trainer.logger=[console,jsonl]",
+    "trainer.default_local_dir=run",
+)
 # A fixed KV cache: vLLM then skips its start-up measurement of the GPU's free memory, which the cases beside it
 # upset; a tenth of the GPU is what its start asks to be free.
-VLLM = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.kv_cache_gib=2",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1")
+VLLM = (
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.kv_cache_gib=2",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+)
 VERIFY = ("actor_rollout_ref.rollout.verify_sync=true",)
 OFFLOAD = ("actor_rollout_ref.actor.fsdp.param_offload=true", "actor_rollout_ref.actor.fsdp.optimizer_offload=true")
-LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=5e-3")
+LORA = (
+    "actor_rollout_ref.model.lora_rank=8",
+    "actor_rollout_ref.model.lora_alpha=16",
+    "actor_rollout_ref.actor.optim.lr=5e-3",
+)
 ALWAYS = ("actor_rollout_ref.actor.old_log_prob_pass=always",)
 PPO_FINITE = ("actor/pg_loss", "critic/vf_loss")
 
@@ -67,61 +79,168 @@ def one_gpu_cases() -> list[Case]:
     # LoRA: base shared with the engine or not x actor offload on or off x old log-prob pass auto or always, in
     # four runs that hold every pair of those settings once (a two-level orthogonal array).
     lora = [
-        _lora_case("lora_vllm_ref_first", True, True, False, False,
-                   "LoRA, vLLM hybrid, base shared, offload, pass skipped: the reference is the actor's first forward"),
-        _lora_case("lora_unshared", False, False, False, True, "LoRA, vLLM hybrid, base not shared, no offload, pass skipped"),
-        _lora_case("lora_shared_always", True, False, True, True, "LoRA, vLLM hybrid, base shared, no offload, pass always"),
-        _lora_case("lora_unshared_offload_always", False, True, True, False,
-                   "LoRA, vLLM hybrid, base not shared, offload, pass always"),
+        _lora_case(
+            "lora_vllm_ref_first",
+            True,
+            True,
+            False,
+            False,
+            "LoRA, vLLM hybrid, base shared, offload, pass skipped: the reference is the actor's first forward",
+        ),
+        _lora_case(
+            "lora_unshared", False, False, False, True, "LoRA, vLLM hybrid, base not shared, no offload, pass skipped"
+        ),
+        _lora_case(
+            "lora_shared_always", True, False, True, True, "LoRA, vLLM hybrid, base shared, no offload, pass always"
+        ),
+        _lora_case(
+            "lora_unshared_offload_always",
+            False,
+            True,
+            True,
+            False,
+            "LoRA, vLLM hybrid, base not shared, offload, pass always",
+        ),
     ]
     resume = ("trainer.save_freq=2", *VLLM, *VERIFY, "actor_rollout_ref.actor.fsdp.optimizer_offload=true")
     # Longest first (measured on an H200), so the cases running side by side end close together. The engine
     # examples size their vLLM engines by measuring the GPU's free memory, which a neighbour upsets: they run alone.
     return [
-        Case("checkpoint_resume", "one", "checkpoint saved at step 4 (optimizer offloaded), resumed to step 6, vLLM",
-             (_train(*resume, steps(4)), _train(*resume, steps(6))), RunCheck(6, synced=True, resumed_after=4)),
+        Case(
+            "checkpoint_resume",
+            "one",
+            "checkpoint saved at step 4 (optimizer offloaded), resumed to step 6, vLLM",
+            (_train(*resume, steps(4)), _train(*resume, steps(6))),
+            RunCheck(6, synced=True, resumed_after=4),
+        ),
         lora[0],
-        Case("vllm_hybrid", "one", "vLLM hybrid engine (CUDA graphs, sleep mode), CUDA IPC sync verified",
-             (_train(*VLLM, *VERIFY, steps(30)),), RunCheck(30, reward_rises_by=0.2, synced=True)),
-        Case("dapo", "one", "DAPO (dynamic sampling, clip-higher, overlong penalty), vLLM hybrid",
-             (_train("algorithm=dapo", *VLLM, steps(10)),), RunCheck(10)),
+        Case(
+            "vllm_hybrid",
+            "one",
+            "vLLM hybrid engine (CUDA graphs, sleep mode), CUDA IPC sync verified",
+            (_train(*VLLM, *VERIFY, steps(30)),),
+            RunCheck(30, reward_rises_by=0.2, synced=True),
+        ),
+        Case(
+            "dapo",
+            "one",
+            "DAPO (dynamic sampling, clip-higher, overlong penalty), vLLM hybrid",
+            (_train("algorithm=dapo", *VLLM, steps(10)),),
+            RunCheck(10),
+        ),
         *lora[1:],
-        Case("readme_default", "one", "the README's main job, no overrides (GPU count from the node, HF rollout)",
-             (MAIN,), RunCheck(60, last_reward_at_least=0.9), timeout_s=240),
-        Case("full_offload", "one", "full fine-tune, actor parameters and optimizer offloaded, vLLM hybrid",
-             (_train(*VLLM, *VERIFY, *OFFLOAD, steps(10)),), RunCheck(10, synced=True, offloaded=True)),
-        Case("hf_padded_checkpointing", "one", "HF rollout, padded forwards, gradient checkpointing",
-             (_train("actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.model.use_remove_padding=false",
-                     "actor_rollout_ref.model.enable_gradient_checkpointing=true", steps(30)),),
-             RunCheck(30, reward_rises_by=0.2)),
-        Case("image_task", "one", "the image task on the tiny vision-language model (task=visual_colors)",
-             (_train("task=visual_colors", steps(10)),), RunCheck(10)),
-        Case("ppo_critic", "one", "PPO with a critic (GAE), HF rollout",
-             (_train("algorithm=ppo", steps(30)),), RunCheck(30, finite=PPO_FINITE, reward_rises_by=0.2)),
-        Case("engine_examples", "one", "the engine-API examples: quick start, LoRA, VLM (colocated, CUDA IPC)",
-             (("-m", "benchmarks.engine_examples", "--workdir", ".", "--out", "examples.json"),),
-             ExampleCheck(("quickstart (colocated)", "lora (colocated)", "vlm")), alone=True),
+        Case(
+            "readme_default",
+            "one",
+            "the README's main job, no overrides (GPU count from the node, HF rollout)",
+            (MAIN,),
+            RunCheck(60, last_reward_at_least=0.9),
+            timeout_s=240,
+        ),
+        Case(
+            "full_offload",
+            "one",
+            "full fine-tune, actor parameters and optimizer offloaded, vLLM hybrid",
+            (_train(*VLLM, *VERIFY, *OFFLOAD, steps(10)),),
+            RunCheck(10, synced=True, offloaded=True),
+        ),
+        Case(
+            "hf_padded_checkpointing",
+            "one",
+            "HF rollout, padded forwards, gradient checkpointing",
+            (
+                _train(
+                    "actor_rollout_ref.rollout.name=hf",
+                    "actor_rollout_ref.model.use_remove_padding=false",
+                    "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+                    steps(30),
+                ),
+            ),
+            RunCheck(30, reward_rises_by=0.2),
+        ),
+        Case(
+            "image_task",
+            "one",
+            "the image task on the tiny vision-language model (task=visual_colors)",
+            (_train("task=visual_colors", steps(10)),),
+            RunCheck(10),
+        ),
+        Case(
+            "ppo_critic",
+            "one",
+            "PPO with a critic (GAE), HF rollout",
+            (_train("algorithm=ppo", steps(30)),),
+            RunCheck(30, finite=PPO_FINITE, reward_rises_by=0.2),
+        ),
+        Case(
+            "engine_examples",
+            "one",
+            "the engine-API examples: quick start, LoRA, VLM (colocated, CUDA IPC)",
+            (("-m", "benchmarks.engine_examples", "--workdir", ".", "--out", "examples.json"),),
+            ExampleCheck(("quickstart (colocated)", "lora (colocated)", "vlm")),
+            alone=True,
+        ),
     ]
 
 
 def two_gpu_cases() -> list[Case]:
-    separate = ("actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.mode=async", "trainer.n_gpus_per_node=1")
-    megatron = ("actor_rollout_ref.model.path=model_kv2", "actor_rollout_ref.actor.strategy=megatron",
-                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2")
+    separate = (
+        "actor_rollout_ref.rollout.placement=separate",
+        "actor_rollout_ref.rollout.mode=async",
+        "trainer.n_gpus_per_node=1",
+    )
+    megatron = (
+        "actor_rollout_ref.model.path=model_kv2",
+        "actor_rollout_ref.actor.strategy=megatron",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+    )
     return [
-        Case("fsdp_two_gpus", "two", "FSDP over both GPUs (n_gpus_per_node from the node), vLLM hybrid on each",
-             (_train(*VLLM, *VERIFY, steps(20)),), RunCheck(20, reward_rises_by=0.2, synced=True)),
-        Case("ulysses_two", "two", "PPO with Ulysses sequence parallel k=2 (actor, reference, critic)",
-             (_train("algorithm=ppo", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-                     "critic.ulysses_sequence_parallel_size=2", steps(10)),), RunCheck(10, finite=PPO_FINITE)),
-        Case("separate_async_nccl", "two", "vLLM engine on its own GPU, NCCL broadcast, rollout.mode=async",
-             (_train(*VLLM, *VERIFY, *separate, steps(12)),), RunCheck(12, synced=True)),
-        Case("megatron_tp2", "two", "Megatron actor, tensor parallel 2, vLLM hybrid (tiny model with 2 KV heads)",
-             (("-m", "trainer.tiny_model", "model_kv2", "--kv-heads", "2"), _train(*VLLM, *VERIFY, *megatron, steps(10))),
-             RunCheck(10, synced=True)),
-        Case("engine_quickstart_two_gpus", "two", "engine-API quick start, train engine colocated and on its own GPU (NCCL)",
-             (("-m", "benchmarks.engine_examples", "--only", "quickstart", "--workdir", ".", "--out", "examples.json"),),
-             ExampleCheck(("quickstart (colocated)", "quickstart (own GPU)")), alone=True),
+        Case(
+            "fsdp_two_gpus",
+            "two",
+            "FSDP over both GPUs (n_gpus_per_node from the node), vLLM hybrid on each",
+            (_train(*VLLM, *VERIFY, steps(20)),),
+            RunCheck(20, reward_rises_by=0.2, synced=True),
+        ),
+        Case(
+            "ulysses_two",
+            "two",
+            "PPO with Ulysses sequence parallel k=2 (actor, reference, critic)",
+            (
+                _train(
+                    "algorithm=ppo",
+                    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                    "critic.ulysses_sequence_parallel_size=2",
+                    steps(10),
+                ),
+            ),
+            RunCheck(10, finite=PPO_FINITE),
+        ),
+        Case(
+            "separate_async_nccl",
+            "two",
+            "vLLM engine on its own GPU, NCCL broadcast, rollout.mode=async",
+            (_train(*VLLM, *VERIFY, *separate, steps(12)),),
+            RunCheck(12, synced=True),
+        ),
+        Case(
+            "megatron_tp2",
+            "two",
+            "Megatron actor, tensor parallel 2, vLLM hybrid (tiny model with 2 KV heads)",
+            (
+                ("-m", "trainer.tiny_model", "model_kv2", "--kv-heads", "2"),
+                _train(*VLLM, *VERIFY, *megatron, steps(10)),
+            ),
+            RunCheck(10, synced=True),
+        ),
+        Case(
+            "engine_quickstart_two_gpus",
+            "two",
+            "engine-API quick start, train engine colocated and on its own GPU (NCCL)",
+            (("-m", "benchmarks.engine_examples", "--only", "quickstart", "--workdir", ".", "--out", "examples.json"),),
+            ExampleCheck(("quickstart (colocated)", "quickstart (own GPU)")),
+            alone=True,
+        ),
     ]
 
 
@@ -143,8 +262,13 @@ def machine() -> dict[str, Any]:
     from trainer.memory_plan.gpu import detect_gpu_bytes, detect_gpu_name
 
     gpu_bytes = detect_gpu_bytes()
-    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "gpus": visible_gpus(),
-                            "gpu": detect_gpu_name(), "gpu_memory_gib": round(gpu_bytes / 2**30, 1) if gpu_bytes else None}
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gpus": visible_gpus(),
+        "gpu": detect_gpu_name(),
+        "gpu_memory_gib": round(gpu_bytes / 2**30, 1) if gpu_bytes else None,
+    }
     for package in ("vllm", "transformers", "ray", "megatron.core"):
         try:
             info[package] = __import__(package, fromlist=["__version__"]).__version__
@@ -203,8 +327,10 @@ def main(argv: list[str] | None = None) -> list[CaseResult]:
         parser.error("--part all is for --dry-run; run part one and part two on machines of their sizes")
     wanted = 1 if args.part == "one" else 2
     if visible_gpus() != wanted:
-        parser.error(f"part {args.part} runs on exactly {wanted} visible GPU(s); this process sees {visible_gpus()} "
-                     f"(set CUDA_VISIBLE_DEVICES, e.g. {'0' if wanted == 1 else '0,1'})")
+        parser.error(
+            f"part {args.part} runs on exactly {wanted} visible GPU(s); this process sees {visible_gpus()} "
+            f"(set CUDA_VISIBLE_DEVICES, e.g. {'0' if wanted == 1 else '0,1'})"
+        )
     jobs = args.jobs or (3 if args.part == "one" else 2)
     root = Path(args.workdir).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -221,7 +347,13 @@ class Report:
 
     def __init__(self, out: Path, part: str, jobs: int) -> None:
         self.out, self.started = out, time.perf_counter()
-        self.header = {"part": part, "commit": commit(), "date": time.strftime("%Y-%m-%d"), "machine": machine(), "jobs": jobs}
+        self.header = {
+            "part": part,
+            "commit": commit(),
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": machine(),
+            "jobs": jobs,
+        }
         self.results: list[CaseResult] = []
         self.lock = threading.Lock()
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -231,10 +363,17 @@ class Report:
         print(f"[gpu_suite] {result.name}: {state} ({result.wall_s:.0f} s)", flush=True)
         with self.lock:
             self.results.append(result)
-            self.out.write_text(json.dumps({
-                **self.header, "wall_s": round(time.perf_counter() - self.started, 1),
-                "passed": sum(r.passed for r in self.results), "cases": [asdict(r) for r in self.results],
-            }, indent=2))
+            self.out.write_text(
+                json.dumps(
+                    {
+                        **self.header,
+                        "wall_s": round(time.perf_counter() - self.started, 1),
+                        "passed": sum(r.passed for r in self.results),
+                        "cases": [asdict(r) for r in self.results],
+                    },
+                    indent=2,
+                )
+            )
         return result
 
 

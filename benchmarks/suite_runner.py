@@ -26,7 +26,9 @@ REWARD = "reward/mean"
 STEP_TIME = "timing/step_s"
 SYNC_GAP = "rollout/sync_logprob_max_diff"  # logged by every verified weight sync (rollout.verify_sync=true)
 SHARED_GPU_RACE = "Error in memory profiling"  # vLLM: the GPU's free memory grew while it measured its start-up
-_ERROR_LINE = re.compile(r"^(error: .*|[\w.]*(Error|Exception|Mismatch|Interrupt)(\(.*?\))?: .*|[\w.]*(Error|Exception))$")
+_ERROR_LINE = re.compile(
+    r"^(error: .*|[\w.]*(Error|Exception|Mismatch|Interrupt)(\(.*?\))?: .*|[\w.]*(Error|Exception))$"
+)
 
 
 def error_line(log: str) -> str:
@@ -138,19 +140,25 @@ class RunCheck:
         if self.reward_rises_by is not None:
             rise = statistics.mean(rewards[-3:]) - statistics.mean(rewards[:3]) if len(rewards) >= 6 else float("nan")
             if not rise >= self.reward_rises_by:
-                problems.append(f"reward rose by {rise:.3f} ({rewards[0]:.3f} -> {rewards[-1]:.3f}), wanted {self.reward_rises_by}")
+                problems.append(
+                    f"reward rose by {rise:.3f} ({rewards[0]:.3f} -> {rewards[-1]:.3f}), wanted {self.reward_rises_by}"
+                )
         if self.last_reward_at_least is not None and not (rewards and rewards[-1] >= self.last_reward_at_least):
             problems.append(f"last reward {rewards[-1] if rewards else None}, wanted >= {self.last_reward_at_least}")
         if self.synced:
             unverified = [r["step"] for run in runs for r in _synced_steps(run) if SYNC_GAP not in r]
             if unverified:
                 problems.append(f"no verified sync at steps {unverified[:5]}")
-        if self.offloaded and not any(k.startswith("offload/") and k.endswith("d2h_gib") and v > 0 for r in rows for k, v in r.items()):
+        if self.offloaded and not any(
+            k.startswith("offload/") and k.endswith("d2h_gib") and v > 0 for r in rows for k, v in r.items()
+        ):
             problems.append("no offload/*/d2h_gib above 0: nothing left the GPU")
         if self.resumed_after is not None:
             resumed = [r["step"] for r in training_rows(runs[-1])]
             if resumed[:1] != [self.resumed_after + 1]:
-                problems.append(f"the resumed run logged steps {resumed[:3]}..., expected to start at {self.resumed_after + 1}")
+                problems.append(
+                    f"the resumed run logged steps {resumed[:3]}..., expected to start at {self.resumed_after + 1}"
+                )
         return problems
 
     def detail(self, runs: list[CommandRun]) -> str:
@@ -222,8 +230,15 @@ class CaseResult:
 def _run_command(argv: list[str], folder: Path, log: Path, timeout_s: float, env: dict[str, str]) -> tuple[int, bool]:
     """Run in its own process group, so a timeout also stops what the command started (its Ray cluster)."""
     with open(log, "w") as out:
-        process = subprocess.Popen(argv, cwd=folder, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=env, start_new_session=True)
+        process = subprocess.Popen(
+            argv,
+            cwd=folder,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
         try:
             return process.wait(timeout=max(timeout_s, 1)), False
         except subprocess.TimeoutExpired:
@@ -263,11 +278,21 @@ def _attempt(case: Case, root: Path, env: dict[str, str] | None) -> CaseResult:
         rows = read_metrics(folder)[before:]
         runs.append(CommandRun(argv, code, round(time.perf_counter() - begin, 2), rows, log, timed_out))
         if code != 0:
-            result.error = f"timed out after {case.timeout_s} s" if timed_out else error_line(log.read_text(errors="replace"))
+            result.error = (
+                f"timed out after {case.timeout_s} s" if timed_out else error_line(log.read_text(errors="replace"))
+            )
             break
     result.wall_s = round(time.perf_counter() - started, 2)
-    result.runs = [{"command": " ".join(r.argv[1:]), "returncode": r.returncode, "wall_s": r.wall_s, "steps": len(r.rows),
-                    "log": str(r.log)} for r in runs]
+    result.runs = [
+        {
+            "command": " ".join(r.argv[1:]),
+            "returncode": r.returncode,
+            "wall_s": r.wall_s,
+            "steps": len(r.rows),
+            "log": str(r.log),
+        }
+        for r in runs
+    ]
     result.steady_step_s = steady_step_s(training_rows(runs[-1])) if runs else None
     if result.error is None:
         problems = case.check.judge(folder, runs)

@@ -17,16 +17,33 @@ from tests.conftest import REPO_ROOT
 from trainer.config_loader import load_config
 
 REQUIRED = {
-    "one": {"readme_default", "hf_padded_checkpointing", "vllm_hybrid", "lora_vllm_ref_first", "lora_unshared",
-            "lora_shared_always", "lora_unshared_offload_always", "full_offload", "ppo_critic", "dapo", "image_task",
-            "checkpoint_resume", "engine_examples"},
+    "one": {
+        "readme_default",
+        "hf_padded_checkpointing",
+        "vllm_hybrid",
+        "lora_vllm_ref_first",
+        "lora_unshared",
+        "lora_shared_always",
+        "lora_unshared_offload_always",
+        "full_offload",
+        "ppo_critic",
+        "dapo",
+        "image_task",
+        "checkpoint_resume",
+        "engine_examples",
+    },
     "two": {"fsdp_two_gpus", "ulysses_two", "separate_async_nccl", "megatron_tp2", "engine_quickstart_two_gpus"},
 }
 
 
 def test_dry_run_lists_every_case_with_its_commands():
-    listing = subprocess.run([sys.executable, "-m", "benchmarks.gpu_suite", "--dry-run", "--part", "all"],
-                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    listing = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_suite", "--dry-run", "--part", "all"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert listing.returncode == 0, listing.stderr
     for part, names in REQUIRED.items():
         assert {case.name for case in cases(part)} == names
@@ -49,17 +66,25 @@ def test_the_lora_cases_cover_every_pair_of_settings():
     for case in cases("one"):
         if case.name.startswith("lora"):
             words = set(case.commands[0])
-            settings.append((
-                "actor_rollout_ref.rollout.share_base_weights=true" in words,
-                "actor_rollout_ref.actor.fsdp.param_offload=true" in words,
-                "actor_rollout_ref.actor.old_log_prob_pass=always" in words,
-            ))
+            settings.append(
+                (
+                    "actor_rollout_ref.rollout.share_base_weights=true" in words,
+                    "actor_rollout_ref.actor.fsdp.param_offload=true" in words,
+                    "actor_rollout_ref.actor.old_log_prob_pass=always" in words,
+                )
+            )
     for first, second in ((0, 1), (0, 2), (1, 2)):
         assert {(s[first], s[second]) for s in settings} == {(a, b) for a in (False, True) for b in (False, True)}
 
 
-def _metrics_writer(steps: list[int], reward: float = 0.1, rise: float = 0.1, nan_at: int | None = None,
-                    unsynced: tuple[int, ...] = (1,), validation: bool = False) -> tuple[str, ...]:
+def _metrics_writer(
+    steps: list[int],
+    reward: float = 0.1,
+    rise: float = 0.1,
+    nan_at: int | None = None,
+    unsynced: tuple[int, ...] = (1,),
+    validation: bool = False,
+) -> tuple[str, ...]:
     """A command that appends step records to run/logs/metrics.jsonl, as a training run does: a run's first
     step has no sync (the engine starts with the model folder's weights); `validation` logs step 0 first."""
     code = (
@@ -81,7 +106,9 @@ def _python(code: str) -> tuple[str, ...]:
 
 def test_a_passing_case_reports_its_steady_step_time(tmp_path):
     check = RunCheck(6, reward_rises_by=0.2, synced=True)
-    result = run_case(Case("fake", "one", "fake", (_metrics_writer([1, 2, 3, 4, 5, 6], validation=True),), check), tmp_path)
+    result = run_case(
+        Case("fake", "one", "fake", (_metrics_writer([1, 2, 3, 4, 5, 6], validation=True),), check), tmp_path
+    )
     assert result.passed, result.error  # the validation record (step 0) has no loss and is not a training step
     assert result.steady_step_s == 1.0 and result.runs[0]["steps"] == 7
     assert "sync gap max 0.010 (5 syncs)" in result.detail
@@ -89,15 +116,24 @@ def test_a_passing_case_reports_its_steady_step_time(tmp_path):
 
 def test_every_step_but_a_new_runs_first_must_be_synced(tmp_path):
     check = RunCheck(6, synced=True, resumed_after=4)
-    unsynced_later = run_case(Case("late", "one", "", (_metrics_writer([1, 2, 3, 4, 5, 6], unsynced=(1, 4)),), RunCheck(6, synced=True)), tmp_path)
+    unsynced_later = run_case(
+        Case("late", "one", "", (_metrics_writer([1, 2, 3, 4, 5, 6], unsynced=(1, 4)),), RunCheck(6, synced=True)),
+        tmp_path,
+    )
     assert not unsynced_later.passed and unsynced_later.error == "no verified sync at steps [4]"
     # A resumed run's first step generates after syncing the checkpoint's weights: it must carry a sync.
-    resumed = run_case(Case("resumed", "one", "", (_metrics_writer([1, 2, 3, 4]), _metrics_writer([5, 6], unsynced=(5,))), check), tmp_path)
+    resumed = run_case(
+        Case("resumed", "one", "", (_metrics_writer([1, 2, 3, 4]), _metrics_writer([5, 6], unsynced=(5,))), check),
+        tmp_path,
+    )
     assert not resumed.passed and resumed.error == "no verified sync at steps [5]"
 
 
 def test_a_check_that_fails_names_what(tmp_path):
-    flat = run_case(Case("flat", "one", "", (_metrics_writer([1, 2, 3, 4, 5, 6], rise=0.0),), RunCheck(6, reward_rises_by=0.2)), tmp_path)
+    flat = run_case(
+        Case("flat", "one", "", (_metrics_writer([1, 2, 3, 4, 5, 6], rise=0.0),), RunCheck(6, reward_rises_by=0.2)),
+        tmp_path,
+    )
     assert not flat.passed and "reward rose by 0.000" in flat.error
     short = run_case(Case("short", "one", "", (_metrics_writer([1, 2, 3], nan_at=2),), RunCheck(6)), tmp_path)
     assert not short.passed and "last step 3, expected 6" in short.error and "not finite at steps [2]" in short.error
@@ -105,9 +141,14 @@ def test_a_check_that_fails_names_what(tmp_path):
 
 def test_a_resumed_run_must_start_after_its_checkpoint(tmp_path):
     check = RunCheck(6, resumed_after=4)
-    resumed = run_case(Case("resumed", "one", "", (_metrics_writer([1, 2, 3, 4]), _metrics_writer([5, 6])), check), tmp_path)
+    resumed = run_case(
+        Case("resumed", "one", "", (_metrics_writer([1, 2, 3, 4]), _metrics_writer([5, 6])), check), tmp_path
+    )
     assert resumed.passed, resumed.error
-    restarted = run_case(Case("restarted", "one", "", (_metrics_writer([1, 2, 3, 4]), _metrics_writer([1, 2, 3, 4, 5, 6])), check), tmp_path)
+    restarted = run_case(
+        Case("restarted", "one", "", (_metrics_writer([1, 2, 3, 4]), _metrics_writer([1, 2, 3, 4, 5, 6])), check),
+        tmp_path,
+    )
     assert not restarted.passed and "expected to start at 5" in restarted.error
 
 
@@ -117,46 +158,69 @@ def test_a_failing_command_reports_its_error_line_and_stops_the_case(tmp_path):
     result = run_case(Case("raises", "one", "", (raising, never), RunCheck(1)), tmp_path)
     assert not result.passed and result.error == "ValueError: the model folder has no config.json"
     assert not (tmp_path / "raises" / "never_ran").exists() and len(result.runs) == 1
-    refused = run_case(Case("refused", "one", "", (_python("import sys; print('error: trainer.x=3 is bad'); sys.exit(2)"),), RunCheck(1)), tmp_path)
+    refused = run_case(
+        Case(
+            "refused", "one", "", (_python("import sys; print('error: trainer.x=3 is bad'); sys.exit(2)"),), RunCheck(1)
+        ),
+        tmp_path,
+    )
     assert refused.error == "error: trainer.x=3 is bad"
 
 
 def test_vllms_shared_gpu_race_runs_the_case_once_more(tmp_path):
-    """The first attempt fails as vLLM does when a neighbouring case freed memory during its start; the second passes."""
+    """The first attempt fails as vLLM does when a neighbouring case freed memory during its start; the second
+    passes."""
     flaky = _python(
         "import pathlib, sys\n"
         "marker = pathlib.Path('../flaky_once')\n"
         "if not marker.exists():\n"
-        "    marker.touch(); sys.exit('AssertionError: Error in memory profiling. Initial free memory 103.55 GiB, current free memory 137.39 GiB')\n"
+        "    marker.touch()\n"
+        "    sys.exit('AssertionError: Error in memory profiling. Initial free memory 103.55 GiB, '\n"
+        "             'current free memory 137.39 GiB')\n"
     )
     result = run_case(Case("flaky", "one", "", (flaky, _metrics_writer([1, 2])), RunCheck(2)), tmp_path)
     assert result.passed and result.retried.startswith("AssertionError: Error in memory profiling")
-    other = run_case(Case("other", "one", "", (_python("raise SystemExit('RuntimeError: something else')"),), RunCheck(2)), tmp_path)
+    other = run_case(
+        Case("other", "one", "", (_python("raise SystemExit('RuntimeError: something else')"),), RunCheck(2)), tmp_path
+    )
     assert not other.passed and other.retried is None
 
 
 def test_a_case_past_its_time_limit_is_stopped(tmp_path):
-    result = run_case(Case("slow", "one", "", (_python("import time; time.sleep(60)"),), RunCheck(1), timeout_s=2), tmp_path)
+    result = run_case(
+        Case("slow", "one", "", (_python("import time; time.sleep(60)"),), RunCheck(1), timeout_s=2), tmp_path
+    )
     assert not result.passed and result.error == "timed out after 2 s" and result.wall_s < 30
 
 
 def test_error_line_finds_the_worker_exception_inside_rays_wrapper():
-    log = "\n".join([
-        "Traceback (most recent call last):",
-        '  File "trainer/main.py", line 3, in <module>',
-        "ray.exceptions.RayTaskError(RuntimeError): ray::Colocated.update_actor() (pid=1, ip=127.0.0.1)",
-        '  File "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py", line 700, in foreach_reduce',
-        "RuntimeError: attempting to assign a gradient with dtype 'c10::BFloat16' to a tensor with grad_dtype 'Float'",
-        "(Colocated pid=1) some later log line",
-    ])
+    log = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "trainer/main.py", line 3, in <module>',
+            "ray.exceptions.RayTaskError(RuntimeError): ray::Colocated.update_actor() (pid=1, ip=127.0.0.1)",
+            '  File "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py", line 700, in foreach_reduce',
+            "RuntimeError: attempting to assign a gradient with dtype 'c10::BFloat16' to a tensor with grad_dtype "
+            "'Float'",
+            "(Colocated pid=1) some later log line",
+        ]
+    )
     assert error_line(log).startswith("RuntimeError: attempting to assign a gradient")
     assert error_line("just\nlines\n") == "lines"
 
 
 def test_example_check_reads_the_examples_json(tmp_path):
     check = ExampleCheck(("quickstart (colocated)", "vlm"))
-    (tmp_path / "examples.json").write_text(json.dumps({"rows": [
-        {"example": "quickstart (colocated)", "passed": True}, {"example": "vlm", "passed": False, "error": "gap 3.1 above 0.25"}]}))
+    (tmp_path / "examples.json").write_text(
+        json.dumps(
+            {
+                "rows": [
+                    {"example": "quickstart (colocated)", "passed": True},
+                    {"example": "vlm", "passed": False, "error": "gap 3.1 above 0.25"},
+                ]
+            }
+        )
+    )
     assert check.judge(tmp_path, []) == ["vlm: gap 3.1 above 0.25"]
     assert check.judge(Path(tmp_path / "missing"), []) == ["no examples.json written"]
 
@@ -172,17 +236,26 @@ def test_a_case_marked_alone_runs_after_the_others_end(tmp_path, monkeypatch):
     import benchmarks.gpu_suite as suite
 
     def stamps(seconds: float) -> tuple[str, ...]:
-        return _python(f"import time, pathlib; s = time.time(); time.sleep({seconds}); pathlib.Path('span').write_text(f'{{s}} {{time.time()}}')")
+        return _python(
+            f"import time, pathlib; s = time.time(); time.sleep({seconds}); "
+            "pathlib.Path('span').write_text(f'{s} {time.time()}')"
+        )
 
-    fake = [Case("alone", "one", "", (stamps(0.1),), ExampleCheck(()), alone=True),
-            Case("slow", "one", "", (stamps(1.5),), ExampleCheck(())),
-            Case("quick", "one", "", (stamps(0.2),), ExampleCheck(()))]
+    fake = [
+        Case("alone", "one", "", (stamps(0.1),), ExampleCheck(()), alone=True),
+        Case("slow", "one", "", (stamps(1.5),), ExampleCheck(())),
+        Case("quick", "one", "", (stamps(0.2),), ExampleCheck(())),
+    ]
     monkeypatch.setattr(suite, "cases", lambda part: fake)
     monkeypatch.setattr(suite, "visible_gpus", lambda: 1)
     monkeypatch.setattr(suite, "machine", lambda: {"gpus": 1})
-    results = suite.main(["--part", "one", "--jobs", "2", "--workdir", str(tmp_path), "--out", str(tmp_path / "out.json")])
+    results = suite.main(
+        ["--part", "one", "--jobs", "2", "--workdir", str(tmp_path), "--out", str(tmp_path / "out.json")]
+    )
     assert [r.name for r in results] == ["slow", "quick", "alone"]
-    span = {name: [float(x) for x in (tmp_path / name / "span").read_text().split()] for name in ("alone", "slow", "quick")}
+    span = {
+        name: [float(x) for x in (tmp_path / name / "span").read_text().split()] for name in ("alone", "slow", "quick")
+    }
     assert span["quick"][0] < span["slow"][1]  # the two others overlapped
     assert span["alone"][0] >= max(span["slow"][1], span["quick"][1])
     written = [c["name"] for c in json.loads((tmp_path / "out.json").read_text())["cases"]]  # in the order they ended

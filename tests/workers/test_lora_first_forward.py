@@ -31,11 +31,17 @@ def process_group():
 
 
 def _update(model_dir: str, reference_first: bool) -> tuple[float, dict[str, torch.Tensor], dict[str, torch.dtype]]:
-    config = actor_rollout_ref_config({
-        "model": {"path": model_dir, "dtype": "bfloat16", "lora_rank": 4, "lora_alpha": 8},
-        "actor": {"optim": {"lr": 1e-2, "weight_decay": 0.0}, "ppo_mini_batch_size": len(PROMPTS),
-                  "ppo_micro_batch_size_per_gpu": 2, "use_kl_loss": False},
-    })
+    config = actor_rollout_ref_config(
+        {
+            "model": {"path": model_dir, "dtype": "bfloat16", "lora_rank": 4, "lora_alpha": 8},
+            "actor": {
+                "optim": {"lr": 1e-2, "weight_decay": 0.0},
+                "ppo_mini_batch_size": len(PROMPTS),
+                "ppo_micro_batch_size_per_gpu": 2,
+                "use_kl_loss": False,
+            },
+        }
+    )
     actor_cfg = config["actor"]
     engine = FSDPEngine(AutoModelForCausalLM, config["model"], 0, optim_cfg=actor_cfg["optim"])
     data = rollout_batch(PROMPTS, RESPONSES, seed=5)
@@ -49,7 +55,11 @@ def _update(model_dir: str, reference_first: bool) -> tuple[float, dict[str, tor
             param.register_post_accumulate_grad_hook(lambda p, name=name: grad_dtypes.__setitem__(name, p.grad.dtype))
     schedule = PPOSchedule.from_config(actor_cfg, 1, "actor", 0, 0)
     metrics = run_ppo_updates(
-        engine, data, lambda micro: actor_micro_loss(engine.module, micro, engine.device, 1.0, actor_cfg), schedule, "update_actor"
+        engine,
+        data,
+        lambda micro: actor_micro_loss(engine.module, micro, engine.device, 1.0, actor_cfg),
+        schedule,
+        "update_actor",
     )
     weights = {name: p.detach().full_tensor().float().clone() for name, p in engine.module.named_parameters()}
     return metrics["grad_norm"], weights, grad_dtypes
