@@ -26,6 +26,7 @@ import torch
 from benchmarks.gpu_grpo_step import build_model, grpo_overrides
 from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_1_5B, QWEN2_7B
 from benchmarks.random_model import write_model_folder
+from benchmarks.steady_state import steady
 from trainer.config_loader import load_config
 from trainer.memory_plan.shape import ModelShape
 from trainer.datasets.synthetic import write_synthetic_dataset
@@ -75,11 +76,6 @@ def engine_overrides(engine: str, eager: bool) -> list[str]:
     # Hybrid vLLM (CUDA graphs unless --eager); no actor offload (the models fit), sleep mode on.
     return ["actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.enforce_eager={str(eager).lower()}",
             "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"]
-
-
-def steady(history: list[dict[str, float]], key: str) -> float:
-    values = [r[key] for r in history[1:] if key in r] or [r[key] for r in history if key in r]
-    return sum(values) / len(values) if values else float("nan")
 
 
 def phase_summary(history: list[dict[str, float]]) -> dict[str, float]:

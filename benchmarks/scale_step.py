@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.e2e_step import phase_summary, steady, write
+from benchmarks.e2e_step import phase_summary, write
+from benchmarks.steady_state import steady
 from benchmarks.gpu_grpo_step import grpo_overrides
 from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_3B, QWEN2_7B
 from benchmarks.offload import Bandwidth, offload_table, print_offload_table, probe_in_subprocess

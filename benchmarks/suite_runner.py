@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from benchmarks.steady_state import steady
+
 METRICS_FILE = "metrics.jsonl"
 REWARD = "reward/mean"
 STEP_TIME = "timing/step_s"
@@ -55,9 +57,9 @@ def read_metrics(folder: Path) -> list[dict[str, Any]]:
 
 
 def steady_step_s(rows: list[dict[str, Any]]) -> float | None:
-    """Mean step time over steps 2..N (step 1 carries the start-up: CUDA graphs, NCCL, allocator warm-up)."""
-    times = [r[STEP_TIME] for r in rows[1:] if STEP_TIME in r] or [r[STEP_TIME] for r in rows if STEP_TIME in r]
-    return round(statistics.mean(times), 3) if times else None
+    """The step time's steady state (benchmarks/steady_state.py), None without one."""
+    seconds = steady(rows, STEP_TIME)
+    return None if math.isnan(seconds) else round(seconds, 3)
 
 
 @dataclass
