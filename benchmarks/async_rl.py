@@ -1,4 +1,4 @@
-"""Synchronous vs one-step-off vs asynchronous GRPO (rollout.mode=async, max_staleness 1, 2, 4), same steps:
+"""Synchronous vs one-step-off vs asynchronous GRPO (rollout.async_training=true, max_staleness 1, 2, 4), same steps:
 step time, trained tokens/s, mean staleness and the reward curve of each, in one process.
 
     python -m benchmarks.async_rl --preset gpu-longtail [--gpus 1|2] [--steps 14]
@@ -50,9 +50,10 @@ from trainer.main import run
 from workers.rollout.sampling import FORCED_RESPONSE_LENGTH
 
 MODES = {
-    "sync": ["actor_rollout_ref.rollout.mode=sync", "actor_rollout_ref.rollout.staleness=0"],
-    "one_step_off": ["actor_rollout_ref.rollout.mode=sync", "actor_rollout_ref.rollout.staleness=1"],
-    **{f"async{k}": ["actor_rollout_ref.rollout.mode=async", f"actor_rollout_ref.rollout.max_staleness={k}"] for k in (1, 2, 4)},
+    "sync": ["actor_rollout_ref.rollout.async_training=false", "actor_rollout_ref.rollout.staleness=0"],
+    "one_step_off": ["actor_rollout_ref.rollout.async_training=false", "actor_rollout_ref.rollout.staleness=1"],
+    **{f"async{k}": ["actor_rollout_ref.rollout.async_training=true", f"actor_rollout_ref.rollout.max_staleness={k}"]
+       for k in (1, 2, 4)},
 }
 SEPARATE = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.num_engines=1",
             "trainer.n_gpus_per_node=1", "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_at_end=false",
@@ -116,7 +117,8 @@ def gpu_longtail_overrides(model: Path, train: Path, val: Path, long: int) -> li
 
 # gpu-7b: the actor (full fine-tune, on a GPU of its own) keeps its parameters and Adam state on the host between
 # the phases that need them; its engine has the other GPU to itself.
-SEVEN_B_ACTOR = ["actor_rollout_ref.actor.fsdp.param_offload=true", "actor_rollout_ref.actor.fsdp.optimizer_offload=true",
+SEVEN_B_ACTOR = ["actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                 "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
                  "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.rollout.gpu_memory_utilization=0.85"]
 
 

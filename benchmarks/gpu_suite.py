@@ -49,7 +49,9 @@ VLLM = (
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
 )
 VERIFY = ("actor_rollout_ref.rollout.verify_sync=true",)
-OFFLOAD = ("actor_rollout_ref.actor.fsdp.param_offload=true", "actor_rollout_ref.actor.fsdp.optimizer_offload=true")
+OFFLOAD = (
+    "actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"
+)
 LORA = (
     "actor_rollout_ref.model.lora_rank=8",
     "actor_rollout_ref.model.lora_alpha=16",
@@ -57,6 +59,7 @@ LORA = (
 )
 ALWAYS = ("actor_rollout_ref.actor.old_log_prob_pass=always",)
 PPO_FINITE = ("actor/pg_loss", "critic/vf_loss")
+CRITIC_OFFLOAD = ("critic.model.fsdp_config.param_offload=true", "critic.model.fsdp_config.optimizer_offload=true")
 
 
 def steps(count: int) -> str:
@@ -102,7 +105,7 @@ def one_gpu_cases() -> list[Case]:
             "LoRA, vLLM hybrid, base not shared, offload, pass always",
         ),
     ]
-    resume = ("trainer.save_freq=2", *VLLM, *VERIFY, "actor_rollout_ref.actor.fsdp.optimizer_offload=true")
+    resume = ("trainer.save_freq=2", *VLLM, *VERIFY, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
     # Longest first (measured on an H200), so the cases running side by side end close together. The engine
     # examples size their vLLM engines by measuring the GPU's free memory, which a neighbour upsets: they run alone.
     return [
@@ -143,6 +146,15 @@ def one_gpu_cases() -> list[Case]:
             "full fine-tune, actor parameters and optimizer offloaded, vLLM hybrid",
             (_train(*VLLM, *VERIFY, *OFFLOAD, steps(10)),),
             RunCheck(10, synced=True, offloaded=True),
+        ),
+        Case(
+            "ppo_critic_offload",
+            "one",
+            "PPO, actor and critic parameters and optimizer offloaded, vLLM hybrid (the critic's state leaves "
+            "while the actor and the engine compute)",
+            (_train("algorithm=ppo", *VLLM, *OFFLOAD, *CRITIC_OFFLOAD, steps(10)),),
+            RunCheck(10, finite=(*PPO_FINITE, "offload/values/d2h_gib", "offload/update_critic/h2d_gib"),
+                     offloaded=True),
         ),
         Case(
             "hf_padded_checkpointing",
@@ -186,7 +198,7 @@ def one_gpu_cases() -> list[Case]:
 def two_gpu_cases() -> list[Case]:
     separate = (
         "actor_rollout_ref.rollout.placement=separate",
-        "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.async_training=true",
         "trainer.n_gpus_per_node=1",
     )
     megatron = (
@@ -219,7 +231,7 @@ def two_gpu_cases() -> list[Case]:
         Case(
             "separate_async_nccl",
             "two",
-            "vLLM engine on its own GPU, NCCL broadcast, rollout.mode=async",
+            "vLLM engine on its own GPU, NCCL broadcast, rollout.async_training=true",
             (_train(*VLLM, *VERIFY, *separate, steps(12)),),
             RunCheck(12, synced=True),
         ),

@@ -24,8 +24,8 @@ from benchmarks.gpu_grpo_step import build_model
 from protocol import DataProto
 
 PROMPT, RESPONSE, ROWS = 96, 256, 16
-OPTIM = {"lr": 1e-6, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8, "warmup_steps": 0,
-         "lr_scheduler": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
+OPTIM = {"lr": 1e-6, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8, "lr_warmup_steps": 0,
+         "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
 
 
 def batch(vocab: int) -> DataProto:

@@ -68,7 +68,8 @@ def scale_overrides(args: argparse.Namespace, on_gpu: bool) -> list[str]:
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.micro_rows}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={args.micro_rows}",
         "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.model.use_remove_padding=true",
-        "actor_rollout_ref.actor.fsdp.param_offload=true", "actor_rollout_ref.actor.fsdp.optimizer_offload=true",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
         "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
         *(["actor_rollout_ref.rollout.enforce_eager=true"] if args.eager else []),  # default: CUDA graphs on a GPU
     ]

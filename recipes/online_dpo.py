@@ -4,7 +4,7 @@
 
 Each step:
   1. the actor samples `rollout.n` responses per prompt with its current weights;
-  2. a verifier scores them (the rule reward, or a reward-model worker group when reward.reward_model.enable);
+  2. a verifier scores them (the rule reward, or a reward-model worker group when reward_model.enable);
   3. best vs worst response of each prompt form a pair (prompts whose responses tie are dropped and counted);
   4. the frozen reference policy gives the log-probs of the chosen and the rejected responses;
   5. the actor takes a DPO step (dpo.loss_type sigmoid | ipo | hinge, dpo.beta, dpo.label_smoothing).

@@ -7,3 +7,16 @@ from __future__ import annotations
 # rule reward's score of a response, `seq_reward` its summed token scores (rule score, reward model and
 # overlong penalty), `seq_final_reward` its summed token rewards (the same unless KL goes into the reward).
 FILTER_GROUPS_METRICS: tuple[str, ...] = ("acc", "score", "seq_reward", "seq_final_reward")
+
+# algorithm.adv_estimator: every estimator trainer/algorithms/advantages.py registers (a test keeps the two equal),
+# and the config group (trainer/config/algorithm/) whose defaults go with it. A verl script names the estimator
+# alone (`algorithm.adv_estimator=gae`): the run then takes that group's defaults, not GRPO's (rollout.n=8).
+ESTIMATOR_GROUPS: dict[str, str] = {
+    "gae": "ppo",
+    "grpo": "grpo",
+    "rloo": "rloo",
+    "reinforce_plus_plus": "reinforce_pp",
+    "reinforce_plus_plus_baseline": "reinforce_pp",
+    "remax": "remax",
+}
+ADVANTAGE_ESTIMATOR_NAMES: tuple[str, ...] = tuple(ESTIMATOR_GROUPS)

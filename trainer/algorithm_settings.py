@@ -1,5 +1,6 @@
 """Checks of the DAPO settings the driver acts on: dynamic sampling (`algorithm.filter_groups`), the generation
-batch size and the overlong penalty (`reward.overlong_buffer`). Free of torch: the config loader imports it."""
+batch size and the overlong penalty (`reward_model.overlong_buffer`, trainer/reward_settings.py). Free of torch:
+the config loader imports it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.algorithm_names import FILTER_GROUPS_METRICS
+from trainer.critic_warmup import check_critic_warmup
+from trainer.reward_settings import check_reward_settings
 
 METRIC_MEANINGS = "acc/score: the rule reward's score; seq_reward: the summed token scores; seq_final_reward: the summed token rewards"
 
@@ -19,10 +22,6 @@ def gen_batch_size(cfg: DictConfig) -> int:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check_filter_groups(cfg: DictConfig) -> list[str]:
@@ -74,32 +73,14 @@ def _check_gen_batch_size(cfg: DictConfig) -> list[str]:
     return []
 
 
-def _check_overlong_buffer(cfg: DictConfig) -> list[str]:
-    settings = OmegaConf.select(cfg, "reward.overlong_buffer")
-    key = "reward.overlong_buffer"
-    if not isinstance(settings.enable, bool):
-        return [f"{key}.enable={settings.enable!r} must be true or false"]
-    if not settings.enable:
-        return []
-    problems = []
-    limit = cfg.data.max_response_length
-    if not _is_int(settings.len) or not 0 < settings.len < limit:
-        problems.append(
-            f"{key}.len={settings.len!r} must be an integer in 1..{limit - 1}: the last tokens before "
-            f"data.max_response_length={limit} over which the penalty grows"
-        )
-    if not _is_number(settings.penalty_factor) or settings.penalty_factor < 0:
-        problems.append(f"{key}.penalty_factor={settings.penalty_factor!r} must be a number >= 0 (the penalty at the length limit)")
-    return problems
-
-
 def check_algorithm_settings(cfg: DictConfig) -> list[str]:
-    """Problems with algorithm.filter_groups, data.gen_batch_size and reward.overlong_buffer (for the config
-    validation; a recipe config without these sections has nothing to check)."""
+    """Problems with algorithm.filter_groups, data.gen_batch_size and the reward manager with its overlong buffer
+    (trainer/reward_settings.py; for the config validation: a recipe config without these sections has nothing
+    to check)."""
     problems = []
     if OmegaConf.select(cfg, "algorithm.filter_groups") is not None:
         problems.extend(_check_filter_groups(cfg))
         problems.extend(_check_gen_batch_size(cfg))
-    if OmegaConf.select(cfg, "reward.overlong_buffer") is not None:
-        problems.extend(_check_overlong_buffer(cfg))
+    problems.extend(check_reward_settings(cfg))
+    problems.extend(check_critic_warmup(cfg))  # trainer.critic_warmup needs a critic
     return problems

@@ -1,4 +1,4 @@
-"""rollout.mode=async: the separate vLLM engines generate all the time, the trainer takes each step's batch of
+"""rollout.async_training=true: the separate vLLM engines generate all the time, the trainer takes each step's batch of
 finished prompt groups as soon as it is ready.
 
 Per step (`next()`, called by the step loop before `train_step`):
@@ -40,7 +40,9 @@ class AsyncRollout:
     def __init__(self, roles: Any, cfg: DictConfig) -> None:
         rollout = cfg.actor_rollout_ref.rollout
         if roles.rollout is None:
-            raise RuntimeError("rollout.mode=async needs the separate rollout engines (rollout.placement=separate)")
+            raise RuntimeError(
+                "rollout.async_training=true needs the separate rollout engines (rollout.placement=separate)"
+            )
         self.roles, self.n = roles, int(rollout.n)
         self.batch_size = int(cfg.data.train_batch_size)
         self.max_staleness = int(rollout.max_staleness)

@@ -112,7 +112,7 @@ def mini_batch_problem(cfg: DictConfig, section: str, ranks: Ranks) -> str | Non
 def _token_budgets(cfg: DictConfig, uses_critic: bool) -> list[tuple[str, str, str | None]]:
     """(switch, budget, sequence-parallel section) of the token-budget micro-batches the run's roles use: a
     budget is per GPU, and the ranks of a sequence-parallel group share a micro-batch."""
-    ref, reward_model = "actor_rollout_ref.ref", "reward.reward_model"
+    ref, reward_model = "actor_rollout_ref.ref", "reward_model"
     budgets: list[tuple[str, str, str | None]] = [
         (f"{ACTOR}.use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu", ACTOR),
         (f"{ROLLOUT}.log_prob_use_dynamic_bsz", f"{ROLLOUT}.log_prob_max_token_len_per_gpu", ACTOR),

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any, Sequence
 
-from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 from trainer import run_setup
+from trainer.algorithm_names import ADVANTAGE_ESTIMATOR_NAMES, ESTIMATOR_GROUPS
 from trainer.algorithm_settings import check_algorithm_settings
+from trainer.checkpoint_contents import checkpoint_contents_notes, checkpoint_contents_problems
+from trainer.config_source import (
+    ConfigSource, ConfigSourceError, compose_source, config_groups, drop_keys, find_source, leaf_entries, read_user_file, split_config_flags,
+)
 from trainer.cuda_alloc import alloc_conf_problem
+from trainer.override_keys import override_parts, review_keys, valid_keys_near
+from trainer.reward_settings import REWARD_MANAGERS, declared_reward_kwarg
 from trainer.rollout_settings import check_rollout_settings
 from trainer.trackers.spec import entry_problem
 from workers.cached_blocks_limit import RELEASE_POINTS
 from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, OLD_LOG_PROB_PASS_CHOICES, POLICY_LOSS_MODES
 
-CONFIG_MODULE = "trainer.config"
 CONFIG_NAME = "trainer"
 
 
@@ -29,93 +35,136 @@ class ConfigError(ValueError):
 RENAMED = {
     "algorithm.rollout_n": "actor_rollout_ref.rollout.n",
     "algorithm.use_kl_loss": "actor_rollout_ref.actor.use_kl_loss",
+    "actor_rollout_ref.actor.optim.warmup_steps": "actor_rollout_ref.actor.optim.lr_warmup_steps",
+    "critic.optim.warmup_steps": "critic.optim.lr_warmup_steps",
+    "actor_rollout_ref.actor.optim.lr_scheduler": "actor_rollout_ref.actor.optim.lr_scheduler_type",
+    "critic.optim.lr_scheduler": "critic.optim.lr_scheduler_type",
+    # Sections that took verl's names (a key below one moves with it).
+    "actor_rollout_ref.actor.fsdp": "actor_rollout_ref.actor.fsdp_config",
+    "actor_rollout_ref.ref.fsdp": "actor_rollout_ref.ref.fsdp_config",
+    "reward.custom_function": "custom_reward_function",
+    "reward.overlong_buffer": "reward_model.overlong_buffer",
+    "reward.reward_model": "reward_model",
 }
 
 
+def renamed_key(key: str) -> str | None:
+    """The key's new name when it, or a section above it, was renamed."""
+    for old, new in RENAMED.items():
+        if key == old or key.startswith(old + "."):
+            return new + key[len(old):]
+    return None
+
+
 def _base_config(config_name: str = CONFIG_NAME) -> DictConfig:
-    with initialize_config_module(CONFIG_MODULE, version_base=None):
-        return compose(config_name)
+    return compose_source(find_source(None, config_name), ())
 
 
-def _valid_keys_near(path: str, config_name: str = CONFIG_NAME) -> str:
-    """The keys that exist at the deepest existing level of a dotted `path`."""
-    node: Any = _base_config(config_name)
-    parts = path.split(".")
-    walked = []
-    for part in parts:
-        if isinstance(node, DictConfig) and part in node:
-            node, walked = node[part], walked + [part]
-        else:
-            break
-    where = ".".join(walked) or "the top level"
-    keys = sorted(node.keys()) if isinstance(node, DictConfig) else []
-    return f"valid keys under {where}: {keys}"
-
-
-def _explain(error: Exception, config_name: str) -> str:
+def _explain(error: Exception, base: DictConfig) -> str:
+    """One line for what hydra still refused after the key checks (a value that does not convert, say)."""
     text = str(error)
     cause = str(error.__cause__) if error.__cause__ else ""
     key = re.search(r"Could not override '([^']+)'", text)
     if key:
         reason = cause.splitlines()[0] if cause else text.splitlines()[0]
-        return f"unknown config key '{key.group(1)}' ({reason})\n" + _valid_keys_near(key.group(1), config_name)
+        return f"unknown config key '{key.group(1)}' ({reason})\n" + valid_keys_near(base, key.group(1))
     merging = re.search(r"Error merging override (\S+)", text)
     if merging and cause:  # a typed value that does not convert, e.g. raft.min_reward=hot
         return f"invalid configuration: {merging.group(1)}: {cause.splitlines()[0]}"
     return cause or text
 
 
-def _override_key(override: str) -> tuple[str, bool]:
-    """The dotted key of a hydra override and whether it adds a key (`+key=...` / `++key=...`)."""
-    key = override.split("=", 1)[0]
-    return key.lstrip("+~"), key.startswith("+")
+def _check_renamed(keys: Sequence[tuple[str, str | None]]) -> list[str]:
+    problems = []
+    for key, value in keys:
+        new = renamed_key(key)
+        if new is not None:
+            problems.append(f"'{key}' is now '{new}' (one name per setting); use {new}={value or '...'}")
+    return problems
 
 
-def _check_renamed(overrides: Sequence[str]) -> None:
-    for override in overrides:
-        key, _ = _override_key(override)
-        if key in RENAMED:
-            value = override.split("=", 1)[1] if "=" in override else "..."
-            raise ConfigError(f"'{key}' is now '{RENAMED[key]}' (one name per setting); use {RENAMED[key]}={value}")
-
-
-def _check_additions(overrides: Sequence[str], config_name: str) -> None:
-    """`+key=value` may only add keys that something reads: keys of the config (the trainer's or the
-    recipe's) or worker settings that the YAML leaves at their defaults (workers/config.py)."""
-    added = [key for key, adds in map(_override_key, overrides) if adds]
-    if not added:
-        return
+def _worker_key(key: str) -> bool:
+    """Whether a `+key` absent from the YAML is a worker setting it leaves at its default (workers/config.py)."""
     from workers.config import declared_worker_key  # loads torch: only when a key is added
-    schema = _base_config(config_name)
-    for key in added:
-        if OmegaConf.select(schema, key, default=_MISSING) is not _MISSING or declared_worker_key(key):
-            continue
-        raise ConfigError(
-            f"unknown config key '{key}' (a '+' override adds a key, but nothing reads this one)\n"
-            + _valid_keys_near(key, config_name)
-        )
+
+    return declared_worker_key(key) or declared_reward_kwarg(key)
 
 
-_MISSING = object()
+def _estimator_group(overrides: Sequence[str], groups: set[str], data: dict[str, Any] | None) -> list[str]:
+    """`algorithm=<group>` for a command that names `algorithm.adv_estimator` but no algorithm group, so that
+    the estimator's defaults come with it (verl scripts: `algorithm.adv_estimator=gae`, no group)."""
+    if "algorithm" not in groups or any(override_parts(o)[0] == "algorithm" for o in overrides):
+        return []
+    named = [value for key, value, _ in map(override_parts, overrides) if key == "algorithm.adv_estimator"]
+    if not named and data is not None:
+        named = [str(OmegaConf.select(OmegaConf.create(data), "algorithm.adv_estimator", default=None) or "")]
+    group = ESTIMATOR_GROUPS.get((named[-1] if named else "").strip("'\""))
+    return [f"algorithm={group}"] if group else []
+
+
 AUTO = "auto"
 
 
+def _compose_fast(
+    source: ConfigSource, selections: list[str], settings: list[str], defaults: list[Any] | None, data: dict[str, Any] | None
+) -> tuple[DictConfig, bool]:
+    """The config the command's keys are checked against, and whether it holds all of them. Most commands only
+    set existing keys: composing with all of them at once then gives the final config too, in one composition."""
+    if not any("+" in override_parts(o)[2] for o in settings):
+        try:
+            return compose_source(source, selections + settings, defaults, data), True
+        except (ConfigCompositionException, MissingConfigException):
+            pass  # some key is unknown: check each against the config without the command's keys
+    return compose_source(source, selections, defaults, data), False
+
+
 def load_config(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -> DictConfig:
-    """Compose `trainer/config/<config_name>.yaml` (or a recipe's registered config) with hydra overrides
-    (`a.b=c`, `algorithm=ppo`); unknown keys, renamed keys and bad values raise ConfigError."""
-    overrides = list(overrides)
-    _check_renamed(overrides)
+    """Compose `trainer/config/<config_name>.yaml` (or a recipe's registered config, or the user's yaml named by
+    `--config-path` / `--config-name` among the overrides) with hydra overrides (`a.b=c`, `algorithm=ppo`).
+    Every unknown, renamed or refused key of the command is reported at once in one ConfigError; verl's speed
+    hints with nothing to change here are printed once as notes."""
     try:
-        with initialize_config_module(CONFIG_MODULE, version_base=None):
-            cfg = compose(config_name, overrides=overrides)
+        args, config_path, named = split_config_flags(overrides)
+        source = find_source(config_path, named or config_name, from_flag=named is not None)
+        defaults, data = read_user_file(source.user_file) if source.user_file else (None, None)
+    except ConfigSourceError as error:
+        raise ConfigError(str(error)) from None
+    groups = config_groups(source)
+    selections = [o for o in args if override_parts(o)[0] in groups or override_parts(o)[0].startswith("hydra.")]
+    selections += _estimator_group(selections + args, groups, data)
+    settings = [o for o in args if o not in selections]
+    problems = _check_renamed([override_parts(o)[:2] for o in settings])
+    settings = [o for o in settings if renamed_key(override_parts(o)[0]) is None]
+    notes: list[str] = []
+    try:
+        if data is not None:
+            user_base = compose_source(source, selections, defaults, {})
+            entries = [(k, str(v).lower() if isinstance(v, bool) else str(v), "", k) for k, v in leaf_entries(data)]
+            problems += _check_renamed([(k, v) for k, v, _, _ in entries])
+            entries = [entry for entry in entries if renamed_key(entry[0]) is None]
+            in_file = review_keys(entries, user_base, _worker_key, where=f"in {source.user_file.name}")
+            problems += in_file.problems
+            notes += in_file.notes
+            data = drop_keys(data, [k for k, *_ in entries if k not in in_file.kept])
+        base, whole = _compose_fast(source, selections, settings, defaults, data)
+        review = review_keys(((*override_parts(o), o) for o in settings), base, _worker_key)
+        problems += review.problems
+        notes += review.notes
+        if problems:
+            many = f"{len(problems)} settings of this command are not valid here:\n  " if len(problems) > 1 else ""
+            raise ConfigError(many + "\n  ".join(problems))
+        cfg = base if whole and review.kept == settings else compose_source(source, selections + review.kept, defaults, data)
     except (ConfigCompositionException, MissingConfigException) as error:
-        raise ConfigError(_explain(error, config_name)) from None
-    _check_additions(overrides, config_name)
+        raise ConfigError(_explain(error, _base_config())) from None
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     OmegaConf.resolve(cfg)
     if isinstance(cfg.trainer.logger, str):  # `trainer.logger=console`: one backend by name
         cfg.trainer.logger = [cfg.trainer.logger]
     resolve_auto_values(cfg)
     validate_config(cfg)
+    for note in checkpoint_contents_notes(cfg):
+        print(f"note: {note}", file=sys.stderr)
     return cfg
 
 
@@ -129,17 +178,21 @@ def resolve_auto_values(cfg: DictConfig) -> None:
 
 
 _CHOICES = {
-    "algorithm.adv_estimator": ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"),
+    "algorithm.adv_estimator": ADVANTAGE_ESTIMATOR_NAMES,
     "algorithm.kl_penalty": KL_PENALTY_NAMES,
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "actor_rollout_ref.actor.loss_agg_mode": LOSS_AGG_MODES,
     "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_MODES,
-    "actor_rollout_ref.actor.optim.lr_scheduler": ("constant", "cosine"),
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": ("constant", "cosine"),
+    "critic.optim.lr_scheduler_type": ("constant", "cosine"),
     "actor_rollout_ref.actor.old_log_prob_pass": OLD_LOG_PROB_PASS_CHOICES,
     "actor_rollout_ref.model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "actor_rollout_ref.rollout.name": ("hf", "vllm"),
     "actor_rollout_ref.rollout.placement": ("hybrid", "separate"),
+    "reward_model.reward_manager": tuple(REWARD_MANAGERS),
     "data.truncation": ("error", "left", "right", "filter"),
+    "data.filter_overlong_prompts": (False, True),
+    "data.return_raw_chat": (False, True),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.release_cached_blocks": RELEASE_POINTS,
     "trainer.placement": ("colocated", "separate"),
@@ -154,7 +207,7 @@ _POSITIVE_INTS = (
     "actor_rollout_ref.actor.ppo_epochs",
     "actor_rollout_ref.actor.ppo_mini_batch_size",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-    "trainer.total_training_steps",
+    "trainer.total_epochs",
     "trainer.n_gpus_per_node",
     "trainer.nnodes",
 )
@@ -164,6 +217,7 @@ _AUTO_INTS = {
 }
 # Keys that are null or a positive number of the given kind, and what null means.
 _OPTIONAL_POSITIVE = {
+    "trainer.total_training_steps": ((int,), "batches per epoch x trainer.total_epochs, trainer/step_count.py"),
     "trainer.call_timeout_s": ((int, float), "off"),
     "trainer.max_ckpt_to_keep": ((int,), "off"),
     "trainer.gpu_memory_gib": ((int, float), "read from the driver machine's GPU"),
@@ -202,6 +256,7 @@ def validate_config(cfg: DictConfig) -> None:
     problems.append(alloc_conf_problem(cfg.trainer.get("cuda_alloc_conf")))
     problems.extend(check_rollout_settings(cfg))
     problems.extend(check_algorithm_settings(cfg))
+    problems.extend(checkpoint_contents_problems(cfg))
     problems = [p for p in problems if p]
     problems.extend(problem for problem in map(entry_problem, cfg.trainer.logger) if problem)
     repeated = sorted({str(entry) for entry in cfg.trainer.logger if list(cfg.trainer.logger).count(entry) > 1})

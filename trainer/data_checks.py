@@ -37,22 +37,22 @@ class RewardNeeds:
 
 
 def check_reward_function(path: str, name: str) -> None:
-    """The configured `reward.custom_function` loads and is callable (it runs only from the path named)."""
+    """The configured `custom_reward_function` loads and is callable (it runs only from the path named)."""
     from trainer.rewards.loader import load_reward_function
 
     try:
         load_reward_function(path, name)
     except AttributeError as error:
-        raise InputError(f"reward.custom_function.path={path!r}: {error} (set reward.custom_function.name)") from None
+        raise InputError(f"custom_reward_function.path={path!r}: {error} (set custom_reward_function.name)") from None
     except (FileNotFoundError, TypeError, ValueError) as error:
-        raise InputError(f"reward.custom_function.path={path!r}: {error}") from None
+        raise InputError(f"custom_reward_function.path={path!r}: {error}") from None
     except Exception as error:  # noqa: BLE001 - the user's module failed to import: say how
-        raise InputError(f"reward.custom_function.path={path!r}: loading it failed: {type(error).__name__}: {error}") from None
+        raise InputError(f"custom_reward_function.path={path!r}: loading it failed: {type(error).__name__}: {error}") from None
 
 
 def reward_needs(cfg: DictConfig) -> RewardNeeds:
     """What the reward of `cfg` reads from the rows; loads and checks a custom reward function on the way."""
-    custom = cfg.reward.custom_function
+    custom = cfg.custom_reward_function
     if custom.path:
         check_reward_function(custom.path, custom.name)
     multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
@@ -62,7 +62,7 @@ def reward_needs(cfg: DictConfig) -> RewardNeeds:
         return RewardNeeds(None, ground_truth_field=True, ground_truth_values=False)
     from trainer.rewards.registry import SCORERS
 
-    return RewardNeeds(frozenset(SCORERS), True, True, reward_model=bool(cfg.reward.reward_model.enable))
+    return RewardNeeds(frozenset(SCORERS), True, True, reward_model=bool(cfg.reward_model.enable))
 
 
 def _first(mask: Any) -> int | None:
@@ -143,7 +143,7 @@ def _source_problem(column: Any, offset: int, needs: RewardNeeds) -> str | None:
                  "model alone)") if needs.reward_model else ""
         return (
             f"row {offset + row}: data_source {source!r} has no built-in scorer (known: {sorted(needs.scorers)}); set "
-            "reward.custom_function.path to a .py file whose compute_score(data_source, solution_str, ground_truth, "
+            "custom_reward_function.path to a .py file whose compute_score(data_source, solution_str, ground_truth, "
             f"extra_info) scores it{model}"
         )
     return None

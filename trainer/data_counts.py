@@ -20,14 +20,17 @@ def prompt_counts(dataset: Any) -> dict[str, int]:
     }
 
 
-def describe(counts: dict[str, int], max_prompt_length: int, truncation: str) -> str:
-    """One line for the console; says nothing was cut when nothing was."""
+def describe(
+    counts: dict[str, int], max_prompt_length: int, truncation: str, filter_overlong: bool = False
+) -> str:
+    """One line for the console; says nothing was cut when nothing was, and which setting dropped prompts."""
     filtered, truncated = counts["data/filtered_prompts"], counts["data/truncated_prompts"]
     if not filtered and not truncated:
         return f"data: {counts['data/prompts']} training prompts, none longer than max_prompt_length={max_prompt_length}"
+    setting = "data.filter_overlong_prompts=true" if filter_overlong else f"data.truncation={truncation}"
     return (
         f"data: {counts['data/prompts']} training prompts; longer than max_prompt_length={max_prompt_length}: "
-        f"{filtered} filtered, {truncated} truncated (data.truncation={truncation})"
+        f"{filtered} filtered, {truncated} truncated ({setting})"
     )
 
 

@@ -83,12 +83,12 @@ def unsupported_with_images(cfg: DictConfig) -> list[str]:
         problems.append("actor_rollout_ref.actor.strategy=megatron (image inputs are built for the FSDP actor)")
     if cfg.algorithm.adv_estimator == "gae":
         problems.append("algorithm.adv_estimator=gae needs a critic, which reads no images (use algorithm=grpo, rloo, reinforce_pp or remax)")
-    if cfg.reward.reward_model.enable:
-        problems.append("reward.reward_model.enable=true (the reward model reads no images)")
+    if cfg.reward_model.enable:
+        problems.append("reward_model.enable=true (the reward model reads no images)")
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
         problems.append("actor_rollout_ref.rollout.multi_turn.enable=true (multi-turn rollouts carry no images)")
-    if cfg.actor_rollout_ref.rollout.mode == "async":
-        problems.append("actor_rollout_ref.rollout.mode=async (the streaming engines take no images)")
+    if cfg.actor_rollout_ref.rollout.get("async_training", False):
+        problems.append("actor_rollout_ref.rollout.async_training=true (the streaming engines take no images)")
     if cfg.actor_rollout_ref.rollout.name == "vllm" and not module_present("torchvision"):
         problems.append(
             "actor_rollout_ref.rollout.name=vllm without torchvision (vLLM's Qwen2-VL imports transformers' torchvision "

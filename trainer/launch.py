@@ -21,15 +21,28 @@ MakeLoop = Callable[[DictConfig, Any, "RunData", "Tracker"], "StepLoop"]
 
 def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> list[dict[str, Any]]:
     """Build everything `cfg` names, run `make_loop(...).fit()`, and always release the workers."""
-    from trainer.preflight import check_inputs, memory_plan_text
+    from trainer.preflight import check_inputs, check_plan_inputs, memory_plan_text
     from trainer.run_setup import driver_threads, ensure_default_assets
 
     ensure_default_assets(cfg)
     if cfg.trainer.get("plan_only", False):  # the memory plan, like `--cfg job`: printed, nothing started
+        check_plan_inputs(cfg)  # a plan of settings that a run would refuse says so first
         print(memory_plan_text(cfg))
         return []
     # Bad paths, columns and settings, and a plan that does not fit the GPU, fail here, in seconds, before Ray starts.
-    nothing_to_do = check_inputs(cfg)
+    steps_set = cfg.trainer.get("total_training_steps") is not None
+    nothing_to_do = check_inputs(cfg)  # "nothing to train" is decided here when the step count is set
+    if nothing_to_do:
+        print(nothing_to_do, file=sys.stderr)
+        return []
+    from trainer.preflight import nothing_to_train
+    from trainer.run_data import build_run_data
+    from trainer.step_count import resolve_training_steps
+
+    with driver_threads(cfg):
+        data = build_run_data(cfg)  # before Ray and the tracker: the step count needs the prompts left after filtering
+    resolve_training_steps(cfg, len(data.train_loader))
+    nothing_to_do = None if steps_set else nothing_to_train(cfg)
     if nothing_to_do:
         print(nothing_to_do, file=sys.stderr)
         return []
@@ -48,21 +61,20 @@ def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> l
         config=OmegaConf.to_container(cfg, resolve=True), resume_step=start_step,
     )
     with driver_threads(cfg):
-        history = _build_and_fit(cfg, build_roles, make_loop, tracker, start_step, log_dir)
+        history = _build_and_fit(cfg, data, build_roles, make_loop, tracker, start_step, log_dir)
     print(outputs_text(cfg))
     return history
 
 
 def _build_and_fit(
-    cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop, tracker: "Tracker", start_step: int | None, log_dir: Path
+    cfg: DictConfig, data: "RunData", build_roles: BuildRoles, make_loop: MakeLoop, tracker: "Tracker",
+    start_step: int | None, log_dir: Path,
 ) -> list[dict[str, Any]]:
-    """Ray, the data and the worker groups, then the loop; the tracker closes and the workers go in any case."""
-    from trainer.run_data import build_run_data
+    """Ray and the worker groups, then the loop; the tracker closes and the workers go in any case."""
     from trainer.run_setup import init_ray
 
     try:
         init_ray(cfg)
-        data = build_run_data(cfg)
         tracker.set_counts(data.prompt_counts)
         roles = build_roles(cfg)  # gives back what it reserved when it fails
     except KeyboardInterrupt:

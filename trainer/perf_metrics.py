@@ -100,7 +100,7 @@ class GpuCounts:
         per_pool = settings.n_gpus_per_node * settings.nnodes * float(settings.get("gpus_per_process", 1) or 1)
         separate_roles = settings.placement == "separate"
         has_critic = cfg.algorithm.adv_estimator == "gae"
-        pools = 1 + int(separate_roles and has_critic) + int(separate_roles and bool(cfg.reward.reward_model.enable))
+        pools = 1 + int(separate_roles and has_critic) + int(separate_roles and bool(cfg.reward_model.enable))
         reserved = per_pool * pools
         rollout = cfg.actor_rollout_ref.rollout
         rollout_gpus = _gpus(per_pool)

@@ -15,11 +15,12 @@ from trainer.agent_metrics import agent_metrics
 from trainer.algorithm_settings import gen_batch_size
 from trainer.algorithms import make_kl_controller
 from trainer.balance import balance_batch
+from trainer.critic_warmup import actor_trains
 from trainer.dynamic_sampling import ScoredRollout, fill_with_mixed_groups, rows_per_prompt
 from trainer.old_log_prob_pass import old_log_prob_pass_needed
 from trainer.overhead import reset_call_logs, step_overhead
 from trainer.perf_metrics import RunPerf
-from trainer.rewards.overlong import add_overlong_penalty
+from trainer.rewards.managers import task_scores
 from trainer.role_groups import RoleGroups
 from trainer.run_data import RunData
 from trainer.step_loop import StepLoop
@@ -84,8 +85,11 @@ class PPOTrainer(StepLoop):
         if self.roles.critic is not None:
             with timer("update_critic"):
                 metrics.update(mean_metrics(self.roles.critic.update_critic(rollout), "critic"))
-        with timer("update_actor"):
-            metrics.update(mean_metrics(actor.update_actor(rollout), "actor"))
+        if self._actor_trains():
+            with timer("update_actor"):
+                metrics.update(mean_metrics(actor.update_actor(rollout), "actor"))
+        if self.cfg.trainer.get("critic_warmup", 0) > 0:  # during the warmup: no actor/* losses, updated 0
+            metrics["actor/updated"] = float(self._actor_trains())
         metrics.update(self._batch_metrics(rollout, scored.metrics, kl_metrics, timer))
         metrics.update({**staleness, **is_metrics, **filter_metrics})
         collecting = time.perf_counter()
@@ -94,6 +98,10 @@ class PPOTrainer(StepLoop):
         # After the step's phases: the calls that collect the workers' call timings and metrics.
         metrics["timing/worker_metrics_s"] = time.perf_counter() - collecting
         return metrics
+
+    def _actor_trains(self) -> bool:
+        """trainer.critic_warmup: the first N steps update the critic only (`global_step` counts the steps done)."""
+        return actor_trains(self.global_step, self.cfg.trainer.get("critic_warmup", 0))
 
     def _score(self, prompts: DataProto, rollout: DataProto, timer: PhaseTimer) -> ScoredRollout:
         """`rollout` (the responses to `prompts`, one row per prompt) with its token-level scores: the rule
@@ -104,14 +112,10 @@ class PPOTrainer(StepLoop):
                 rollout = self._add_greedy_baseline(prompts, rollout, self.cfg.actor_rollout_ref.rollout.n)
         with timer("reward"):
             reward_started = time.perf_counter()
-            scores, reward_metrics = self.reward_fn(rollout)
-            rule_scores = scores.sum(-1).numpy()
-            overlong = self.cfg.reward.overlong_buffer
-            if overlong.enable:
-                scores, penalty_metrics = add_overlong_penalty(
-                    scores, rollout.batch["response_mask"], self.cfg.data.max_response_length, overlong.len, overlong.penalty_factor
-                )
-                reward_metrics.update(penalty_metrics)
+            # The manager's scores (reward_model.reward_manager; dapo adds the overlong penalty) and each
+            # response's task score before that penalty (verl's acc, which filter_groups compares).
+            scores, task, reward_metrics = task_scores(self.reward_fn, rollout)
+            rule_scores = task.numpy()
             reward_fn_s = time.perf_counter() - reward_started
             if self.roles.reward_model is not None:
                 rm_scores = self.roles.reward_model.compute_rm_score(rollout).batch["rm_scores"]

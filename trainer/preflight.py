@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from trainer import run_setup
 from trainer.input_errors import InputError
@@ -74,6 +74,20 @@ def check_data_files(files: Any, key: str, prompt_key: str = "prompt") -> None:
                 raise InputError(f"{key}: {file} has no column {column!r}{named}; columns present: {present}")
 
 
+def check_engine_kwargs(cfg: DictConfig) -> None:
+    """`rollout.engine_kwargs.vllm` names checked against the installed vLLM here, not in the engine's start."""
+    rollout = cfg.actor_rollout_ref.rollout
+    extra = OmegaConf.to_container(rollout.get("engine_kwargs") or {}, resolve=True)
+    if rollout.name != "vllm" or not (extra or {}).get("vllm"):
+        return
+    from workers.rollout.engine_kwargs import vllm_engine_kwargs
+
+    try:
+        vllm_engine_kwargs(extra)
+    except ValueError as error:
+        raise InputError(str(error).replace("rollout.engine_kwargs", "actor_rollout_ref.rollout.engine_kwargs")) from None
+
+
 def check_lengths_fit_model(cfg: DictConfig) -> None:
     """vLLM refuses a max_model_len above the model's `max_position_embeddings`, and only inside the engine's
     worker after Ray started; the same numbers are known here from config.json."""
@@ -105,8 +119,8 @@ def check_worker_settings(cfg: DictConfig) -> None:
     from workers.config import actor_rollout_ref_config, critic_config, reward_model_config
 
     checks = [(actor_rollout_ref_config, actor_worker_config, "actor_rollout_ref"), (critic_config, critic_worker_config, "critic")]
-    if cfg.reward.reward_model.enable:
-        checks.append((reward_model_config, reward_model_worker_config, "reward.reward_model"))
+    if cfg.reward_model.enable:
+        checks.append((reward_model_config, reward_model_worker_config, "reward_model"))
     for fill, section, where in checks:
         try:
             fill(section(cfg), where=where)
@@ -144,15 +158,19 @@ def resume_step(cfg: DictConfig) -> int | None:
 
 
 def finished_run(cfg: DictConfig) -> str | None:
-    """Why there is nothing to train: the checkpoint resumed from is already at `trainer.total_training_steps`."""
-    point = _resume_point(cfg)
+    """Why there is nothing to train: the checkpoint resumed from is already at `trainer.total_training_steps`.
+    None also while the step count is not resolved yet (null: it needs the loaded data, trainer/step_count.py)."""
     total = cfg.trainer.total_training_steps
+    if total is None:
+        return None
+    point = _resume_point(cfg)
     if point is None or point[1] < total:
         return None
     path, step = point
     return (
         f"nothing to train: the checkpoint {path} is at step {step} and trainer.total_training_steps={total}; raise "
-        "trainer.total_training_steps to train further, or set trainer.resume_mode=disable to start over"
+        "trainer.total_training_steps (or, while it is null, trainer.total_epochs) to train further, or set "
+        "trainer.resume_mode=disable to start over"
     )
 
 
@@ -263,19 +281,36 @@ def check_inputs(cfg: DictConfig) -> str | None:
     for key, files in data_keys:
         check_rows(files, key, cfg.data.prompt_key, needs)
     check_images(cfg, data_keys)
-    if cfg.reward.reward_model.enable and cfg.reward.reward_model.model.path:
-        check_model_folder(cfg.reward.reward_model.model.path, "reward.reward_model.model.path", tokenizer=False)
+    if cfg.reward_model.enable and cfg.reward_model.model.path:
+        check_model_folder(cfg.reward_model.model.path, "reward_model.model.path", tokenizer=False)
     check_entries(list(cfg.trainer.logger))
     check_local_gpus(cfg)  # before the batch split: with too few GPUs, the worker count is what to change first
     check_worker_settings(cfg)
     check_batch_split(cfg)
     check_resume_matches(cfg)
     check_packages(cfg)
+    check_engine_kwargs(cfg)
     check_lengths_fit_model(cfg)
     check_memory(cfg)  # NVML only (no CUDA context); nothing on CPU
+    return nothing_to_train(cfg)
+
+
+def check_plan_inputs(cfg: DictConfig) -> None:
+    """The checks of `trainer.plan_only=true`: those of the settings themselves, which a run would make before Ray,
+    without the ones of this machine (its GPUs, packages, data files), since a plan is often made elsewhere."""
+    from trainer.batch_checks import check_batch_split
+
+    check_worker_settings(cfg)
+    check_batch_split(cfg)
+    check_engine_kwargs(cfg)
+    check_lengths_fit_model(cfg)
+
+
+def nothing_to_train(cfg: DictConfig) -> str | None:
+    """`finished_run`, after probing RAY_ADDRESS when there is nothing to train: a run that trains finds a dead
+    address when init_ray attaches (after the tracker started, where Ctrl-C reports the step); one that stops here
+    would never reach it. Called again once the data resolved a null trainer.total_training_steps."""
     nothing_to_do = finished_run(cfg)
     if nothing_to_do:
-        # A run that trains finds a dead RAY_ADDRESS when init_ray attaches (after the tracker started, where
-        # Ctrl-C reports the step); one that stops here would never reach it, so the address is probed now.
         check_ray_address(cfg)
     return nothing_to_do

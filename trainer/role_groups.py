@@ -20,6 +20,8 @@ from workers.rollout.agent.rollout import absolute_specs
 from workers.rollout.separate_sync import IpcRolloutSync, SeparateWeightSync, rollout_weight_sync
 
 ACTOR_DIR, CRITIC_DIR = "actor", "critic"
+# Keys of the reward_model section that the driver reads (trainer/reward_settings.py), not the reward-model worker.
+REWARD_DRIVER_KEYS = ("enable", "reward_manager", "overlong_buffer", "reward_kwargs")
 
 
 def use_gpu(cfg: DictConfig) -> bool:
@@ -34,6 +36,7 @@ def actor_worker_config(cfg: DictConfig) -> dict[str, Any]:
     section["actor"]["optim"]["total_training_steps"] = cfg.trainer.total_training_steps
     section["seed"] = cfg.trainer.seed
     section["release_cached_blocks"] = cfg.trainer.release_cached_blocks
+    section["actor"].pop("checkpoint")  # what a checkpoint holds: the driver's choice (RoleGroups.save)
     section["rollout"]["multi_turn"] = absolute_specs(section["rollout"]["multi_turn"])
     if section["rollout"]["max_model_len"] is None:
         section["rollout"]["max_model_len"] = cfg.data.max_prompt_length + cfg.data.max_response_length
@@ -59,12 +62,12 @@ def engine_in_own_process(cfg: DictConfig) -> bool:
 def engine_decode_batch(cfg: DictConfig) -> int:
     """The most sequences one vLLM engine decodes at once in a step: the generation batch's responses over the
     engines (one per actor rank in the hybrid placement). CUDA graphs are captured up to this batch only.
-    With rollout.mode=async the stream keeps up to (max_staleness + 1) batches of prompt groups out
+    With rollout.async_training=true the stream keeps up to (max_staleness + 1) batches of prompt groups out
     (trainer/async_rollout.py), all of them generating at once while the pipeline fills or after a hand-out:
     a decode batch past the largest graph runs without CUDA graphs."""
     rollout = cfg.actor_rollout_ref.rollout
     prompts = gen_batch_size(cfg)
-    if rollout.get("mode", "sync") == "async":
+    if rollout.get("async_training", False):
         prompts = (int(rollout.max_staleness) + 1) * cfg.data.train_batch_size
     engines = rollout.num_engines if rollout.placement == "separate" else cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
     return max(1, -(-prompts * rollout.n // engines))
@@ -76,14 +79,16 @@ def critic_worker_config(cfg: DictConfig) -> dict[str, Any]:
     section["optim"]["total_training_steps"] = cfg.trainer.total_training_steps
     section["seed"] = cfg.trainer.seed
     section["release_cached_blocks"] = cfg.trainer.release_cached_blocks
+    section.pop("checkpoint")  # the driver's choice (RoleGroups.save)
     return section
 
 
 def reward_model_worker_config(cfg: DictConfig) -> dict[str, Any]:
-    section = OmegaConf.to_container(cfg.reward.reward_model, resolve=True)
-    section.pop("enable")
+    section = OmegaConf.to_container(cfg.reward_model, resolve=True)
+    for driver_key in REWARD_DRIVER_KEYS:  # the driver's reward manager, not the worker's
+        section.pop(driver_key, None)
     if not section["model"]["path"]:
-        raise ValueError("reward.reward_model.enable=true needs reward.reward_model.model.path (a Hugging Face model folder)")
+        raise ValueError("reward_model.enable=true needs reward_model.model.path (a Hugging Face model folder)")
     section["seed"] = cfg.trainer.seed
     section["release_cached_blocks"] = cfg.trainer.release_cached_blocks
     return section
@@ -102,6 +107,16 @@ def worker_classes(cfg: DictConfig) -> tuple[type, type]:
     return actor, critic
 
 
+HF_MODEL_DIR = "huggingface"  # verl's folder name for the Hugging Face model inside a role's checkpoint
+
+
+def hf_checkpoint_roles(cfg: DictConfig) -> frozenset[str]:
+    """The role folders whose checkpoints also hold a Hugging Face model (`checkpoint.save_contents` lists
+    `hf_model`)."""
+    sections = {ACTOR_DIR: cfg.actor_rollout_ref.actor, CRITIC_DIR: cfg.critic}
+    return frozenset(role for role, section in sections.items() if "hf_model" in section.checkpoint.save_contents)
+
+
 @dataclass
 class RoleGroups:
     actor: RayWorkerGroup
@@ -118,8 +133,10 @@ class RoleGroups:
     generation: DataProtoFuture | None = None
     parked_rollout_exec: list[list[tuple[str, float]]] = field(default_factory=list)
     parked_rollout_metrics: dict[str, float] = field(default_factory=dict)
-    # rollout.mode=async: the engines generate in the background; a weight sync pauses them around it.
+    # rollout.async_training=true: the engines generate in the background; a weight sync pauses them around it.
     streaming: bool = False
+    # verl's checkpoint.save_contents with `hf_model`: each checkpoint also holds that role's Hugging Face model.
+    hf_in_checkpoint: frozenset[str] = frozenset()
 
     @classmethod
     def build(cls, cfg: DictConfig, reference: bool | None = None, critic: bool | None = None) -> "RoleGroups":
@@ -137,7 +154,7 @@ class RoleGroups:
         critic_cls = RayClassWithInitArgs(CriticWorker, config=critic_worker_config(cfg)) if uses_critic else None
         rm_cls = (
             RayClassWithInitArgs(RewardModelWorker, config=reward_model_worker_config(cfg))
-            if cfg.reward.reward_model.enable
+            if cfg.reward_model.enable
             else None
         )
         extra_roles = {name: c for name, c in (("critic", critic_cls), ("reward_model", rm_cls)) if c is not None}
@@ -176,7 +193,8 @@ class RoleGroups:
             if cfg.trainer.placement == "colocated":
                 by_role = fused.spawn()  # per-role views of the fused actors
             built = cls(
-                by_role["actor"], by_role.get("critic"), uses_reference, pools, by_role.get("reward_model"), groups=groups, rollout=rollout
+                by_role["actor"], by_role.get("critic"), uses_reference, pools, by_role.get("reward_model"), groups=groups, rollout=rollout,
+                hf_in_checkpoint=hf_checkpoint_roles(cfg),
             )
             for group in (built.actor, built.critic, built.reward_model, built.rollout):
                 if group is not None:
@@ -252,7 +270,7 @@ class RoleGroups:
         return future.get()
 
     def start_streaming(self) -> None:
-        """From now on the engines may be generating at any time (rollout.mode=async)."""
+        """From now on the engines may be generating at any time (rollout.async_training=true)."""
         self.streaming = True
 
     def stop_streaming(self) -> None:
@@ -303,8 +321,12 @@ class RoleGroups:
 
     def save(self, folder: Path) -> None:
         self.actor.save_checkpoint(str(folder / ACTOR_DIR))
+        if ACTOR_DIR in self.hf_in_checkpoint:
+            self.actor.export_hf(str(folder / ACTOR_DIR / HF_MODEL_DIR))
         if self.critic is not None:
             self.critic.save_checkpoint(str(folder / CRITIC_DIR))
+            if CRITIC_DIR in self.hf_in_checkpoint:
+                self.critic.export_hf(str(folder / CRITIC_DIR / HF_MODEL_DIR))
 
     def load(self, folder: Path) -> None:
         self.actor.load_checkpoint(str(folder / ACTOR_DIR))

@@ -87,8 +87,9 @@ class RolloutPipeline:
         open_prompts = (state.get("async_rollout") or {}).get("open")
         if open_prompts:
             print(
-                f"warning: {path} was saved by an asynchronous run (rollout.mode=async) with {len(open_prompts)} "
-                "prompts in flight or waiting; this run (rollout.mode=sync) goes on after them without training on them",
+                f"warning: {path} was saved by an asynchronous run (rollout.async_training=true) with "
+                f"{len(open_prompts)} prompts in flight or waiting; this run (async_training=false) goes on after "
+                "them without training on them",
                 file=sys.stderr,
             )
 

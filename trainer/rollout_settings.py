@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from workers.rollout_choices import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES, STALENESS_VALUES
+from trainer.validation_settings import check_validation_settings
+from workers.rollout_choices import (
+    ASYNC_TRAINING_DEFAULTS, PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES, STALENESS_VALUES,
+)
 
 
 def check_rollout_settings(cfg: DictConfig) -> list[str]:
@@ -22,7 +25,7 @@ def check_rollout_settings(cfg: DictConfig) -> list[str]:
             "actor_rollout_ref.rollout.staleness=1 needs engines of their own to generate while the actor trains: "
             f"set rollout.name=vllm and rollout.placement=separate (got name={rollout.name!r}, placement={rollout.placement!r})"
         )
-    problems += check_async_settings(cfg) + check_gpu_shares(cfg)
+    problems += check_async_settings(cfg) + check_gpu_shares(cfg) + check_validation_settings(cfg)
     cap = rollout.tis_imp_ratio_cap
     if cap is not None:
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 1:
@@ -36,23 +39,29 @@ def check_rollout_settings(cfg: DictConfig) -> list[str]:
 
 
 def check_async_settings(cfg: DictConfig) -> list[str]:
-    """Problems with rollout.mode / max_staleness / stale_groups / partial_rollout."""
+    """Problems with rollout.mode (verl's key) and the fully asynchronous training keys: async_training,
+    max_staleness, stale_groups, partial_rollout."""
     rollout = cfg.actor_rollout_ref.rollout
-    mode = rollout.get("mode", "sync")
+    mode = rollout.get("mode", "async")
     if mode not in ROLLOUT_MODES:
-        return [f"actor_rollout_ref.rollout.mode={mode!r} is not valid; choose one of {list(ROLLOUT_MODES)}"]
-    if mode == "sync":
-        return []
+        return [f"actor_rollout_ref.rollout.mode={mode!r} is not valid; choose one of {list(ROLLOUT_MODES)} (verl's)"]
+    on = rollout.get("async_training", False)
+    if not isinstance(on, bool):
+        return [f"actor_rollout_ref.rollout.async_training={on!r} must be true or false"]
+    if not on:
+        return _async_only_keys_set(rollout)
     problems = []
     if not (rollout.name == "vllm" and rollout.placement == "separate"):
         problems.append(
-            "actor_rollout_ref.rollout.mode=async needs engines of their own generating while the actor trains: set "
-            f"rollout.name=vllm and rollout.placement=separate (got name={rollout.name!r}, placement={rollout.placement!r})"
+            "actor_rollout_ref.rollout.async_training=true needs engines of their own generating while the actor "
+            "trains: set rollout.name=vllm and rollout.placement=separate "
+            f"(got name={rollout.name!r}, placement={rollout.placement!r})"
         )
     if rollout.staleness != 0:
         problems.append(
-            f"actor_rollout_ref.rollout.staleness={rollout.staleness!r} is the one-step-off setting of mode=sync; with "
-            "mode=async bound the staleness with rollout.max_staleness (and leave staleness at 0)"
+            f"actor_rollout_ref.rollout.staleness={rollout.staleness!r} is the one-step-off setting of synchronous "
+            "training; with async_training=true bound the staleness with rollout.max_staleness (and leave staleness "
+            "at 0)"
         )
     k = rollout.max_staleness
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
@@ -62,10 +71,27 @@ def check_async_settings(cfg: DictConfig) -> list[str]:
             problems.append(f"actor_rollout_ref.rollout.{key}={rollout[key]!r} is not valid; choose one of {list(valid)}")
     if cfg.algorithm.adv_estimator == "remax":
         problems.append(
-            "algorithm=remax generates a greedy baseline of each step's prompts on demand, which mode=async does not "
-            "schedule; use rollout.mode=sync (optionally rollout.staleness=1) or another algorithm (grpo, rloo, ppo)"
+            "algorithm=remax generates a greedy baseline of each step's prompts on demand, which async_training does "
+            "not schedule; use rollout.async_training=false (optionally rollout.staleness=1) or another algorithm "
+            "(grpo, rloo, ppo)"
         )
     return problems
+
+
+def _async_only_keys_set(rollout: DictConfig) -> list[str]:
+    """A key of fully asynchronous training set while it is off: most likely the old spelling of it,
+    rollout.mode=async (now verl's key). One line naming the key to set."""
+    changed = [f"{key}={rollout.get(key, default)!r}" for key, default in ASYNC_TRAINING_DEFAULTS.items()
+               if rollout.get(key, default) != default]
+    if not changed:
+        return []
+    one = len(changed) == 1
+    problem = (
+        f"actor_rollout_ref.rollout.{', '.join(changed)}: {'acts' if one else 'act'} only in fully asynchronous "
+        "training, which is actor_rollout_ref.rollout.async_training=true (rollout.mode=async is verl's key and no "
+        f"longer turns it on); set that, or leave {'it' if one else 'them'} at the default"
+    )
+    return [problem]
 
 
 def check_gpu_shares(cfg: DictConfig) -> list[str]:

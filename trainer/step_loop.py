@@ -22,9 +22,10 @@ from trainer.async_rollout import AsyncRollout
 from trainer.resume_checks import RECORD_KEY, resume_record
 from trainer.rollout_pipeline import LookaheadBatches, RolloutPipeline, prompts_for_step
 from trainer.run_data import RunData
+from trainer.step_count import resolve_training_steps
 from trainer.timing import PhaseTimer
 from trainer.tracking import Tracker
-from trainer.validation import validate
+from trainer.validation import ValSampling, validate
 
 
 class StepLoop:
@@ -34,21 +35,33 @@ class StepLoop:
 
     def __init__(self, cfg: DictConfig, roles: Any, data: RunData, tracker: Tracker) -> None:
         self.cfg, self.roles, self.data, self.tracker = cfg, roles, data, tracker
+        if cfg.trainer.get("total_training_steps") is None:  # a loop built without run_loop, which resolves it
+            resolve_training_steps(cfg, len(data.train_loader))
         self.global_step = 0
         self.checkpoint_root = Path(cfg.trainer.default_local_dir)
         self.batches: LookaheadBatches | AsyncRollout | None = None  # the batch source, while fit() runs
         rollout = cfg.actor_rollout_ref.rollout
         self.draws_in_step = 0  # batches taken from the dataloader in this step (its own batch included)
         self.rollouts: RolloutPipeline | AsyncRollout = (
-            AsyncRollout(roles, cfg) if rollout.get("mode", "sync") == "async" else RolloutPipeline(roles, rollout.get("staleness", 0))
+            AsyncRollout(roles, cfg) if rollout.get("async_training", False)
+            else RolloutPipeline(roles, rollout.get("staleness", 0))
         )
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
         raise NotImplementedError
 
     def validate(self) -> dict[str, float]:
-        """Greedy responses of the actor on the validation set, scored by the rule reward."""
-        return validate(self.roles, self.data.val_batches, self.data.reward_fn)
+        """The actor's responses on the validation set (sampled as `rollout.val_kwargs` says: greedy by default),
+        scored by the run's reward manager; `trainer.log_val_generations` samples go to the trackers."""
+        shown = int(self.cfg.trainer.get("log_val_generations", 0) or 0)
+        result = validate(
+            self.roles, self.data.val_batches, self.data.reward_fn,
+            ValSampling.from_config(self.cfg.actor_rollout_ref.rollout.get("val_kwargs")),
+            tokenizer=self.data.tokenizer, log_generations=shown, seed=self.cfg.trainer.seed, step=self.global_step,
+        )
+        if result.generations:
+            self.tracker.log_generations(result.generations, step=self.global_step)
+        return result.metrics
 
     # ---- checkpoints: extra driver state is a hook --------------------------------------------------------
     def driver_state(self) -> dict[str, Any]:
@@ -73,7 +86,8 @@ class StepLoop:
             raise RuntimeError("draw_prompts() takes prompts from the dataloader of a running fit(): call it in train_step")
         if isinstance(self.rollouts, AsyncRollout):
             raise RuntimeError(
-                "draw_prompts() needs actor_rollout_ref.rollout.mode=sync: with mode=async the engines take their prompts "
+                "draw_prompts() needs actor_rollout_ref.rollout.async_training=false: with async_training=true the "
+                "engines take their prompts "
                 "from the dataloader themselves and each step trains on whatever groups finished"
             )
         if self.rollouts.staleness:
@@ -88,7 +102,8 @@ class StepLoop:
     def step_rollout(self, batch: DataProto, timer: PhaseTimer) -> DataProto:
         """This step's responses to `batch` (`rollout.n` per prompt, a uid per prompt): generated now, or
         with rollout.staleness=1 during the previous step (see trainer/rollout_pipeline.py), or with
-        rollout.mode=async taken from the engines' stream, `batch` being their prompts (trainer/async_rollout.py)."""
+        rollout.async_training=true taken from the engines' stream, `batch` being their prompts
+        (trainer/async_rollout.py)."""
         if isinstance(self.rollouts, AsyncRollout):
             return self.rollouts.rollout(timer)
         n, seed = self.cfg.actor_rollout_ref.rollout.n, self.cfg.trainer.seed

@@ -52,6 +52,14 @@ class Tracker:
         for tracker in self._trackers:
             tracker.log(dict(values), step)
 
+    def log_generations(self, samples: list[dict[str, Any]], step: int) -> None:
+        """Validation samples ({input, output, score} each; trainer.log_val_generations) to every backend that
+        shows them (an optional `log_generations(samples, step)`; the others are left out)."""
+        for tracker in self._trackers:
+            log = getattr(tracker, "log_generations", None)
+            if log is not None:
+                log([dict(sample) for sample in samples], step)
+
     def plot_reward_curve(self, path: str | Path, keys: Sequence[str] = ("reward/mean", "val/reward_mean")) -> Path | None:
         """Write a PNG of the reward over steps; None when no step logged a reward."""
         import matplotlib

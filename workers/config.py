@@ -12,7 +12,8 @@ from typing import Any
 
 from workers.cached_blocks_limit import AFTER_MICRO_BATCH, RELEASE_POINTS
 from workers.config_fields import (
-    REQUIRED, Field, betas, boolean, float_in, int_at_least, module_names, non_empty_str, one_of, optional, spec_list, token_ids,
+    REQUIRED, Field, any_int, betas, boolean, float_in, int_at_least, module_names, non_empty_str, one_of, optional,
+    spec_list, token_ids,
 )
 from workers.lora.spec import check_base_sharing, check_lora_settings
 from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS, KL_PENALTY_NAMES, LOSS_AGG_MODES, OLD_LOG_PROB_PASS_CHOICES, POLICY_LOSS_MODES
@@ -41,6 +42,22 @@ def megatron_spec() -> dict[str, Any]:
     }
 
 
+def engine_kwargs_mapping(value: Any) -> dict[str, Any]:
+    """verl's `rollout.engine_kwargs`: {vllm: {name: value}}; the names are checked against vLLM where it runs."""
+    if not isinstance(value, Mapping) or set(value) - {"vllm"} or not isinstance(value.get("vllm") or {}, Mapping):
+        raise ValueError
+    return {"vllm": dict(value.get("vllm") or {})}
+
+
+def _ref_megatron_spec() -> dict[str, Any]:
+    """verl's `ref.megatron.*`: the reference runs in the actor's processes, so its layout is the actor's; a value
+    set here must equal the actor's (None: the actor's)."""
+    return {
+        key: Field(None, optional(field.check), f"None (the actor's) or {field.expected}, equal to actor.megatron.{key}")
+        for key, field in megatron_spec().items()
+    }
+
+
 def multi_turn_spec() -> dict[str, Any]:
     """Multi-turn tool-calling rollouts (workers/rollout/agent, docs/agents.md)."""
     return {
@@ -53,6 +70,20 @@ def multi_turn_spec() -> dict[str, Any]:
         "max_tokens_per_turn": Field(None, optional(int_at_least(1)), "None (the response length) or an int >= 1"),
         "tool_timeout_s": Field(10.0, float_in(0.0, low_open=True), "a float > 0 (seconds per tool call)"),
         "tool_max_output_chars": Field(2048, int_at_least(1), "an int >= 1 (longer tool output is cut)"),
+    }
+
+
+TOP_K_EXPECTED = "an int: -1 or 0 (off; verl writes -1) or >= 1 (sample from the k likeliest tokens)"
+
+
+def val_kwargs_spec() -> dict[str, Any]:
+    """verl's rollout.val_kwargs: how validation samples (the driver's setting: trainer/validation.py)."""
+    return {
+        "temperature": Field(0.0, float_in(0.0), "a float >= 0 (0: greedy, as vLLM reads it)"),
+        "top_p": Field(1.0, float_in(0.0, 1.0, low_open=True), "a float in (0, 1]"),
+        "top_k": Field(-1, int_at_least(-1), TOP_K_EXPECTED),
+        "do_sample": Field(False, boolean, "a bool (false: greedy whatever the temperature)"),
+        "n": Field(1, int_at_least(1), "an int >= 1 (responses per validation prompt; metrics mean@n)"),
     }
 
 
@@ -96,15 +127,34 @@ ACTOR_MODEL_SPEC: dict[str, Any] = {
 }
 
 
+def _offload_spec(role: str) -> dict[str, Any]:
+    """verl's `fsdp_config` offload switches of a trained model (workers/fsdp/residency.py moves the state)."""
+    return {
+        "param_offload": Field(
+            False, boolean, f"a bool (keep the {role}'s parameters on the host between phases; GPU only)"
+        ),
+        "optimizer_offload": Field(
+            False, boolean, f"a bool (keep the {role}'s optimizer state on the host between updates; GPU only)"
+        ),
+    }
+
+
 def optim_spec(default_lr: float) -> dict[str, Any]:
     return {
         "lr": Field(default_lr, float_in(0.0), "a float >= 0"),
         "weight_decay": Field(0.01, float_in(0.0), "a float >= 0"),
         "betas": Field([0.9, 0.999], betas, "two floats in [0, 1]"),
         "eps": Field(1e-8, float_in(0.0, low_open=True), "a float > 0"),
-        "warmup_steps": Field(0, int_at_least(0), "an int >= 0"),
-        "lr_scheduler": Field("constant", one_of(*LR_SCHEDULERS), f"one of {list(LR_SCHEDULERS)}"),
+        # verl's keys and rule: lr_warmup_steps <= 0 (or None) takes int(lr_warmup_steps_ratio x total_training_steps).
+        "lr_warmup_steps": Field(
+            -1, optional(any_int), "None or an int (> 0: warmup steps; <= 0: from lr_warmup_steps_ratio)"
+        ),
+        "lr_warmup_steps_ratio": Field(
+            0.0, float_in(0.0, 1.0), "a float in [0, 1] (warmup as a fraction of total_training_steps)"
+        ),
+        "lr_scheduler_type": Field("constant", one_of(*LR_SCHEDULERS), f"one of {list(LR_SCHEDULERS)}"),
         "min_lr_ratio": Field(0.0, float_in(0.0, 1.0), "a float in [0, 1] (cosine floor, as a fraction of lr)"),
+        "num_cycles": Field(0.5, float_in(0.0), "a float >= 0 (cosine waves over the run; 0.5: down to the floor once)"),
         "total_training_steps": Field(None, optional(int_at_least(1)), "None or an int >= 1 (set by the trainer)"),
     }
 
@@ -142,7 +192,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "clip_ratio_high": Field(0.2, float_in(0.0), "a float >= 0"),
         "clip_ratio_c": Field(3.0, float_in(1.0, low_open=True), "a float > 1 (dual-clip bound)"),
         "policy_loss": {
-            "loss_mode": Field("vanilla", one_of(*POLICY_LOSS_MODES), f"one of {list(POLICY_LOSS_MODES)} (token-level PPO ratio, or GSPO's sequence ratio)"),
+            "loss_mode": Field("vanilla", one_of(*POLICY_LOSS_MODES), f"one of {list(POLICY_LOSS_MODES)} (token-level PPO ratio, GSPO's sequence ratio, or GMPO's geometric mean)"),
         },
         "entropy_coeff": Field(0.0, float_in(), "a float"),
         "use_kl_loss": Field(False, boolean, "a bool"),
@@ -153,10 +203,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "strategy": _strategy_field("actor and reference"),
         "ulysses_sequence_parallel_size": _ulysses_field(),
         "megatron": megatron_spec(),
-        "fsdp": {
-            "param_offload": Field(False, boolean, "a bool (keep the actor's parameters on the host between phases; GPU only)"),
-            "optimizer_offload": Field(False, boolean, "a bool (keep the optimizer state on the host between updates; GPU only)"),
-        },
+        "fsdp_config": _offload_spec("actor"),
     },
     "rollout": {
         "name": Field("hf", one_of(*ROLLOUT_ENGINES), f"one of {list(ROLLOUT_ENGINES)} (HF generate on the FSDP model, or vLLM)"),
@@ -172,6 +219,20 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "engine_process": Field(None, optional(boolean), "None (the worker's process; the trainer picks for its separate engines) or a bool (vllm, tensor_model_parallel_size 1: the engine's core in a process of its own)"),
         "enable_sleep": Field(True, boolean, "a bool (vllm hybrid on GPU: release weights and KV cache while the actor trains)"),
         "free_cache_engine": Field(True, boolean, "a bool (vllm: actually sleep after each generate when enable_sleep)"),
+        "enable_chunked_prefill": Field(
+            None, optional(boolean), "None (on a GPU, off on CPU) or a bool (vllm: long prompts prefilled in "
+            "chunks of max_num_batched_tokens, mixed with decoding; always off on CPU)"
+        ),
+        "max_num_batched_tokens": Field(
+            None, optional(int_at_least(1)), "None (vLLM's default) or an int >= 1 (vllm: tokens one engine step "
+            "schedules; without chunked prefill at least max_model_len)"
+        ),
+        "max_num_seqs": Field(
+            None, optional(int_at_least(1)), "None (vLLM's default) or an int >= 1 (vllm: sequences one engine step runs)"
+        ),
+        "engine_kwargs": Field(
+            {"vllm": {}}, engine_kwargs_mapping, "a mapping {vllm: {argument: value}} (extra arguments of vLLM's engine)"
+        ),
         "share_base_weights": Field(None, optional(boolean), "None (where possible) or a bool (LoRA with a hybrid vllm engine: the actor's frozen base weights are views of the engine's, one copy on the device)"),
         "max_model_len": Field(None, optional(int_at_least(1)), "None (prompt + response length, set by the trainer) or an int >= 1"),
         "dtype": Field("auto", one_of(*DTYPES), f"one of {list(DTYPES)} (vllm; auto: the actor's compute dtype)"),
@@ -180,14 +241,25 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "verify_tolerance": Field(None, optional(float_in(0.0, low_open=True)), "None (1e-3 fp32, 0.25 bf16) or a float > 0"),
         "staleness": Field(0, one_of(*STALENESS_VALUES), "0 or 1 (driver side: steps between generating and training on a batch)"),
         "tis_imp_ratio_cap": Field(None, optional(float_in(1.0)), "None (off) or a float >= 1 (driver side: truncated IS cap)"),
-        "mode": Field("sync", one_of(*ROLLOUT_MODES), f"one of {list(ROLLOUT_MODES)} (async: the separate engines stream finished prompt groups)"),
-        "max_staleness": Field(1, int_at_least(0), "an int >= 0 (async: weight versions a group may lag behind the update training on it)"),
-        "stale_groups": Field("wait", one_of(*STALE_GROUP_POLICIES), f"one of {list(STALE_GROUP_POLICIES)} (async: a group about to exceed max_staleness)"),
-        "partial_rollout": Field("continue", one_of(*PARTIAL_ROLLOUT_MODES), f"one of {list(PARTIAL_ROLLOUT_MODES)} (async: responses in flight at a weight update)"),
+        "mode": Field("async", one_of(*ROLLOUT_MODES), f"one of {list(ROLLOUT_MODES)} (verl's; the same rollout here)"),
+        "async_training": Field(
+            False, boolean, "a bool (driver side, vllm separate: the engines stream finished prompt groups)"
+        ),
+        "max_staleness": Field(
+            1, int_at_least(0), "an int >= 0 (async_training: weight versions a group may lag behind its update)"
+        ),
+        "stale_groups": Field(
+            "wait", one_of(*STALE_GROUP_POLICIES),
+            f"one of {list(STALE_GROUP_POLICIES)} (async_training: a group about to exceed max_staleness)",
+        ),
+        "partial_rollout": Field(
+            "continue", one_of(*PARTIAL_ROLLOUT_MODES),
+            f"one of {list(PARTIAL_ROLLOUT_MODES)} (async_training: responses in flight at a weight update)",
+        ),
         "n": Field(1, int_at_least(1), "an int >= 1 (responses per prompt; the driver repeats the prompts)"),
         "temperature": Field(1.0, float_in(0.0, low_open=True), "a float > 0"),
         "top_p": Field(1.0, float_in(0.0, 1.0, low_open=True), "a float in (0, 1]"),
-        "top_k": Field(0, int_at_least(0), "an int >= 0 (0 = off)"),
+        "top_k": Field(-1, int_at_least(-1), TOP_K_EXPECTED),
         "response_length": Field(512, int_at_least(1), "an int >= 1 (max new tokens)"),
         "do_sample": Field(True, boolean, "a bool"),
         "ignore_eos": Field(False, boolean, "a bool (keep sampling past EOS: every response is response_length tokens, all trained on)"),
@@ -195,6 +267,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "pad_token_id": Field(None, optional(int_at_least(0)), "None (from the model) or an int"),
         "log_prob_micro_batch_size_per_gpu": Field(8, int_at_least(1), "an int >= 1"),
         "multi_turn": multi_turn_spec(),
+        "val_kwargs": val_kwargs_spec(),
         **_dynamic_forward_spec("log_prob"),
     },
     "ref": {
@@ -203,16 +276,20 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
             None, optional(int_at_least(1)), "None (the actor's ulysses_sequence_parallel_size) or the actor's size"
         ),
         **_dynamic_forward_spec("log_prob"),
-        "fsdp": {
+        "fsdp_config": {
             "param_offload": Field(False, boolean, "a bool (keep the reference's parameters on the host outside its log-prob pass; GPU only)"),
         },
+        "megatron": _ref_megatron_spec(),
     },
 }
+
+# verl's place for the critic's offload switches: critic.model.fsdp_config.
+CRITIC_MODEL_SPEC: dict[str, Any] = {**MODEL_SPEC, "fsdp_config": _offload_spec("critic")}
 
 CRITIC_SPEC: dict[str, Any] = {
     "seed": Field(0, int_at_least(0), "an int >= 0 (value-head init and mini-batch shuffling)"),
     "release_cached_blocks": _release_field(),
-    "model": MODEL_SPEC,
+    "model": CRITIC_MODEL_SPEC,
     "optim": optim_spec(1e-5),
     **_ppo_spec(),
     "strategy": _strategy_field("critic"),
@@ -234,7 +311,7 @@ REWARD_MODEL_SPEC: dict[str, Any] = {
 
 
 # Where each worker section sits in the trainer's config.
-WORKER_SECTIONS = {"actor_rollout_ref": ACTOR_ROLLOUT_REF_SPEC, "critic": CRITIC_SPEC, "reward.reward_model": REWARD_MODEL_SPEC}
+WORKER_SECTIONS = {"actor_rollout_ref": ACTOR_ROLLOUT_REF_SPEC, "critic": CRITIC_SPEC, "reward_model": REWARD_MODEL_SPEC}
 
 
 def declared_worker_key(dotted: str) -> bool:
@@ -306,6 +383,7 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
         )
     check_lora_settings(config, where)
     check_base_sharing(config, where)
+    _fill_ref_megatron(config, where)
     _fill_ref_sequence_parallel(config, where)
     _check_sequence_parallel(config, config["actor"], _dotted(where, "actor"), where)
     if config["actor"]["strategy"] == "megatron":
@@ -316,11 +394,34 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
                 "actor.strategy='megatron' supports rollout.placement='hybrid' (an HF replica or a vLLM engine in "
                 f"each actor process, fed from the Megatron weights); got placement={rollout['placement']!r}"
             )
-        fsdp = config["actor"]["fsdp"]
-        if fsdp["param_offload"] or fsdp["optimizer_offload"] or config["ref"]["fsdp"]["param_offload"]:
-            raise ValueError("actor.fsdp.param_offload / optimizer_offload and ref.fsdp.param_offload apply to actor.strategy='fsdp' only")
+        _reject_offload_on_megatron(
+            {"actor.fsdp_config": config["actor"]["fsdp_config"], "ref.fsdp_config": config["ref"]["fsdp_config"]},
+            where, "actor.strategy",
+        )
         _reject_packing_on_megatron(config, ("actor.use_dynamic_bsz", "rollout.log_prob_use_dynamic_bsz", "ref.log_prob_use_dynamic_bsz"))
     return config
+
+
+def _fill_ref_megatron(config: dict[str, Any], where: str) -> None:
+    """The reference's Megatron layout is the actor's: unset keys take the actor's value, set ones must equal it."""
+    actor, ref = config["actor"]["megatron"], config["ref"]["megatron"]
+    for key, value in ref.items():
+        if value is not None and value != actor[key]:
+            raise ValueError(
+                f"{_dotted(where, f'ref.megatron.{key}')}={value!r} must equal {_dotted(where, f'actor.megatron.{key}')}="
+                f"{actor[key]!r}: the reference runs in the actor's processes with the actor's layout"
+            )
+        ref[key] = actor[key]
+
+
+def _reject_offload_on_megatron(sections: dict[str, dict[str, Any]], where: str, strategy_key: str) -> None:
+    """Parameter and optimizer offload move FSDP2 shards (workers/fsdp/offload.py); Megatron has no such path."""
+    asked = [_dotted(where, f"{name}.{key}=true") for name, section in sections.items() for key, on in section.items() if on]
+    if asked:
+        raise ValueError(
+            f"{', '.join(asked)}: offload applies to {_dotted(where, strategy_key)}='fsdp' only (the Megatron workers "
+            "keep their state on the GPU); set it to false or use strategy='fsdp'"
+        )
 
 
 def _reject_packing_on_megatron(config: dict[str, Any], dynamic_keys: tuple[str, ...]) -> None:
@@ -378,6 +479,7 @@ def critic_config(user: Any, where: str = "") -> dict[str, Any]:
     config = fill_config(CRITIC_SPEC, user, where)
     _check_sequence_parallel(config, config, where, where)
     if config["strategy"] == "megatron":
+        _reject_offload_on_megatron({"model.fsdp_config": config["model"]["fsdp_config"]}, where, "strategy")
         _reject_packing_on_megatron(config, ("use_dynamic_bsz",))
     return config
 

@@ -42,6 +42,13 @@ def int_at_least(low: int) -> Callable[[Any], Any]:
     return check
 
 
+def any_int(value: Any) -> int:
+    """Any integer, negative ones included (verl's `lr_warmup_steps=-1` means "use the ratio")."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError
+    return value
+
+
 def optional(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else inner(value)
 

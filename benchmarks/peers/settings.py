@@ -49,7 +49,7 @@ def ours_overrides(s: MatchedGRPO, model: Path, train: Path, val: Path, out_dir:
         f"data.max_prompt_length={s.max_prompt_length}", f"data.max_response_length={s.max_response_length}",
         f"actor_rollout_ref.rollout.temperature={s.temperature}", f"actor_rollout_ref.rollout.top_p={s.top_p}",
         "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.actor.optim.lr={s.lr}",
-        "actor_rollout_ref.actor.optim.weight_decay=0.0", "actor_rollout_ref.actor.optim.lr_scheduler=constant",
+        "actor_rollout_ref.actor.optim.weight_decay=0.0", "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
         "actor_rollout_ref.actor.use_kl_loss=true", f"actor_rollout_ref.actor.kl_loss_coef={s.kl_beta}",
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algorithm.norm_adv_by_std_in_grpo=true",
         f"actor_rollout_ref.actor.clip_ratio_low={s.clip_ratio}", f"actor_rollout_ref.actor.clip_ratio_high={s.clip_ratio}",

@@ -26,6 +26,7 @@ REQUIRED = {
         "lora_shared_always",
         "lora_unshared_offload_always",
         "full_offload",
+        "ppo_critic_offload",
         "ppo_critic",
         "dapo",
         "image_task",
@@ -69,7 +70,7 @@ def test_the_lora_cases_cover_every_pair_of_settings():
             settings.append(
                 (
                     "actor_rollout_ref.rollout.share_base_weights=true" in words,
-                    "actor_rollout_ref.actor.fsdp.param_offload=true" in words,
+                    "actor_rollout_ref.actor.fsdp_config.param_offload=true" in words,
                     "actor_rollout_ref.actor.old_log_prob_pass=always" in words,
                 )
             )

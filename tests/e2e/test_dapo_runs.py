@@ -40,7 +40,7 @@ def half_uniform_reward(tmp_path):
                 return 0.5
             return task_score(data_source, solution_str, ground_truth, extra_info)
     """))
-    return f"reward.custom_function.path={path}"
+    return f"custom_reward_function.path={path}"
 
 
 class RecordingTrainer(PPOTrainer):

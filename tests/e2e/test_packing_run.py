@@ -20,10 +20,10 @@ def test_ppo_step_with_token_budgets_on_every_role(ray_cluster, tiny_assets, tmp
         f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}",
         f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={2 * budget}",
         f"critic.ppo_max_token_len_per_gpu={budget}", f"critic.forward_max_token_len_per_gpu={2 * budget}",
-        "reward.reward_model.enable=true", f"reward.reward_model.model.path={tiny_assets['model']}",
-        f"reward.reward_model.forward_max_token_len_per_gpu={2 * budget}",
+        "reward_model.enable=true", f"reward_model.model.path={tiny_assets['model']}",
+        f"reward_model.forward_max_token_len_per_gpu={2 * budget}",
     ))
-    assert cfg.actor_rollout_ref.ref.log_prob_use_dynamic_bsz and cfg.critic.use_dynamic_bsz and cfg.reward.reward_model.use_dynamic_bsz
+    assert cfg.actor_rollout_ref.ref.log_prob_use_dynamic_bsz and cfg.critic.use_dynamic_bsz and cfg.reward_model.use_dynamic_bsz
     (record,) = run(cfg)
     for key in ("actor/pg_loss", "actor/kl_loss", "critic/vf_loss", "reward/reward_model_mean", "advantage/mean"):
         assert np.isfinite(record[key]) and record[key] != 0.0, (key, record)

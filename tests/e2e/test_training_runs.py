@@ -36,15 +36,26 @@ def test_ppo_with_critic_runs(ray_cluster, tiny_assets, tmp_path):
         tiny_assets, tmp_path, "algorithm=ppo", "trainer.total_training_steps=3", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
         "trainer.placement=separate",
+        # verl's spelling of "each checkpoint also holds the Hugging Face models"
+        "actor_rollout_ref.actor.checkpoint.save_contents=['model','optimizer','extra','hf_model']",
+        "critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        "trainer.critic_warmup=1",  # verl's key: step 1 updates only the critic
     ))
     history = run(cfg)
-    assert len(history) == 3
+    assert [record["step"] for record in history] == [1, 2, 3]
+    assert [record["actor/updated"] for record in history] == [0.0, 1.0, 1.0]
+    assert ["actor/pg_loss" in record for record in history] == [False, True, True]
+    assert ["timing/update_actor_s" in record for record in history] == [False, True, True]
     for record in history:
-        for key in ("critic/vf_loss", "actor/pg_loss", "reward/mean", "timing/values_s", "timing/update_critic_s"):
+        keys = ("critic/vf_loss", "reward/mean", "timing/values_s", "timing/update_critic_s")
+        for key in keys + (("actor/pg_loss",) if record["step"] > 1 else ()):
             assert np.isfinite(record[key]), (key, record)
         # the calls collecting the workers' metrics after the phases, outside timing/step_s but inside the wall time
         assert 0 < record["timing/worker_metrics_s"] < record["timing/wall_step_s"] - record["timing/step_s"] + 1e-3, record
     assert (tmp_path / "global_step_3" / "critic").is_dir()
+    for role in ("actor", "critic"):
+        hf_model = tmp_path / "global_step_3" / role / "huggingface"
+        assert (hf_model / "config.json").is_file() and list(hf_model.glob("*.safetensors")), role
 
 
 def _comparable(history):
@@ -67,7 +78,7 @@ def test_reward_model_group_scores_beside_rule_rewards(ray_cluster, tiny_assets,
     cfg = load_config(run_overrides(
         tiny_assets, tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.save_at_end=false",
-        "reward.reward_model.enable=true", f"reward.reward_model.model.path={tiny_assets['model']}",
+        "reward_model.enable=true", f"reward_model.model.path={tiny_assets['model']}",
     ))
     history = run(cfg)
     assert len(history) == 2

@@ -57,8 +57,8 @@ class MegatronEngineProbe(Worker):
         from workers.megatron.model import ParallelSettings
 
         init_megatron_parallel(self, tp, pp)
-        optim = {"lr": lr, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": ADAM_EPS, "warmup_steps": 0,
-                 "lr_scheduler": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
+        optim = {"lr": lr, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": ADAM_EPS, "lr_warmup_steps": 0,
+                 "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
         engine = MegatronEngine({"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, sp, dist_opt), optim)
         vocab = engine.layout.vocab_size
         micros = list(DataProto.from_dict(batch).split(2))

@@ -7,18 +7,18 @@ import pytest
 import torch
 
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.offload.tiny import UNEVEN, device_bytes, sharded_model, train_step
+from tests.offload.tiny import UNEVEN, device_bytes, identical, sharded_model, snapshot, train_step
 from tests.model_folders import write_random_qwen2
 from tests.workers.conftest import TINY_CONFIG
 from tests.workers.helpers import actor_config, random_prompts
 from workers.fsdp import ActorRolloutRefWorker
 from workers.fsdp.dist_utils import single_process_group
 from workers.fsdp.offload import Offloader
-from workers.fsdp.residency import CRITIC, ActorResidency, DeviceTenants
+from workers.fsdp.residency import CRITIC, ActorResidency, CriticResidency, DeviceTenants
 
 CPU = torch.device("cpu")
-OFFLOAD_ALL = {"actor": {"fsdp": {"param_offload": True, "optimizer_offload": True}, "use_kl_loss": True},
-               "ref": {"fsdp": {"param_offload": True}}}
+OFFLOAD_ALL = {"actor": {"fsdp_config": {"param_offload": True, "optimizer_offload": True}, "use_kl_loss": True},
+               "ref": {"fsdp_config": {"param_offload": True}}}
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,40 @@ def test_a_hybrid_step_moves_the_actor_out_for_generation_only(process_group):
     # a colocated critic about to compute claims the device: the actor's parameters leave
     tenants.claim(CRITIC)
     assert not actor.params_on_device and device_bytes(actor_model, optimizer) == 0
+
+
+def test_a_colocated_critic_and_actor_send_each_other_out_and_keep_adam_state_for_the_steps(process_group):
+    """critic.model.fsdp_config: the critic's PPO phases beside an offloading actor, real moves on CPU buffers."""
+    actor_model, actor_optimizer = sharded_model(UNEVEN, seed=1)
+    critic_model, critic_optimizer = sharded_model(UNEVEN, seed=2)
+    expected_model, expected_optimizer = sharded_model(UNEVEN, seed=2)  # the same critic, never moved
+    actor = Offloader(actor_model, actor_optimizer, CPU, True, True, move_on_cpu=True)
+    critic = Offloader(critic_model, critic_optimizer, CPU, True, True, move_on_cpu=True)
+    tenants = DeviceTenants()
+    actor_policy, policy = ActorResidency(actor, None, tenants), CriticResidency(critic, tenants)
+    policy.after_start()
+    assert policy.end_phase("critic_init")["offload/critic_init/critic_params_moves"] == 1
+    assert device_bytes(critic_model, critic_optimizer) == 0
+    for step in range(2):
+        actor_policy.actor_needed()  # generation and the actor's log-probs: the critic stays out
+        assert not critic.params_on_device
+        policy.critic_needed()  # values: the actor's parameters leave, the critic's come
+        assert critic.params_on_device and not actor.params_on_device
+        values = policy.end_phase("values")
+        policy.critic_needed()  # update: nothing moves, the Adam state comes for the step only
+        loss = train_step(critic_model, critic_optimizer, seed=step)
+        assert loss == train_step(expected_model, expected_optimizer, seed=step)
+        update = policy.end_phase("update_critic")
+        # in for the values; from the second step also out before them, when the actor's update claimed the GPU
+        assert values["offload/values/critic_params_moves"] == (1 if step == 0 else 2)
+        assert (values["offload/values/d2h_gib"] > 0) == (step > 0) and values["offload/values/h2d_gib"] > 0
+        assert update["offload/update_critic/critic_params_moves"] == 0
+        assert update["offload/update_critic/critic_optimizer_moves"] == 2  # in before the step, out after it
+        assert critic.params_on_device and not critic.optimizer_on_device
+        actor_policy.actor_needed()  # the actor's update claims the GPU
+        assert not critic.params_on_device and device_bytes(critic_model, critic_optimizer) == 0
+    critic.load(with_optimizer=True)  # back from the host: bit for bit the critic that never moved
+    assert identical(snapshot(critic_model, critic_optimizer), snapshot(expected_model, expected_optimizer)) == []
 
 
 @pytest.fixture(scope="module")

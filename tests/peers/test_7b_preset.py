@@ -62,7 +62,7 @@ def test_our_plan_fits_an_h200_not_an_h100(tmp_path):
     base = grpo_overrides(tmp_path, tmp_path / "t.parquet", tmp_path / "v.parquet", 3, "[jsonl]") + engine_overrides("vllm", False)
     for side in ("ours_padded", "ours_packed"):
         cfg = load_config(base + ours_overrides(PRESET.settings, side))
-        assert cfg.trainer.n_gpus_per_node == 2 and not cfg.actor_rollout_ref.actor.fsdp.param_offload
+        assert cfg.trainer.n_gpus_per_node == 2 and not cfg.actor_rollout_ref.actor.fsdp_config.param_offload
         assert build_plan(cfg, int(139.8 * GIB)).fits() is True
         assert build_plan(cfg, int(79.6 * GIB)).fits() is False
 

@@ -33,7 +33,7 @@ def test_online_dpo_lifts_reward_and_accuracy(ray_cluster, tiny_assets, tmp_path
 def test_reward_model_verifier_forms_the_pairs(ray_cluster, tiny_assets, tmp_path):
     cfg = load_recipe_config("online_dpo", run_overrides(
         tiny_assets, tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.val_before_train=false",
-        "trainer.save_at_end=false", "reward.reward_model.enable=true", f"reward.reward_model.model.path={tiny_assets['model']}",
+        "trainer.save_at_end=false", "reward_model.enable=true", f"reward_model.model.path={tiny_assets['model']}",
         "trainer.placement=separate",
     ))
     history = run(cfg)

@@ -63,12 +63,12 @@ def test_unknown_data_source_without_a_reward_function(no_ray, small_assets, row
     line = fails_before_ray(capsys, {**small_assets, "train": train}, tmp_path)
     assert line == (
         f"error: data.train_files: {train} row 9: data_source 'my/task' has no built-in scorer (known: {sorted(SCORERS)}); "
-        "set reward.custom_function.path to a .py file whose compute_score(data_source, solution_str, ground_truth, "
+        "set custom_reward_function.path to a .py file whose compute_score(data_source, solution_str, ground_truth, "
         "extra_info) scores it"
     )
     # A reward model adds its score to the rule score, which still needs a scorer for every row.
-    line = fails_before_ray(capsys, {**small_assets, "train": train}, tmp_path, "reward.reward_model.enable=true",
-                            f"reward.reward_model.model.path={small_assets['model']}")
+    line = fails_before_ray(capsys, {**small_assets, "train": train}, tmp_path, "reward_model.enable=true",
+                            f"reward_model.model.path={small_assets['model']}")
     assert line.endswith("scores it (the reward model's score is added to the rule score; a compute_score returning 0.0 "
                          "uses the model alone)")
 
@@ -79,20 +79,20 @@ def test_a_reward_function_of_your_own_scores_any_data_source(small_assets, rows
     reward = tmp_path / "my_reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
     assert check_inputs(load_config(short_run({**small_assets, "train": train}, tmp_path / "run",
-                                              f"reward.custom_function.path={reward}"))) is None
+                                              f"custom_reward_function.path={reward}"))) is None
 
 
 @pytest.mark.parametrize(("source", "expected"), [
     ("missing.py", "reward function file '{dir}/missing.py' does not exist"),
     ("my_reward.py", "reward function 'compute_score' not found in '{dir}/my_reward.py'; callables there: ['score'] "
-                     "(set reward.custom_function.name)"),
+                     "(set custom_reward_function.name)"),
     ("broken.py", "loading it failed: ZeroDivisionError: division by zero"),
 ])
 def test_reward_function_that_cannot_load(no_ray, small_assets, tmp_path, capsys, source, expected):
     (tmp_path / "my_reward.py").write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
     (tmp_path / "broken.py").write_text("1 / 0\n")
-    line = fails_before_ray(capsys, small_assets, tmp_path, f"reward.custom_function.path={tmp_path / source}")
-    assert line.startswith(f"error: reward.custom_function.path='{tmp_path / source}': ")
+    line = fails_before_ray(capsys, small_assets, tmp_path, f"custom_reward_function.path={tmp_path / source}")
+    assert line.startswith(f"error: custom_reward_function.path='{tmp_path / source}': ")
     assert expected.format(dir=tmp_path) in line
 
 

@@ -94,9 +94,9 @@ def test_plus_addition_must_be_a_declared_key(capsys):
     assert main(["+trainer.total_trainig_steps=3", "--cfg", "job"]) == 2
     err = capsys.readouterr().err
     assert "error: unknown config key 'trainer.total_trainig_steps' (a '+' override adds a key, but nothing reads this one)" in err
-    assert "'total_training_steps'" in err
+    assert "did you mean 'trainer.total_training_steps'?" in err
     # A worker setting the YAML leaves at its default may be added.
-    assert load_config(["+actor_rollout_ref.rollout.top_k=5"]).actor_rollout_ref.rollout.top_k == 5
+    assert load_config(["+actor_rollout_ref.rollout.pad_token_id=5"]).actor_rollout_ref.rollout.pad_token_id == 5
 
 
 def test_single_logger_name_is_accepted():

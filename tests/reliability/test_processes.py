@@ -51,7 +51,7 @@ def test_kill_9_during_save_then_resume_from_the_last_whole_step(small_assets, t
 
 
 ASYNC_RUN = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate",
-             "actor_rollout_ref.rollout.mode=async", "trainer.n_gpus_per_node=1")
+             "actor_rollout_ref.rollout.async_training=true", "trainer.n_gpus_per_node=1")
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ ASYNC_RUN = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.p
     ids=["sync", "async_vllm_stream"],
 )
 def test_ctrl_c_stops_the_run_and_its_ray_processes(small_assets, tmp_path, extra, workers):
-    """Also while the rollout engines generate in their background thread (rollout.mode=async). Ctrl-C gives
+    """Also while the rollout engines generate in their background thread (rollout.async_training=true). Ctrl-C gives
     one line naming the step and the last checkpoint, no traceback, exit code 130."""
     out = tmp_path / "out"
     overrides = short_run(

@@ -114,7 +114,7 @@ def test_reward_error_mid_run_keeps_the_checkpoint_and_counts_filtered_prompts(r
     out = tmp_path / "run"
     cfg = load_config(short_run(
         small_assets, out, "trainer.total_training_steps=3", "trainer.save_freq=1",
-        f"reward.custom_function.path={reward_file}", "data.max_prompt_length=45", "data.truncation=filter",
+        f"custom_reward_function.path={reward_file}", "data.max_prompt_length=45", "data.truncation=filter",
     ))
     with pytest.raises(RuntimeError, match=r"reward function failed on sample 0 \(data_source='synthetic/char_class'\): "
                                            r"ValueError: scoring service unavailable"):

@@ -207,6 +207,28 @@ class StepEngine:
         self.running.clear()
 
 
+class HoldingEngine(StepEngine):
+    """Holds row 3's first turn until a later turn joined the engine (row 1's second turn comes after a tool
+    thread, whose timing varies under load; a few seconds at most, then it lets go)."""
+
+    def __init__(self):
+        super().__init__()
+        self.later_turn_seen = False
+        self.held_steps = 0
+
+    def submit(self, request):
+        self.later_turn_seen = self.later_turn_seen or request.turn > 0
+        super().submit(request)
+
+    def step(self):
+        for entry in self.running:
+            if entry[0].row == 3 and entry[0].turn == 0 and not self.later_turn_seen and self.held_steps < 5000:
+                entry[1] += 1  # the base step takes it back off: this turn waits
+                self.held_steps += 1
+                time.sleep(0.001)
+        return super().step()
+
+
 def test_streaming_and_rounds_build_the_same_batch():
     agent = make_agent(tools=tools("lookup", "explode"), max_turns=4)
 
@@ -214,7 +236,7 @@ def test_streaming_and_rounds_build_the_same_batch():
         return ["hi " + call("lookup", key="sky"), call("explode"), "bye"][min(request.turn, 2)] if request.row % 2 else "plain"
 
     rounds, _ = run_script(agent, script, rows=4)
-    stream = ScriptedStream(TOKENIZER, EOS, script, StepEngine())
+    stream = ScriptedStream(TOKENIZER, EOS, script, HoldingEngine())
     streamed = agent.run(prompt_batch(4), [{}] * 4, stream, PARAMS, call_seed=3, rank=0)
     for key in ("responses", "response_mask", "attention_mask", "num_turns", "num_tool_calls", "num_tool_errors"):
         assert torch.equal(rounds[key], streamed[key]), key

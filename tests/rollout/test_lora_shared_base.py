@@ -55,7 +55,7 @@ def untied_model(tiny_assets, tmp_path_factory) -> str:
 def probe(ray_cluster, untied_model):
     pool = RayResourcePool(process_on_nodes=[WORLD], use_gpu=False)
     config = actor_config(
-        untied_model, model={"lora_rank": 8, "lora_alpha": 16}, actor={"fsdp": {"param_offload": True}},
+        untied_model, model={"lora_rank": 8, "lora_alpha": 16}, actor={"fsdp_config": {"param_offload": True}},
         rollout={"name": "vllm", "verify_sync": True, "max_model_len": 128, "cpu_kv_cache_mb": 64},
     )
     group = RayWorkerGroup(pool, RayClassWithInitArgs(SharedBaseProbe, config, "actor_rollout"), call_timeout_s=300.0)

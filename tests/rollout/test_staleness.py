@@ -29,8 +29,9 @@ def _check_versions(history):
 
 @pytest.mark.slow
 def test_one_step_off_grpo_learns_the_task(ray_cluster, tiny_assets, tmp_path):
+    # 34 steps: measured, the last five average 0.98 at step 34 (0.95 at step 32, 0.89 at step 30).
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, *OFF_BY_ONE, "trainer.total_training_steps=40", "trainer.save_at_end=false",
+        tiny_assets, tmp_path, *OFF_BY_ONE, "trainer.total_training_steps=34", "trainer.save_at_end=false",
         "actor_rollout_ref.rollout.tis_imp_ratio_cap=2.0",
     ))
     history = run(cfg)

@@ -229,7 +229,7 @@ class MegatronStrategyProbe(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def setup(self, model_path: str, config: dict) -> None:
         self.strategy = get_strategy(config)
-        self.model, self.optimizer, self.scheduler = self.strategy.prepare(model_path, {"lr": LR}, {"warmup_steps": 0})
+        self.model, self.optimizer, self.scheduler = self.strategy.prepare(model_path, {"lr": LR}, {"lr_warmup_steps": 0})
 
     def _loss(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         log_probs = self.strategy.sequence_log_probs(self.model, ids, mask)

@@ -121,21 +121,20 @@ def test_feed_regenerated_prompt_goes_out_before_the_queue():
     assert [r.position for r in feed.take(2)] == [0, 2]
 
 
+ASYNC_SEPARATE = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate",
+                  "actor_rollout_ref.rollout.async_training=true"]
+
+
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        (["actor_rollout_ref.rollout.mode=async"], "needs engines of their own"),
+        (["actor_rollout_ref.rollout.async_training=true"], "async_training=true needs engines of their own"),
         (["actor_rollout_ref.rollout.mode=later"], "mode='later' is not valid"),
-        (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.mode=async",
-          "actor_rollout_ref.rollout.staleness=1"], "leave staleness at 0"),
-        (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.mode=async",
-          "actor_rollout_ref.rollout.max_staleness=-1"], "max_staleness=-1 must be an integer >= 0"),
-        (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.mode=async",
-          "actor_rollout_ref.rollout.stale_groups=skip"], "stale_groups='skip' is not valid"),
-        (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.mode=async",
-          "actor_rollout_ref.rollout.partial_rollout=keep"], "partial_rollout='keep' is not valid"),
-        (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.mode=async",
-          "algorithm=remax"], "algorithm=remax"),
+        ([*ASYNC_SEPARATE, "actor_rollout_ref.rollout.staleness=1"], "leave staleness at 0"),
+        ([*ASYNC_SEPARATE, "actor_rollout_ref.rollout.max_staleness=-1"], "max_staleness=-1 must be an integer >= 0"),
+        ([*ASYNC_SEPARATE, "actor_rollout_ref.rollout.stale_groups=skip"], "stale_groups='skip' is not valid"),
+        ([*ASYNC_SEPARATE, "actor_rollout_ref.rollout.partial_rollout=keep"], "partial_rollout='keep' is not valid"),
+        ([*ASYNC_SEPARATE, "algorithm=remax"], "algorithm=remax"),
         (["trainer.gpus_per_process=2"], r"gpus_per_process=2 must be a number in \(0, 1\]"),
         (["actor_rollout_ref.rollout.gpus_per_engine=0.5"], "GPU share of a separate engine"),
     ],

@@ -105,7 +105,8 @@ def test_the_7b_preset_fits_two_h200s_with_the_actor_offloaded(tmp_path, mode):
                        *SEPARATE, *MODES[mode], *GPU_LAYOUTS[2]])
     check_worker_settings(cfg)
     assert batch_split_problems(cfg) == []
-    assert cfg.actor_rollout_ref.actor.fsdp.param_offload and cfg.actor_rollout_ref.actor.fsdp.optimizer_offload
+    offload = cfg.actor_rollout_ref.actor.fsdp_config
+    assert offload.param_offload and offload.optimizer_offload
     assert build_plan(cfg, int(139.8 * GIB)).fits() is True
     assert build_plan(cfg, int(H100_GIB * GIB)).fits() is False
 

@@ -22,7 +22,7 @@ def test_defaults_and_algorithm_group():
 @pytest.mark.parametrize(
     "override,expected",
     [
-        ("actor_rollout_ref.actor.optim.lrr=1", r"unknown config key 'actor_rollout_ref.actor.optim.lrr'[\s\S]*'lr', 'lr_scheduler'"),
+        ("actor_rollout_ref.actor.optim.lrr=1", r"unknown config key 'actor_rollout_ref.actor.optim.lrr'; did you mean 'actor_rollout_ref.actor.optim.lr'\?"),
         ("nope=1", r"valid keys under the top level: \['actor_rollout_ref', 'algorithm'"),
         ("algorithm=nope", r"Available options in 'algorithm'[\s\S]*grpo"),
         ("trainer.placement=somewhere", r"trainer.placement='somewhere' is not valid; choose one of \['colocated', 'separate'\]"),

@@ -35,7 +35,7 @@ def test_a_plain_run_shows_the_headline_metrics_only():
 
 @pytest.mark.parametrize(("overrides", "shown"), [
     (("algorithm=dapo",), "filter_groups/mixed_groups=6  filter_groups/uniform_groups=10  filter_groups/gen_batches=2"),
-    ((*VLLM_SEPARATE, "actor_rollout_ref.rollout.mode=async"),
+    ((*VLLM_SEPARATE, "actor_rollout_ref.rollout.async_training=true"),
      "rollout/staleness=0.5  rollout/staleness_max=1  async/dropped_groups=0"),
     ((*VLLM_SEPARATE, "actor_rollout_ref.rollout.staleness=1"), "rollout/staleness=0.5"),
     (("actor_rollout_ref.model.lora_rank=8",), "rollout/sync_bytes=3MiB"),

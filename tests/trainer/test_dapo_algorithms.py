@@ -148,7 +148,7 @@ def test_gspo_differs_from_the_token_ratio_and_each_token_gets_the_sequence_grad
 
 def test_an_unknown_policy_loss_is_named_with_the_valid_ones():
     old, new, advantages, mask = _gspo_inputs()
-    with pytest.raises(ValueError, match=r"unknown policy loss_mode 'gpg'; valid: \['vanilla', 'gspo'\]"):
+    with pytest.raises(ValueError, match=r"unknown policy loss_mode 'gpg'; valid: \['vanilla', 'gspo', 'geo_mean'\]"):
         compute_policy_loss(old, new, advantages, mask, loss_mode="gpg")
 
 

@@ -14,7 +14,8 @@ def test_the_dapo_preset_holds_dapos_defaults():
     assert dict(cfg.algorithm.filter_groups) == {"enable": True, "metric": "acc", "max_num_gen_batches": 10}
     actor = cfg.actor_rollout_ref.actor
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.loss_agg_mode, actor.use_kl_loss) == (0.2, 0.28, "token-mean", False)
-    assert dict(cfg.reward.overlong_buffer) == {"enable": True, "len": 3, "penalty_factor": 1.0}
+    assert cfg.reward_model.reward_manager == "dapo"
+    assert dict(cfg.reward_model.overlong_buffer) == {"enable": True, "len": 3, "penalty_factor": 1.0, "log": True}
     assert cfg.data.max_response_length == 12 == cfg.actor_rollout_ref.rollout.response_length
     assert load_config(["algorithm=dapo", "data.max_response_length=512"]).data.max_response_length == 512  # yours wins
 
@@ -23,7 +24,8 @@ def test_the_settings_verl_users_write_are_accepted():
     cfg = load_config([
         "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_reward",
         "algorithm.filter_groups.max_num_gen_batches=0", "data.gen_batch_size=48",
-        "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=4", "reward.overlong_buffer.penalty_factor=0.5",
+        "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4",
+        "reward_model.overlong_buffer.penalty_factor=0.5", "reward_model.overlong_buffer.log=true",
         "actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
     ])
     assert cfg.data.gen_batch_size == 48 and cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "gspo"
@@ -37,6 +39,7 @@ def test_every_aggregation_mode_is_accepted(mode):
 
 
 FILTER = "algorithm.filter_groups.enable=true"
+DAPO, OVERLONG = "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true"
 
 
 @pytest.mark.parametrize(
@@ -51,13 +54,17 @@ FILTER = "algorithm.filter_groups.enable=true"
          "max_num_gen_batches=1 batches of 8 prompts (data.gen_batch_size) can never fill data.train_batch_size=16"),
         (["data.gen_batch_size=32"], "only algorithm.filter_groups.enable=true uses"),
         (["data.gen_batch_size=0"], "data.gen_batch_size=0 must be null"),
-        (["reward.overlong_buffer.enable=true"], "reward.overlong_buffer.len=0 must be an integer in 1..7"),
-        (["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=8"], "reward.overlong_buffer.len=8 must be an integer in 1..7"),
-        (["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2", "reward.overlong_buffer.penalty_factor=-1"],
+        ([DAPO, OVERLONG], "reward_model.overlong_buffer.len=0 must be an integer in 1..7"),
+        ([DAPO, OVERLONG, "reward_model.overlong_buffer.len=8"], "reward_model.overlong_buffer.len=8 must be an integer in 1..7"),
+        ([DAPO, OVERLONG, "reward_model.overlong_buffer.len=2", "reward_model.overlong_buffer.penalty_factor=-1"],
          "penalty_factor=-1 must be a number >= 0"),
-        (["actor_rollout_ref.actor.policy_loss.loss_mode=gpg"], "policy_loss.loss_mode='gpg' is not valid; choose one of ['vanilla', 'gspo']"),
+        ([OVERLONG, "reward_model.overlong_buffer.len=2"],
+         "reward_model.overlong_buffer.enable=true applies with reward_model.reward_manager=dapo"),
+        (["reward_model.reward_manager=prime"], "reward_model.reward_manager='prime' is not valid; choose one of ['naive', 'dapo']"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=gpg"], "policy_loss.loss_mode='gpg' is not valid; choose one of ['vanilla', 'gspo', 'geo_mean']"),
         (["actor_rollout_ref.actor.loss_agg_mode=token-sum"], "loss_agg_mode='token-sum' is not valid; choose one of ['token-mean'"),
-        (["reward.overlong_buffer.log=true"], "unknown config key 'reward.overlong_buffer.log'"),
+        ([DAPO, OVERLONG, "reward_model.overlong_buffer.len=2", "reward_model.overlong_buffer.log=1"],
+         "reward_model.overlong_buffer.log=1 must be true or false"),
     ],
 )
 def test_bad_settings_fail_on_one_error_line_before_ray(no_ray, capsys, overrides, expected):

@@ -40,8 +40,9 @@ def scale_config(model: str, *extra: str, lora_rank: int = 0):
         "data.max_response_length=512", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=8",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.fsdp.param_offload=true",
-        "actor_rollout_ref.actor.fsdp.optimizer_offload=true", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
         "actor_rollout_ref.actor.old_log_prob_pass=always", *extra,  # the pass's row is checked too
     ])
     if lora_rank:  # the key of the LoRA branch; set directly so this works before and after it exists
@@ -70,11 +71,12 @@ def test_full_fine_tuning_state_is_16_bytes_per_parameter_and_shards_over_the_po
     assert update["optimizer"] == pytest.approx(8 * params, rel=1e-6)
     assert update["grads"] >= 4 * params
     assert one.row("update_actor").moment == "optimizer step"
-    kept = plan_of(scale_config(folders["7B"], "actor_rollout_ref.actor.fsdp.optimizer_offload=false"))
+    kept = plan_of(scale_config(folders["7B"], "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false"))
     assert kept.row("update_actor").moment == "forward/backward"  # the fused GPU step adds no temporary
     # Offloaded models (the reference follows the actor's param_offload) leave before the engine starts.
     assert one.row("init").moment == "vLLM engine started" and part(one, "init", "weights") == 0
-    on_gpu = ("actor_rollout_ref.actor.fsdp.param_offload=false", "actor_rollout_ref.ref.fsdp.param_offload=false")
+    on_gpu = ("actor_rollout_ref.actor.fsdp_config.param_offload=false",
+              "actor_rollout_ref.ref.fsdp_config.param_offload=false")
     resident = plan_of(scale_config(folders["7B"], *on_gpu))
     assert part(resident, "init", "weights") == pytest.approx((4 * params + 2 * params) / GIB, rel=1e-6)  # fp32 + bf16
     two = plan_of(scale_config(folders["7B"], *on_gpu, "trainer.n_gpus_per_node=2"))
@@ -83,7 +85,7 @@ def test_full_fine_tuning_state_is_16_bytes_per_parameter_and_shards_over_the_po
     small_engine = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.gpu_memory_utilization=0.1"))
     assert small_engine.row("init").moment == "models loaded"
     assert part(small_engine, "init", "weights") == pytest.approx(6 * params / GIB, rel=1e-6)
-    resident = ("actor_rollout_ref.actor.fsdp.optimizer_offload=false",)
+    resident = ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=false",)
     one, two = (plan_of(scale_config(folders["7B"], *resident, f"trainer.n_gpus_per_node={n}")) for n in (1, 2))
     assert part(one, "old_log_prob", "optimizer") == pytest.approx(8 * params / GIB, rel=1e-6)
     assert part(two, "old_log_prob", "optimizer") == pytest.approx(part(one, "old_log_prob", "optimizer") / 2, rel=1e-6)
@@ -98,7 +100,7 @@ def test_7b_full_fine_tuning_fits_one_h200_not_one_h100_and_the_message_says_wha
     assert "\n" not in message and "update_actor (optimizer step)" in message
     assert "lora_rank" in message and "trainer.memory_check=warn" in message
     # without the reference offload its bf16 weights stay in every phase: the update's peak rises by them
-    kept_ref = plan_of(scale_config(folders["7B"], "actor_rollout_ref.ref.fsdp.param_offload=false"))
+    kept_ref = plan_of(scale_config(folders["7B"], "actor_rollout_ref.ref.fsdp_config.param_offload=false"))
     rise = kept_ref.peak()[1].total - plan_of(scale_config(folders["7B"])).peak()[1].total
     assert rise == 2 * ModelShape.from_config(QWEN_7B).total_params()
     # the full logits would raise the update's peak over the chunked ones (default)
@@ -108,8 +110,8 @@ def test_7b_full_fine_tuning_fits_one_h200_not_one_h100_and_the_message_says_wha
 
 def test_offload_moves_the_actor_state_out_of_the_phases_that_do_not_need_it(folders):
     on = plan_of(scale_config(folders["3B"]))
-    off = plan_of(scale_config(folders["3B"], "actor_rollout_ref.actor.fsdp.param_offload=false",
-                               "actor_rollout_ref.actor.fsdp.optimizer_offload=false"))
+    off = plan_of(scale_config(folders["3B"], "actor_rollout_ref.actor.fsdp_config.param_offload=false",
+                               "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false"))
     # the actor stays from its old log-probs through the reference's to its update
     assert part(off, "ref_log_prob", "weights") == pytest.approx(part(on, "ref_log_prob", "weights"), rel=1e-6)
     assert part(on, "old_log_prob", "optimizer") == 0 and part(off, "old_log_prob", "optimizer") > 0
@@ -133,7 +135,7 @@ def test_lora_trains_adapters_over_a_frozen_bf16_base_and_uses_it_as_the_referen
 
 def test_checkpointing_changes_only_the_update_activations(folders):
     # the optimizer state kept on the GPU: the update's peak is the end of the forward, where activations are
-    kept = "actor_rollout_ref.actor.fsdp.optimizer_offload=false"
+    kept = "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false"
     on = plan_of(scale_config(folders["3B"], kept))
     off = plan_of(scale_config(folders["3B"], kept, "actor_rollout_ref.model.enable_gradient_checkpointing=false"))
     assert part(off, "update_actor", "activations") > 5 * part(on, "update_actor", "activations")
@@ -142,7 +144,7 @@ def test_checkpointing_changes_only_the_update_activations(folders):
 
 
 def test_checkpointing_some_layers_lies_between_none_and_all(folders):
-    kept = "actor_rollout_ref.actor.fsdp.optimizer_offload=false"
+    kept = "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false"
     every = plan_of(scale_config(folders["3B"], kept))
     none = plan_of(scale_config(folders["3B"], kept, "actor_rollout_ref.model.enable_gradient_checkpointing=false"))
     half = plan_of(scale_config(folders["3B"], kept, "actor_rollout_ref.model.gradient_checkpointing_layers=18"))  # of 36
@@ -305,7 +307,7 @@ def test_unknown_gpu_memory_prints_without_a_verdict(folders):
 
 
 def test_a_critic_and_a_reward_model_share_the_colocated_gpus_or_get_their_own(folders):
-    extra = ("algorithm=ppo", f"reward.reward_model.enable=true", f"reward.reward_model.model.path={folders['3B']}")
+    extra = ("algorithm=ppo", f"reward_model.enable=true", f"reward_model.model.path={folders['3B']}")
     colocated = plan_of(scale_config(folders["3B"], *extra), gib=80)
     phases = [r.phase for r in colocated.groups[0].rows]
     assert {"values", "update_critic", "reward_model"} <= set(phases)
@@ -363,8 +365,9 @@ def test_compute_phases_count_the_free_blocks_a_gpu_worker_keeps_between_micro_b
     """Up to CACHED_BLOCKS_LIMIT of freed blocks stay reserved between micro-batches (the workers hand back only
     what passes it), on a GPU; the same run's plan on the CPU has no such term, and nothing else differs in
     these rows when nothing is offloaded."""
-    resident = ("actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.fsdp.param_offload=false",
-                "actor_rollout_ref.actor.fsdp.optimizer_offload=false", "actor_rollout_ref.ref.fsdp.param_offload=false")
+    resident = ("actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.fsdp_config.param_offload=false",
+                "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false",
+                "actor_rollout_ref.ref.fsdp_config.param_offload=false")
     gpu = plan_of(scale_config(folders["3B"], *resident))
     cpu = plan_of(scale_config(folders["3B"], *resident, "trainer.device=cpu"))
 
@@ -397,7 +400,7 @@ def test_the_reference_row_holds_the_actors_parameters_only_where_a_phase_brough
     # the update brings them back either way
     assert skipped.row("update_actor").parts == kept.row("update_actor").parts
     # without param_offload they never leave: the pass makes no difference to the reference's row
-    stay = "actor_rollout_ref.actor.fsdp.param_offload=false"
+    stay = "actor_rollout_ref.actor.fsdp_config.param_offload=false"
     skipped, kept = (plan_of(scale_config(folders["7B"], stay, f"actor_rollout_ref.actor.old_log_prob_pass={v}")) for v in ("auto", "always"))
     assert skipped.row("ref_log_prob").parts == kept.row("ref_log_prob").parts
     # LoRA: the reference pass is the actor's own forward; its base (not shared here, so the actor's to offload) is in

@@ -161,3 +161,16 @@ def test_dataloader_state_round_trip(tokenizer, tmp_path) -> None:
 
     with pytest.raises(ValueError, match="seed=7 but this sampler has 8"):
         make_dataloader(dataset, batch_size=4, seed=8).load_state_dict(state)
+
+
+def test_return_raw_chat_keeps_or_drops_the_messages(tokenizer, tmp_path) -> None:
+    """verl's data.return_raw_chat: the chat messages travel as non_tensor_batch['raw_prompt'] (the default)."""
+    from trainer.config_loader import load_config
+
+    path = _write(tmp_path / "d.parquet", ["a", "bb"])
+    assert load_config([]).data.return_raw_chat is True
+    kept = collate_to_dataproto([RLDataset(path, tokenizer, 40)[i] for i in range(2)])
+    assert kept.non_tensor_batch["raw_prompt"][1] == [{"role": "user", "content": "bb"}]
+    dropped = RLDataset(path, tokenizer, 40, return_raw_chat=False)
+    batch = collate_to_dataproto([dropped[i] for i in range(2)])
+    assert "raw_prompt" not in batch.non_tensor_batch and torch.equal(batch.batch["input_ids"], kept.batch["input_ids"])

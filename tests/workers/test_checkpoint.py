@@ -13,7 +13,7 @@ from workers.fsdp import ActorRolloutRefWorker
 
 @pytest.fixture(scope="module")
 def actor_group(pool_2, tiny_model_dir):
-    config = actor_config(tiny_model_dir, actor={"optim": {"lr": 1e-3, "warmup_steps": 3}})
+    config = actor_config(tiny_model_dir, actor={"optim": {"lr": 1e-3, "lr_warmup_steps": 3}})
     group = make_group(pool_2, ActorRolloutRefWorker, config, "actor_rollout")
     yield group
     group.kill()

@@ -53,7 +53,7 @@ KV_CACHE_GIB = r"rollout.kv_cache_gib' must be None \(vLLM sizes its KV cache wi
         ({"actor": {"loss_agg_mode": "mean"}}, r"actor.loss_agg_mode' must be one of \['token-mean'"),
         ({"actor": {"kl_loss_type": "kl2"}}, r"actor.kl_loss_type' must be one of"),
         ({"actor": {"clip_ratio_c": 1.0}}, r"actor.clip_ratio_c' must be a float > 1"),
-        ({"actor": {"optim": {"lr_scheduler": "linear"}}}, r"lr_scheduler' must be one of \['constant', 'cosine'\]"),
+        ({"actor": {"optim": {"lr_scheduler_type": "linear"}}}, r"lr_scheduler_type' must be one of \['constant', 'cosine'\]"),
         ({"rollout": {"temperature": 0}}, r"rollout.temperature' must be a float > 0"),
         ({"rollout": {"eos_token_id": "eos"}}, r"rollout.eos_token_id' must be None"),
         ({"model": {"dtype": "fp16"}}, r"model.dtype' must be one of \['auto', 'float32', 'bfloat16', 'float16'\]"),
@@ -68,7 +68,7 @@ KV_CACHE_GIB = r"rollout.kv_cache_gib' must be None \(vLLM sizes its KV cache wi
         ({"rollout": {"name": "vllm", "verify_tolerance": 0}}, r"rollout.verify_tolerance' must be None"),
         ({"rollout": {"placement": "separate"}}, r"placement='separate' needs rollout.name='vllm'"),
         ({"rollout": {"name": "vllm", "tensor_model_parallel_size": 2}}, r"tensor_model_parallel_size=2 needs rollout.name='vllm' and rollout.placement='separate'"),
-        ({"actor": {"fsdp": {"param_offload": "yes"}}}, r"actor.fsdp.param_offload' must be a bool"),
+        ({"actor": {"fsdp_config": {"param_offload": "yes"}}}, r"actor.fsdp_config.param_offload' must be a bool"),
         ({"rollout": {"ignore_eos": "yes"}}, r"rollout.ignore_eos' must be a bool"),
         ({"rollout": {"ignore_eos": True, "multi_turn": {"enable": True}}}, r"ignore_eos=true cannot be combined with rollout.multi_turn.enable"),
         ({"model": {"lora_rank": -1}}, r"model.lora_rank' must be an int >= 0"),
@@ -148,13 +148,35 @@ def test_the_reference_offload_follows_the_actor_and_is_fsdp_only():
     from trainer.config_loader import load_config
     from trainer.role_groups import actor_worker_config
 
-    offloaded = actor_worker_config(load_config(["actor_rollout_ref.actor.fsdp.param_offload=true"]))
-    assert actor_rollout_ref_config(offloaded)["ref"]["fsdp"]["param_offload"] is True
-    kept = actor_worker_config(load_config(["actor_rollout_ref.actor.fsdp.param_offload=true", "actor_rollout_ref.ref.fsdp.param_offload=false"]))
-    assert actor_rollout_ref_config(kept)["ref"]["fsdp"]["param_offload"] is False
-    assert actor_rollout_ref_config({"model": {"path": "/m"}})["ref"]["fsdp"]["param_offload"] is False
-    with pytest.raises(ValueError, match="ref.fsdp.param_offload apply to actor.strategy='fsdp' only"):
-        actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"strategy": "megatron"}, "ref": {"fsdp": {"param_offload": True}}})
+    offloaded = actor_worker_config(load_config(["actor_rollout_ref.actor.fsdp_config.param_offload=true"]))
+    assert actor_rollout_ref_config(offloaded)["ref"]["fsdp_config"]["param_offload"] is True
+    kept = actor_worker_config(load_config(["actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.ref.fsdp_config.param_offload=false"]))
+    assert actor_rollout_ref_config(kept)["ref"]["fsdp_config"]["param_offload"] is False
+    assert actor_rollout_ref_config({"model": {"path": "/m"}})["ref"]["fsdp_config"]["param_offload"] is False
+    with pytest.raises(ValueError, match=r"^ref.fsdp_config.param_offload=true: offload applies to actor.strategy='fsdp' only"):
+        actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"strategy": "megatron"}, "ref": {"fsdp_config": {"param_offload": True}}})
+
+
+def test_the_critic_takes_verls_offload_switches_under_model_fsdp_config():
+    from trainer.config_loader import load_config
+    from trainer.role_groups import critic_worker_config
+
+    assert critic_config({"model": {"path": "/m"}})["model"]["fsdp_config"] == {"param_offload": False, "optimizer_offload": False}
+    both = ["critic.model.fsdp_config.param_offload=true", "critic.model.fsdp_config.optimizer_offload=true"]
+    assert critic_config(critic_worker_config(load_config(both)))["model"]["fsdp_config"] == {
+        "param_offload": True, "optimizer_offload": True,
+    }
+    # the actor's switches are not the critic's
+    actor_only = critic_worker_config(load_config(["actor_rollout_ref.actor.fsdp_config.param_offload=true"]))
+    assert critic_config(actor_only)["model"]["fsdp_config"]["param_offload"] is False
+    assert "fsdp_config" not in reward_model_config({"model": {"path": "/m"}})["model"]
+    for key in ("param_offload", "optimizer_offload"):
+        with pytest.raises(ValueError, match=rf"'critic.model.fsdp_config.{key}' must be a bool .*got 'yes'"):
+            critic_config({"model": {"path": "/m", "fsdp_config": {key: "yes"}}}, "critic")
+        with pytest.raises(ValueError, match=rf"^critic.model.fsdp_config.{key}=true: offload applies to critic.strategy='fsdp' only"):
+            critic_config({"model": {"path": "/m", "fsdp_config": {key: True}}, "strategy": "megatron"}, "critic")
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['param_ofload'\] in section 'critic.model.fsdp_config'"):
+        critic_config({"model": {"path": "/m", "fsdp_config": {"param_ofload": True}}}, "critic")
 
 
 def test_cuda_graphs_are_on_by_default_on_a_gpu_only_and_capture_what_one_engine_decodes():
@@ -185,8 +207,9 @@ def test_cuda_graphs_are_on_by_default_on_a_gpu_only_and_capture_what_one_engine
     # Async: the stream keeps (max_staleness + 1) batches of groups out, all decoding at once at the fill.
     separate = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate",
                 "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8")
-    async2 = ("actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.max_staleness=2")
+    async2 = ("actor_rollout_ref.rollout.async_training=true", "actor_rollout_ref.rollout.max_staleness=2")
     assert decode_batch(*separate, *async2) == 3 * 8 * 4
-    assert decode_batch(*separate, "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.max_staleness=1",
+    assert decode_batch(*separate, "actor_rollout_ref.rollout.async_training=true",
+                        "actor_rollout_ref.rollout.max_staleness=1",
                         "actor_rollout_ref.rollout.num_engines=2") == 2 * 8 * 4 // 2
     assert decode_batch(*separate, "actor_rollout_ref.rollout.staleness=1") == 8 * 4  # one batch generates at a time

@@ -27,10 +27,12 @@ def rollout_batch(batch: int, valid_lengths: list[int], seed: int):
     return prompts
 
 
-@pytest.fixture(scope="module")
-def critic_group(pool_2, tiny_model_dir):
+# critic.model.fsdp_config off, and on (on CPU the moves are only counted: the critic must train the same way).
+@pytest.fixture(scope="module", params=[False, True], ids=["resident", "offload"])
+def critic_group(request, pool_2, tiny_model_dir):
+    offload = {"param_offload": request.param, "optimizer_offload": request.param}
     config = {
-        "model": {"path": tiny_model_dir},
+        "model": {"path": tiny_model_dir, "fsdp_config": offload},
         "optim": {"lr": 3e-3},
         "ppo_mini_batch_size": 4,
         "ppo_micro_batch_size_per_gpu": 1,
@@ -42,19 +44,38 @@ def critic_group(pool_2, tiny_model_dir):
     group.kill()
 
 
-def test_values_shape_and_update_toward_constant_returns(critic_group):
+def test_values_shape_and_update_toward_constant_returns(critic_group, request):
+    offload = request.node.callspec.params["critic_group"]
     data = rollout_batch(6, [6, 2, 4, 1, 5, 3], seed=0)
     values = critic_group.compute_values(data).batch["values"]
     assert values.shape == (6, RESPONSE_LENGTH) and values.dtype == torch.float32
     assert torch.all(values[data.batch["response_mask"] == 0] == 0)
     data.batch["returns"] = torch.full(values.shape, 0.5)
     losses = []
-    for _ in range(4):
+    for step_index in range(4):
         step = data.union(critic_group.compute_values(data))
         metrics = critic_group.update_critic(step)
         assert {"vf_loss", "vf_clipfrac", "vpred_mean", "grad_norm", "lr"} <= set(metrics[0])
         losses.append(metrics[0]["vf_loss"])
+        _check_offload_moves(metrics[0], offload, step_index)
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def _check_offload_moves(metrics: dict[str, float], offload: bool, step_index: int) -> None:
+    """The critic's residency (workers/fsdp/residency.py): with no other tenant in its process its parameters
+    come back once, for the first values after its start, and stay; its Adam state comes for each step only.
+    Each update reports the moves since the previous one (the first: the start and two values passes)."""
+    moves = {k: v for k, v in metrics.items() if k.startswith("offload/")}
+    if not offload:
+        assert moves == {}
+        return
+    assert moves["offload/values/critic_params_moves"] == (1 if step_index == 0 else 0)
+    assert moves["offload/update_critic/critic_params_moves"] == 0
+    optimizer_moves = moves["offload/update_critic/critic_optimizer_moves"]
+    assert optimizer_moves >= 2 and optimizer_moves % 2 == 0  # in before each step, out after it
+    assert moves["offload/update_critic/h2d_gib"] == 0  # on CPU nothing is copied
+    if step_index == 0:
+        assert moves["offload/critic_init/critic_params_moves"] == 1
 
 
 def test_critic_checkpoint_round_trip(critic_group, tmp_path):

@@ -20,7 +20,7 @@ LR = 5e-2  # large enough that one step moves the adapter visibly
 
 
 def lora_config(model_dir: str, eps: float = 1e-8, **model):
-    optim = {"lr": LR, "warmup_steps": 2, "eps": eps}
+    optim = {"lr": LR, "lr_warmup_steps": 2, "eps": eps}
     return actor_config(model_dir, model={**LORA, **model}, actor={"optim": optim, "use_kl_loss": True})
 
 

@@ -16,7 +16,8 @@ from workers.fsdp.ppo_loop import loss_units
 
 
 def _optim(**overrides):
-    return {"warmup_steps": 0, "lr_scheduler": "constant", "total_training_steps": None, "min_lr_ratio": 0.0,
+    return {"lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": "constant",
+            "total_training_steps": None, "min_lr_ratio": 0.0, "num_cycles": 0.5,
             **overrides}
 
 
@@ -67,13 +68,13 @@ def test_a_response_stopped_short_without_eos_ends_at_its_length():
 
 
 def test_lr_schedules():
-    constant = lr_factor_fn(_optim(warmup_steps=4))
+    constant = lr_factor_fn(_optim(lr_warmup_steps=4))
     assert [constant(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    cosine = lr_factor_fn(_optim(warmup_steps=2, lr_scheduler="cosine", total_training_steps=12, min_lr_ratio=0.1))
+    cosine = lr_factor_fn(_optim(lr_warmup_steps=2, lr_scheduler_type="cosine", total_training_steps=12, min_lr_ratio=0.1))
     assert cosine(0) == 0.5 and cosine(2) == pytest.approx(1.0)
     assert cosine(7) == pytest.approx(0.55) and cosine(12) == pytest.approx(0.1) and cosine(50) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="total_training_steps"):
-        lr_factor_fn(_optim(lr_scheduler="cosine"))
+        lr_factor_fn(_optim(lr_scheduler_type="cosine"))
 
 
 def test_loss_units_follow_aggregation_mode():

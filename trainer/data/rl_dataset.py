@@ -25,7 +25,9 @@ class RLDataset(Dataset):
     and left-padded to `max_prompt_length`, so all generations start at the same column.
     Prompts longer than that follow `truncation`: "error" raises, "left" keeps the last
     tokens (the generation prompt survives), "right" keeps the first, "filter" drops the
-    row at load (counted in `num_filtered`; truncated rows in `num_truncated`).
+    row at load (counted in `num_filtered`; truncated rows in `num_truncated`). With
+    `filter_overlong_prompts` (verl's data.filter_overlong_prompts) they are dropped whatever
+    `truncation` says: verl filters first, so its truncation then never applies.
 
     With `vision` (a vision-language model) the `image_key` column's pictures replace the prompt's `<image>`
     placeholders by the model's vision tokens, and each item carries them as `multi_modal_data` (encoded
@@ -41,6 +43,8 @@ class RLDataset(Dataset):
         truncation: str = "error",
         image_key: str | None = None,
         vision: VisionTokens | None = None,
+        filter_overlong_prompts: bool = False,
+        return_raw_chat: bool = True,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
@@ -50,6 +54,8 @@ class RLDataset(Dataset):
         self.max_prompt_length = max_prompt_length
         self.prompt_key = prompt_key
         self.truncation = truncation
+        self.filter_overlong_prompts = bool(filter_overlong_prompts)
+        self.return_raw_chat = bool(return_raw_chat)  # verl's data.return_raw_chat: the messages as `raw_prompt`
         self.image_key = image_key
         self.vision = vision
         self.pad_token_id = _pad_token_id(tokenizer)
@@ -63,9 +69,10 @@ class RLDataset(Dataset):
         for file in files:
             self._load_file(Path(file))
         if not self._rows:
+            why = "filter_overlong_prompts=true" if self.filter_overlong_prompts else "truncation='filter'"
             raise ValueError(
                 f"all {self.num_filtered} prompts are longer than max_prompt_length={max_prompt_length} and were "
-                "filtered (truncation='filter'); nothing left to train on"
+                f"filtered ({why}); nothing left to train on"
             )
 
     def _load_file(self, path: Path) -> None:
@@ -99,7 +106,7 @@ class RLDataset(Dataset):
                     "data_source": data_sources[row],
                     "reward_model": reward_models[row],
                     "extra_info": extra_info,
-                    "raw_prompt": prompts[row],
+                    **({"raw_prompt": prompts[row]} if self.return_raw_chat else {}),
                     "index": index if index is not None else len(self._rows),
                     **({MULTI_MODAL_DATA: {"image": images[row]}} if images is not None else {}),
                 }
@@ -135,13 +142,14 @@ class RLDataset(Dataset):
         limit = self.max_prompt_length
         if len(ids) <= limit:
             return ids
+        if self.filter_overlong_prompts or self.truncation == "filter":
+            return None
         if self.truncation == "error":
             raise ValueError(
                 f"{path} row {row}: prompt is {len(ids)} tokens, longer than max_prompt_length={limit} "
-                "(set data.truncation to 'left', 'right' or 'filter', or raise data.max_prompt_length)"
+                "(set data.truncation to 'left', 'right' or 'filter', drop such prompts with data.filter_overlong_prompts=true, "
+                "or raise data.max_prompt_length)"
             )
-        if self.truncation == "filter":
-            return None
         kept = ids[-limit:] if self.truncation == "left" else ids[:limit]
         if images and kept.count(self.vision.placeholder_id) != ids.count(self.vision.placeholder_id):
             raise ValueError(

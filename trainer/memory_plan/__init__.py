@@ -10,7 +10,8 @@ from trainer.memory_plan.checks import plan_notes, startup_problems
 from trainer.memory_plan.gpu import GIB, detect_gpu_bytes
 from trainer.memory_plan.plan import COLUMNS, GpuGroup, MemoryPlan, Row, build_groups
 from trainer.memory_plan.report import (
-    LORA, LOWER_UTILIZATION, OPTIMIZER_OFFLOAD, PARAM_OFFLOAD, SMALLER_KV_CACHE, misfit_message, render_plan, summary_line,
+    CRITIC_OPTIMIZER_OFFLOAD, CRITIC_PARAM_OFFLOAD, LORA, LOWER_UTILIZATION, OPTIMIZER_OFFLOAD, PARAM_OFFLOAD, SMALLER_KV_CACHE,
+    misfit_message, render_plan, summary_line,
 )
 from trainer.memory_plan.setup import PlanSetup, plan_setup
 
@@ -50,5 +51,10 @@ def _settings_on(setup: PlanSetup) -> set[str]:
     actor = setup.actor
     on = {PARAM_OFFLOAD} if actor.param_offload else set()
     on |= {OPTIMIZER_OFFLOAD} if actor.optimizer_offload else set()
+    # The critic's switches: not suggested without a critic that could move its state (FSDP, on a GPU), or when on.
+    critic = setup.critic
+    movable = critic is not None and critic.strategy == "fsdp" and setup.on_gpu
+    on |= {CRITIC_PARAM_OFFLOAD} if not movable or critic.param_offload else set()
+    on |= {CRITIC_OPTIMIZER_OFFLOAD} if not movable or critic.optimizer_offload else set()
     on |= {LOWER_UTILIZATION} if setup.rollout.kv_cache_bytes is not None else {SMALLER_KV_CACHE}
     return on | ({LORA} if actor.train is not None and actor.train.lora_rank else set())

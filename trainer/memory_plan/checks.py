@@ -128,6 +128,13 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     host += mem.optimizer if actor.optimizer_offload else 0
     if setup.ref is not None and setup.ref.param_offload:
         host += role_memory(setup.ref, setup.gpus_per_pool).weights
+    critic = setup.critic
+    if critic is not None and (critic.param_offload or critic.optimizer_offload):
+        critic_mem = role_memory(critic, setup.gpus_per_pool)
+        critic_host = critic_mem.weights if critic.param_offload else 0
+        critic_host += critic_mem.optimizer if critic.optimizer_offload else 0
+        # per GPU: a colocated critic's beside the actor's, a separate one's on GPUs of its own
+        host = host + critic_host if setup.placement == "colocated" else max(host, critic_host)
     if host:
         notes.append(f"page-locked host memory for the offloaded state (allocated once, at the first offload): "
                      f"{gib(host)} per GPU")

@@ -6,8 +6,9 @@ offloads to the host), plus that moment's compute memory. Phases and residency f
 (workers/fsdp/residency.py): with param_offload the actor's parameters come to the GPU for each phase that
 computes with the actor and stay until another tenant of the process claims it (`actor_residency`, the one
 place that says which phases have them); with optimizer_offload its optimizer state is on the GPU inside the
-optimizer step only; an offloading reference comes in for its log-probs; the critic and reward model never
-offload; a hybrid vLLM engine holds its share (`engine_bytes`: `gpu_memory_utilization` x the GPU, or with
+optimizer step only; an offloading reference comes in for its log-probs; the critic's own param_offload /
+optimizer_offload follow the actor's rule (`critic_residency`); the reward model never offloads; a hybrid
+vLLM engine holds its share (`engine_bytes`: `gpu_memory_utilization` x the GPU, or with
 `rollout.kv_cache_gib` its weights, that KV cache and an allowance) while awake (generate) and nothing while
 asleep.
 """
@@ -159,6 +160,32 @@ def actor_residency(setup: PlanSetup, on_this_gpu: set[str]) -> dict[str, bool]:
     return residency
 
 
+def critic_residency(setup: PlanSetup, on_this_gpu: set[str]) -> dict[str, bool]:
+    """Whether the critic's parameters are on the GPU while each phase of `STEP_PHASES` computes (with its
+    param_offload; without it they never leave), by the actor's rule (workers/fsdp/residency.py
+    `CriticResidency`): its own phases bring them and they stay until another tenant of the process claims the
+    GPU: the actor's generation and every phase computing with the actor, or a colocated reward model; a
+    separate reference's pass claims nothing. A critic with GPUs of its own keeps them once loaded."""
+    actor_here = "actor" in on_this_gpu
+    # After generation: on the host where the actor's process generated (its last update claimed the GPU too).
+    resident = not actor_here
+    # Per phase: True, the critic computes; False, another tenant claims the GPU; None, nothing moves.
+    moves: dict[str, bool | None] = {
+        "reward_model": False if "reward_model" in on_this_gpu else None,
+        "old_log_prob": False if actor_here and setup.old_log_prob is not None else None,
+        "ref_log_prob": False if actor_here and setup.lora_reference else None,
+        "values": True,
+        "update_critic": True,
+        "update_actor": False if actor_here else None,
+    }
+    residency: dict[str, bool] = {}
+    for phase in STEP_PHASES:
+        if moves[phase] is not None:
+            resident = moves[phase]
+        residency[phase] = resident
+    return residency
+
+
 class _TrainerGpu:
     """One GPU of a trainer pool and the models on it."""
 
@@ -166,6 +193,7 @@ class _TrainerGpu:
         self.setup = setup
         self.roles = {role.name: role for role in roles}
         self.actor_in = actor_residency(setup, set(self.roles))  # the actor's parameters on the GPU, per phase
+        self.critic_in = critic_residency(setup, set(self.roles))  # the critic's, likewise
         self.memory: dict[str, RoleMemory] = {r.name: role_memory(r, setup.gpus_per_pool) for r in roles}
         self.engine = engine  # a hybrid engine's bytes while awake (0: none here)
         self.staging = broadcast_staging
@@ -187,9 +215,10 @@ class _TrainerGpu:
         return CACHED_BLOCKS_LIMIT if self.setup.on_gpu and self.roles[name].strategy == "fsdp" else 0
 
     def resident(self, actor_loaded: bool, with_optimizer: bool, engine_awake: bool, optimizer_state: bool = True,
-                 loaded: tuple[str, ...] = (), engine_started: bool = True) -> dict[str, int]:
+                 loaded: tuple[str, ...] = (), engine_started: bool = True, stepping: str = "actor") -> dict[str, int]:
         """What sits on the GPU between computations; `optimizer_state` False before the first step
-        (AdamW creates its moments lazily); `loaded` names other offloading roles brought in for the phase.
+        (AdamW creates its moments lazily); `loaded` names other offloading roles brought in for the phase;
+        `with_optimizer`: the offloaded optimizer state of role `stepping` is in, for its step.
         A LoRA base shared with the engine is the engine's (under weights while it sleeps, inside its share
         while awake) once the engine has started, and never offloaded."""
         weights = grads = optimizer = 0
@@ -200,7 +229,7 @@ class _TrainerGpu:
             weights += 0 if offloaded else own
             if role.strategy == "megatron":
                 grads += mem.grads  # Megatron's gradient buffer lives as long as the model
-            optimizer_off = name == "actor" and role.optimizer_offload and not with_optimizer
+            optimizer_off = role.optimizer_offload and not (with_optimizer and name == stepping)
             optimizer += mem.optimizer if optimizer_state and not optimizer_off else 0
         engine_holds_budget = engine_awake or not self.setup.rollout.sleeps
         engine = self.engine if engine_holds_budget else 0
@@ -210,10 +239,14 @@ class _TrainerGpu:
             other += SLEEPING_ENGINE_BYTES if self.engine else 0
         return _parts(weights=weights, grads=grads, optimizer=optimizer, engine=engine, other=other)
 
-    def during(self, phase: str, with_optimizer: bool = False, loaded: tuple[str, ...] = ()) -> dict[str, int]:
+    def during(self, phase: str, stepping: str | None = None, loaded: tuple[str, ...] = ()) -> dict[str, int]:
         """What sits on the GPU while `phase` of `STEP_PHASES` computes (the hybrid engine asleep), the actor's
-        parameters as `actor_residency` says."""
-        return self.resident(self.actor_in[phase], with_optimizer, engine_awake=False, loaded=loaded)
+        and the critic's parameters as `actor_residency` and `critic_residency` say; `stepping`: the role whose
+        optimizer step this is (its offloaded optimizer state comes in)."""
+        if self.critic_in[phase]:
+            loaded = (*loaded, "critic")
+        return self.resident(self.actor_in[phase], stepping is not None, engine_awake=False, loaded=loaded,
+                             stepping=stepping or "actor")
 
     def forward(self, name: str, batch: Batching, logits_use: str | None) -> dict[str, int]:
         """The compute memory of a no-grad pass of model `name`, by column: its compute copies (weights),
@@ -339,10 +372,10 @@ def _trainer_rows(gpu: _TrainerGpu) -> list[Row]:
 def _update_rows(gpu: _TrainerGpu, name: str, phase: str, batch: Batching, logits: bool) -> list[Row]:
     """The end of a training forward (activations and logits kept for backward, gradients of
     earlier micro-batches) and, where it is higher, the optimizer step (on CPU, foreach AdamW's temporary; fused AdamW on GPU makes none).
-    With optimizer_offload the actor's optimizer state is on the GPU inside the step only."""
+    With optimizer_offload the model's optimizer state is on the GPU inside its step only."""
     mem = gpu.memory[name]
     base = gpu.during(phase)
-    stepping = gpu.during(phase, with_optimizer=name == "actor")  # the actor's optimizer state, for its own step
+    stepping = gpu.during(phase, stepping=name)  # the model's optimizer state, for its own step
     grads = 0 if gpu.roles[name].strategy == "megatron" else mem.grads  # Megatron's buffer is already resident
     compute = gpu.backward(name, batch, logits)
     backward = _add(base, compute, grads=grads)

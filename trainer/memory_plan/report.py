@@ -9,8 +9,10 @@ from trainer.memory_plan.plan import COLUMNS, MemoryPlan, Row
 # What lowers each kind of memory, for the message of a plan that does not fit.
 SHARD = "more GPUs to shard over (trainer.n_gpus_per_node)"
 LORA = "LoRA (actor_rollout_ref.model.lora_rank)"
-PARAM_OFFLOAD = "actor_rollout_ref.actor.fsdp.param_offload=true"
-OPTIMIZER_OFFLOAD = "actor_rollout_ref.actor.fsdp.optimizer_offload=true (between updates)"
+PARAM_OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload=true"
+OPTIMIZER_OFFLOAD = "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true (between updates)"
+CRITIC_PARAM_OFFLOAD = "critic.model.fsdp_config.param_offload=true"
+CRITIC_OPTIMIZER_OFFLOAD = "critic.model.fsdp_config.optimizer_offload=true"
 CHUNKED_LOGITS = (
     "a smaller actor_rollout_ref.model.logits_chunk_tokens (log-probs from the LM head in chunks of tokens; "
     "0 computes the full logits)"
@@ -25,9 +27,9 @@ SMALLER_KV_CACHE = "a smaller actor_rollout_ref.rollout.kv_cache_gib"
 # What lowers each column, most effective first; `misfit_message` lists each suggestion once and leaves out
 # the settings a run already has and those that do not apply to it (`MemoryPlan.settings_on`).
 REMEDIES = {
-    "weights": (SHARD, PARAM_OFFLOAD, LORA),
+    "weights": (SHARD, PARAM_OFFLOAD, CRITIC_PARAM_OFFLOAD, LORA),
     "grads": (SHARD, LORA),
-    "optimizer": (SHARD, LORA, OPTIMIZER_OFFLOAD),
+    "optimizer": (SHARD, LORA, OPTIMIZER_OFFLOAD, CRITIC_OPTIMIZER_OFFLOAD),
     "activations": ("actor_rollout_ref.model.enable_gradient_checkpointing=true", SMALLER_MICRO, ULYSSES),
     "logits": (CHUNKED_LOGITS, SMALLER_MICRO, ULYSSES),
     "engine": (LOWER_UTILIZATION, SMALLER_KV_CACHE),

@@ -187,7 +187,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     e = dtype_bytes(str(arr.model.dtype), on_gpu)
     strategy = str(_get(cfg, "actor_rollout_ref.actor.strategy", "fsdp"))
     train = _lora(arr.model) if strategy == "fsdp" else Trainability(full=True)
-    fsdp = arr.actor.get("fsdp") or {}
+    offload = arr.actor.get("fsdp_config") or {}
     actor_shape = read_shape(str(arr.model.path), "actor_rollout_ref.model.path")
     parallel = _megatron(arr.actor) if strategy == "megatron" else {}
     # Megatron computes its vocabulary-parallel logits whole (workers/megatron/vocab_parallel.py).
@@ -196,12 +196,13 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         chunk = int(_get(cfg, "actor_rollout_ref.model.logits_chunk_tokens", DEFAULT_LOGITS_CHUNK_TOKENS))
     actor = ModelRole(
         "actor", actor_shape, "lm", e, strategy, train, bool(arr.model.enable_gradient_checkpointing) and strategy == "fsdp",
-        bool(fsdp.get("param_offload", False)) and on_gpu, bool(fsdp.get("optimizer_offload", False)) and on_gpu, **parallel,
+        bool(offload.get("param_offload", False)) and on_gpu, bool(offload.get("optimizer_offload", False)) and on_gpu,
+        **parallel,
         logits_chunk_tokens=chunk, kept_layers=_kept_layers(arr.model, actor_shape),
     )
     uses_reference = bool(arr.actor.use_kl_loss) or bool(_get(cfg, "algorithm.use_kl_in_reward", False))
     lora_reference = uses_reference and train.lora_rank > 0
-    ref_offload = bool((arr.ref.get("fsdp") or {}).get("param_offload", False)) and on_gpu and strategy == "fsdp"
+    ref_offload = bool((arr.ref.get("fsdp_config") or {}).get("param_offload", False)) and on_gpu and strategy == "fsdp"
     ref = (
         ModelRole("ref", actor_shape, "lm", e, strategy, None, param_offload=ref_offload, logits_chunk_tokens=chunk,
                   **parallel)
@@ -214,9 +215,14 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         critic_e = dtype_bytes(str(section.model.dtype), on_gpu)
         critic_strategy = str(section.get("strategy", "fsdp"))
         critic_shape = read_shape(str(section.model.path), "critic.model.path")
+        # As the actor's: offload moves state on a GPU only, with the FSDP worker.
+        critic_offload = section.model.get("fsdp_config") or {}
+        moves = on_gpu and critic_strategy == "fsdp"
         critic = ModelRole(
             "critic", critic_shape, "value", critic_e, critic_strategy,
             Trainability(full=True), bool(section.model.enable_gradient_checkpointing) and critic_strategy == "fsdp",
+            bool(critic_offload.get("param_offload", False)) and moves,
+            bool(critic_offload.get("optimizer_offload", False)) and moves,
             **(_megatron(section) if critic_strategy == "megatron" else {}), kept_layers=_kept_layers(section.model, critic_shape),
         )
         dynamic = bool(section.use_dynamic_bsz)
@@ -230,9 +236,9 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
             int(section.get("forward_max_token_len_per_gpu", 32768)), prompt, response, critic_sp,
         )
     reward_model = reward_forward = None
-    rm = cfg.reward.reward_model
+    rm = cfg.reward_model
     if bool(rm.enable) and rm.model.path:
-        reward_model = ModelRole("reward_model", read_shape(str(rm.model.path), "reward.reward_model.model.path"), "score",
+        reward_model = ModelRole("reward_model", read_shape(str(rm.model.path), "reward_model.model.path"), "score",
                                  dtype_bytes(str(rm.model.dtype), on_gpu), "fsdp", None)
         reward_forward = Batching.of(rows, int(rm.micro_batch_size_per_gpu), bool(rm.use_dynamic_bsz), int(rm.forward_max_token_len_per_gpu), prompt, response)
     ro = arr.rollout

@@ -12,7 +12,8 @@ FEATURE_KEYS: tuple[tuple[str, Any, tuple[str, ...]], ...] = (
     ("algorithm.filter_groups.enable", True,
      ("filter_groups/mixed_groups", "filter_groups/uniform_groups", "filter_groups/gen_batches")),
     # asynchronous rollout, and one step off: how many weight versions behind the trained tokens are
-    ("actor_rollout_ref.rollout.mode", "async", ("rollout/staleness", "rollout/staleness_max", "async/dropped_groups")),
+    ("actor_rollout_ref.rollout.async_training", True,
+     ("rollout/staleness", "rollout/staleness_max", "async/dropped_groups")),
     ("actor_rollout_ref.rollout.staleness", 1, ("rollout/staleness",)),
     # LoRA: only the adapter travels to the rollout engines
     ("actor_rollout_ref.model.lora_rank", None, ("rollout/sync_bytes",)),
@@ -54,3 +55,8 @@ class ConsoleTracker:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         shown = [_formatted(k, metrics[k]) for k in self.keys if isinstance(metrics.get(k), (int, float))]
         self.print_fn(f"step {step}: " + "  ".join(shown))
+
+    def log_generations(self, samples: list[dict[str, Any]], step: int) -> None:
+        for sample in samples:
+            self.print_fn(f"step {step} val: [input] {sample['input']!r} [output] {sample['output']!r} "
+                          f"[score] {sample['score']:.4g}")

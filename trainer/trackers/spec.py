@@ -6,7 +6,9 @@ A tracker is a class constructed with keyword arguments
 
 (`config`: the resolved run config as a plain dict; `log_dir`: the run's `logs/` folder; `resume_step`: the
 checkpoint step the run resumes from, None when it starts at step 0), with `log(metrics, step)` called once
-per step (metrics: name -> int, float or str) and an optional `finish()` (or `close()`) at the end.
+per step (metrics: name -> int, float or str), an optional `log_generations(samples, step)` (the validation
+samples of trainer.log_val_generations, each {input, output, score}) and an optional `finish()` (or `close()`)
+at the end.
 Your own class is named in the config as `path/to/file.py:ClassName`; only that file is loaded.
 """
 

@@ -22,5 +22,16 @@ class TensorBoardTracker:
             if isinstance(value, (int, float)) and math.isfinite(value):
                 self.writer.add_scalar(key, value, step)
 
+    def log_generations(self, samples: list[dict[str, Any]], step: int) -> None:
+        # One markdown table per validation (TensorBoard's text tab), as verl's tensorboard shows them.
+        rows = ["| input | output | score |", "|---|---|---|"]
+        rows += [f"| {_cell(s['input'])} | {_cell(s['output'])} | {s['score']:.4g} |" for s in samples]
+        self.writer.add_text("val/generations", "\n".join(rows), step)
+
     def finish(self) -> None:
         self.writer.close()
+
+
+def _cell(text: str) -> str:
+    """`text` inside one markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", "<br>")

@@ -41,6 +41,14 @@ class WandbTracker:
         self.run.log(metrics, step=step)
         self.record.sent(step)
 
+    def log_generations(self, samples: list[dict[str, Any]], step: int) -> None:
+        """trainer.log_val_generations: a table of the validation samples, at the step's own index."""
+        if self.record.already_sent(step):
+            return
+        rows = [[step, sample["input"], sample["output"], sample["score"]] for sample in samples]
+        table = self.wandb.Table(columns=["step", "input", "output", "score"], data=rows)
+        self.run.log({"val/generations": table}, step=step)
+
     def finish(self) -> None:
         self.run.finish()
         self.wandb.teardown()

@@ -135,12 +135,12 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         A base shared with the engine never moves: with param_offload only the adapters do."""
         actor = ref = None
         if self.actor is not None:
-            fsdp = self.config["actor"]["fsdp"]
+            offload = self.config["actor"]["fsdp_config"]
             stays = self.shared_base.stays if self.shared_base is not None else None
             actor = Offloader(self.actor.module, self.actor.optimizer, self.actor.device,
-                              fsdp["param_offload"], fsdp["optimizer_offload"], params_stay=stays)
+                              offload["param_offload"], offload["optimizer_offload"], params_stay=stays)
         if self.ref is not None:
-            ref_offload = self.config["ref"]["fsdp"]["param_offload"]
+            ref_offload = self.config["ref"]["fsdp_config"]["param_offload"]
             ref = Offloader(self.ref.module, None, self.ref.device, ref_offload, False, frozen=True)
         return ActorResidency(actor, ref, process_tenants())
 

@@ -1,7 +1,8 @@
 """`CriticWorker`: a token-level value model (HF token classification, one label) trained on returns.
 
 With `ulysses_sequence_parallel_size` k > 1 its methods split the batch over W/k data-parallel groups of k
-ranks sharing each packed sequence (workers/fsdp/ulysses.py).
+ranks sharing each packed sequence (workers/fsdp/ulysses.py). With `model.fsdp_config.param_offload` /
+`optimizer_offload` its state leaves the GPU as the actor's does (workers/fsdp/residency.py `CriticResidency`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from workers.config import critic_config, mini_batch_per_rank
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
+from workers.fsdp.offload import GIB, Offloader
 from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
-from workers.fsdp.residency import CRITIC, process_tenants
+from workers.fsdp.residency import CriticResidency, process_tenants
 from workers.fsdp.sequences import require_batch_keys, response_mask, response_values
 from workers.fsdp.ulysses import METRICS_OVER_DATA_PARALLEL, OVER_DATA_PARALLEL, SequenceLayout, init_sequence_layout
 from workers.rl_math.losses import compute_value_loss
@@ -35,7 +37,10 @@ class CriticWorker(Worker):
         self.config = critic_config(config)
         self.critic: FSDPEngine | None = None
         self.layout: SequenceLayout | None = None
+        self.residency: CriticResidency | None = None
         self.update_calls = 0
+        # `offload/<phase>/...` of the phases since the last update, returned with the update's metrics
+        self.offload_metrics: dict[str, float] = {}
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -57,13 +62,31 @@ class CriticWorker(Worker):
             sequence_parallel=self.layout.group,
             sequence_parallel_setting=setting,
         )
+        offload = cfg["model"]["fsdp_config"]
+        critic = self.critic
+        offloader = Offloader(
+            critic.module, critic.optimizer, critic.device, offload["param_offload"], offload["optimizer_offload"]
+        )
+        self.residency = CriticResidency(offloader, process_tenants())
+        self.residency.after_start()
+        self._end_phase("critic_init")
 
-    def _engine(self, method: str) -> FSDPEngine:
-        """The critic, about to compute: a colocated actor's offloadable state leaves the GPU first."""
+    def _engine(self, method: str, with_optimizer: bool = False) -> FSDPEngine:
+        """The critic, about to compute: a colocated actor's offloadable state leaves the GPU first, the
+        critic's own comes in (its optimizer state only if asked: else for each optimizer step)."""
         if self.critic is None:
             raise RuntimeError(f"{method}: call init_model() first")
-        process_tenants().claim(CRITIC)
+        self.residency.critic_needed(with_optimizer)
         return self.critic
+
+    def _end_phase(self, phase: str) -> None:
+        """Only optimizer state a checkpoint brought leaves here: the parameters stay until another tenant
+        claims the GPU. The phase's offload metrics wait for the next update's, summed over the calls since."""
+        metrics = self.residency.end_phase(phase)
+        for key, value in metrics.items():
+            self.offload_metrics[key] = self.offload_metrics.get(key, 0.0) + value
+        if metrics:
+            self.offload_metrics["offload/critic_host_buffers_gib"] = self.residency.critic.host_bytes / GIB
 
     @register(OVER_DATA_PARALLEL)
     def compute_values(self, data: DataProto) -> DataProto:
@@ -83,7 +106,9 @@ class CriticWorker(Worker):
 
         engine.module.eval()
         with torch.no_grad():
-            return DataProto.from_dict(forward_in_micro_batches(data, batching, engine.device, forward))
+            values = DataProto.from_dict(forward_in_micro_batches(data, batching, engine.device, forward))
+        self._end_phase("values")
+        return values
 
     @register(METRICS_OVER_DATA_PARALLEL)
     def update_critic(self, data: DataProto) -> dict[str, float]:
@@ -115,18 +140,28 @@ class CriticWorker(Worker):
         schedule = PPOSchedule.from_config(cfg, layout.dp_size, where, cfg["seed"], self.update_calls, layout.size)
         metrics = run_ppo_updates(engine, data, loss_fn, schedule, method="update_critic")
         self.update_calls += 1
+        self._end_phase("update_critic")
+        metrics.update(self.offload_metrics)
+        self.offload_metrics = {}
         return metrics
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        self._engine("save_checkpoint").save_checkpoint(path, {"update_calls": self.update_calls})
+        engine = self._engine("save_checkpoint", with_optimizer=True)
+        with self.residency.optimizer_held():
+            engine.save_checkpoint(path, {"update_calls": self.update_calls})
+        self._end_phase("critic_save_checkpoint")
 
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        extra = self._engine("load_checkpoint").load_checkpoint(path)
+        engine = self._engine("load_checkpoint", with_optimizer=True)
+        with self.residency.optimizer_held():  # the load may create the optimizer's state with a step
+            extra = engine.load_checkpoint(path)
         self.update_calls = int(extra["update_calls"])
+        self._end_phase("critic_load_checkpoint")
 
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
         """Write the value model as an HF token-classification checkpoint (rank 0 writes)."""
         self._engine("export_hf").export_hf(path)
+        self._end_phase("critic_export_hf")

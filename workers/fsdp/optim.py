@@ -27,19 +27,37 @@ def build_optimizer(model: nn.Module, optim_cfg: dict[str, Any]) -> torch.optim.
     )
 
 
+def warmup_steps(optim_cfg: dict[str, Any]) -> int:
+    """verl's rule: `lr_warmup_steps` when > 0, else int(`lr_warmup_steps_ratio` x `total_training_steps`)."""
+    steps = optim_cfg["lr_warmup_steps"]
+    if steps is not None and steps > 0:
+        return int(steps)
+    ratio = optim_cfg["lr_warmup_steps_ratio"]
+    if not ratio:
+        return 0
+    total = optim_cfg["total_training_steps"]
+    if total is None:
+        raise ValueError(
+            f"optim.lr_warmup_steps_ratio={ratio} needs optim.total_training_steps (the trainer sets it); "
+            "or give optim.lr_warmup_steps > 0"
+        )
+    return int(ratio * total)
+
+
 def lr_factor_fn(optim_cfg: dict[str, Any]) -> Callable[[int], float]:
     """Multiplier of the base lr at scheduler step `step` (0 = first optimizer call).
 
-    Warmup ramps linearly to 1 over `warmup_steps` calls, starting at 1/warmup_steps so the first update
-    is not wasted; then the lr stays constant, or follows a cosine from 1 down to `min_lr_ratio` at
-    `total_training_steps`.
+    Warmup (`warmup_steps` above) ramps linearly to 1, starting at 1/warmup so the first update is not wasted
+    (verl's starts at 0); then the lr stays constant, or follows a cosine of `num_cycles` waves (0.5: from 1
+    down to `min_lr_ratio` once) that ends at `total_training_steps`, never below `min_lr_ratio`.
     """
-    warmup = optim_cfg["warmup_steps"]
-    kind = optim_cfg["lr_scheduler"]
+    warmup = warmup_steps(optim_cfg)
+    kind = optim_cfg["lr_scheduler_type"]
     total = optim_cfg["total_training_steps"]
     floor = optim_cfg["min_lr_ratio"]
+    cycles = optim_cfg.get("num_cycles", 0.5)
     if kind == "cosine" and total is None:
-        raise ValueError("optim.lr_scheduler='cosine' needs optim.total_training_steps (the trainer sets it)")
+        raise ValueError("optim.lr_scheduler_type='cosine' needs optim.total_training_steps (the trainer sets it)")
 
     def factor(step: int) -> float:
         if step < warmup:
@@ -47,7 +65,7 @@ def lr_factor_fn(optim_cfg: dict[str, Any]) -> Callable[[int], float]:
         if kind == "constant":
             return 1.0
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(2.0 * math.pi * cycles * progress))
 
     return factor
 

@@ -28,6 +28,7 @@ from workers.fsdp.dist_utils import check_same_length, reduce_over_ranks
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.micro_batching import MicroBatching, sum_over_ranks
 from workers.fsdp.sequences import response_mask
+from workers.rl_math.gmpo import GMPO_AGG_MODE
 from workers.rl_math.rollout_correction import EXTREME_METRICS
 
 # loss_fn(micro_batch) -> (scalar loss aggregated over the micro-batch, float metrics)
@@ -62,7 +63,7 @@ class PPOSchedule:
             mini_batch_size=mini_batch_per_rank(cfg["ppo_mini_batch_size"], ranks, where),
             micro_batch_size=cfg["ppo_micro_batch_size_per_gpu"],
             grad_clip=cfg["grad_clip"],
-            loss_agg_mode=cfg["loss_agg_mode"],
+            loss_agg_mode=_units_mode(cfg),
             shuffle=cfg["shuffle"],
             seed=seed + update_calls * cfg["ppo_epochs"],
             max_token_len=budget.max_tokens if cfg["use_dynamic_bsz"] else None,
@@ -85,6 +86,13 @@ def check_one_optimizer_step(schedule: PPOSchedule, rows: int) -> None:
         "compute_log_prob output to the batch first, or make one optimizer step per batch (ppo_epochs=1 and "
         "ppo_mini_batch_size = data.train_batch_size)"
     )
+
+
+def _units_mode(cfg: dict[str, Any]) -> str:
+    """The aggregation the policy loss really uses: GMPO's is per response whatever loss_agg_mode says."""
+    if (cfg.get("policy_loss") or {}).get("loss_mode") == "geo_mean":
+        return GMPO_AGG_MODE
+    return cfg["loss_agg_mode"]
 
 
 def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> float:

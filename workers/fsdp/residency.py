@@ -4,8 +4,8 @@ Tenants of a trainer GPU, in one process: the actor, its reference, a hybrid vLL
 placement) a critic and a reward model. `DeviceTenants` is the process's register of who can give memory
 back: a tenant about to compute `claim`s the device and the others release what they hold.
 
-The actor worker's policy (`ActorResidency`), with `actor.fsdp.param_offload` / `optimizer_offload` and
-`ref.fsdp.param_offload`:
+The actor worker's policy (`ActorResidency`), with `actor.fsdp_config.param_offload` / `optimizer_offload` and
+`ref.fsdp_config.param_offload`:
 - configured models leave the GPU once before the rollout engine starts (its start then finds the memory);
 - the actor's parameters come to the GPU when a phase needs them and stay until another tenant claims it:
   the hybrid engine after its weight sync (for generation), or a colocated critic / reward model. Old
@@ -13,6 +13,11 @@ The actor worker's policy (`ActorResidency`), with `actor.fsdp.param_offload` / 
 - the optimizer's state is on the GPU only inside each optimizer step (and for checkpoints);
 - the reference comes in for its log-probs and leaves right after; its host copy stays valid (frozen), so
   leaving only frees the device memory.
+
+The critic worker's policy (`CriticResidency`), with `critic.model.fsdp_config.param_offload` /
+`optimizer_offload`, is the actor's: its parameters leave once at the end of its start, come back when it
+computes (values, update, checkpoints) and stay until another tenant claims the GPU; its optimizer state is
+on the GPU only inside each optimizer step.
 """
 
 from __future__ import annotations
@@ -119,3 +124,37 @@ class ActorResidency:
     @property
     def host_bytes(self) -> int:
         return sum(o.host_bytes for o in (self.actor, self.ref) if o is not None)
+
+
+class CriticResidency:
+    """The critic worker's placement policy (module docstring) over its offloader."""
+
+    def __init__(self, critic: Offloader, tenants: DeviceTenants) -> None:
+        self.critic, self.tenants = critic, tenants
+        self.reports = critic.param_offload or critic.optimizer_offload
+        self._counted: dict[str, int] = {}
+        critic.optimizer_only_in_steps()
+        tenants.register(CRITIC, critic.offload_params)
+
+    def after_start(self) -> None:
+        """What is configured to leave goes to the host until the critic first computes."""
+        self.critic.offload()
+
+    def critic_needed(self, with_optimizer: bool = False) -> None:
+        """The critic computes next: the other tenants release the GPU, its own state comes in."""
+        self.tenants.claim(CRITIC)
+        self.critic.load(with_optimizer)
+
+    def optimizer_held(self) -> ContextManager[None]:
+        return self.critic.optimizer_held()
+
+    def end_phase(self, phase: str) -> dict[str, float]:
+        """The optimizer's state leaves if a checkpoint brought it; returns the phase's `offload/<phase>/...`
+        metrics (none when nothing is configured to offload)."""
+        self.critic.offload_optimizer()
+        if not self.reports:
+            return {}
+        counts = {"critic_params": self.critic.param_moves, "critic_optimizer": self.critic.optimizer_moves}
+        moves = {name: count - self._counted.get(name, 0) for name, count in counts.items()}
+        self._counted = counts
+        return transfer_metrics(phase, self.critic.take_transfer(), moves)

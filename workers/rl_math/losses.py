@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .gmpo import GMPO_AGG_MODE, gmpo_token_losses
 from .gspo import LOG_RATIO_BOUND, gspo_token_ratios
 from .masked import masked_mean, masked_sum
 from .names import LOSS_AGG_MODES, POLICY_LOSS_MODES
@@ -82,6 +83,8 @@ def compute_policy_loss(
         raise ValueError(f"clip_ratio_c must be > 1.0 for dual-clip PPO, got {clip_ratio_c}")
     if loss_mode not in POLICY_LOSS_MODES:
         raise ValueError(f"unknown policy loss_mode {loss_mode!r}; valid: {list(POLICY_LOSS_MODES)}")
+    if loss_mode == "geo_mean":
+        return _geo_mean_policy_loss(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, token_weights)
 
     log_ratio = log_prob - old_log_prob
     if loss_mode == "gspo":
@@ -110,6 +113,30 @@ def compute_policy_loss(
         "pg_clipfrac": clipfrac.detach(),
         "ppo_kl": ppo_kl,
         "pg_clipfrac_lower": clipfrac_lower.detach(),
+    }
+
+
+def _geo_mean_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    token_weights: torch.Tensor | None,
+) -> dict[str, torch.Tensor]:
+    """GMPO (gmpo.py): one loss per response, averaged over responses. Token weights (truncated importance
+    sampling) enter as their geometric mean over the response, as the ratios do."""
+    loss_mat, clipfrac = gmpo_token_losses(log_prob, old_log_prob, advantages, response_mask, clip_low, clip_high)
+    if token_weights is not None:
+        mask = response_mask.to(log_prob.dtype)
+        log_weight = (torch.log(token_weights.clamp(min=1e-10)) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        loss_mat = loss_mat * torch.exp(log_weight).unsqueeze(-1)
+    return {
+        "pg_loss": agg_loss(loss_mat, response_mask, GMPO_AGG_MODE),
+        "pg_clipfrac": clipfrac,
+        "ppo_kl": masked_mean(old_log_prob - log_prob, response_mask).detach(),
+        "pg_clipfrac_lower": torch.zeros((), dtype=log_prob.dtype, device=log_prob.device),
     }
 
 

@@ -11,9 +11,9 @@ LOSS_AGG_MODES: tuple[str, ...] = (
     "seq-mean-token-sum-norm",
 )
 
-# actor.policy_loss.loss_mode: the clipped token-ratio PPO surrogate, or GSPO's sequence-level ratio
-# (compute_policy_loss in losses.py, the ratio in gspo.py).
-POLICY_LOSS_MODES: tuple[str, ...] = ("vanilla", "gspo")
+# actor.policy_loss.loss_mode: the clipped token-ratio PPO surrogate, GSPO's sequence-level ratio, or GMPO's
+# geometric mean of clipped token ratios (compute_policy_loss in losses.py, gspo.py, gmpo.py).
+POLICY_LOSS_MODES: tuple[str, ...] = ("vanilla", "gspo", "geo_mean")
 
 # Per-token KL estimators (kl.py): actor.kl_loss_type and algorithm.kl_penalty.
 KL_PENALTY_NAMES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")

@@ -21,7 +21,7 @@ class SamplingParams:
     do_sample: bool
     temperature: float
     top_p: float
-    top_k: int
+    top_k: int  # 0: off
     response_length: int
     eos_token_ids: tuple[int, ...]
     pad_token_id: int
@@ -75,7 +75,7 @@ def sampling_params(
         do_sample=bool(rollout["do_sample"]),
         temperature=float(rollout["temperature"]),
         top_p=float(rollout["top_p"]),
-        top_k=int(rollout["top_k"]),
+        top_k=max(int(rollout["top_k"]), 0),  # verl's -1 (vLLM's "off") is 0 here, HF generate's and vLLM's off
         response_length=int(rollout_cfg["response_length"]),
         eos_token_ids=eos_ids,
         pad_token_id=eos_ids[0] if pad is None else int(pad),

@@ -18,6 +18,7 @@ import torch
 from workers.lora.spec import LoraSpec
 from workers.lora.vllm_adapter import adapter_request, engine_options
 from workers.rollout.buckets import BucketLayout
+from workers.rollout.engine_kwargs import vllm_engine_kwargs
 from workers.rollout.shaping import assemble_rollout, pad_token_lists
 from workers.rollout.vllm_base_views import keep_plain_cpu_weights
 from workers.vision.models import collapse_image_placeholders
@@ -104,6 +105,28 @@ def device_options(rollout: dict[str, Any], device: torch.device, sleep: bool) -
     return options
 
 
+def scheduler_options(rollout: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The `LLM` arguments of verl's scheduler keys: rollout.enable_chunked_prefill (on a GPU; CPU prompts are
+    scheduled whole, see `device_options`), max_num_batched_tokens and max_num_seqs (None: vLLM's default).
+    Pure (nothing starts), so it is tested without vLLM."""
+    options: dict[str, Any] = {}
+    chunked = rollout.get("enable_chunked_prefill")
+    if device.type == "cuda" and chunked is not None:
+        options["enable_chunked_prefill"] = bool(chunked)
+    for key in ("max_num_batched_tokens", "max_num_seqs"):
+        if rollout.get(key) is not None:
+            options[key] = int(rollout[key])
+    tokens, longest = options.get("max_num_batched_tokens"), rollout.get("max_model_len")
+    whole_prompts = device.type != "cuda" or chunked is False
+    if tokens is not None and longest is not None and whole_prompts and tokens < int(longest):
+        raise ValueError(
+            f"rollout.max_num_batched_tokens={tokens} is below max_model_len={longest} (prompt + response) while "
+            "prompts are prefilled whole (enable_chunked_prefill off, always on CPU): raise it to at least "
+            f"{longest}, or leave it null"
+        )
+    return options
+
+
 class VLLMEngine:
     def __init__(
         self, model_path: str, rollout: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int,
@@ -160,9 +183,14 @@ class VLLMEngine:
         )
         if lora is not None:
             kwargs.update(engine_options(lora))
+        kwargs.update(scheduler_options(rollout, device))
+        kwargs.update(vllm_engine_kwargs(rollout.get("engine_kwargs")))
         kwargs.update(device_options(rollout, device, self.sleep_enabled))
         if device.type != "cuda" and rollout["enable_sleep"]:
             print("note: rollout.enable_sleep has no effect on CPU (vLLM's CPU backend has no sleep mode)", file=sys.stderr)
+        if device.type != "cuda" and rollout.get("enable_chunked_prefill"):
+            print("note: rollout.enable_chunked_prefill has no effect on CPU (prompts are prefilled whole there)",
+                  file=sys.stderr)
         self._llm_kwargs = kwargs
         self.llm = LLM(**kwargs)
         # A vision-language model's image placeholder (None for a text model): see `generate`.

@@ -35,8 +35,8 @@ PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 class VLLMRolloutWorker(StreamWorkerMixin, Worker):
-    """Every method that uses the engine itself pauses the asynchronous stream (rollout.mode=async) around
-    it, so weight loads and synchronous generates find the engine idle."""
+    """Every method that uses the engine itself pauses the asynchronous stream (rollout.async_training=true)
+    around it, so weight loads and synchronous generates find the engine idle."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()

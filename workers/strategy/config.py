@@ -39,7 +39,10 @@ def _from_mapping(cls: type[Settings], values: Any, what: str) -> Settings:
 
 # What `prepare` fills in when the optimizer or the LR schedule is given as a dict of settings.
 OPTIMIZER_DEFAULTS = {"lr": 1e-6, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
-SCHEDULER_DEFAULTS = {"warmup_steps": 0, "lr_scheduler": "constant", "total_training_steps": None, "min_lr_ratio": 0.0}
+SCHEDULER_DEFAULTS = {
+    "lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": "constant", "total_training_steps": None,
+    "min_lr_ratio": 0.0, "num_cycles": 0.5,
+}
 
 
 def _with_defaults(values: dict[str, Any], defaults: dict[str, Any], what: str) -> dict[str, Any]:
@@ -55,7 +58,8 @@ def optimizer_settings(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def scheduler_settings(values: dict[str, Any]) -> dict[str, Any]:
-    """LR schedule settings {"warmup_steps", "lr_scheduler", "total_training_steps", "min_lr_ratio"}."""
+    """LR schedule settings (verl's optim key names) {"lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type",
+    "total_training_steps", "min_lr_ratio", "num_cycles"}."""
     return _with_defaults(values, SCHEDULER_DEFAULTS, "scheduler")
 
 

@@ -56,8 +56,9 @@ class FSDPStrategy(Strategy):
         """Shard `model` (an HF model, or its folder) over all ranks. With `optimizer` (a torch optimizer
         built over `model.parameters()`, or AdamW settings such as {"lr": 1e-5}) the model is trainable and
         `(model, optimizer, scheduler)` is returned; `scheduler` is an LR scheduler of that optimizer or
-        settings {"warmup_steps", "lr_scheduler": "constant"|"cosine", "total_training_steps",
-        "min_lr_ratio"}. Without an optimizer the model is frozen (compute dtype, eval) and returned alone."""
+        settings {"lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type": "constant"|"cosine",
+        "total_training_steps", "min_lr_ratio", "num_cycles"}. Without an optimizer the model is frozen (compute
+        dtype, eval) and returned alone."""
         trainable = optimizer is not None
         if isinstance(model, str):
             model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32 if trainable else self.dtype)

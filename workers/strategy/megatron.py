@@ -49,7 +49,8 @@ class MegatronStrategy(Strategy):
     def prepare(self, model: Any, optimizer: Any = None, scheduler: Any = None) -> Any:
         """`model`: an HF model folder (or an HF model loaded from one: its folder is read). `optimizer`:
         Adam settings {"lr", "betas", "eps", "weight_decay"} (Megatron builds its own optimizer over fp32
-        main weights); `scheduler`: {"warmup_steps", "lr_scheduler", "total_training_steps", "min_lr_ratio"}.
+        main weights); `scheduler`: {"lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type",
+        "total_training_steps", "min_lr_ratio", "num_cycles"}.
         Returns `(model, optimizer, schedule)`, or the frozen model without an optimizer."""
         from workers.megatron.engine import MegatronEngine
         from workers.megatron.model import ParallelSettings

@@ -1,4 +1,4 @@
-"""Asynchronous rollout on vLLM (rollout.mode=async): engines generate continuously into a bounded stream of
+"""Asynchronous rollout on vLLM (rollout.async_training=true): engines generate continuously into a bounded stream of
 finished prompt groups while the trainer trains, and take new weights between two engine steps.
 
 - `jobs.py`: `TurnJob` (one model turn, each token tagged with the weights version that sampled it) and

@@ -1,4 +1,4 @@
-"""The rollout worker's side of rollout.mode=async: submit prompt groups, collect finished ones, pause the
+"""The rollout worker's side of rollout.async_training=true: submit prompt groups, collect finished ones, pause the
 stream around whatever needs the engine idle (weight loads, synchronous generates, sync checks)."""
 
 from __future__ import annotations

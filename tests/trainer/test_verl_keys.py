@@ -1,0 +1,154 @@
+"""verl launch-script habits at the config level: all bad keys in one message, did-you-mean, verl keys with no
+meaning here refused with why, speed hints accepted with one note, --config-path / --config-name, the estimator's
+defaults for `algorithm.adv_estimator=...` alone, and `ref.megatron.*`."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from trainer.algorithm_names import ESTIMATOR_GROUPS
+from trainer.config_loader import ConfigError, load_config
+from trainer.main import main
+from trainer.role_groups import actor_worker_config
+from trainer.verl_keys import VERL_KEYS, find_verl_key
+from workers.config import actor_rollout_ref_config
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "trainer" / "config"
+
+
+def test_every_bad_key_of_a_command_is_named_in_one_message():
+    with pytest.raises(ConfigError) as error:
+        load_config([
+            "actor_rollout_ref.actor.optim.lrr=1",
+            "trainer.max_ckpt_to_kep=2",
+            "data.train_batch_size=8",  # a good key among them stays out of the message
+            "actor_rollout_ref.rollout.name=sglang",
+            "actor_rollout_ref.actor.fsdp_config.fsdp_size=4",
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        ])
+    lines = str(error.value).splitlines()
+    assert lines[0] == "5 settings of this command are not valid here:"
+    assert lines[1:] == [
+        "  unknown config key 'actor_rollout_ref.actor.optim.lrr'; did you mean 'actor_rollout_ref.actor.optim.lr'?",
+        "  unknown config key 'trainer.max_ckpt_to_kep'; did you mean 'trainer.max_ckpt_to_keep'?",
+        "  actor_rollout_ref.rollout.name=sglang: " + find_reason("actor_rollout_ref.rollout.name", "sglang"),
+        "  actor_rollout_ref.actor.fsdp_config.fsdp_size=4: FSDP shards over all of a role's ranks here (no hybrid "
+        "sharding); only ['-1'] is accepted here",
+        "  actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3: model turns per conversation; use "
+        "actor_rollout_ref.rollout.multi_turn.max_turns",
+    ]
+
+
+def find_reason(key, value):
+    from trainer.verl_keys import VERL_VALUES
+
+    return VERL_VALUES[(key, value)]
+
+
+def test_a_key_without_a_close_name_lists_the_keys_at_its_level():
+    with pytest.raises(ConfigError, match=r"^unknown config key 'trainer.zzz'; valid keys under trainer: \['balance_batch'"):
+        load_config(["trainer.zzz=1"])
+
+
+def test_speed_hints_are_accepted_and_reported_once(capsys):
+    cfg = load_config([
+        "actor_rollout_ref.model.use_fused_kernels=True",
+        "actor_rollout_ref.rollout.layered_summon=True",
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
+        "trainer.use_legacy_worker_impl=auto",
+        "data.train_batch_size=8",
+    ])
+    assert cfg.data.train_batch_size == 8 and "use_fused_kernels" not in cfg.actor_rollout_ref.model
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 4
+    assert notes[0].startswith("note: actor_rollout_ref.model.use_fused_kernels=True has no effect here: log-probs")
+
+
+def test_the_table_names_only_keys_that_exist_here():
+    cfg = load_config([])
+    for entry in VERL_KEYS:
+        assert find_verl_key(entry.pattern.replace("*", "x")) is not None
+        if entry.nearest.split(".")[0] in cfg:  # a full dotted key (others are relative: `optim.lr_scheduler_type`)
+            assert OmegaConf.select(cfg, entry.nearest, default="absent") != "absent", entry.nearest
+        assert OmegaConf.select(cfg, entry.pattern, default="absent") == "absent", f"{entry.pattern} exists here now"
+
+
+def test_the_estimator_alone_brings_its_groups_defaults():
+    ppo = load_config(["algorithm.adv_estimator=gae"])
+    assert (ppo.actor_rollout_ref.rollout.n, ppo.actor_rollout_ref.actor.use_kl_loss) == (1, False)
+    chosen = load_config(["algorithm=grpo", "algorithm.adv_estimator=rloo"])  # a named group wins
+    assert (chosen.algorithm.adv_estimator, chosen.actor_rollout_ref.rollout.n) == ("rloo", 8)
+    for estimator, group in ESTIMATOR_GROUPS.items():
+        group_file = OmegaConf.load(CONFIG_DIR / "algorithm" / f"{group}.yaml")
+        assert group_file.algorithm.adv_estimator == estimator or estimator.startswith(group_file.algorithm.adv_estimator)
+        assert load_config([f"algorithm.adv_estimator={estimator}"]).algorithm.adv_estimator == estimator
+
+
+def test_the_estimator_names_are_the_registrys():
+    from trainer.algorithms import ADVANTAGE_ESTIMATORS
+
+    assert set(ESTIMATOR_GROUPS) == set(ADVANTAGE_ESTIMATORS)
+
+
+def test_verls_config_names_are_built_in():
+    megatron = load_config(["--config-path=config", "--config-name='ppo_megatron_trainer.yaml'"])
+    assert (megatron.actor_rollout_ref.actor.strategy, megatron.critic.strategy) == ("megatron", "megatron")
+    assert load_config(["--config-name", "ppo_trainer"]).actor_rollout_ref.actor.strategy == "fsdp"
+    with pytest.raises(ConfigError, match=r"--config-name=nope: no built-in config has that name; built-in: "):
+        load_config(["--config-name=nope"])
+
+
+def write_user_config(folder, body):
+    folder.mkdir(exist_ok=True)
+    (folder / "my_grpo.yaml").write_text(textwrap.dedent(body))
+    return folder
+
+
+def test_a_users_yaml_composes_over_the_trainers(tmp_path, capsys):
+    folder = write_user_config(tmp_path / "config", """\
+        hydra:
+          searchpath:
+            - file://verl/trainer/config
+        defaults:
+          - ppo_trainer
+          - _self_
+        data:
+          max_prompt_length: 48
+          train_batch_size: 32
+        actor_rollout_ref:
+          hybrid_engine: True
+          rollout:
+            n: 4
+        """)
+    cfg = load_config([f"--config-path={folder}", "--config-name=my_grpo", "data.train_batch_size=16"])
+    assert (cfg.data.max_prompt_length, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n) == (48, 16, 4)
+    assert "note: actor_rollout_ref.hybrid_engine=true (in my_grpo.yaml) has no effect here" in capsys.readouterr().err
+
+
+def test_a_users_yaml_with_bad_keys_names_them_all(tmp_path, capsys):
+    folder = write_user_config(tmp_path / "config", """\
+        defaults:
+          - ppo_trainer
+          - _self_
+        data:
+          max_prompt_lenght: 48
+        actor_rollout_ref:
+          hybrid_engine: false
+        """)
+    assert main(["--config-path", str(folder), "--config-name", "my_grpo", "trainer.zzz=1", "--cfg", "job"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: 3 settings of this command are not valid here:")
+    assert "unknown config key 'data.max_prompt_lenght' (in my_grpo.yaml); did you mean 'data.max_prompt_length'?" in err
+    assert "actor_rollout_ref.hybrid_engine=false (in my_grpo.yaml): the actor and its engine share processes" in err
+    assert "unknown config key 'trainer.zzz'" in err
+
+
+def test_the_reference_megatron_layout_must_be_the_actors():
+    def worker_config(*overrides):
+        return actor_rollout_ref_config(actor_worker_config(load_config(list(overrides))), "actor_rollout_ref")
+
+    assert worker_config("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1")["ref"]["megatron"]["tensor_model_parallel_size"] == 1
+    with pytest.raises(ValueError, match=r"ref.megatron.tensor_model_parallel_size=2 must equal actor_rollout_ref.actor.megatron"):
+        worker_config("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2")

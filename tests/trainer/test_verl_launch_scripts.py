@@ -1,0 +1,107 @@
+"""verl's example launch scripts (tests/trainer/verl_launch_scripts.py) as written, with only the model and data
+paths changed, through `python -m trainer.main ... trainer.plan_only=true`: the config, every pre-Ray check and the
+memory plan of the script's own sizes and GPU counts, nothing started. Each is accepted (exit 0) or refused with
+one `error:` line naming why; none reaches Ray."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.verl_launch_scripts import SCRIPTS
+from trainer.main import main
+
+# A 7B-class shape (Qwen2-7B's config.json fields the plan reads): the scripts' models, without weights.
+QWEN_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, intermediate_size=18944, tie_word_embeddings=False, max_position_embeddings=32768)
+MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path")
+DATA_KEYS = {"data.train_files": "train", "data.val_files": "val"}
+
+# What each script gets here today: the refused ones, with what their message names. The rest are accepted.
+HYBRID_TP = "needs rollout.name='vllm' and rollout.placement='separate' (a hybrid engine shares one device"
+SGLANG = "actor_rollout_ref.rollout.name=sglang: SGLang is not a rollout engine here"
+EXPECTED_REFUSALS: dict[str, str] = {
+    # verl's usual layout, rollout.tensor_model_parallel_size > 1 in the actor's processes: not built yet.
+    **dict.fromkeys(
+        ["gmpo", "grpo", "lora", "megatron_grpo", "megatron_ppo", "ppo_critic", "qwen2_5_vl", "reinforce_pp", "remax",
+         "rloo", "ulysses"],
+        HYBRID_TP,
+    ),
+    "dapo_gmpo": "actor_rollout_ref.model.override_config.max_position_embeddings=32768: model config overrides",
+    "multi_turn": SGLANG,
+    "sglang": SGLANG,
+}
+
+
+def multi_turn_config(folder: Path) -> Path:
+    """The user yaml verl's multi-turn script names with --config-path / --config-name (its keys, written here)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "gsm8k_multiturn_grpo.yaml").write_text(textwrap.dedent("""\
+        hydra:
+          searchpath:
+            - file://verl/trainer/config
+        defaults:
+          - ppo_trainer
+          - _self_
+        data:
+          max_prompt_length: 1024
+          max_response_length: 1024
+          train_batch_size: 256
+          return_raw_chat: True
+        actor_rollout_ref:
+          hybrid_engine: True
+          rollout:
+            name: sglang
+            multi_turn:
+              enable: True
+              max_assistant_turns: 5
+        """))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def small_assets(tmp_path_factory) -> dict[str, str]:
+    from trainer.datasets.synthetic import write_synthetic_dataset
+
+    train, val = write_synthetic_dataset(tmp_path_factory.mktemp("verl_data"), train_size=64, val_size=16, seed=0)
+    return {"train": str(train), "val": str(val)}
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("verl_7b")
+    (folder / "config.json").write_text(json.dumps(QWEN_7B))
+    return folder
+
+
+def adapted(name: str, model: Path, assets: dict[str, str], out: Path) -> list[str]:
+    """The script's arguments with the model and data paths replaced, planned only."""
+    args = []
+    for arg in SCRIPTS[name][1]:
+        key, _, value = arg.partition("=")
+        if key in MODEL_KEYS:
+            arg = f"{key}={model}"
+        elif key in DATA_KEYS:
+            arg = f"{key}={assets[DATA_KEYS[key]]}"
+        elif key in ("trainer.nnodes", "trainer.n_gpus_per_node") and not value:  # the script reads it from the env
+            arg = f"{key}=1" if key == "trainer.nnodes" else f"{key}=8"
+        elif key == "--config-path":
+            arg = f"--config-path={multi_turn_config(out / 'config')}"
+        args.append(arg)
+    return [*args, f"trainer.default_local_dir={out / 'run'}", "trainer.plan_only=true", "trainer.gpu_memory_gib=80"]
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_a_verl_script_is_accepted_or_refused_in_one_line(name, no_ray, small_assets, model_folder, tmp_path, capsys):
+    code = main(adapted(name, model_folder, small_assets, tmp_path))
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    if name in EXPECTED_REFUSALS:
+        assert code == 2 and len(errors) == 1, captured.err  # one message (a line per setting when several)
+        assert EXPECTED_REFUSALS[name] in captured.err
+    else:
+        assert code == 0, captured.err
+        assert captured.out.startswith("memory plan per GPU")
