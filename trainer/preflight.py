@@ -94,9 +94,9 @@ def check_lengths_fit_model(cfg: DictConfig) -> None:
     rollout = cfg.actor_rollout_ref.rollout
     if rollout.name != "vllm":
         return
-    from trainer.memory_plan.shape import language_model_config
+    from trainer.memory_plan.shape import language_model_config, read_model_config
 
-    config = json.loads((Path(cfg.actor_rollout_ref.model.path) / "config.json").read_text())
+    config = read_model_config(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.get("override_config"))
     positions = language_model_config(config).get("max_position_embeddings")
     if rollout.max_model_len is not None:
         length, named = int(rollout.max_model_len), f"actor_rollout_ref.rollout.max_model_len={rollout.max_model_len}"
@@ -108,7 +108,8 @@ def check_lengths_fit_model(cfg: DictConfig) -> None:
         raise InputError(
             f"{named} is above the model's max_position_embeddings={positions} "
             f"({cfg.actor_rollout_ref.model.path}/config.json), which vLLM refuses; shorten the prompt or response "
-            "length, or use a model whose config allows longer sequences"
+            f"length, or raise it where the model allows (+actor_rollout_ref.model.override_config."
+            f"max_position_embeddings={length})"
         )
 
 

@@ -165,8 +165,6 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("*fsdp_config.model_dtype", "the model's dtype is one setting here", nearest="actor_rollout_ref.model.dtype"),
     VerlKey("*.optim.clip_grad", "gradient clipping is set on the role here", nearest="actor_rollout_ref.actor.grad_clip"),
     VerlKey("*.optim.warmup_style", "verl's deprecated name of the scheduler", nearest="optim.lr_scheduler_type"),
-    VerlKey("*.model.override_config.*", "model config overrides are not applied here; change the model folder's "
-            "config.json"),
     VerlKey("*.model.external_lib", "no extra module is imported to register a model class here"),
     VerlKey("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", "model turns per conversation",
             nearest="actor_rollout_ref.rollout.multi_turn.max_turns"),

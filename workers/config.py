@@ -12,7 +12,7 @@ from typing import Any
 
 from workers.cached_blocks_limit import AFTER_MICRO_BATCH, RELEASE_POINTS
 from workers.config_fields import (
-    REQUIRED, Field, any_int, betas, boolean, float_in, int_at_least, module_names, non_empty_str, one_of, optional,
+    REQUIRED, Field, any_int, betas, boolean, config_fields, float_in, int_at_least, module_names, non_empty_str, one_of, optional,
     spec_list, token_ids,
 )
 from workers.lora.spec import check_base_sharing, check_lora_settings
@@ -108,6 +108,8 @@ MODEL_SPEC: dict[str, Any] = {
     "use_remove_padding": Field(
         None, optional(boolean), "None (packed, padding-free forwards where the model supports them), true (required) or false"
     ),
+    "override_config": Field({}, config_fields, "a mapping of config.json fields to values (verl's key: they replace the "
+                             "folder's values when the model is built, in the trainer and the engine)"),
 }
 
 

@@ -92,6 +92,13 @@ def spec_list(value: Any) -> list[str]:
     return list(value)
 
 
+def config_fields(value: Any) -> dict[str, Any]:
+    """A model's `override_config`: config.json field names (strings) to values."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
+        raise ValueError
+    return dict(value)
+
+
 def module_names(value: Any) -> str | list[str]:
     """A PEFT module selector: one name / "all-linear", or a non-empty list of names."""
     if isinstance(value, str) and value:

@@ -30,7 +30,7 @@ EXPECTED_REFUSALS: dict[str, str] = {
          "rloo", "ulysses"],
         HYBRID_TP,
     ),
-    "dapo_gmpo": "actor_rollout_ref.model.override_config.max_position_embeddings=32768: model config overrides",
+    "dapo_gmpo": "actor_rollout_ref.actor.fsdp_config.fsdp_size=32: FSDP shards over all of a role's ranks here",
     "multi_turn": SGLANG,
     "sglang": SGLANG,
 }

@@ -188,7 +188,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     strategy = str(_get(cfg, "actor_rollout_ref.actor.strategy", "fsdp"))
     train = _lora(arr.model) if strategy == "fsdp" else Trainability(full=True)
     offload = arr.actor.get("fsdp_config") or {}
-    actor_shape = read_shape(str(arr.model.path), "actor_rollout_ref.model.path")
+    actor_shape = read_shape(str(arr.model.path), "actor_rollout_ref.model.path", arr.model.get("override_config"))
     parallel = _megatron(arr.actor) if strategy == "megatron" else {}
     # Megatron computes its vocabulary-parallel logits whole (workers/megatron/vocab_parallel.py).
     chunk = 0
@@ -214,7 +214,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         section = cfg.critic
         critic_e = dtype_bytes(str(section.model.dtype), on_gpu)
         critic_strategy = str(section.get("strategy", "fsdp"))
-        critic_shape = read_shape(str(section.model.path), "critic.model.path")
+        critic_shape = read_shape(str(section.model.path), "critic.model.path", section.model.get("override_config"))
         # As the actor's: offload moves state on a GPU only, with the FSDP worker.
         critic_offload = section.model.get("fsdp_config") or {}
         moves = on_gpu and critic_strategy == "fsdp"

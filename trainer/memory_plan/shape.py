@@ -144,12 +144,24 @@ def lora_params(shape: ModelShape, rank: int, targets: tuple[str, ...]) -> int:
     return shape.layers * sum(rank * (linears[n][0] + linears[n][1]) for n in targets)
 
 
-def read_shape(model_path: str, key: str) -> ModelShape:
-    """The shape of the model folder's `config.json`; ValueError naming `key` when it is not there."""
+def read_model_config(model_path: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The folder's `config.json` as a dict, with the run's `model.override_config` fields over it (verl's key:
+    the trainer and the engine build the model so), in the language model's part of a multimodal config."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    if overrides:
+        text = config.get("text_config")
+        target = text if isinstance(text, dict) and "hidden_size" in text else config
+        target.update(dict(overrides))
+    return config
+
+
+def read_shape(model_path: str, key: str, overrides: Mapping[str, Any] | None = None) -> ModelShape:
+    """The shape of the model folder's `config.json` (with `overrides`); ValueError naming `key` when it is not
+    there."""
     config_file = Path(model_path) / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{key}={model_path!r} has no config.json (the memory plan reads the model's shape from it)")
     try:
-        return ModelShape.from_config(json.loads(config_file.read_text()))
+        return ModelShape.from_config(read_model_config(model_path, overrides))
     except (json.JSONDecodeError, ValueError, TypeError) as error:
         raise ValueError(f"{key}: {config_file}: {error}") from None

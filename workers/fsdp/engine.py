@@ -43,6 +43,7 @@ class FSDPEngine:
     ) -> None:
         self.auto_class = auto_class
         self.model_path: str = model_cfg["path"]
+        self.config_overrides: dict[str, Any] = dict(model_cfg.get("override_config") or {})  # verl's key
         self.rank = rank
         self.device = worker_device()
         self.dtype = compute_dtype(model_cfg["dtype"], self.device)

@@ -84,7 +84,7 @@ def load_sharded_model(
     load_dtype = torch.float32 if trainable and lora is None else dtype
     # Overrides go onto the config object: from_pretrained would hand unknown config keys to __init__.
     config = AutoConfig.from_pretrained(model_cfg["path"])
-    for key, value in (config_overrides or {}).items():
+    for key, value in {**(model_cfg.get("override_config") or {}), **(config_overrides or {})}.items():
         setattr(config, key, value)
     kwargs: dict[str, Any] = {"dtype": load_dtype, "config": config}
     if model_cfg["attn_implementation"] is not None:

@@ -69,6 +69,9 @@ class MegatronEngine:
         self.settings = settings
         self.value_head = value_head
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        self.config_overrides: dict[str, Any] = dict(model_cfg.get("override_config") or {})  # verl's key
+        for key, value in self.config_overrides.items():
+            setattr(self.hf_config, key, value)
         self.layout = layout_from_hf_config(self.hf_config, settings.tp, settings.pp)
         if self.device.type == "cuda":
             from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed

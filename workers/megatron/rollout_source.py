@@ -19,6 +19,7 @@ class MegatronWeightSource:
     def __init__(self, engine: MegatronEngine) -> None:
         self.engine = engine
         self.model_path, self.device, self.dtype = engine.model_path, engine.device, engine.dtype
+        self.config_overrides = engine.config_overrides
         self.vocab_size = engine.layout.vocab_size
         self.lora = None  # the Megatron backend trains every weight
 

@@ -23,6 +23,7 @@ SET_BY_OTHER_KEYS = {
     "max_num_batched_tokens": "rollout.max_num_batched_tokens",
     "max_num_seqs": "rollout.max_num_seqs",
     "enable_lora": "actor_rollout_ref.model.lora_rank",
+    "hf_overrides": "actor_rollout_ref.model.override_config",
     "max_lora_rank": "actor_rollout_ref.model.lora_rank",
     "distributed_executor_backend": "rollout.engine_process",
     "worker_extension_cls": "(the weight-sync extension: not settable)",

@@ -33,6 +33,7 @@ class WeightSource(Protocol):
     """What a hybrid engine needs from the trainer it shares a process with (FSDP or Megatron)."""
 
     model_path: str
+    config_overrides: dict[str, Any]  # config.json fields the trainer's model was built with (model.override_config)
     device: torch.device
     dtype: torch.dtype
     vocab_size: int
@@ -55,6 +56,7 @@ class FSDPWeightSource:
     def __init__(self, actor: FSDPEngine) -> None:
         self.actor = actor
         self.model_path, self.device, self.dtype = actor.model_path, actor.device, actor.dtype
+        self.config_overrides = actor.config_overrides
         self.vocab_size = probe_vocab_size(actor.module.config)
         self.lora = actor.lora
 
@@ -85,7 +87,8 @@ class HybridRollout:
         self.cfg = rollout_cfg
         self.dtype = engine_dtype(rollout_cfg, source)
         self.engine = VLLMEngine(
-            source.model_path, rollout_cfg, self.dtype, source.device, seed, lora=source.lora, shares_weights=shares_weights
+            source.model_path, rollout_cfg, self.dtype, source.device, seed, lora=source.lora, shares_weights=shares_weights,
+            config_overrides=source.config_overrides,
         )
         self.layouts: list[BucketLayout] = source.sync_layouts(self.dtype, rollout_cfg["weight_sync_bucket_mb"] << 20)
         # The engine loaded the same folder the actor started from; a LoRA engine has no adapter yet, so its

@@ -130,10 +130,11 @@ def scheduler_options(rollout: dict[str, Any], device: torch.device) -> dict[str
 class VLLMEngine:
     def __init__(
         self, model_path: str, rollout: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int,
-        lora: LoraSpec | None = None, shares_weights: bool = False,
+        lora: LoraSpec | None = None, shares_weights: bool = False, config_overrides: dict[str, Any] | None = None,
     ) -> None:
         """With `lora` the engine serves the trainer's LoRA adapter over the model folder's weights: each sync
         replaces the adapter (`load_adapter` / `receive_adapter`) and every generate uses it.
+        `config_overrides`: config.json fields the trainer's model was built with (model.override_config).
         `shares_weights`: the trainer's frozen base will point into this engine's weight tensors
         (workers/fsdp/shared_base.py): they must stay where they are, so sleep frees only the KV cache, and
         on CPU the linears keep their [out, in] weights (`keep_plain_cpu_weights`)."""
@@ -181,6 +182,8 @@ class VLLMEngine:
             # The checkpoint's generation_config.json must not change sampling defaults.
             generation_config="vllm",
         )
+        if config_overrides:  # the trainer's model.override_config: the engine builds the same model
+            kwargs["hf_overrides"] = dict(config_overrides)
         if lora is not None:
             kwargs.update(engine_options(lora))
         kwargs.update(scheduler_options(rollout, device))

@@ -53,7 +53,10 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
         name = rollout["dtype"] if rollout["dtype"] != "auto" else model["dtype"]
         self.dtype = compute_dtype(name, device)
         self.lora = LoraSpec.from_model_config(model)  # LoRA: the engine keeps the folder's base, syncs the adapter
-        self.engine = VLLMEngine(model["path"], rollout, self.dtype, device, seed=self.config["seed"] + self.rank, lora=self.lora)
+        self.engine = VLLMEngine(
+            model["path"], rollout, self.dtype, device, seed=self.config["seed"] + self.rank, lora=self.lora,
+            config_overrides=model.get("override_config"),
+        )
         self.token_ids = folder_token_ids(model["path"])
         self.suppressed = vision_token_ids(AutoConfig.from_pretrained(model["path"]))  # never sampled: image placeholders
         self.agent = build_agent(rollout, model["path"], self.token_ids[0])
