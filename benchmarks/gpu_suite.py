@@ -215,6 +215,13 @@ def two_gpu_cases() -> list[Case]:
             RunCheck(20, reward_rises_by=0.2, synced=True),
         ),
         Case(
+            "hybrid_tp2",
+            "two",
+            "verl's layout: both FSDP ranks share one hybrid vLLM engine of tensor parallel 2",
+            (_train(*VLLM, *VERIFY, "actor_rollout_ref.rollout.tensor_model_parallel_size=2", steps(20)),),
+            RunCheck(20, reward_rises_by=0.2, synced=True),
+        ),
+        Case(
             "ulysses_two",
             "two",
             "PPO with Ulysses sequence parallel k=2 (actor, reference, critic)",

@@ -17,6 +17,7 @@ from trainer.config_source import (
     ConfigSource, ConfigSourceError, compose_source, config_groups, drop_keys, find_source, leaf_entries, read_user_file, split_config_flags,
 )
 from trainer.cuda_alloc import alloc_conf_problem
+from trainer.fsdp_settings import fsdp_size_problems
 from trainer.override_keys import override_parts, review_keys, valid_keys_near
 from trainer.reward_settings import REWARD_MANAGERS, declared_reward_kwarg
 from trainer.rollout_settings import check_rollout_settings
@@ -257,6 +258,7 @@ def validate_config(cfg: DictConfig) -> None:
     problems.extend(check_rollout_settings(cfg))
     problems.extend(check_algorithm_settings(cfg))
     problems.extend(checkpoint_contents_problems(cfg))
+    problems.extend(fsdp_size_problems(cfg))
     problems = [p for p in problems if p]
     problems.extend(problem for problem in map(entry_problem, cfg.trainer.logger) if problem)
     repeated = sorted({str(entry) for entry in cfg.trainer.logger if list(cfg.trainer.logger).count(entry) > 1})

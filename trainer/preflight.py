@@ -4,7 +4,6 @@ from a model folder that has none)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path

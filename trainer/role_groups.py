@@ -16,6 +16,7 @@ from protocol import DataProto, DataProtoFuture
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from trainer.algorithm_settings import gen_batch_size
 from trainer.cuda_alloc import gpu_worker_env
+from trainer.fsdp_settings import drop_driver_keys
 from workers.rollout.agent.rollout import absolute_specs
 from workers.rollout.separate_sync import IpcRolloutSync, SeparateWeightSync, rollout_weight_sync
 
@@ -37,6 +38,8 @@ def actor_worker_config(cfg: DictConfig) -> dict[str, Any]:
     section["seed"] = cfg.trainer.seed
     section["release_cached_blocks"] = cfg.trainer.release_cached_blocks
     section["actor"].pop("checkpoint")  # what a checkpoint holds: the driver's choice (RoleGroups.save)
+    for role in ("actor", "ref"):
+        drop_driver_keys(section[role]["fsdp_config"])
     section["rollout"]["multi_turn"] = absolute_specs(section["rollout"]["multi_turn"])
     if section["rollout"]["max_model_len"] is None:
         section["rollout"]["max_model_len"] = cfg.data.max_prompt_length + cfg.data.max_response_length
@@ -80,6 +83,7 @@ def critic_worker_config(cfg: DictConfig) -> dict[str, Any]:
     section["seed"] = cfg.trainer.seed
     section["release_cached_blocks"] = cfg.trainer.release_cached_blocks
     section.pop("checkpoint")  # the driver's choice (RoleGroups.save)
+    drop_driver_keys(section["model"]["fsdp_config"])
     return section
 
 

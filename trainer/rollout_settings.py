@@ -26,6 +26,7 @@ def check_rollout_settings(cfg: DictConfig) -> list[str]:
             f"set rollout.name=vllm and rollout.placement=separate (got name={rollout.name!r}, placement={rollout.placement!r})"
         )
     problems += check_async_settings(cfg) + check_gpu_shares(cfg) + check_validation_settings(cfg)
+    problems += check_hybrid_group(cfg)
     cap = rollout.tis_imp_ratio_cap
     if cap is not None:
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 1:
@@ -36,6 +37,22 @@ def check_rollout_settings(cfg: DictConfig) -> list[str]:
                 f"rollout.name=vllm returns (got {rollout.name!r})"
             )
     return problems
+
+
+def check_hybrid_group(cfg: DictConfig) -> list[str]:
+    """A hybrid engine of tensor-parallel k is shared by k consecutive trainer ranks (workers/rollout/engine_group.py):
+    k must divide the trainer's ranks."""
+    rollout, trainer = cfg.actor_rollout_ref.rollout, cfg.trainer
+    tp = rollout.tensor_model_parallel_size
+    ranks = trainer.n_gpus_per_node * trainer.nnodes if isinstance(trainer.n_gpus_per_node, int) else None
+    if rollout.name != "vllm" or rollout.placement != "hybrid" or not isinstance(tp, int) or tp <= 1 or ranks is None:
+        return []
+    if ranks % tp:
+        return [
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the trainer's {ranks} workers "
+            f"(trainer.n_gpus_per_node x trainer.nnodes): each hybrid engine is shared by {tp} of them"
+        ]
+    return []
 
 
 def check_async_settings(cfg: DictConfig) -> list[str]:

@@ -7,7 +7,7 @@ sets it gets. Two kinds:
   stops before anything starts, with one line per key.
 
 A key may be a hint only at the values that match what this project does anyway (`hint_values`), and refused at
-the others: `fsdp_config.fsdp_size=-1` (shard over every rank) is what happens here, a smaller size is not.
+the others: `hybrid_engine=true` (engine in the actor's processes) is what happens here, `false` is not.
 """
 
 from __future__ import annotations
@@ -60,8 +60,6 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("*fsdp_config.reshard_after_forward", _FSDP_WRAP + " and reshards it after each forward",
             hint=True, hint_values=("true",)),
     VerlKey("*fsdp_config.use_orig_params", "FSDP2 always keeps the original parameters", hint=True),
-    VerlKey("*fsdp_config.fsdp_size", "FSDP shards over all of a role's ranks here (no hybrid sharding)",
-            hint=True, hint_values=("-1",)),
     VerlKey("*fsdp_config.offload_policy", "FSDP's CPU offload policy is not used; offloading here moves whole "
             "phases' parameters", nearest="fsdp_config.param_offload", hint=True, hint_values=("false",)),
     VerlKey("actor_rollout_ref.rollout.layered_summon", "weights go to the engine in buckets of "

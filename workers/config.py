@@ -373,10 +373,14 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
     rollout = config["rollout"]
     if rollout["name"] == "hf" and rollout["placement"] != "hybrid":
         raise ValueError("rollout.placement='separate' needs rollout.name='vllm' (HF generate runs on the actor's own model)")
-    if rollout["tensor_model_parallel_size"] > 1 and (rollout["name"] != "vllm" or rollout["placement"] != "separate"):
+    tp = rollout["tensor_model_parallel_size"]
+    if tp > 1 and rollout["name"] != "vllm":
+        raise ValueError(f"rollout.tensor_model_parallel_size={tp} needs rollout.name='vllm' (HF generate runs on each actor rank's model)")
+    if tp > 1 and rollout["placement"] == "hybrid" and rollout["multi_turn"]["enable"]:
         raise ValueError(
-            f"rollout.tensor_model_parallel_size={rollout['tensor_model_parallel_size']} needs rollout.name='vllm' and "
-            "rollout.placement='separate' (a hybrid engine shares one device with its actor rank)"
+            f"rollout.tensor_model_parallel_size={tp} with rollout.placement='hybrid' (one engine shared by {tp} actor "
+            "ranks) runs single-turn rollouts; for rollout.multi_turn.enable=true use tensor_model_parallel_size=1 or "
+            "placement='separate'"
         )
     if rollout["ignore_eos"] and rollout["multi_turn"]["enable"]:
         raise ValueError(

@@ -33,7 +33,7 @@ REQUIRED = {
         "checkpoint_resume",
         "engine_examples",
     },
-    "two": {"fsdp_two_gpus", "ulysses_two", "separate_async_nccl", "megatron_tp2", "engine_quickstart_two_gpus"},
+    "two": {"fsdp_two_gpus", "hybrid_tp2", "ulysses_two", "separate_async_nccl", "megatron_tp2", "engine_quickstart_two_gpus"},
 }
 
 

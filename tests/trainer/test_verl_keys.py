@@ -25,7 +25,7 @@ def test_every_bad_key_of_a_command_is_named_in_one_message():
             "trainer.max_ckpt_to_kep=2",
             "data.train_batch_size=8",  # a good key among them stays out of the message
             "actor_rollout_ref.rollout.name=sglang",
-            "actor_rollout_ref.actor.fsdp_config.fsdp_size=4",
+            "actor_rollout_ref.hybrid_engine=false",
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
         ])
     lines = str(error.value).splitlines()
@@ -34,8 +34,8 @@ def test_every_bad_key_of_a_command_is_named_in_one_message():
         "  unknown config key 'actor_rollout_ref.actor.optim.lrr'; did you mean 'actor_rollout_ref.actor.optim.lr'?",
         "  unknown config key 'trainer.max_ckpt_to_kep'; did you mean 'trainer.max_ckpt_to_keep'?",
         "  actor_rollout_ref.rollout.name=sglang: " + find_reason("actor_rollout_ref.rollout.name", "sglang"),
-        "  actor_rollout_ref.actor.fsdp_config.fsdp_size=4: FSDP shards over all of a role's ranks here (no hybrid "
-        "sharding); only ['-1'] is accepted here",
+        "  actor_rollout_ref.hybrid_engine=false: the actor and its engine share processes here with "
+        "rollout.placement=hybrid (the default); only ['true'] is accepted here; use actor_rollout_ref.rollout.placement",
         "  actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3: model turns per conversation; use "
         "actor_rollout_ref.rollout.multi_turn.max_turns",
     ]
@@ -56,7 +56,7 @@ def test_speed_hints_are_accepted_and_reported_once(capsys):
     cfg = load_config([
         "actor_rollout_ref.model.use_fused_kernels=True",
         "actor_rollout_ref.rollout.layered_summon=True",
-        "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
+        "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=0",
         "trainer.use_legacy_worker_impl=auto",
         "data.train_batch_size=8",
     ])
@@ -143,6 +143,13 @@ def test_a_users_yaml_with_bad_keys_names_them_all(tmp_path, capsys):
     assert "unknown config key 'data.max_prompt_lenght' (in my_grpo.yaml); did you mean 'data.max_prompt_length'?" in err
     assert "actor_rollout_ref.hybrid_engine=false (in my_grpo.yaml): the actor and its engine share processes" in err
     assert "unknown config key 'trainer.zzz'" in err
+
+
+def test_fsdp_size_is_every_rank_or_refused():
+    assert load_config(["actor_rollout_ref.actor.fsdp_config.fsdp_size=32", "trainer.n_gpus_per_node=8"])  # >= the ranks
+    with pytest.raises(ConfigError, match=r"critic.model.fsdp_config.fsdp_size=4 is below the 8 workers .* hybrid "
+                                          r"sharding .* is not provided; set -1"):
+        load_config(["critic.model.fsdp_config.fsdp_size=4", "trainer.n_gpus_per_node=8"])
 
 
 def test_the_reference_megatron_layout_must_be_the_actors():

@@ -11,7 +11,8 @@ def test_defaults_are_filled_and_values_normalised():
     config = actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"optim": {"lr": 1}}})
     assert config["model"] == {"path": "/m", "dtype": "auto", "enable_gradient_checkpointing": False,
                                "gradient_checkpointing_layers": None, "attn_implementation": None, "use_remove_padding": None, "lora_rank": 0, "lora_alpha": 16,
-                               "target_modules": "all-linear", "exclude_modules": None, "logits_chunk_tokens": 2048}
+                               "target_modules": "all-linear", "exclude_modules": None, "logits_chunk_tokens": 2048,
+                               "override_config": {}}
     assert "lora_rank" not in critic_config({"model": {"path": "/m"}})["model"]  # LoRA is the actor's
     assert "logits_chunk_tokens" not in critic_config({"model": {"path": "/m"}})["model"]  # a value head: no logits
     assert config["actor"]["optim"]["lr"] == 1.0 and isinstance(config["actor"]["optim"]["lr"], float)
@@ -67,7 +68,10 @@ KV_CACHE_GIB = r"rollout.kv_cache_gib' must be None \(vLLM sizes its KV cache wi
         ({"rollout": {"kv_cache_gib": True}}, KV_CACHE_GIB + "True$"),
         ({"rollout": {"name": "vllm", "verify_tolerance": 0}}, r"rollout.verify_tolerance' must be None"),
         ({"rollout": {"placement": "separate"}}, r"placement='separate' needs rollout.name='vllm'"),
-        ({"rollout": {"name": "vllm", "tensor_model_parallel_size": 2}}, r"tensor_model_parallel_size=2 needs rollout.name='vllm' and rollout.placement='separate'"),
+        ({"rollout": {"tensor_model_parallel_size": 2}}, r"tensor_model_parallel_size=2 needs rollout.name='vllm' \(HF generate"),
+        ({"rollout": {"name": "vllm", "tensor_model_parallel_size": 2, "multi_turn": {"enable": True}}},
+         r"tensor_model_parallel_size=2 with rollout.placement='hybrid' \(one engine shared by 2 actor ranks\) runs single-turn"),
+        ({"model": {"path": "/m", "override_config": {"": 1}}}, r"model.override_config' must be a mapping of config.json"),
         ({"actor": {"fsdp_config": {"param_offload": "yes"}}}, r"actor.fsdp_config.param_offload' must be a bool"),
         ({"rollout": {"ignore_eos": "yes"}}, r"rollout.ignore_eos' must be a bool"),
         ({"rollout": {"ignore_eos": True, "multi_turn": {"enable": True}}}, r"ignore_eos=true cannot be combined with rollout.multi_turn.enable"),

@@ -25,4 +25,12 @@ def test_every_bad_name_is_reported_with_the_key_to_use():
 def test_the_names_come_from_the_installed_vllm():
     names = vllm_argument_names()
     assert {"enable_prefix_caching", "tensor_parallel_size", "gpu_memory_utilization"} <= names
-    assert "disable_mm_preprocessor_cache" not in names  # an older vLLM's name: refused here with the nearest
+    assert "disable_mm_preprocessor_cache" not in names  # an older vLLM's name (RENAMED_ARGUMENTS)
+
+
+def test_an_older_vllms_argument_becomes_this_ones():
+    valid = VALID | {"disable_mm_preprocessor_cache"}
+    assert vllm_engine_kwargs({"vllm": {"disable_mm_preprocessor_cache": True}}, VALID) == {"mm_processor_cache_gb": 0}
+    assert vllm_engine_kwargs({"vllm": {"disable_mm_preprocessor_cache": False}}, VALID) == {}
+    # a vLLM that still has it gets it as it is
+    assert vllm_engine_kwargs({"vllm": {"disable_mm_preprocessor_cache": True}}, valid) == {"disable_mm_preprocessor_cache": True}

@@ -92,8 +92,9 @@ class MemoryPlan:
 
 
 def engine_gpus(rollout: RolloutSetup) -> int:
-    """The GPUs one vLLM engine spans: a hybrid engine its actor rank's, a separate one its tensor-parallel size."""
-    return 1 if rollout.placement == "hybrid" else rollout.tp
+    """The GPUs one vLLM engine spans, its tensor-parallel size: a hybrid engine of size k spans the GPUs of the k
+    actor ranks sharing it, a separate one GPUs of its own."""
+    return rollout.tp
 
 
 def engine_weight_bytes(setup: PlanSetup) -> int:

@@ -107,8 +107,11 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
 
             if rollout["verify_sync"]:
                 self.residency.actor_needed()  # the engine's first check reads the actor's initial weights
+            from workers.rollout.engine_group import engine_group
+
             self.hybrid_rollout = HybridRollout(
-                FSDPWeightSource(self.actor), rollout, seed=cfg["seed"] + self.rank, shares_weights=self.shared_base is not None
+                FSDPWeightSource(self.actor), rollout, seed=cfg["seed"] + self.rank, shares_weights=self.shared_base is not None,
+                group=engine_group(rollout["tensor_model_parallel_size"], self.actor.device),
             )
             if self.shared_base is not None:
                 self.step_metrics.update(self.shared_base.attach(self.hybrid_rollout.engine.checkpoint_views()).metrics())
@@ -200,15 +203,14 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         seed = prompts.meta_info.get("seed")
         if self.hybrid_rollout is not None:
             inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
-            run = None
+            run = images = None
             if self.agent is not None:
                 run = lambda engine: vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)  # noqa: E731
             elif MULTI_MODAL_DATA in prompts.non_tensor_batch:  # vLLM decodes and processes the images itself
                 images = [[decode_image(encoded) for encoded in row] for row in row_images(prompts)]
-                run = lambda engine: engine.generate(inputs, params, seed, self.rank, images=images)  # noqa: E731
             result, metrics = self.hybrid_rollout.generate(
                 inputs, params, seed, self.rank, self.weights_version,
-                before_sync=self.residency.actor_needed, after_sync=self.residency.rollout_needs_device, run=run,
+                before_sync=self.residency.actor_needed, after_sync=self.residency.rollout_needs_device, run=run, images=images,
             )
             self.step_metrics.update(metrics)
         elif self.agent is not None:

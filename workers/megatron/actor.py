@@ -84,9 +84,11 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
             self.actor = MegatronEngine(cfg["model"], self.settings, cfg["actor"]["optim"], seed=cfg["seed"], max_positions=max_positions)
             if cfg["rollout"]["name"] == "vllm":
                 from workers.megatron.rollout_source import MegatronWeightSource
+                from workers.rollout.engine_group import engine_group
                 from workers.rollout.hybrid import HybridRollout
 
-                self.hybrid_rollout = HybridRollout(MegatronWeightSource(self.actor), cfg["rollout"], seed=cfg["seed"] + self.rank)
+                group = engine_group(cfg["rollout"]["tensor_model_parallel_size"], self.actor.device)
+                self.hybrid_rollout = HybridRollout(MegatronWeightSource(self.actor), cfg["rollout"], seed=cfg["seed"] + self.rank, group=group)
             else:
                 self.rollout_model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=self.actor.dtype).to(self.actor.device)
                 self.rollout_model.eval()

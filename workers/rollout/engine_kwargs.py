@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # LLM(...) arguments the engine derives from other settings (workers/rollout/vllm_engine.py): the key to use.
@@ -31,6 +31,13 @@ SET_BY_OTHER_KEYS = {
 }
 
 
+# Arguments of older vLLMs that verl's scripts still pass, and what they are in a vLLM without them: the new
+# argument and its value for the old one's (None: nothing to set).
+RENAMED_ARGUMENTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "disable_mm_preprocessor_cache": ("mm_processor_cache_gb", lambda disabled: 0 if disabled else None),
+}
+
+
 def vllm_argument_names() -> frozenset[str]:
     from vllm.engine.arg_utils import EngineArgs
 
@@ -45,8 +52,13 @@ def vllm_engine_kwargs(engine_kwargs: Mapping[str, Any] | None, valid: frozenset
         return {}
     valid = vllm_argument_names() if valid is None else valid
     problems = []
-    for name in kwargs:
-        if name in SET_BY_OTHER_KEYS:
+    for name in list(kwargs):
+        if name in RENAMED_ARGUMENTS and name not in valid:
+            new_name, convert = RENAMED_ARGUMENTS[name]
+            value = convert(kwargs.pop(name))
+            if value is not None and new_name in valid:
+                kwargs[new_name] = value
+        elif name in SET_BY_OTHER_KEYS:
             problems.append(f"rollout.engine_kwargs.vllm.{name}: set by {SET_BY_OTHER_KEYS[name]}")
         elif name not in valid:
             near = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.6)

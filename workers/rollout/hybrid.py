@@ -22,7 +22,8 @@ from workers.rollout.verify import (
     DEFAULT_TOLERANCE, WeightFingerprint, compare_log_probs, fingerprinted, probe_sequences, require_changed, require_match,
     trainer_log_probs,
 )
-from workers.rollout.vllm_engine import VLLMEngine
+from workers.rollout.engine_group import EngineGroup, group_devices
+from workers.rollout.vllm_engine import VLLMEngine, sleeps_between_calls
 from workers.rollout.weight_sync import named_full_parameters, plan_model_buckets
 from workers.vision.models import probe_vocab_size
 
@@ -80,16 +81,24 @@ def sync_tolerance(rollout_cfg: dict[str, Any], dtype: torch.dtype) -> float:
 
 
 class HybridRollout:
-    def __init__(self, source: WeightSource, rollout_cfg: dict[str, Any], seed: int, shares_weights: bool = False) -> None:
+    def __init__(
+        self, source: WeightSource, rollout_cfg: dict[str, Any], seed: int, shares_weights: bool = False,
+        group: EngineGroup | None = None,
+    ) -> None:
         """`shares_weights`: the source's frozen base will point into the engine's weights (LoRA,
-        workers/fsdp/shared_base.py); the engine then keeps them in place while asleep."""
+        workers/fsdp/shared_base.py); the engine then keeps them in place while asleep. `group`: the trainer ranks
+        sharing one tensor-parallel engine (workers/rollout/engine_group.py); only its leader holds the engine."""
         self.source = source
         self.cfg = rollout_cfg
+        self.group = group
         self.dtype = engine_dtype(rollout_cfg, source)
-        self.engine = VLLMEngine(
-            source.model_path, rollout_cfg, self.dtype, source.device, seed, lora=source.lora, shares_weights=shares_weights,
-            config_overrides=source.config_overrides,
-        )
+        devices = group_devices(group, source.device) if group is not None else None
+        self.engine: VLLMEngine | None = None
+        if group is None or group.is_leader:
+            self.engine = VLLMEngine(
+                source.model_path, rollout_cfg, self.dtype, source.device, seed, lora=source.lora,
+                shares_weights=shares_weights, config_overrides=source.config_overrides, visible_devices=devices,
+            )
         self.layouts: list[BucketLayout] = source.sync_layouts(self.dtype, rollout_cfg["weight_sync_bucket_mb"] << 20)
         # The engine loaded the same folder the actor started from; a LoRA engine has no adapter yet, so its
         # first sync (before the first generate) always runs.
@@ -106,17 +115,33 @@ class HybridRollout:
             pass
         return taken.value
 
+    def _wake(self) -> bool:
+        """Wake the engine; whether its weights were released (then a sync must send them), on every rank. In a
+        group on GPUs every rank first returns its cached blocks, since the engine's workers wake on all their GPUs."""
+        if self.group is not None and self.source.device.type == "cuda":
+            torch.cuda.empty_cache()
+            self.group.from_leader(None)  # every rank's cache is back before the leader wakes the engine
+        released = self.engine.wake_up() if self.engine is not None else False
+        return released if self.group is None else bool(self.group.from_leader(released))
+
     def sync(self, version: int, force: bool = False) -> dict[str, float]:
-        """Load the actor's weights into the engine unless it already has `version`. Collective."""
+        """Load the actor's weights into the engine unless it already has `version`. Collective (in a group every
+        rank produces the weights, the leader loads them)."""
         if version == self.synced_version and not force:
             return {}
         verify = self.cfg["verify_sync"]
-        before = self.engine.fingerprint() if verify and not force else None
+        engine = self.engine
+        before = engine.fingerprint() if verify and not force and engine is not None else None
         sent = WeightFingerprint()
         pairs = self.source.named_weights(self.layouts)
         start = time.perf_counter()
-        load = self.engine.load_weights if self.source.lora is None else self.engine.load_adapter
-        loaded = load(fingerprinted(pairs, sent) if verify else pairs)
+        if engine is None:  # a group member: its part of the gathers, nothing to load
+            for _ in pairs:
+                pass
+            loaded = 0
+        else:
+            load = engine.load_weights if self.source.lora is None else engine.load_adapter
+            loaded = load(fingerprinted(pairs, sent) if verify else pairs)
         seconds = time.perf_counter() - start
         metrics = {
             "rollout/sync_s": seconds,
@@ -126,8 +151,8 @@ class HybridRollout:
         }
         if verify:
             metrics.update(self.verify("in-process weight sync"))
-            if before is not None and self.trainer_fingerprint is not None:
-                require_changed(before, self.engine.fingerprint(), self.trainer_fingerprint, sent.value, "in-process weight sync")
+            if engine is not None and before is not None and self.trainer_fingerprint is not None:
+                require_changed(before, engine.fingerprint(), self.trainer_fingerprint, sent.value, "in-process weight sync")
             self.trainer_fingerprint = sent.value
         self.synced_version = version
         return metrics
@@ -136,7 +161,7 @@ class HybridRollout:
     def syncs_at_generate(self) -> bool:
         """The engine sleeps between calls, dropping the weights (or the adapter) each time: `generate`
         loads them, and `sync_now` has nothing to do (so the caller need not bring the actor's weights)."""
-        return self.engine.sleeps_between_calls
+        return sleeps_between_calls(self.cfg, self.source.device)
 
     def sync_now(self, version: int) -> dict[str, float]:
         """Bring the engine to `version` now. An engine that sleeps between calls would drop the weights
@@ -144,21 +169,23 @@ class HybridRollout:
         loads them once (one load per step instead of one per sync call)."""
         if self.syncs_at_generate:
             return {}
-        released = self.engine.wake_up()
+        released = self._wake()
         metrics = self.sync(version, force=released)
-        self.engine.sleep()
+        if self.engine is not None:
+            self.engine.sleep()
         return metrics
 
     def verify(self, where: str) -> dict[str, float]:
-        """Probe log-probs of engine vs trainer (a collective: every trainer rank runs it)."""
+        """Probe log-probs of engine vs trainer (a collective: every trainer rank runs the trainer's forward; in
+        a group the leader compares, and every rank returns its result)."""
         probe = probe_sequences(self.source.vocab_size)
-        check = compare_log_probs(
-            self.source.probe_log_probs(probe),
-            self.engine.prompt_log_probs(probe),
-            sync_tolerance(self.cfg, self.dtype),
-        )
-        require_match(check, where)
-        return check.metrics()
+        trainer = self.source.probe_log_probs(probe)
+        metrics: dict[str, float] | None = None
+        if self.engine is not None:
+            check = compare_log_probs(trainer, self.engine.prompt_log_probs(probe), sync_tolerance(self.cfg, self.dtype))
+            require_match(check, where)
+            metrics = check.metrics()
+        return metrics if self.group is None else self.group.from_leader(metrics)
 
     def generate(
         self,
@@ -170,18 +197,30 @@ class HybridRollout:
         after_sync: Callable[[], None] | None = None,
         run: Callable[[VLLMEngine], dict[str, torch.Tensor]] | None = None,
         before_sync: Callable[[], None] | None = None,
+        images: list[list[Any]] | None = None,
     ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """Wake; if the engine needs weights, run `before_sync` (e.g. bring the offloaded actor's parameters
         to the GPU: skipped when nothing is sent) and sync; run `after_sync` (e.g. offload them again so the
-        engine has the memory), generate (or `run(engine)`, e.g. a multi-turn rollout), sleep."""
-        released = self.engine.wake_up()
+        engine has the memory), generate (or `run(engine)`, e.g. a multi-turn rollout; not in a group), sleep.
+        In a group the leader generates the prompts of every rank in one call; each rank returns its own rows."""
+        if run is not None and self.group is not None:
+            raise ValueError("a hybrid engine shared by several trainer ranks generates single-turn batches only")
+        released = self._wake()
         if before_sync is not None and (released or version != self.synced_version):
             before_sync()
         metrics = self.sync(version, force=released)
         if after_sync is not None:
             after_sync()
         start = time.perf_counter()
-        result = run(self.engine) if run is not None else self.engine.generate(prompts, params, call_seed, rank)
+        if self.group is not None:
+            batches = self.group.gather(({k: v.cpu() for k, v in prompts.items()}, rank, images))
+            results = self.engine.generate_many(batches, params, call_seed) if self.engine is not None else None
+            result = self.group.scatter(results)
+        elif run is not None:
+            result = run(self.engine)
+        else:
+            result = self.engine.generate(prompts, params, call_seed, rank, images=images)
         metrics["rollout/generate_s"] = time.perf_counter() - start
-        self.engine.sleep()
+        if self.engine is not None:
+            self.engine.sleep()
         return result, metrics

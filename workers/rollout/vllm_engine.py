@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -127,14 +128,59 @@ def scheduler_options(rollout: dict[str, Any], device: torch.device) -> dict[str
     return options
 
 
+def sleeps_between_calls(rollout: dict[str, Any], device: torch.device) -> bool:
+    """Whether an engine of these settings releases its weights after each call (GPU sleep mode with
+    free_cache_engine): known on every rank of a hybrid group, engine or not."""
+    return bool(rollout["enable_sleep"]) and device.type == "cuda" and bool(rollout["free_cache_engine"])
+
+
+@contextmanager
+def devices_visible(devices: str | None) -> Iterator[None]:
+    """CUDA_VISIBLE_DEVICES set to `devices` while the engine's processes start (they inherit it); this process's
+    own CUDA context, already made, keeps its one GPU."""
+    if devices is None:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def transfer_chunks(pairs: Iterable[tuple[str, torch.Tensor]], limit_bytes: int) -> Iterator[bytes]:
+    """`(name, tensor)` pairs as safetensors bytes of about `limit_bytes` each: what goes to an engine in processes
+    of its own (its RPC carries bytes, not tensors), one chunk per call, so host memory holds one at a time."""
+    from safetensors.torch import save
+
+    chunk: dict[str, torch.Tensor] = {}
+    size = 0
+    for name, tensor in pairs:
+        host = tensor.detach().to("cpu", copy=True).contiguous()  # a copy: tied weights must not share storage
+        chunk[name] = host
+        size += host.numel() * host.element_size()
+        if size >= limit_bytes:
+            yield save(chunk)
+            chunk, size = {}, 0
+    if chunk:
+        yield save(chunk)
+
+
 class VLLMEngine:
     def __init__(
         self, model_path: str, rollout: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int,
         lora: LoraSpec | None = None, shares_weights: bool = False, config_overrides: dict[str, Any] | None = None,
+        visible_devices: str | None = None,
     ) -> None:
         """With `lora` the engine serves the trainer's LoRA adapter over the model folder's weights: each sync
         replaces the adapter (`load_adapter` / `receive_adapter`) and every generate uses it.
         `config_overrides`: config.json fields the trainer's model was built with (model.override_config).
+        `visible_devices`: the GPUs (CUDA_VISIBLE_DEVICES form) a tensor-parallel engine of a hybrid group spans,
+        its first the caller's: the trainer ranks sharing it hold one each (workers/rollout/engine_group.py).
         `shares_weights`: the trainer's frozen base will point into this engine's weight tensors
         (workers/fsdp/shared_base.py): they must stay where they are, so sleep frees only the KV cache, and
         on CPU the linears keep their [out, in] weights (`keep_plain_cpu_weights`)."""
@@ -142,6 +188,9 @@ class VLLMEngine:
         # In this process (tensor parallel 1, engine_process false) the trainer can pass tensors to the engine
         # without serialization; in its own, the engine steps without holding this process's GIL.
         own_process = tp > 1 or bool(rollout.get("engine_process"))
+        self.in_process = not own_process
+        self.transfer_bytes = int(rollout["weight_sync_bucket_mb"]) << 20
+        self.visible_devices = visible_devices
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if own_process else "0"
         # vLLM logs every engine start at INFO (its full config); keep worker logs readable unless asked.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -195,7 +244,8 @@ class VLLMEngine:
             print("note: rollout.enable_chunked_prefill has no effect on CPU (prompts are prefilled whole there)",
                   file=sys.stderr)
         self._llm_kwargs = kwargs
-        self.llm = LLM(**kwargs)
+        with devices_visible(self.visible_devices):
+            self.llm = LLM(**kwargs)
         # A vision-language model's image placeholder (None for a text model): see `generate`.
         self.image_token_id = getattr(AutoConfig.from_pretrained(model_path), "image_token_id", None)
 
@@ -208,22 +258,41 @@ class VLLMEngine:
         (the engine's log-probs of the sampled tokens, 0 after the response). `forced[i]`, when set, is row
         i's exact response length. `images[i]`: row i's PIL images (vLLM's `multi_modal_data`); the prompt
         holds their placeholders expanded, and vLLM gets one placeholder per image, which it expands itself."""
+        return self.generate_many([(prompts, rank, images)], params, call_seed, forced)[0]
+
+    def generate_many(
+        self, batches: list[tuple[dict[str, torch.Tensor], int, list[list[Any]] | None]], params: Any, call_seed: int | None,
+        forced: list[int | None] | None = None,
+    ) -> list[dict[str, torch.Tensor]]:
+        """`generate` of several ranks' batches `(prompts, rank, images)` in one engine call (a hybrid group's
+        engine serves the prompts of every trainer rank sharing it); each row keeps its rank's sampling seed.
+        Returns one rollout batch per input batch."""
         from vllm import TokensPrompt
 
-        ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
-        requests = [TokensPrompt(prompt_token_ids=row[m].tolist()) for row, m in zip(ids, mask)]
-        for request, row_images in zip(requests, images or []):
-            if row_images:
-                request["prompt_token_ids"] = collapse_image_placeholders(request["prompt_token_ids"], self.image_token_id)
-                request["multi_modal_data"] = {"image": row_images}
-        forced = forced or [None] * len(requests)
-        sampling = [
-            vllm_sampling(
-                params, length or params.response_length, None if call_seed is None else row_seed(call_seed, rank, i), length or 0
-            )
-            for i, length in enumerate(forced)
-        ]
+        requests, sampling = [], []
+        for prompts, rank, images in batches:
+            ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
+            rows = [TokensPrompt(prompt_token_ids=row[m].tolist()) for row, m in zip(ids, mask)]
+            for request, row_images in zip(rows, images or []):
+                if row_images:
+                    request["prompt_token_ids"] = collapse_image_placeholders(request["prompt_token_ids"], self.image_token_id)
+                    request["multi_modal_data"] = {"image": row_images}
+            lengths = forced or [None] * len(rows)
+            sampling += [
+                vllm_sampling(
+                    params, length or params.response_length, None if call_seed is None else row_seed(call_seed, rank, i), length or 0
+                )
+                for i, length in enumerate(lengths)
+            ]
+            requests += rows
         outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.lora_request)
+        results, start = [], 0
+        for prompts, _, _ in batches:
+            results.append(self._rollout_batch(prompts, outputs[start : start + len(prompts["input_ids"])], params))
+            start += len(prompts["input_ids"])
+        return results
+
+    def _rollout_batch(self, prompts: dict[str, torch.Tensor], outputs: list[Any], params: Any) -> dict[str, torch.Tensor]:
         sampled = [sampled_tokens(o) for o in outputs]
         tokens, log_probs = [t for t, _ in sampled], [lp for _, lp in sampled]
         cpu_prompts = {k: v.cpu() for k, v in prompts.items()}
@@ -260,15 +329,25 @@ class VLLMEngine:
 
     # ---- weights --------------------------------------------------------------------------------------
     def load_weights(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """In-process load of `(HF name, tensor)` pairs; returns how many tensors were loaded."""
-        (count,) = self.llm.collective_rpc("sc_load_named_weights", args=(pairs,))
+        """Load `(HF name, tensor)` pairs; returns how many tensors were loaded. In this process the tensors are
+        handed over as they are; to an engine in processes of its own (a hybrid group's tensor-parallel engine)
+        they go as host copies, a chunk per call, each worker taking its shard."""
+        if self.in_process:
+            (count,) = self.llm.collective_rpc("sc_load_named_weights", args=(pairs,))
+        else:
+            count = sum(self.llm.collective_rpc("sc_load_serialized_weights", args=(chunk,))[0]
+                        for chunk in transfer_chunks(pairs, self.transfer_bytes))
         self.after_weight_update()
         return count
 
     def load_adapter(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """In-process: the trainer's `(name, tensor)` adapter factors become the engine's adapter; returns how
-        many tensors were loaded."""
-        (count,) = self.llm.collective_rpc("sc_load_lora", args=(pairs, self._adapter_config()))
+        """The trainer's `(name, tensor)` adapter factors become the engine's adapter; returns how many tensors
+        were loaded (host copies to an engine in processes of its own, as `load_weights`)."""
+        if self.in_process:
+            count = self.llm.collective_rpc("sc_load_lora", args=(pairs, self._adapter_config()))[0]
+        else:  # the whole adapter in one chunk: it is registered at once
+            (blob,) = transfer_chunks(pairs, 1 << 62)
+            count = self.llm.collective_rpc("sc_load_serialized_lora", args=(blob, self._adapter_config()))[0]
         self._adapter_updated()
         return count
 
@@ -363,7 +442,8 @@ class VLLMEngine:
         if self.llm is None:
             from vllm import LLM
 
-            self.llm = LLM(**self._llm_kwargs)
+            with devices_visible(self.visible_devices):
+                self.llm = LLM(**self._llm_kwargs)
             return
         if self.asleep:
             torch.cuda.empty_cache()

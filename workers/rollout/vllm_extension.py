@@ -58,10 +58,23 @@ class WeightSyncExtension:
         """Load `(name, tensor)` pairs (HF names); only usable when the caller shares our process."""
         return self._reload(pairs)
 
+    def sc_load_serialized_weights(self, blob: bytes) -> int:
+        """Load a chunk of weights sent as safetensors bytes by an engine's owner in another process (a hybrid
+        group's tensor-parallel engine: vLLM's RPC carries bytes, not tensors); each worker takes its shard."""
+        from safetensors.torch import load
+
+        return self._reload(load(blob).items())
+
     # ---- LoRA adapter (model.lora_rank > 0: the base stays as loaded, only the adapter is sent) ----------
     def sc_load_lora(self, pairs: Iterable[tuple[str, torch.Tensor]], adapter_config: dict[str, Any]) -> int:
         """In-process: make `(trainer name, tensor)` pairs of the adapter factors the engine's adapter."""
         return register_adapter(self.model_runner, pairs, adapter_config)
+
+    def sc_load_serialized_lora(self, blob: bytes, adapter_config: dict[str, Any]) -> int:
+        """`sc_load_lora` from safetensors bytes (an engine in processes of its own)."""
+        from safetensors.torch import load
+
+        return register_adapter(self.model_runner, load(blob).items(), adapter_config)
 
     def sc_receive_lora_broadcast(self, layouts: list[Any], adapter_config: dict[str, Any]) -> int:
         """`layouts` in their wire form (`BucketLayout.to_wire`): with tensor parallel > 1 this runs in vLLM's

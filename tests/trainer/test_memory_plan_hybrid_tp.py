@@ -1,0 +1,24 @@
+"""The memory plan of a hybrid vLLM engine shared by k actor ranks (rollout.tensor_model_parallel_size=k): its
+weights are split over the k GPUs of the ranks sharing it."""
+
+import json
+
+from trainer.config_loader import load_config
+from trainer.memory_plan.plan import engine_weight_bytes
+from trainer.memory_plan.setup import plan_setup
+
+QWEN_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, intermediate_size=18944, tie_word_embeddings=False)
+
+
+def test_a_shared_hybrid_engine_holds_a_share_of_the_weights_on_each_gpu(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN_7B))
+
+    def engine_weights(tp):
+        cfg = load_config([f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.rollout.name=vllm",
+                           f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", "trainer.n_gpus_per_node=8"])
+        return engine_weight_bytes(plan_setup(cfg, on_gpu=True))
+
+    whole = engine_weights(1)
+    assert whole > 14 * (1 << 30)  # 7.6B parameters in bf16
+    assert engine_weights(2) == whole // 2 and engine_weights(4) == whole // 4

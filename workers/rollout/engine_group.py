@@ -1,0 +1,85 @@
+"""Trainer ranks sharing one hybrid vLLM engine (rollout.placement=hybrid, rollout.tensor_model_parallel_size=k > 1,
+verl's usual layout for large models): k consecutive ranks form a group; its first rank (the leader) runs an engine
+spanning the group's k devices, in processes of its own, and the others run none. Every rank still takes part in
+each weight sync (the FSDP or Megatron gathers are collectives), the leader loading what they produce; at generate
+the group's prompts go to the leader, are generated in one engine call, and each rank gets its own rows back.
+
+The group talks over a gloo process group of its own (Python objects: prompts, results, small decisions).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class EngineGroup:
+    size: int  # rollout.tensor_model_parallel_size
+    ranks: tuple[int, ...]  # the trainer ranks sharing the engine; the first is the leader
+    rank: int  # this process's trainer rank
+    process_group: Any  # gloo, over `ranks`
+
+    @property
+    def leader(self) -> int:
+        return self.ranks[0]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == self.leader
+
+    def gather(self, item: Any) -> list[Any] | None:
+        """Every rank's `item`, in rank order, on the leader (None elsewhere)."""
+        items = [None] * self.size if self.is_leader else None
+        dist.gather_object(item, items, dst=self.leader, group=self.process_group)
+        return items
+
+    def scatter(self, items: list[Any] | None) -> Any:
+        """The leader's `items[i]` to the group's i-th rank; each rank returns its own."""
+        received = [None]
+        dist.scatter_object_list(received, items if self.is_leader else None, src=self.leader, group=self.process_group)
+        return received[0]
+
+    def from_leader(self, value: Any) -> Any:
+        """The leader's `value` on every rank of the group."""
+        box = [value if self.is_leader else None]
+        dist.broadcast_object_list(box, src=self.leader, group=self.process_group)
+        return box[0]
+
+
+def engine_group(size: int, device: torch.device) -> EngineGroup | None:
+    """This rank's group for a hybrid engine of tensor-parallel `size` (None for size 1: each rank its own engine).
+    A collective: every trainer rank creates every group, in the same order."""
+    if size == 1:
+        return None
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % size:
+        raise ValueError(
+            f"rollout.tensor_model_parallel_size={size} must divide the {world} trainer ranks sharing hybrid engines"
+        )
+    mine = None
+    for first in range(0, world, size):
+        ranks = tuple(range(first, first + size))
+        group = dist.new_group(list(ranks), backend="gloo")
+        if rank in ranks:
+            mine = EngineGroup(size, ranks, rank, group)
+    return mine
+
+
+def group_devices(group: EngineGroup, device: torch.device) -> str | None:
+    """The group's GPUs in CUDA_VISIBLE_DEVICES form, the leader's first (None on CPU). Each trainer process sees
+    its one GPU (Ray sets CUDA_VISIBLE_DEVICES per process); the leader's engine spans all of them."""
+    own = os.environ.get("CUDA_VISIBLE_DEVICES", "") if device.type == "cuda" else ""
+    every = group.gather(own)
+    if device.type != "cuda" or not group.is_leader:
+        return None
+    if any(not entry or "," in entry for entry in every):
+        raise RuntimeError(
+            f"a hybrid engine over GPUs {every}: each trainer rank must see exactly one GPU (Ray's per-process "
+            "CUDA_VISIBLE_DEVICES) to know which GPUs the group's engine spans"
+        )
+    return ",".join(every)
