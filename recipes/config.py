@@ -8,19 +8,8 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.config_loader import ConfigError, load_config
+from trainer.override_keys import valid_keys_near
 from workers.rl_math.dpo import DPO_LOSS_TYPES
-
-
-def _keys_near(cfg: DictConfig, path: str) -> str:
-    """The keys at the deepest level of `path` that exists in `cfg`."""
-    node: Any = cfg
-    walked: list[str] = []
-    for part in path.split("."):
-        if not (isinstance(node, DictConfig) and part in node):
-            break
-        node, walked = node[part], walked + [part]
-    keys = sorted(node.keys()) if isinstance(node, DictConfig) else []
-    return f"valid keys under {'.'.join(walked) or 'the top level'}: {keys}"
 
 
 def validate_dpo(section: DictConfig) -> None:
@@ -52,7 +41,7 @@ def load_recipe_config(name: str, overrides: Sequence[str] = ()) -> DictConfig:
         if key is None:
             raise
         first_line = str(error).splitlines()[0]
-        raise ConfigError(f"{first_line}\n{_keys_near(load_config([], config_name=config_name), key.group(1))}") from None
+        raise ConfigError(f"{first_line}\n{valid_keys_near(load_config([], config_name=config_name), key.group(1))}") from None
     if "dpo" in cfg:
         validate_dpo(cfg.dpo)
     return cfg

@@ -64,14 +64,14 @@ def test_grpo_with_a_tensor_parallel_2_separate_engine(ray_cluster, tiny_assets,
     _check_verified_run(run(cfg), tiny_assets["model"])
 
 
-@pytest.mark.parametrize("lora", [(), ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16")],
-                         ids=["full", "lora"])
-def test_grpo_with_a_hybrid_engine_shared_by_two_ranks(ray_cluster, tiny_assets, tmp_path, lora):
+def test_grpo_lora_with_a_hybrid_engine_shared_by_two_ranks(ray_cluster, tiny_assets, tmp_path):
     """verl's usual layout: rollout.tensor_model_parallel_size=2 with the hybrid placement. The two actor ranks
-    share one engine of tensor parallel 2 started by the first (workers/rollout/engine_group.py): both gather
-    the weights (or the LoRA adapter), the first loads them, and each rank's prompts come back to it generated."""
+    share one engine of tensor parallel 2 started by the first (workers/rollout/engine_group.py): both gather the
+    LoRA adapter, the first loads it, and each rank's prompts come back to it generated (full weights: verl's GRPO
+    script in tests/trainer/test_verl_launch_scripts.py)."""
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, *VLLM, *SHORT_RUN, "trainer.n_gpus_per_node=2", *lora,
+        tiny_assets, tmp_path, *VLLM, *SHORT_RUN, "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.weight_sync_bucket_mb=1",
     ))
     history = _check_verified_run(run(cfg), tiny_assets["model"])

@@ -1,7 +1,7 @@
 """verl's example launch scripts (tests/trainer/verl_launch_scripts.py) as written, with only the model and data
 paths changed, through `python -m trainer.main ... trainer.plan_only=true`: the config, every pre-Ray check and the
 memory plan of the script's own sizes and GPU counts, nothing started. Each is accepted (exit 0) or refused with
-one `error:` line naming why; none reaches Ray."""
+one `error:` line naming why; none reaches Ray. verl's GRPO script also trains two steps on the tiny model."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.conftest import tiny_assets  # noqa: F401  (a fixture)
 from tests.trainer.verl_launch_scripts import SCRIPTS
 from trainer.main import main
 
@@ -96,3 +97,39 @@ def test_a_verl_script_is_accepted_or_refused_in_one_line(name, no_ray, small_as
     else:
         assert code == 0, captured.err
         assert captured.out.startswith("memory plan per GPU")
+
+
+# The sizes a tiny model on two CPU workers needs (the issue allows them), and two steps.
+TINY_SIZES = {
+    "data.train_batch_size": "8", "data.max_prompt_length": "64", "data.max_response_length": "8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "8", "trainer.n_gpus_per_node": "2",
+}
+
+
+@pytest.mark.slow
+def test_verls_grpo_script_trains_two_steps(ray_cluster, tiny_assets, tmp_path, monkeypatch):
+    """verl's GRPO example (vLLM hybrid engine of tensor parallel 2 shared by the two ranks, KL loss, offloaded
+    reference, wandb) on the tiny model for two steps, with every sync checked."""
+    from trainer.config_loader import load_config
+    from trainer.main import run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the script logs to wandb: no account here
+    args = []
+    for arg in SCRIPTS["grpo"][1]:
+        key = arg.partition("=")[0]
+        if key in TINY_SIZES:
+            arg = f"{key}={TINY_SIZES[key]}"
+        elif key in MODEL_KEYS:
+            arg = f"{key}={tiny_assets['model']}"
+        elif key in DATA_KEYS:
+            arg = f"{key}={tiny_assets[DATA_KEYS[key]]}"
+        args.append(arg)
+    cfg = load_config([*args, f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=2",
+                       "actor_rollout_ref.rollout.verify_sync=true"])
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2 and cfg.actor_rollout_ref.rollout.n == 5
+    history = run(cfg)
+    assert [record["step"] for record in history] == [0, 1, 2] and "val/reward_mean" in history[0]  # val_before_train
+    for record in history[1:]:
+        assert record["rollout/logprob_gap_max"] < 1e-3, record  # each rank's rows came back to it
+        assert record["actor/kl_loss"] >= 0  # use_kl_loss with the reference
+    assert history[2]["rollout/sync_logprob_max_diff"] <= 1e-3  # the second step's sync of the trained weights

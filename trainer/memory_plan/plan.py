@@ -153,6 +153,11 @@ def actor_residency(setup: PlanSetup, on_this_gpu: set[str]) -> dict[str, bool]:
         "update_critic": False if "critic" in on_this_gpu else None,
         "update_actor": True,
     }
+    return _carried(moves, resident)
+
+
+def _carried(moves: dict[str, bool | None], resident: bool) -> dict[str, bool]:
+    """Residency per phase of `STEP_PHASES`: each phase's move (True / False), or where the last one left it (None)."""
     residency: dict[str, bool] = {}
     for phase in STEP_PHASES:
         if moves[phase] is not None:
@@ -179,12 +184,7 @@ def critic_residency(setup: PlanSetup, on_this_gpu: set[str]) -> dict[str, bool]
         "update_critic": True,
         "update_actor": False if actor_here else None,
     }
-    residency: dict[str, bool] = {}
-    for phase in STEP_PHASES:
-        if moves[phase] is not None:
-            resident = moves[phase]
-        residency[phase] = resident
-    return residency
+    return _carried(moves, resident)
 
 
 class _TrainerGpu:
