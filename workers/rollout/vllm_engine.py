@@ -189,7 +189,8 @@ class VLLMEngine:
         # without serialization; in its own, the engine steps without holding this process's GIL.
         own_process = tp > 1 or bool(rollout.get("engine_process"))
         self.in_process = not own_process
-        self.transfer_bytes = int(rollout["weight_sync_bucket_mb"]) << 20
+        # Weights cross to an engine in processes of its own in chunks of a sync bucket (`load_weights`).
+        self.transfer_bytes = int(rollout["weight_sync_bucket_mb"]) << 20 if own_process else 0
         self.visible_devices = visible_devices
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if own_process else "0"
         # vLLM logs every engine start at INFO (its full config); keep worker logs readable unless asked.

@@ -3,7 +3,7 @@ dtype), the user's optimizer re-pointed at the shards, clipping over all shards,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,6 +29,8 @@ class PreparedModel:
     device: torch.device
     dtype: torch.dtype
     lora: None = None  # the strategy API syncs whole models (LoRA runs through the trainer's FSDP actor)
+    # The user's code builds the model from its folder as it is: no model.override_config here.
+    config_overrides: dict[str, Any] = field(default_factory=dict)
 
 
 def repoint_optimizer(optimizer: torch.optim.Optimizer, names: dict[int, str], sharded: dict[str, nn.Parameter]) -> None:
