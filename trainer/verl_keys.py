@@ -60,6 +60,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("*fsdp_config.reshard_after_forward", _FSDP_WRAP + " and reshards it after each forward",
             hint=True, hint_values=("true",)),
     VerlKey("*fsdp_config.use_orig_params", "FSDP2 always keeps the original parameters", hint=True),
+    VerlKey("reward_model.model.fsdp_config.fsdp_size", "the reward model shards over all of its ranks (no hybrid "
+            "sharding)", hint=True, hint_values=("-1",)),
     VerlKey("*fsdp_config.offload_policy", "FSDP's CPU offload policy is not used; offloading here moves whole "
             "phases' parameters", nearest="fsdp_config.param_offload", hint=True, hint_values=("false",)),
     VerlKey("actor_rollout_ref.rollout.layered_summon", "weights go to the engine in buckets of "
