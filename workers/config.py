@@ -12,8 +12,8 @@ from typing import Any
 
 from workers.cached_blocks_limit import AFTER_MICRO_BATCH, RELEASE_POINTS
 from workers.config_fields import (
-    REQUIRED, Field, any_int, betas, boolean, config_fields, float_in, int_at_least, module_names, non_empty_str, one_of, optional,
-    spec_list, token_ids,
+    REQUIRED, Field, any_int, betas, boolean, config_fields, engine_kwargs_mapping, float_in, int_at_least, module_names,
+    non_empty_str, one_of, optional, spec_list, token_ids,
 )
 from workers.lora.spec import check_base_sharing, check_lora_settings
 from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS, KL_PENALTY_NAMES, LOSS_AGG_MODES, OLD_LOG_PROB_PASS_CHOICES, POLICY_LOSS_MODES
@@ -40,13 +40,6 @@ def megatron_spec() -> dict[str, Any]:
         "sequence_parallel": Field(False, boolean, "a bool (split activations along the sequence over the TP ranks)"),
         "use_distributed_optimizer": Field(False, boolean, "a bool (shard the fp32 weights and Adam state over DP ranks)"),
     }
-
-
-def engine_kwargs_mapping(value: Any) -> dict[str, Any]:
-    """verl's `rollout.engine_kwargs`: {vllm: {name: value}}; the names are checked against vLLM where it runs."""
-    if not isinstance(value, Mapping) or set(value) - {"vllm"} or not isinstance(value.get("vllm") or {}, Mapping):
-        raise ValueError
-    return {"vllm": dict(value.get("vllm") or {})}
 
 
 def _ref_megatron_spec() -> dict[str, Any]:

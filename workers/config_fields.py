@@ -3,6 +3,7 @@ ValueError, and the words an error shows for what is allowed (workers/config.py 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -97,6 +98,13 @@ def config_fields(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
         raise ValueError
     return dict(value)
+
+
+def engine_kwargs_mapping(value: Any) -> dict[str, Any]:
+    """verl's `rollout.engine_kwargs`: {vllm: {name: value}}; the names are checked against vLLM where it runs."""
+    if not isinstance(value, Mapping) or set(value) - {"vllm"} or not isinstance(value.get("vllm") or {}, Mapping):
+        raise ValueError
+    return {"vllm": dict(value.get("vllm") or {})}
 
 
 def module_names(value: Any) -> str | list[str]:

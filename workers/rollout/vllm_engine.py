@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ from workers.lora.spec import LoraSpec
 from workers.lora.vllm_adapter import adapter_request, engine_options
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.engine_kwargs import vllm_engine_kwargs
+from workers.rollout.engine_processes import devices_visible, transfer_chunks
 from workers.rollout.shaping import assemble_rollout, pad_token_lists
 from workers.rollout.vllm_base_views import keep_plain_cpu_weights
 from workers.vision.models import collapse_image_placeholders
@@ -132,42 +132,6 @@ def sleeps_between_calls(rollout: dict[str, Any], device: torch.device) -> bool:
     """Whether an engine of these settings releases its weights after each call (GPU sleep mode with
     free_cache_engine): known on every rank of a hybrid group, engine or not."""
     return bool(rollout["enable_sleep"]) and device.type == "cuda" and bool(rollout["free_cache_engine"])
-
-
-@contextmanager
-def devices_visible(devices: str | None) -> Iterator[None]:
-    """CUDA_VISIBLE_DEVICES set to `devices` while the engine's processes start (they inherit it); this process's
-    own CUDA context, already made, keeps its one GPU."""
-    if devices is None:
-        yield
-        return
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = devices
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
-
-
-def transfer_chunks(pairs: Iterable[tuple[str, torch.Tensor]], limit_bytes: int) -> Iterator[bytes]:
-    """`(name, tensor)` pairs as safetensors bytes of about `limit_bytes` each: what goes to an engine in processes
-    of its own (its RPC carries bytes, not tensors), one chunk per call, so host memory holds one at a time."""
-    from safetensors.torch import save
-
-    chunk: dict[str, torch.Tensor] = {}
-    size = 0
-    for name, tensor in pairs:
-        host = tensor.detach().to("cpu", copy=True).contiguous()  # a copy: tied weights must not share storage
-        chunk[name] = host
-        size += host.numel() * host.element_size()
-        if size >= limit_bytes:
-            yield save(chunk)
-            chunk, size = {}, 0
-    if chunk:
-        yield save(chunk)
 
 
 class VLLMEngine:
