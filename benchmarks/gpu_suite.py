@@ -1,7 +1,7 @@
 """Every GPU path a user can choose, at the smallest size that exercises it, in one command per machine size.
 
     python -m benchmarks.gpu_suite --part one [--jobs 3] [--workdir /tmp/gpu_suite] [--out results/gpu_suite_one.json]
-    python -m benchmarks.gpu_suite --part two [--jobs 2] ...
+    python -m benchmarks.gpu_suite --part two [--jobs 3] ...
     python -m benchmarks.gpu_suite --dry-run [--part all]      # the cases and their commands; runs nothing
     python -m benchmarks.gpu_suite --part one --only vllm_hybrid lora_vllm_ref_first
 
@@ -10,7 +10,7 @@ commands as a user types them (`python -m trainer.main ...`, the engine examples
 own, on the embedded tiny model (bf16 on the GPU, CUDA graphs in vLLM, real vLLM, NCCL between GPUs), then
 checks what the run logged: steps reached, losses finite, every weight sync verified, reward rising where the
 case learns, a resumed run starting after its checkpoint (benchmarks/suite_runner.py). Cases run side by side
-(`--jobs`, default 3 for part one and 2 for part two): the vLLM cases give the engine a fixed 2 GiB KV cache
+(`--jobs`, default 3): the vLLM cases give the engine a fixed 2 GiB KV cache
 (`rollout.kv_cache_gib`), so no start-up measurement of free memory is upset by a neighbour; the engine examples,
 which do measure, run alone at the end, and a case vLLM still refused for that reason runs once more. Prints a
 table; `--out` gets the JSON with each case's commands, result, first error line, steady step time and check.
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> list[CaseResult]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=("one", "two", "all"), default="one")
     parser.add_argument("--only", nargs="+", default=None, help="run these cases only")
-    parser.add_argument("--jobs", type=int, default=None, help="cases at a time (default: 3 for part one, 2 for two)")
+    parser.add_argument("--jobs", type=int, default=None, help="cases at a time (default 3)")
     parser.add_argument("--workdir", default="/tmp/gpu_suite")
     parser.add_argument("--out", default=None, help="JSON of the results (default results/gpu_suite_<part>.json)")
     parser.add_argument("--dry-run", action="store_true", help="list the cases and their commands; run nothing")
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> list[CaseResult]:
             f"part {args.part} runs on exactly {wanted} visible GPU(s); this process sees {visible_gpus()} "
             f"(set CUDA_VISIBLE_DEVICES, e.g. {'0' if wanted == 1 else '0,1'})"
         )
-    jobs = args.jobs or (3 if args.part == "one" else 2)
+    jobs = args.jobs or 3
     root = Path(args.workdir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     report = Report(Path(args.out or f"results/gpu_suite_{args.part}.json"), args.part, jobs)
