@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from benchmarks.learning import report
-from workers.config import actor_rollout_ref_config, fill_config, multi_turn_spec
+from workers.config import actor_rollout_ref_config, multi_turn_config
 from workers.rollout.agent.engines import HFTurns, VLLMTurns
 from workers.rollout.agent.loop import StreamingTurnGenerator, TurnGenerator, TurnOutput, TurnRequest
 from workers.rollout.agent.rollout import AgentRollout
@@ -165,7 +165,7 @@ def main() -> None:
     response_length = args.turns * (args.tokens_per_turn + 48)
     params = SamplingParams(True, 1.0, 1.0, 0, response_length, (eos,), tokenizer.pad_token_id)
     tool = SLOW_TOOL if args.tool_delay_ms > 0 else CALCULATOR
-    multi_turn = fill_config(multi_turn_spec(), {"enable": True, "tools": [tool], "max_turns": args.turns,
+    multi_turn = multi_turn_config({"enable": True, "tools": [tool], "max_turns": args.turns,
                                                  "max_tokens_per_turn": args.tokens_per_turn})
     agent = AgentRollout(multi_turn, tokenizer, response_length, (eos,))
     longest_call = delayed_call(99.999) if args.tool_delay_ms > 0 else CALL

@@ -17,9 +17,23 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir, initialize_config_module
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from workers.default_values import SECTIONS, section_yaml
+
 CONFIG_MODULE = "trainer.config"
+WORKER_DEFAULTS_GROUP = "worker_defaults"  # trainer.yaml's defaults list composes each worker section from it
+
+
+def register_worker_defaults() -> None:
+    """The workers' own yaml defaults (workers/defaults/), offered to hydra as configs of one group, so that the
+    trainer composes the very file a worker built outside it reads."""
+    for section in SECTIONS:
+        ConfigStore.instance().store(group=WORKER_DEFAULTS_GROUP, name=section, node=section_yaml(section))
+
+
+register_worker_defaults()
 PATH_FLAGS = ("--config-path", "-cp")
 NAME_FLAGS = ("--config-name", "-cn")
 

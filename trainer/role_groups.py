@@ -29,14 +29,19 @@ def use_gpu(cfg: DictConfig) -> bool:
     return cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
 
 
+def fill_total_steps(optim: dict[str, Any], cfg: DictConfig) -> None:
+    """The scheduler's step count: the run's (counted at start when trainer.total_training_steps is null) unless
+    the section sets its own. Seed and release_cached_blocks follow the trainer's keys in trainer.yaml."""
+    if optim["total_training_steps"] is None:
+        optim["total_training_steps"] = cfg.trainer.total_training_steps
+
+
 def actor_worker_config(cfg: DictConfig) -> dict[str, Any]:
     """The actor/rollout/ref section as the worker takes it (mini-batches counted in responses)."""
     section = OmegaConf.to_container(cfg.actor_rollout_ref, resolve=True)
     n = cfg.actor_rollout_ref.rollout.n
     section["actor"]["ppo_mini_batch_size"] = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
-    section["actor"]["optim"]["total_training_steps"] = cfg.trainer.total_training_steps
-    section["seed"] = cfg.trainer.seed
-    section["release_cached_blocks"] = cfg.trainer.release_cached_blocks
+    fill_total_steps(section["actor"]["optim"], cfg)
     section["actor"].pop("checkpoint")  # what a checkpoint holds: the driver's choice (RoleGroups.save)
     for role in ("actor", "ref"):
         drop_driver_keys(section[role]["fsdp_config"])
@@ -79,9 +84,7 @@ def engine_decode_batch(cfg: DictConfig) -> int:
 def critic_worker_config(cfg: DictConfig) -> dict[str, Any]:
     section = OmegaConf.to_container(cfg.critic, resolve=True)
     section["ppo_mini_batch_size"] = cfg.critic.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
-    section["optim"]["total_training_steps"] = cfg.trainer.total_training_steps
-    section["seed"] = cfg.trainer.seed
-    section["release_cached_blocks"] = cfg.trainer.release_cached_blocks
+    fill_total_steps(section["optim"], cfg)
     section.pop("checkpoint")  # the driver's choice (RoleGroups.save)
     drop_driver_keys(section["model"]["fsdp_config"])
     return section
@@ -93,8 +96,6 @@ def reward_model_worker_config(cfg: DictConfig) -> dict[str, Any]:
         section.pop(driver_key, None)
     if not section["model"]["path"]:
         raise ValueError("reward_model.enable=true needs reward_model.model.path (a Hugging Face model folder)")
-    section["seed"] = cfg.trainer.seed
-    section["release_cached_blocks"] = cfg.trainer.release_cached_blocks
     return section
 
 

@@ -81,8 +81,6 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("*.trust_remote_code", "models and tokenizers load with transformers' own classes here", hint=True,
             hint_values=("false",)),
     VerlKey("*.use_shm", "models and data are read from their folders here, with no copy in /dev/shm", hint=True),
-    VerlKey("*.optim.total_training_steps", "the trainer writes the run's step count into every optimizer (as verl "
-            "does)", nearest="trainer.total_training_steps", hint=True),
     VerlKey("*.optim.optimizer", "the optimizer is AdamW here (Megatron's own Adam under strategy=megatron)", hint=True,
             hint_values=("adamw",)),
     VerlKey("*.optim.optimizer_impl", "the FSDP workers use torch.optim.AdamW here", hint=True,

@@ -1,5 +1,6 @@
-"""Leaf fields of the worker configs: a default, a check that returns the normalised value or raises
-ValueError, and the words an error shows for what is allowed (workers/config.py builds its specs from them)."""
+"""Leaf fields of the worker configs: a check that returns the normalised value or raises ValueError, and the
+words an error shows for what is allowed (workers/config.py builds its specs from them; the defaults are in
+workers/defaults/*.yaml)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-REQUIRED = object()  # default of keys the user must set
-
-
 @dataclass(frozen=True)
 class Field:
-    """One leaf key: its default and a check returning the normalised value or raising ValueError."""
+    """One leaf key: a check returning the normalised value or raising ValueError."""
 
-    default: Any
     check: Callable[[Any], Any]
     expected: str  # shown in errors, e.g. "an int >= 1"
 

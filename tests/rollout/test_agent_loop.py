@@ -14,7 +14,7 @@ from trainer.algorithms import compute_grpo_outcome_advantage
 from trainer.rewards.env_reward import EnvRewardManager
 from trainer.tiny_model import build_char_tokenizer
 from workers.agent_tasks.vault import CODE_CHARS, VaultEnvironment
-from workers.config import fill_config, multi_turn_spec
+from workers.config import multi_turn_config
 from workers.fsdp.actor_loss import actor_loss_from_log_probs
 from workers.rl_math.masked import last_valid_positions
 from workers.rollout.agent import ParsedTurn, ToolCall, make_parser
@@ -36,7 +36,7 @@ def tools(*names):
 
 
 def make_agent(response_length=256, **multi_turn):
-    config = fill_config(multi_turn_spec(), {"enable": True, "tools": tools("lookup"), **multi_turn})
+    config = multi_turn_config({"enable": True, "tools": tools("lookup"), **multi_turn})
     return AgentRollout(config, TOKENIZER, response_length, (EOS,))
 
 

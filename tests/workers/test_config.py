@@ -20,9 +20,9 @@ def test_defaults_are_filled_and_values_normalised():
     assert config["rollout"]["response_length"] == 512 and config["rollout"]["do_sample"] is True
     assert config["rollout"]["ignore_eos"] is False
     assert config["seed"] == 0 and config["rollout"]["name"] == "hf" and config["rollout"]["n"] == 1
-    assert config["ref"]["log_prob_micro_batch_size_per_gpu"] == 8
+    assert config["ref"]["log_prob_micro_batch_size_per_gpu"] == 64
     assert critic_config({"model": {"path": "/m"}})["cliprange_value"] == 0.5
-    assert reward_model_config({"model": {"path": "/m"}})["micro_batch_size_per_gpu"] == 8
+    assert reward_model_config({"model": {"path": "/m"}})["micro_batch_size_per_gpu"] == 32
 
 
 def test_user_dict_is_not_modified_and_omegaconf_is_accepted():
