@@ -24,6 +24,10 @@ ASYNC = (
     "actor_rollout_ref.rollout.async_training=true",
     "actor_rollout_ref.rollout.verify_sync=true", "trainer.n_gpus_per_node=1", "trainer.val_before_train=false",
 )
+# The engine's core in the rollout worker's process: a separate engine's default on CPU is a process of its own
+# (rollout.engine_process), whose start spawns two more processes importing vLLM (~16 s here). That path is run by
+# test_async_steps_with_validation[rloo] here, and by test_async_engine.py and test_processes.py.
+IN_WORKER = ("actor_rollout_ref.rollout.engine_process=false",)
 RECORDER = os.path.join(os.path.dirname(__file__), "recording_reward.py")
 
 
@@ -52,7 +56,7 @@ def _check_one_call_per_poll(history):
 def test_async_grpo_learns_the_task(ray_cluster, tiny_assets, tmp_path):
     # 32 steps: measured, the last five average 0.98 from step 30 on (0.90 first at step 24).
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, *ASYNC, "trainer.total_training_steps=32", "trainer.save_at_end=false", "trainer.test_freq=-1",
+        tiny_assets, tmp_path, *ASYNC, *IN_WORKER, "trainer.total_training_steps=32", "trainer.save_at_end=false", "trainer.test_freq=-1",
         "actor_rollout_ref.rollout.tis_imp_ratio_cap=2.0",
     ))
     history = run(cfg)
@@ -76,7 +80,7 @@ def _trained(log_file, n):
 def test_async_ppo_resume_trains_every_prompt_once(ray_cluster, tiny_assets, tmp_path, monkeypatch):
     n, batch = 4, 8
     overrides = run_overrides(
-        tiny_assets, tmp_path, *ASYNC, "algorithm=ppo", f"actor_rollout_ref.rollout.n={n}", f"data.train_batch_size={batch}",
+        tiny_assets, tmp_path, *ASYNC, *IN_WORKER, "algorithm=ppo", f"actor_rollout_ref.rollout.n={n}", f"data.train_batch_size={batch}",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.test_freq=-1", f"custom_reward_function.path={RECORDER}",
     )
     monkeypatch.setenv("RECORDED_PROMPTS", str(tmp_path / "first.txt"))
@@ -105,6 +109,7 @@ def test_async_steps_with_validation(ray_cluster, tiny_assets, tmp_path, algorit
     overrides = run_overrides(
         assets, tmp_path, *ASYNC, "trainer.total_training_steps=3", "trainer.test_freq=2", "trainer.save_at_end=false",
         "actor_rollout_ref.rollout.max_staleness=2", *(["task=tool_vault"] if algorithm == "grpo_tool_agent" else []),
+        *(() if algorithm == "rloo" else IN_WORKER),  # rloo: the engine's core in a process of its own
     )
     if algorithm == "grpo_tool_agent":
         history = run(load_config(overrides))

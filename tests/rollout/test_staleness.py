@@ -18,6 +18,10 @@ SEPARATE = (
     "trainer.n_gpus_per_node=1", "trainer.test_freq=-1", "trainer.val_before_train=false",
 )
 OFF_BY_ONE = (*SEPARATE, "actor_rollout_ref.rollout.staleness=1")
+# The engine's core in the rollout worker's process: a separate engine's default on CPU is a process of its own
+# (rollout.engine_process), whose start spawns two more processes importing vLLM (~16 s here); that path is run
+# by test_one_optimizer_step_per_batch_takes_pi_old_from_the_update.
+IN_WORKER = ("actor_rollout_ref.rollout.engine_process=false",)
 
 
 def _check_versions(history):
@@ -31,7 +35,7 @@ def _check_versions(history):
 def test_one_step_off_grpo_learns_the_task(ray_cluster, tiny_assets, tmp_path):
     # 34 steps: measured, the last five average 0.98 at step 34 (0.95 at step 32, 0.89 at step 30).
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, *OFF_BY_ONE, "trainer.total_training_steps=34", "trainer.save_at_end=false",
+        tiny_assets, tmp_path, *OFF_BY_ONE, *IN_WORKER, "trainer.total_training_steps=34", "trainer.save_at_end=false",
         "actor_rollout_ref.rollout.tis_imp_ratio_cap=2.0",
     ))
     history = run(cfg)
@@ -63,7 +67,7 @@ def test_one_optimizer_step_per_batch_takes_pi_old_from_the_update(ray_cluster, 
 @pytest.mark.slow
 def test_one_step_off_online_dpo_keeps_the_in_flight_batch_out_of_the_checkpoint(ray_cluster, tiny_assets, tmp_path):
     cfg = load_recipe_config("online_dpo", run_overrides(
-        tiny_assets, tmp_path, *OFF_BY_ONE, "trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.save_at_end=false",
+        tiny_assets, tmp_path, *OFF_BY_ONE, *IN_WORKER, "trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.save_at_end=false",
     ))
     history = run_online_dpo(cfg)
     _check_versions(history)
