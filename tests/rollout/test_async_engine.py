@@ -22,13 +22,16 @@ pytestmark = pytest.mark.slow
 GROUPS, N, LENGTH = 8, 2, 96
 
 
-def _roles(tiny_assets, tmp_path, partial, verify=True):
+def _roles(tiny_assets, tmp_path, partial, verify=True, own_process=True):
+    """`own_process=False`: the engine's core in the rollout worker's process (a separate engine's default on CPU
+    is a process of its own, whose start spawns two more processes importing vLLM, ~16 s here)."""
     cfg = load_config(run_overrides(
         tiny_assets, tmp_path, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate",
         "actor_rollout_ref.rollout.async_training=true", f"actor_rollout_ref.rollout.partial_rollout={partial}",
         f"actor_rollout_ref.rollout.verify_sync={str(verify).lower()}", "trainer.n_gpus_per_node=1", f"data.max_response_length={LENGTH}",
         f"actor_rollout_ref.rollout.n={N}", "actor_rollout_ref.actor.optim.lr=0.05", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "data.train_batch_size=8", "actor_rollout_ref.actor.use_kl_loss=false",
+        *(() if own_process else ("actor_rollout_ref.rollout.engine_process=false",)),
     ))
     return RoleGroups.build(cfg, reference=True, critic=False)
 
@@ -123,7 +126,7 @@ def test_partial_rollouts_continue_with_the_new_weights(ray_cluster, tiny_assets
 
 
 def test_abort_restarts_responses_in_flight(ray_cluster, tiny_assets, tmp_path):
-    roles = _roles(tiny_assets, tmp_path, "abort")
+    roles = _roles(tiny_assets, tmp_path, "abort", own_process=False)  # the other two: a core of its own
     try:
         rows, in_flight = _start_and_update_mid_generation(roles)
         oldest, newest = rows.batch[VERSION_MIN], rows.batch[VERSION_MAX]

@@ -89,6 +89,9 @@ def _prompts(rows=8, seed=0):
 def test_sync_after_an_optimizer_step_changes_the_engine(ray_cluster, tiny_assets):
     cfg = load_config([
         f"actor_rollout_ref.model.path={tiny_assets['model']}", *VLLM, "actor_rollout_ref.rollout.placement=separate",
+        # The engine's core in the worker's process (saves the two vLLM processes a core of its own spawns on CPU,
+        # ~16 s): the broadcast to an engine core of its own is run by the separate-engine tests above.
+        "actor_rollout_ref.rollout.engine_process=false",
         "trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.optim.lr=0.05", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "data.train_batch_size=8", "actor_rollout_ref.actor.use_kl_loss=false",
     ])
