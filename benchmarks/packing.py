@@ -152,7 +152,7 @@ def old_log_probs(engine: FSDPEngine, data: DataProto, config: dict[str, Any]) -
 
 def update(engine: FSDPEngine, data: DataProto, config: dict[str, Any]) -> dict[str, float]:
     actor_cfg = config["actor"]
-    schedule = PPOSchedule.from_config(actor_cfg, 1, "actor", 0, 0)
+    schedule = PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0)
     return run_ppo_updates(engine, data, lambda micro: actor_micro_loss(engine.module, micro, engine.device, 1.0, actor_cfg), schedule, "update_actor")
 
 

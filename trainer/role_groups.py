@@ -37,10 +37,8 @@ def fill_total_steps(optim: dict[str, Any], cfg: DictConfig) -> None:
 
 
 def actor_worker_config(cfg: DictConfig) -> dict[str, Any]:
-    """The actor/rollout/ref section as the worker takes it (mini-batches counted in responses)."""
+    """The actor/rollout/ref section as the worker takes it."""
     section = OmegaConf.to_container(cfg.actor_rollout_ref, resolve=True)
-    n = cfg.actor_rollout_ref.rollout.n
-    section["actor"]["ppo_mini_batch_size"] = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
     fill_total_steps(section["actor"]["optim"], cfg)
     section["actor"].pop("checkpoint")  # what a checkpoint holds: the driver's choice (RoleGroups.save)
     for role in ("actor", "ref"):
@@ -83,7 +81,6 @@ def engine_decode_batch(cfg: DictConfig) -> int:
 
 def critic_worker_config(cfg: DictConfig) -> dict[str, Any]:
     section = OmegaConf.to_container(cfg.critic, resolve=True)
-    section["ppo_mini_batch_size"] = cfg.critic.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
     fill_total_steps(section["optim"], cfg)
     section.pop("checkpoint")  # the driver's choice (RoleGroups.save)
     drop_driver_keys(section["model"]["fsdp_config"])

@@ -168,7 +168,7 @@ def _ppo_spec() -> dict[str, Any]:
     """Keys shared by the actor and the critic updates."""
     return {
         "ppo_epochs": Field(int_at_least(1), "an int >= 1"),
-        "ppo_mini_batch_size": Field(int_at_least(1), "an int >= 1 (samples, global over all ranks)"),
+        "ppo_mini_batch_size": Field(int_at_least(1), "an int >= 1 (prompts per optimizer step, global over all ranks)"),
         "ppo_micro_batch_size_per_gpu": Field(int_at_least(1), "an int >= 1"),
         "grad_clip": Field(float_in(0.0, low_open=True), "a float > 0"),
         "loss_agg_mode": Field(one_of(*LOSS_AGG_MODES), f"one of {list(LOSS_AGG_MODES)}"),
@@ -292,6 +292,7 @@ CRITIC_SPEC: dict[str, Any] = {
     "strategy": _strategy_field("critic"),
     "ulysses_sequence_parallel_size": _ulysses_field(),
     "megatron": megatron_spec(),
+    "rollout_n": Field(int_at_least(1), "an int >= 1 (responses per prompt: ppo_mini_batch_size x rollout_n rows)"),
     "forward_micro_batch_size_per_gpu": Field(int_at_least(1), "an int >= 1"),
     "forward_max_token_len_per_gpu": Field(int_at_least(1), "an int >= 1 (tokens per compute_values micro-batch with use_dynamic_bsz)"),
     "cliprange_value": Field(float_in(0.0), "a float >= 0"),
@@ -503,12 +504,15 @@ def reward_model_config(user: Any, where: str = "") -> dict[str, Any]:
     return complete_section("reward_model", user, where)
 
 
-def mini_batch_per_rank(global_mini_batch: int, world_size: int, where: str) -> int:
-    """`ppo_mini_batch_size` is global (in samples); each data-parallel rank (or group of sequence-parallel
-    ranks) takes an equal share."""
-    if global_mini_batch % world_size:
+def mini_batch_per_rank(section: Mapping[str, Any], responses_per_prompt: int, world_size: int, where: str) -> int:
+    """Rows of one optimizer step on each data-parallel rank (or group of sequence-parallel ranks).
+    `ppo_mini_batch_size` counts prompts, global (verl's unit): a mini-batch is that many prompts x their
+    `responses_per_prompt` responses (the actor's rollout.n, the critic's rollout_n), shared evenly."""
+    prompts = section["ppo_mini_batch_size"]
+    rows = prompts * responses_per_prompt
+    if rows % world_size:
         raise ValueError(
-            f"{where}.ppo_mini_batch_size={global_mini_batch} must be divisible by the number of workers "
-            f"({world_size}); each worker takes ppo_mini_batch_size / world_size samples per optimizer step"
+            f"{where}.ppo_mini_batch_size={prompts} prompts x {responses_per_prompt} responses = {rows} rows per "
+            f"optimizer step must be divisible by the number of workers ({world_size}): each takes an equal share"
         )
-    return global_mini_batch // world_size
+    return rows // world_size

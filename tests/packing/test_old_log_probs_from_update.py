@@ -54,7 +54,7 @@ def update(model_dir: str, data: DataProto, with_pass: bool) -> tuple[dict[str, 
         mask = data.batch["response_mask"]
         data.batch[ROLLOUT_IS_WEIGHTS], metrics = truncated_is_weights(old, data.batch["rollout_log_probs"], mask, CAP)
         metrics |= logprob_gap_metrics(old, data.batch["rollout_log_probs"], mask)
-    schedule = PPOSchedule.from_config(actor_cfg, 1, "actor", 0, 0)
+    schedule = PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0)
     metrics |= run_ppo_updates(engine, data, lambda m: actor_micro_loss(engine.module, m, engine.device, 1.0, actor_cfg, CAP),
                                schedule, "update_actor")
     return {name: p.detach().full_tensor().clone() for name, p in engine.module.named_parameters()}, metrics
@@ -79,8 +79,9 @@ def test_the_update_stands_in_for_the_pass(model_dir, process_group):
 
 def test_several_optimizer_steps_need_the_pass(model_dir, process_group):
     engine, actor_cfg = make_engine(model_dir, len(PROMPTS) // 2)
-    schedule = PPOSchedule.from_config(actor_cfg, 1, "actor", 0, 0)
-    check_one_optimizer_step(PPOSchedule.from_config(make_engine(model_dir, len(PROMPTS))[1], 1, "actor", 0, 0), len(PROMPTS))
+    schedule = PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0)
+    actor_cfg = make_engine(model_dir, len(PROMPTS))[1]
+    check_one_optimizer_step(PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0), len(PROMPTS))
     with pytest.raises(ValueError, match=r"2 mini-batch\(es\) of 3 rows.*compute_log_prob.*ppo_epochs=1"):
         check_one_optimizer_step(schedule, len(PROMPTS))
 

@@ -42,7 +42,7 @@ def _update(model_dir: str) -> tuple[dict[str, float], int]:
     })
     actor_cfg = config["actor"]
     engine = FSDPEngine(AutoModelForCausalLM, config["model"], 0, optim_cfg=actor_cfg["optim"])
-    schedule = PPOSchedule.from_config(actor_cfg, 1, "actor", 0, 0)
+    schedule = PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0)
     micros, _ = schedule.micro_batching().split(update_batch(), engine.device)
 
     def loss_fn(micro):

@@ -45,7 +45,7 @@ def updated_weights(model_dir: str, mode: str, packed: bool, dynamic: bool) -> d
     })
     actor_cfg = config["actor"]
     engine = FSDPEngine(AutoModelForCausalLM, config["model"], 0, optim_cfg=actor_cfg["optim"])
-    schedule = PPOSchedule.from_config(actor_cfg, 1, "actor", 0, 0)
+    schedule = PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0)
 
     def loss_fn(micro):
         return actor_micro_loss(engine.module, micro, engine.device, 1.0, actor_cfg)

@@ -83,10 +83,10 @@ def test_settings_that_split_pass(small_assets, tmp_path):
         assert batch_split_problems(load_config(short_run(small_assets, tmp_path, *overrides))) == [], overrides
 
 
-def _worker_refuses(section: dict, ranks: int) -> bool:
+def _worker_refuses(section: dict, responses_per_prompt: int, ranks: int) -> bool:
     """Whether a worker given `section` (its config as the driver sends it) refuses its mini-batch."""
     try:
-        mini_batch_per_rank(section["ppo_mini_batch_size"], ranks, "x")
+        mini_batch_per_rank(section, responses_per_prompt, ranks, "x")
     except ValueError:
         return True
     return False
@@ -102,14 +102,16 @@ def test_the_driver_check_agrees_with_the_workers_assertions(small_assets, tmp_p
             continue
         cfg = base  # every value the check reads is set below
         cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size = train, mini
-        cfg.critic.ppo_mini_batch_size, cfg.actor_rollout_ref.rollout.n = mini, n
+        cfg.critic.ppo_mini_batch_size, cfg.actor_rollout_ref.rollout.n, cfg.critic.rollout_n = mini, n, n
         cfg.trainer.n_gpus_per_node = workers
         cfg.actor_rollout_ref.actor.strategy = "megatron" if tp > 1 else "fsdp"
         cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size = tp
         try:
             dp = megatron_mesh_shape(workers, tp, 1)["dp"]
-            refused = _worker_refuses(actor_worker_config(cfg)["actor"], dp)
-            refused = refused or _worker_refuses(critic_worker_config(cfg), workers)
+            actor = actor_worker_config(cfg)
+            refused = _worker_refuses(actor["actor"], actor["rollout"]["n"], dp)
+            critic = critic_worker_config(cfg)
+            refused = refused or _worker_refuses(critic, critic["rollout_n"], workers)
         except ValueError:
             refused = True
         problems = [p for p in batch_split_problems(cfg) if "megatron (" not in p]  # the model layout is checked apart

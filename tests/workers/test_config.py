@@ -124,9 +124,11 @@ def test_the_engine_fixes_its_kv_cache_on_a_gpu_only_when_kv_cache_gib_is_set():
 def test_missing_path_and_indivisible_mini_batch():
     with pytest.raises(ValueError, match=r"'model.path' is required"):
         actor_rollout_ref_config({})
-    assert mini_batch_per_rank(8, 2, "actor") == 4
-    with pytest.raises(ValueError, match=r"actor.ppo_mini_batch_size=6 must be divisible by the number of workers \(4\)"):
-        mini_batch_per_rank(6, 4, "actor")
+    assert mini_batch_per_rank({"ppo_mini_batch_size": 8}, 1, 2, "actor") == 4
+    assert mini_batch_per_rank({"ppo_mini_batch_size": 2}, 8, 4, "actor") == 4  # prompts x responses, shared
+    message = r"actor.ppo_mini_batch_size=3 prompts x 2 responses = 6 rows .* divisible by the number of workers \(4\)"
+    with pytest.raises(ValueError, match=message):
+        mini_batch_per_rank({"ppo_mini_batch_size": 3}, 2, 4, "actor")
 
 
 def test_worker_rejects_unknown_role_and_bad_config_at_construction():

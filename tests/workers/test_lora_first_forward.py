@@ -53,7 +53,7 @@ def _update(model_dir: str, reference_first: bool) -> tuple[float, dict[str, tor
     for name, param in engine.module.named_parameters():
         if is_adapter_parameter(name):
             param.register_post_accumulate_grad_hook(lambda p, name=name: grad_dtypes.__setitem__(name, p.grad.dtype))
-    schedule = PPOSchedule.from_config(actor_cfg, 1, "actor", 0, 0)
+    schedule = PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0)
     metrics = run_ppo_updates(
         engine,
         data,

@@ -84,7 +84,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         sequence_parallel = {"sequence_parallel": self.layout.group, "sequence_parallel_setting": setting}
         auto_class = auto_model_class(cfg["model"]["path"])  # a causal LM, or a vision-language model
         if self.role != "ref":
-            mini_batch_per_rank(cfg["actor"]["ppo_mini_batch_size"], self.layout.dp_size, self.layout.where("actor"))
+            mini_batch_per_rank(cfg["actor"], cfg["rollout"]["n"], self.layout.dp_size, self.layout.where("actor"))
             self.actor = FSDPEngine(
                 auto_class, cfg["model"], self.rank, optim_cfg=cfg["actor"]["optim"], seed=cfg["seed"], **sequence_parallel,
             )
@@ -289,7 +289,8 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         actor_cfg = self.config["actor"]
         seed = self.config["seed"]
         where = layout.where("actor")
-        return PPOSchedule.from_config(actor_cfg, layout.dp_size, where, seed, self.update_calls, layout.size)
+        n = self.config["rollout"]["n"]
+        return PPOSchedule.from_config(actor_cfg, n, layout.dp_size, where, seed, self.update_calls, layout.size)
 
     @register(METRICS_OVER_DATA_PARALLEL)
     def update_actor(self, data: DataProto) -> dict[str, float]:

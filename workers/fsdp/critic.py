@@ -49,7 +49,7 @@ class CriticWorker(Worker):
         cfg = self.config
         setting = "critic.ulysses_sequence_parallel_size"
         self.layout = init_sequence_layout(self, cfg["ulysses_sequence_parallel_size"], setting)
-        mini_batch_per_rank(cfg["ppo_mini_batch_size"], self.layout.dp_size, self.layout.where("critic"))
+        mini_batch_per_rank(cfg, cfg["rollout_n"], self.layout.dp_size, self.layout.where("critic"))
         # num_labels=1: one value per token. The head is new (seeded, so equal on all ranks); no dropout
         # on it, or values in training would not match the values the advantages were computed from.
         self.critic = FSDPEngine(
@@ -137,7 +137,9 @@ class CriticWorker(Worker):
 
         layout = self.layout
         where = layout.where("critic")
-        schedule = PPOSchedule.from_config(cfg, layout.dp_size, where, cfg["seed"], self.update_calls, layout.size)
+        schedule = PPOSchedule.from_config(
+            cfg, cfg["rollout_n"], layout.dp_size, where, cfg["seed"], self.update_calls, layout.size
+        )
         metrics = run_ppo_updates(engine, data, loss_fn, schedule, method="update_critic")
         self.update_calls += 1
         self._end_phase("update_critic")

@@ -51,7 +51,14 @@ class PPOSchedule:
 
     @classmethod
     def from_config(
-        cls, cfg: dict[str, Any], ranks: int, where: str, seed: int, update_calls: int, sequence_parallel: int = 1
+        cls,
+        cfg: dict[str, Any],
+        responses_per_prompt: int,
+        ranks: int,
+        where: str,
+        seed: int,
+        update_calls: int,
+        sequence_parallel: int = 1,
     ) -> "PPOSchedule":
         """From an actor/critic section; the global mini-batch is split over `ranks` data-parallel ranks and
         each call shuffles with its own seed. With `sequence_parallel` ranks sharing each micro-batch the
@@ -60,7 +67,7 @@ class PPOSchedule:
         budget = MicroBatching.for_call({}, 1, True, cfg[setting], setting, sequence_parallel)
         return cls(
             epochs=cfg["ppo_epochs"],
-            mini_batch_size=mini_batch_per_rank(cfg["ppo_mini_batch_size"], ranks, where),
+            mini_batch_size=mini_batch_per_rank(cfg, responses_per_prompt, ranks, where),
             micro_batch_size=cfg["ppo_micro_batch_size_per_gpu"],
             grad_clip=cfg["grad_clip"],
             loss_agg_mode=_units_mode(cfg),

@@ -80,7 +80,7 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
         self.dp_size = placement.dp_size
         max_positions = max(4096, cfg["rollout"]["max_model_len"] or 0)
         if self.role != "ref":
-            mini_batch_per_rank(cfg["actor"]["ppo_mini_batch_size"], self.dp_size, "actor (over data-parallel ranks)")
+            mini_batch_per_rank(cfg["actor"], cfg["rollout"]["n"], self.dp_size, "actor (over data-parallel ranks)")
             self.actor = MegatronEngine(cfg["model"], self.settings, cfg["actor"]["optim"], seed=cfg["seed"], max_positions=max_positions)
             if cfg["rollout"]["name"] == "vllm":
                 from workers.megatron.rollout_source import MegatronWeightSource
@@ -192,6 +192,13 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
         return None if out is None else DataProto.from_dict({"ref_log_prob": out["log_probs"]})
 
     # ---- training -------------------------------------------------------------------------------------
+    def _update_schedule(self) -> PPOSchedule:
+        """Epochs x mini-batches x micro-batches of an update, over the data-parallel ranks."""
+        where = "actor (over data-parallel ranks)"
+        n = self.config["rollout"]["n"]
+        seed = self.config["seed"]
+        return PPOSchedule.from_config(self.config["actor"], n, self.dp_size, where, seed, self.update_calls)
+
     @register(dispatch_mode=METRICS_OVER_DP)
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """PPO update of this DP rank's share (epochs x mini-batches x micro-batches through the pipeline);
@@ -208,7 +215,7 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
             entropy = entropy if actor_cfg["entropy_coeff"] != 0 else entropy.detach()
             return actor_loss_from_log_probs(log_probs, entropy, micro, output.device, actor_cfg)
 
-        schedule = PPOSchedule.from_config(actor_cfg, self.dp_size, "actor (over data-parallel ranks)", self.config["seed"], self.update_calls)
+        schedule = self._update_schedule()
         metrics = run_ppo_updates(engine, data, loss_fn, schedule)
         self.update_calls += 1
         self.weights_version += 1
@@ -229,7 +236,7 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
             log_probs, _ = response_token_log_probs(output, micro, vocab, temperature, False)
             return sft_loss_from_log_probs(log_probs, micro, output.device, actor_cfg["loss_agg_mode"])
 
-        schedule = PPOSchedule.from_config(actor_cfg, self.dp_size, "actor (over data-parallel ranks)", self.config["seed"], self.update_calls)
+        schedule = self._update_schedule()
         metrics = run_ppo_updates(engine, with_loss_mask(data), loss_fn, schedule)
         self.update_calls += 1
         self.weights_version += 1

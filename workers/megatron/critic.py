@@ -40,7 +40,7 @@ class MegatronCriticWorker(Worker):
         cfg = self.config
         self.init_process_group()
         self.dp_size = init_megatron_parallel(self, self.settings.tp, self.settings.pp).dp_size
-        mini_batch_per_rank(cfg["ppo_mini_batch_size"], self.dp_size, "critic (over data-parallel ranks)")
+        mini_batch_per_rank(cfg, cfg["rollout_n"], self.dp_size, "critic (over data-parallel ranks)")
         # The value head is new: seeded, so it starts equal on every rank.
         self.critic = MegatronEngine(cfg["model"], self.settings, cfg["optim"], value_head=True, seed=cfg["seed"])
 
@@ -80,7 +80,8 @@ class MegatronCriticWorker(Worker):
             )
             return loss, {"vf_loss": float(loss.detach()), "vf_clipfrac": float(clipfrac), "vpred_mean": float(masked_mean(vpreds.detach(), mask))}
 
-        schedule = PPOSchedule.from_config(cfg, self.dp_size, "critic (over data-parallel ranks)", cfg["seed"], self.update_calls)
+        where = "critic (over data-parallel ranks)"
+        schedule = PPOSchedule.from_config(cfg, cfg["rollout_n"], self.dp_size, where, cfg["seed"], self.update_calls)
         metrics = run_ppo_updates(engine, data, loss_fn, schedule)
         self.update_calls += 1
         return metrics
