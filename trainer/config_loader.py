@@ -22,8 +22,9 @@ from trainer.override_keys import override_parts, review_keys, valid_keys_near
 from trainer.reward_settings import REWARD_MANAGERS, declared_reward_kwarg
 from trainer.rollout_settings import check_rollout_settings
 from trainer.trackers.spec import entry_problem
+from trainer.worker_sections import worker_value_problems
 from workers.cached_blocks_limit import RELEASE_POINTS
-from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, OLD_LOG_PROB_PASS_CHOICES, POLICY_LOSS_MODES
+from workers.rl_math.names import KL_PENALTY_NAMES
 
 CONFIG_NAME = "trainer"
 
@@ -86,7 +87,7 @@ def _check_renamed(keys: Sequence[tuple[str, str | None]]) -> list[str]:
 
 def _worker_key(key: str) -> bool:
     """Whether a `+key` absent from the YAML is a worker setting it leaves at its default (workers/config.py)."""
-    from workers.config import declared_worker_key  # loads torch: only when a key is added
+    from workers.config import declared_worker_key
 
     return declared_worker_key(key) or declared_reward_kwarg(key)
 
@@ -182,14 +183,6 @@ _CHOICES = {
     "algorithm.adv_estimator": ADVANTAGE_ESTIMATOR_NAMES,
     "algorithm.kl_penalty": KL_PENALTY_NAMES,
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
-    "actor_rollout_ref.actor.loss_agg_mode": LOSS_AGG_MODES,
-    "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_MODES,
-    "actor_rollout_ref.actor.optim.lr_scheduler_type": ("constant", "cosine"),
-    "critic.optim.lr_scheduler_type": ("constant", "cosine"),
-    "actor_rollout_ref.actor.old_log_prob_pass": OLD_LOG_PROB_PASS_CHOICES,
-    "actor_rollout_ref.model.dtype": ("auto", "float32", "bfloat16", "float16"),
-    "actor_rollout_ref.rollout.name": ("hf", "vllm"),
-    "actor_rollout_ref.rollout.placement": ("hybrid", "separate"),
     "reward_model.reward_manager": tuple(REWARD_MANAGERS),
     "data.truncation": ("error", "left", "right", "filter"),
     "data.filter_overlong_prompts": (False, True),
@@ -204,10 +197,6 @@ _POSITIVE_INTS = (
     "data.train_batch_size",
     "data.max_prompt_length",
     "data.max_response_length",
-    "actor_rollout_ref.rollout.n",
-    "actor_rollout_ref.actor.ppo_epochs",
-    "actor_rollout_ref.actor.ppo_mini_batch_size",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
     "trainer.total_epochs",
     "trainer.n_gpus_per_node",
     "trainer.nnodes",
@@ -238,8 +227,9 @@ def _optional_positive(cfg: DictConfig, key: str, kind: tuple[type, ...], null_m
 
 
 def validate_config(cfg: DictConfig) -> None:
-    """Check values the YAML schema cannot: choices, positive sizes, batch divisibility."""
-    problems = []
+    """Check every value: the worker sections by the workers' schema (workers/config_schema.py), the trainer's
+    own keys here (choices, positive sizes), then the rules across keys (batch divisibility, ...)."""
+    problems = worker_value_problems(cfg)
     for key, choices in _CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in choices:
@@ -271,5 +261,7 @@ def validate_config(cfg: DictConfig) -> None:
             problems.append(
                 f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} (prompts) must divide data.train_batch_size={prompts}"
             )
+    if len(problems) == 1:
+        raise ConfigError(problems[0])  # one line, as `error: <what is wrong>`
     if problems:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+        raise ConfigError(f"invalid configuration ({len(problems)} problems):\n  " + "\n  ".join(problems))

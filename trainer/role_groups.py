@@ -10,19 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from protocol import DataProto, DataProtoFuture
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from trainer.algorithm_settings import gen_batch_size
 from trainer.cuda_alloc import gpu_worker_env
-from trainer.fsdp_settings import drop_driver_keys
+from trainer.worker_sections import actor_section, critic_section, reward_model_section
 from workers.rollout.agent.rollout import absolute_specs
 from workers.rollout.separate_sync import IpcRolloutSync, SeparateWeightSync, rollout_weight_sync
 
 ACTOR_DIR, CRITIC_DIR = "actor", "critic"
 # Keys of the reward_model section that the driver reads (trainer/reward_settings.py), not the reward-model worker.
-REWARD_DRIVER_KEYS = ("enable", "reward_manager", "overlong_buffer", "reward_kwargs")
 
 
 def use_gpu(cfg: DictConfig) -> bool:
@@ -38,11 +37,8 @@ def fill_total_steps(optim: dict[str, Any], cfg: DictConfig) -> None:
 
 def actor_worker_config(cfg: DictConfig) -> dict[str, Any]:
     """The actor/rollout/ref section as the worker takes it."""
-    section = OmegaConf.to_container(cfg.actor_rollout_ref, resolve=True)
+    section = actor_section(cfg)
     fill_total_steps(section["actor"]["optim"], cfg)
-    section["actor"].pop("checkpoint")  # what a checkpoint holds: the driver's choice (RoleGroups.save)
-    for role in ("actor", "ref"):
-        drop_driver_keys(section[role]["fsdp_config"])
     section["rollout"]["multi_turn"] = absolute_specs(section["rollout"]["multi_turn"])
     if section["rollout"]["max_model_len"] is None:
         section["rollout"]["max_model_len"] = cfg.data.max_prompt_length + cfg.data.max_response_length
@@ -80,17 +76,13 @@ def engine_decode_batch(cfg: DictConfig) -> int:
 
 
 def critic_worker_config(cfg: DictConfig) -> dict[str, Any]:
-    section = OmegaConf.to_container(cfg.critic, resolve=True)
+    section = critic_section(cfg)
     fill_total_steps(section["optim"], cfg)
-    section.pop("checkpoint")  # the driver's choice (RoleGroups.save)
-    drop_driver_keys(section["model"]["fsdp_config"])
     return section
 
 
 def reward_model_worker_config(cfg: DictConfig) -> dict[str, Any]:
-    section = OmegaConf.to_container(cfg.reward_model, resolve=True)
-    for driver_key in REWARD_DRIVER_KEYS:  # the driver's reward manager, not the worker's
-        section.pop(driver_key, None)
+    section = reward_model_section(cfg)
     if not section["model"]["path"]:
         raise ValueError("reward_model.enable=true needs reward_model.model.path (a Hugging Face model folder)")
     return section

@@ -5,22 +5,14 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from trainer.validation_settings import check_validation_settings
-from workers.rollout_choices import (
-    ASYNC_TRAINING_DEFAULTS, PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES, STALENESS_VALUES,
-)
+from workers.rollout_choices import ASYNC_TRAINING_DEFAULTS
 
 
 def check_rollout_settings(cfg: DictConfig) -> list[str]:
-    """Problems with rollout.staleness / rollout.tis_imp_ratio_cap (for the config validation)."""
+    """Problems of the rollout settings across keys (the values themselves: the workers' schema, checked first)."""
     rollout = cfg.actor_rollout_ref.rollout
     problems = []
-    staleness = rollout.staleness
-    if isinstance(staleness, bool) or staleness not in STALENESS_VALUES:
-        problems.append(
-            f"actor_rollout_ref.rollout.staleness={staleness!r} is not valid; choose one of {list(STALENESS_VALUES)} "
-            "(0: generate each batch with the newest weights, 1: one step off, generating while the actor trains)"
-        )
-    elif staleness == 1 and not (rollout.name == "vllm" and rollout.placement == "separate"):
+    if rollout.staleness == 1 and not (rollout.name == "vllm" and rollout.placement == "separate"):
         problems.append(
             "actor_rollout_ref.rollout.staleness=1 needs engines of their own to generate while the actor trains: "
             f"set rollout.name=vllm and rollout.placement=separate (got name={rollout.name!r}, placement={rollout.placement!r})"
@@ -29,9 +21,7 @@ def check_rollout_settings(cfg: DictConfig) -> list[str]:
     problems += check_hybrid_group(cfg)
     cap = rollout.tis_imp_ratio_cap
     if cap is not None:
-        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 1:
-            problems.append(f"actor_rollout_ref.rollout.tis_imp_ratio_cap={cap!r} must be null (off) or a number >= 1")
-        elif rollout.name != "vllm":
+        if rollout.name != "vllm":
             problems.append(
                 "actor_rollout_ref.rollout.tis_imp_ratio_cap needs the engine's log-probs of the sampled tokens, which "
                 f"rollout.name=vllm returns (got {rollout.name!r})"
@@ -56,16 +46,10 @@ def check_hybrid_group(cfg: DictConfig) -> list[str]:
 
 
 def check_async_settings(cfg: DictConfig) -> list[str]:
-    """Problems with rollout.mode (verl's key) and the fully asynchronous training keys: async_training,
-    max_staleness, stale_groups, partial_rollout."""
+    """Problems across the fully asynchronous training keys (async_training, max_staleness, stale_groups,
+    partial_rollout) and the rest of the config."""
     rollout = cfg.actor_rollout_ref.rollout
-    mode = rollout.get("mode", "async")
-    if mode not in ROLLOUT_MODES:
-        return [f"actor_rollout_ref.rollout.mode={mode!r} is not valid; choose one of {list(ROLLOUT_MODES)} (verl's)"]
-    on = rollout.get("async_training", False)
-    if not isinstance(on, bool):
-        return [f"actor_rollout_ref.rollout.async_training={on!r} must be true or false"]
-    if not on:
+    if not rollout.async_training:
         return _async_only_keys_set(rollout)
     problems = []
     if not (rollout.name == "vllm" and rollout.placement == "separate"):
@@ -80,12 +64,6 @@ def check_async_settings(cfg: DictConfig) -> list[str]:
             "training; with async_training=true bound the staleness with rollout.max_staleness (and leave staleness "
             "at 0)"
         )
-    k = rollout.max_staleness
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        problems.append(f"actor_rollout_ref.rollout.max_staleness={k!r} must be an integer >= 0 (weight versions)")
-    for key, valid in (("stale_groups", STALE_GROUP_POLICIES), ("partial_rollout", PARTIAL_ROLLOUT_MODES)):
-        if rollout[key] not in valid:
-            problems.append(f"actor_rollout_ref.rollout.{key}={rollout[key]!r} is not valid; choose one of {list(valid)}")
     if cfg.algorithm.adv_estimator == "remax":
         problems.append(
             "algorithm=remax generates a greedy baseline of each step's prompts on demand, which async_training does "
@@ -119,12 +97,9 @@ def check_gpu_shares(cfg: DictConfig) -> list[str]:
         problems.append(f"trainer.gpus_per_process={share!r} must be a number in (0, 1] (GPUs each trainer process reserves)")
     rollout = cfg.actor_rollout_ref.rollout
     engine = rollout.get("gpus_per_engine")
-    if engine is not None:
-        if isinstance(engine, bool) or not isinstance(engine, (int, float)) or not 0 < engine <= 1:
-            problems.append(f"actor_rollout_ref.rollout.gpus_per_engine={engine!r} must be null or a number in (0, 1]")
-        elif rollout.tensor_model_parallel_size != 1 or rollout.placement != "separate":
-            problems.append(
-                "actor_rollout_ref.rollout.gpus_per_engine sets the GPU share of a separate engine of "
-                "tensor_model_parallel_size 1 (leave it null otherwise)"
-            )
+    if engine is not None and (rollout.tensor_model_parallel_size != 1 or rollout.placement != "separate"):
+        problems.append(
+            "actor_rollout_ref.rollout.gpus_per_engine sets the GPU share of a separate engine of "
+            "tensor_model_parallel_size 1 (leave it null otherwise)"
+        )
     return problems

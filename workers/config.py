@@ -17,6 +17,7 @@ from workers.config_fields import (
     non_empty_str, one_of, optional, spec_list, token_ids,
 )
 from workers.lora.spec import check_base_sharing, check_lora_settings
+from workers.config_schema import validated
 from workers.default_values import REQUIRED, section_defaults
 from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, OLD_LOG_PROB_PASS_CHOICES, POLICY_LOSS_MODES
 from workers.rollout_choices import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES, STALENESS_VALUES
@@ -48,7 +49,7 @@ def _ref_megatron_spec() -> dict[str, Any]:
     """verl's `ref.megatron.*`: the reference runs in the actor's processes, so its layout is the actor's; a value
     set here must equal the actor's (None: the actor's)."""
     return {
-        key: Field(optional(field.check), f"None (the actor's) or {field.expected}, equal to actor.megatron.{key}")
+        key: Field(optional(field.kind), f"None (the actor's) or {field.expected}, equal to actor.megatron.{key}")
         for key, field in megatron_spec().items()
     }
 
@@ -338,34 +339,35 @@ def _as_plain_mapping(config: Any, where: str) -> Mapping[str, Any]:
 
 
 def fill_config(spec: Mapping[str, Any], user: Any, defaults: Mapping[str, Any], where: str = "") -> dict[str, Any]:
-    """Merge `user` over `defaults` (the section's yaml, resolved), checking every key and value of `spec`."""
+    """`user` over `defaults` (the section's yaml, resolved), checked and normalised by the spec's pydantic model
+    (workers/config_schema.py): one ValueError naming every wrong key."""
     user = _as_plain_mapping(user, where)
-    unknown = sorted(str(k) for k in user if k not in spec)
-    if unknown:
-        place = f"in section {where!r}" if where else "at the top level"
-        raise ValueError(f"unknown config key(s) {unknown} {place}; valid keys: {sorted(spec)}")
-    filled: dict[str, Any] = {}
-    for key, entry in spec.items():
-        dotted = f"{where}.{key}" if where else key
-        if isinstance(entry, Mapping):
-            filled[key] = fill_config(entry, user.get(key), defaults[key], dotted)
-            continue
-        if key not in user:
-            if defaults[key] == REQUIRED:
-                raise ValueError(f"config key {dotted!r} is required: {entry.expected}")
-            filled[key] = defaults[key]
-            continue
-        try:
-            filled[key] = entry.check(user[key])
-        except (ValueError, TypeError):
-            raise ValueError(f"config key {dotted!r} must be {entry.expected}, got {user[key]!r}") from None
-    return filled
+    return validated(spec, _overlay(spec, defaults, user), where)
+
+
+def _without_required(value: Any) -> Any:
+    if not isinstance(value, Mapping):
+        return value
+    return {key: _without_required(item) for key, item in value.items() if item != REQUIRED}
+
+
+def _overlay(spec: Mapping[str, Any], defaults: Mapping[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's keys over the defaults, section by section; a required key left unset (`???`) is absent, so
+    the model reports it missing."""
+    values = {key: _without_required(value) for key, value in defaults.items() if value != REQUIRED}
+    for key, value in user.items():
+        entry = spec.get(key)
+        if isinstance(entry, Mapping) and isinstance(value, Mapping):
+            values[key] = _overlay(entry, defaults.get(key, {}), value)
+        else:
+            values[key] = value
+    return values
 
 
 def multi_turn_config(user: Any) -> dict[str, Any]:
     """`rollout.multi_turn` alone (the agent loop's tests and benchmarks build it without a worker)."""
     defaults = section_defaults("actor_rollout_ref")["rollout"]["multi_turn"]
-    return fill_config(multi_turn_spec(), user, defaults, "rollout.multi_turn")
+    return fill_config(ACTOR_ROLLOUT_REF_SPEC["rollout"]["multi_turn"], user, defaults, "rollout.multi_turn")
 
 
 def complete_section(section: str, user: Any, where: str = "") -> dict[str, Any]:

@@ -1,18 +1,22 @@
-"""Leaf fields of the worker configs: a check that returns the normalised value or raises ValueError, and the
-words an error shows for what is allowed (workers/config.py builds its specs from them; the defaults are in
-workers/defaults/*.yaml)."""
+"""Leaf fields of the worker configs: the type a value must have, as pydantic reads it (bounds and choices
+included), and the words an error shows for what is allowed. workers/config.py builds a pydantic model of each
+section from them (workers/config_schema.py); the defaults are in workers/defaults/*.yaml."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import AfterValidator, BeforeValidator, StrictBool, StrictInt, StrictStr
+from pydantic import Field as Bound
+
 
 @dataclass(frozen=True)
 class Field:
-    """One leaf key: a check returning the normalised value or raising ValueError."""
+    """One leaf key: the pydantic type of its value and what an error says is allowed."""
 
-    check: Callable[[Any], Any]
+    kind: Any
     expected: str  # shown in errors, e.g. "an int >= 1"
 
 
@@ -20,94 +24,61 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def float_in(low: float | None = None, high: float | None = None, low_open: bool = False) -> Callable[[Any], Any]:
-    def check(value: Any) -> float:
-        ok = is_number(value)
-        ok = ok and (low is None or (value > low if low_open else value >= low)) and (high is None or value <= high)
-        if not ok:
-            raise ValueError
-        return float(value)
-
-    return check
-
-
-def int_at_least(low: int) -> Callable[[Any], Any]:
-    def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError
-        return value
-
-    return check
-
-
-def any_int(value: Any) -> int:
-    """Any integer, negative ones included (verl's `lr_warmup_steps=-1` means "use the ratio")."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError
+def _a_number(value: Any) -> Any:
+    """pydantic's float also takes "1.5" and True; a setting here takes numbers only."""
+    if not is_number(value):
+        raise ValueError("not a number")
     return value
 
 
-def optional(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else inner(value)
+def float_in(low: float | None = None, high: float | None = None, low_open: bool = False) -> Any:
+    bounds: dict[str, float] = {}
+    if low is not None:
+        bounds["gt" if low_open else "ge"] = low
+    if high is not None:
+        bounds["le"] = high
+    return Annotated[float, BeforeValidator(_a_number), Bound(**bounds)]
 
 
-def one_of(*choices: Any) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if value not in choices:
-            raise ValueError
-        return value
-
-    return check
+def int_at_least(low: int) -> Any:
+    return Annotated[StrictInt, Bound(ge=low)]
 
 
-def boolean(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError
+any_int = StrictInt  # negative ones included (verl's `lr_warmup_steps=-1` means "use the ratio")
+boolean = StrictBool
+non_empty_str = Annotated[StrictStr, Bound(min_length=1)]
+
+
+def optional(inner: Any) -> Any:
+    return Optional[inner]
+
+
+def one_of(*choices: Any) -> Any:
+    """One of `choices` (a registry's names: the list lives where the names are implemented)."""
+    return Literal[choices]
+
+
+token_ids = Union[int_at_least(0), Annotated[list[int_at_least(0)], Bound(min_length=1)]]
+betas = Annotated[list[float_in(0.0, 1.0)], Bound(min_length=2, max_length=2)]
+module_names = Union[non_empty_str, Annotated[list[non_empty_str], Bound(min_length=1)]]
+
+
+def _tool_spec(value: str) -> str:
+    if ":" not in value:
+        raise ValueError("not 'path/to/file.py:function'")
     return value
 
 
-def non_empty_str(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError
-    return value
+spec_list = list[Annotated[StrictStr, AfterValidator(_tool_spec)]]
+# A model's `override_config`: config.json field names (strings) to values.
+config_fields = dict[non_empty_str, Any]
 
 
-def token_ids(value: Any) -> int | list[int]:
-    if isinstance(value, (list, tuple)) and value and all(int_at_least(0)(v) is not None for v in value):
-        return [int(v) for v in value]
-    return int_at_least(0)(value)
-
-
-def betas(value: Any) -> list[float]:
-    if not isinstance(value, (list, tuple)) or len(value) != 2:
-        raise ValueError
-    return [float_in(0.0, 1.0)(v) for v in value]
-
-
-def spec_list(value: Any) -> list[str]:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and ":" in v for v in value):
-        raise ValueError
-    return list(value)
-
-
-def config_fields(value: Any) -> dict[str, Any]:
-    """A model's `override_config`: config.json field names (strings) to values."""
-    if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
-        raise ValueError
-    return dict(value)
-
-
-def engine_kwargs_mapping(value: Any) -> dict[str, Any]:
+def _engine_kwargs(value: Any) -> dict[str, Any]:
     """verl's `rollout.engine_kwargs`: {vllm: {name: value}}; the names are checked against vLLM where it runs."""
     if not isinstance(value, Mapping) or set(value) - {"vllm"} or not isinstance(value.get("vllm") or {}, Mapping):
-        raise ValueError
+        raise ValueError("not {vllm: {argument: value}}")
     return {"vllm": dict(value.get("vllm") or {})}
 
 
-def module_names(value: Any) -> str | list[str]:
-    """A PEFT module selector: one name / "all-linear", or a non-empty list of names."""
-    if isinstance(value, str) and value:
-        return value
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v for v in value):
-        return list(value)
-    raise ValueError
+engine_kwargs_mapping = Annotated[Any, AfterValidator(_engine_kwargs)]

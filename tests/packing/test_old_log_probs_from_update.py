@@ -102,5 +102,5 @@ def test_when_the_pass_runs(overrides, needed):
 
 
 def test_an_unknown_setting_names_the_choices():
-    with pytest.raises(ConfigError, match=r"old_log_prob_pass='never' is not valid; choose one of \['auto', 'always'\]"):
+    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.actor.old_log_prob_pass' must be one of \['auto', 'always'\], got 'never'"):
         load_config(["actor_rollout_ref.actor.old_log_prob_pass=never"])

@@ -90,9 +90,9 @@ def test_lookahead_keeps_the_position_before_the_batch_taken_ahead():
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        (["actor_rollout_ref.rollout.staleness=2"], r"staleness=2 is not valid; choose one of \[0, 1\]"),
+        (["actor_rollout_ref.rollout.staleness=2"], r"'actor_rollout_ref.rollout.staleness' must be 0 or 1.*got 2"),
         (["actor_rollout_ref.rollout.staleness=1"], "needs engines of their own"),
-        (["actor_rollout_ref.rollout.tis_imp_ratio_cap=0.5", "actor_rollout_ref.rollout.name=vllm"], "a number >= 1"),
+        (["actor_rollout_ref.rollout.tis_imp_ratio_cap=0.5", "actor_rollout_ref.rollout.name=vllm"], "or a float >= 1"),
         (["actor_rollout_ref.rollout.tis_imp_ratio_cap=2"], "rollout.name=vllm returns"),
     ],
 )

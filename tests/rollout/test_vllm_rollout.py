@@ -94,6 +94,7 @@ def test_sync_after_an_optimizer_step_changes_the_engine(ray_cluster, tiny_asset
         "actor_rollout_ref.rollout.engine_process=false",
         "trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.optim.lr=0.05", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "data.train_batch_size=8", "actor_rollout_ref.actor.use_kl_loss=false",
+        "actor_rollout_ref.actor.optim.weight_decay=0.0",  # a zero-gradient step then leaves every weight as it was
     ])
     roles = RoleGroups.build(cfg, reference=False, critic=False)
     try:

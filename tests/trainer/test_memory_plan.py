@@ -9,7 +9,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from trainer.config_loader import load_config
+from trainer.config_loader import ConfigError, load_config
 from trainer.memory_plan import COLUMNS, build_plan, misfit_message, render_plan
 from trainer.memory_plan.plan import FIXED_KV_ALLOWANCE_BYTES
 from trainer.memory_plan.shape import ModelShape, lora_params, lora_targets
@@ -452,8 +452,7 @@ def test_a_colocated_critic_computes_without_the_actors_offloaded_parameters(fol
 
 
 def test_a_checkpointed_layer_count_below_one_is_refused_before_ray_starts():
-    from trainer.input_errors import InputError
-    from trainer.preflight import check_worker_settings
-
-    with pytest.raises(InputError, match=r"'actor_rollout_ref.model.gradient_checkpointing_layers' must be None \(every decoder layer recomputes\) or an int >= 1.*got 0"):
-        check_worker_settings(load_config(["actor_rollout_ref.model.gradient_checkpointing_layers=0"]))
+    """Refused when the config loads (the workers' schema), before any plan or Ray."""
+    expected = r"'actor_rollout_ref.model.gradient_checkpointing_layers' must be None \(every decoder layer recomputes\) or an int >= 1.*got 0"
+    with pytest.raises(ConfigError, match=expected):
+        load_config(["actor_rollout_ref.model.gradient_checkpointing_layers=0"])

@@ -29,7 +29,7 @@ def test_both_verl_values_load_and_give_the_same_run(extra):
 
 
 def test_a_value_verl_does_not_have_is_refused():
-    with pytest.raises(ConfigError, match=r"rollout.mode='server' is not valid; choose one of \['sync', 'async'\]"):
+    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.rollout.mode' must be one of \['sync', 'async'\].*got 'server'"):
         load_config(["actor_rollout_ref.rollout.mode=server"])
 
 
@@ -38,7 +38,7 @@ def test_async_training_turns_the_stream_on_and_is_a_bool():
     assert cfg.actor_rollout_ref.rollout.async_training is True
     # The stream keeps max_staleness + 1 batches out: the engines decode more at once than one batch.
     assert engine_decode_batch(cfg) == 3 * engine_decode_batch(load_config(list(SEPARATE)))
-    with pytest.raises(ConfigError, match="async_training='yes' must be true or false"):
+    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.rollout.async_training' must be a bool.*got 'yes'"):
         load_config([*SEPARATE, "actor_rollout_ref.rollout.async_training=yes"])
 
 
@@ -51,7 +51,7 @@ def test_async_training_turns_the_stream_on_and_is_a_bool():
 def test_the_old_spelling_fails_in_one_line_naming_the_new_key(async_key, mode):
     with pytest.raises(ConfigError) as error:
         load_config([*SEPARATE, f"actor_rollout_ref.rollout.mode={mode}", async_key])
-    lines = str(error.value).splitlines()[1:]
+    lines = str(error.value).splitlines()
     assert len(lines) == 1, lines
     assert async_key.split(".")[-1].split("=")[0] in lines[0] and NEW_KEY in lines[0]
     load_config([*SEPARATE, f"actor_rollout_ref.rollout.mode={mode}", async_key, NEW_KEY])  # what it asks for works
@@ -61,7 +61,7 @@ def test_all_old_async_keys_come_in_the_same_one_line():
     keys = ["actor_rollout_ref.rollout.max_staleness=4", "actor_rollout_ref.rollout.stale_groups=regenerate"]
     with pytest.raises(ConfigError) as error:
         load_config([*SEPARATE, "actor_rollout_ref.rollout.mode=async", *keys])
-    lines = str(error.value).splitlines()[1:]
+    lines = str(error.value).splitlines()
     assert len(lines) == 1 and "max_staleness=4" in lines[0] and "stale_groups='regenerate'" in lines[0]
 
 

@@ -51,7 +51,8 @@ def test_the_default_is_null_and_the_resolved_count_reaches_the_optimizers(capsy
     ("trainer.critic_warmup=2",
      "trainer.critic_warmup=2 updates only the critic .* algorithm.adv_estimator='grpo' trains no critic"),
     ("trainer.critic_warmup=-1", r"trainer.critic_warmup=-1 must be an integer >= 0"),
-    ("actor_rollout_ref.actor.optim.lr_scheduler_type=linear", "lr_scheduler_type='linear' is not valid"),
+    ("actor_rollout_ref.actor.optim.lr_scheduler_type=linear",
+     r"'actor_rollout_ref.actor.optim.lr_scheduler_type' must be one of \['constant', 'cosine'\], got 'linear'"),
 ])
 def test_bad_values_are_refused_naming_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
