@@ -12,13 +12,16 @@ from omegaconf import DictConfig, OmegaConf
 from trainer import run_setup
 from trainer.algorithm_names import ADVANTAGE_ESTIMATOR_NAMES, ESTIMATOR_GROUPS
 from trainer.algorithm_settings import check_algorithm_settings
+from trainer.algorithms.kl_control import KL_CONTROLLER_KINDS
 from trainer.checkpoint_contents import checkpoint_contents_notes, checkpoint_contents_problems
 from trainer.config_source import (
     ConfigSource, ConfigSourceError, compose_source, config_groups, drop_keys, find_source, leaf_entries, read_user_file, split_config_flags,
 )
 from trainer.cuda_alloc import alloc_conf_problem
+from trainer.data.rl_dataset import TRUNCATION_MODES
 from trainer.fsdp_settings import fsdp_size_problems
 from trainer.override_keys import override_parts, review_keys, valid_keys_near
+from trainer.preflight import MEMORY_CHECK_MODES
 from trainer.reward_settings import REWARD_MANAGERS, declared_reward_kwarg
 from trainer.rollout_settings import check_rollout_settings
 from trainer.trackers.spec import entry_problem
@@ -85,13 +88,6 @@ def _check_renamed(keys: Sequence[tuple[str, str | None]]) -> list[str]:
     return problems
 
 
-def _worker_key(key: str) -> bool:
-    """Whether a `+key` absent from the YAML is a worker setting it leaves at its default (workers/config.py)."""
-    from workers.config import declared_worker_key
-
-    return declared_worker_key(key) or declared_reward_kwarg(key)
-
-
 def _estimator_group(overrides: Sequence[str], groups: set[str], data: dict[str, Any] | None) -> list[str]:
     """`algorithm=<group>` for a command that names `algorithm.adv_estimator` but no algorithm group, so that
     the estimator's defaults come with it (verl scripts: `algorithm.adv_estimator=gae`, no group)."""
@@ -144,12 +140,12 @@ def load_config(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -
             entries = [(k, str(v).lower() if isinstance(v, bool) else str(v), "", k) for k, v in leaf_entries(data)]
             problems += _check_renamed([(k, v) for k, v, _, _ in entries])
             entries = [entry for entry in entries if renamed_key(entry[0]) is None]
-            in_file = review_keys(entries, user_base, _worker_key, where=f"in {source.user_file.name}")
+            in_file = review_keys(entries, user_base, declared_reward_kwarg, where=f"in {source.user_file.name}")
             problems += in_file.problems
             notes += in_file.notes
             data = drop_keys(data, [k for k, *_ in entries if k not in in_file.kept])
         base, whole = _compose_fast(source, selections, settings, defaults, data)
-        review = review_keys(((*override_parts(o), o) for o in settings), base, _worker_key)
+        review = review_keys(((*override_parts(o), o) for o in settings), base, declared_reward_kwarg)
         problems += review.problems
         notes += review.notes
         if problems:
@@ -182,15 +178,15 @@ def resolve_auto_values(cfg: DictConfig) -> None:
 _CHOICES = {
     "algorithm.adv_estimator": ADVANTAGE_ESTIMATOR_NAMES,
     "algorithm.kl_penalty": KL_PENALTY_NAMES,
-    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "algorithm.kl_ctrl.type": KL_CONTROLLER_KINDS,
     "reward_model.reward_manager": tuple(REWARD_MANAGERS),
-    "data.truncation": ("error", "left", "right", "filter"),
+    "data.truncation": TRUNCATION_MODES,
     "data.filter_overlong_prompts": (False, True),
     "data.return_raw_chat": (False, True),
-    "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.device": run_setup.DEVICE_CHOICES,
     "trainer.release_cached_blocks": RELEASE_POINTS,
-    "trainer.placement": ("colocated", "separate"),
-    "trainer.memory_check": ("error", "warn", "off"),
+    "trainer.placement": run_setup.ROLE_PLACEMENTS,
+    "trainer.memory_check": MEMORY_CHECK_MODES,
     "trainer.plan_only": (False, True),
 }
 _POSITIVE_INTS = (

@@ -86,7 +86,7 @@ def review_keys(
     where: str = "",
 ) -> KeyReview:
     """Check `(key, value, prefix, original text)` entries against `base`. `adds_allowed(key)`: whether a `+key`
-    absent from `base` is still read (a worker setting left at its default). `where`: shown after each key
+    absent from `base` is still read (a reward-manager argument, trainer/reward_settings.py). `where`: shown after each key
     (`(in my.yaml)`)."""
     review = KeyReview()
     known: list[str] | None = None

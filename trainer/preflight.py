@@ -14,6 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from trainer import run_setup
 from trainer.input_errors import InputError
 
+MEMORY_CHECK_MODES: tuple[str, ...] = ("error", "warn", "off")  # trainer.memory_check
+
 # Any one of these makes a folder loadable by AutoTokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")

@@ -20,6 +20,9 @@ DEFAULT_DRIVER_THREADS = 1  # trainer.driver_threads of a config without it
 # trainer.n_gpus_per_node=auto where the run has no GPU: two CPU worker processes, the fewest that exercise the
 # data-parallel path (FSDP over gloo) the README's default job runs; more would compete for the same cores.
 CPU_WORKERS_PER_NODE = 2
+DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")  # trainer.device
+# trainer.placement: the trainer's roles share one pool (colocated) or each role gets its own (separate)
+ROLE_PLACEMENTS: tuple[str, ...] = ("colocated", "separate")
 
 
 def ensure_default_assets(cfg: DictConfig) -> None:

@@ -19,22 +19,9 @@ from workers.default_values import REQUIRED, section_defaults
 from workers.lora.spec import check_base_sharing, check_lora_settings
 
 __all__ = [
-    "WORKER_SECTIONS", "actor_rollout_ref_config", "complete_section", "critic_config", "declared_worker_key",
+    "WORKER_SECTIONS", "actor_rollout_ref_config", "complete_section", "critic_config",
     "fill_config", "mini_batch_per_rank", "multi_turn_config", "reward_model_config",
 ]
-
-
-def declared_worker_key(dotted: str) -> bool:
-    """Whether `dotted` (a trainer-config key such as `actor_rollout_ref.rollout.top_k`) is a worker setting."""
-    for section, spec in WORKER_SECTIONS.items():
-        if dotted.startswith(section + "."):
-            node: Any = spec
-            for part in dotted[len(section) + 1 :].split("."):
-                if not isinstance(node, Mapping) or part not in node:
-                    return False
-                node = node[part]
-            return True
-    return False
 
 
 def _as_plain_mapping(config: Any, where: str) -> Mapping[str, Any]:

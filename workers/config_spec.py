@@ -11,10 +11,10 @@ from workers.config_fields import (
     Field, any_int, betas, boolean, config_fields, engine_kwargs_mapping, float_in, int_at_least, module_names,
     non_empty_str, one_of, optional, spec_list, token_ids,
 )
+from workers.dtypes import DTYPE_NAMES
 from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, OLD_LOG_PROB_PASS_CHOICES, POLICY_LOSS_MODES
 from workers.rollout_choices import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES, STALENESS_VALUES
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 ROLLOUT_ENGINES = ("hf", "vllm")
 ROLLOUT_PLACEMENTS = ("hybrid", "separate")
 LR_SCHEDULERS = ("constant", "cosine")
@@ -87,7 +87,7 @@ def _strategy_field(role: str) -> Field:
 
 MODEL_SPEC: dict[str, Any] = {
     "path": Field(non_empty_str, "a local directory or hub id (string)"),
-    "dtype": Field(one_of(*DTYPES), f"one of {list(DTYPES)} (auto: bfloat16 on GPU, float32 on CPU)"),
+    "dtype": Field(one_of(*DTYPE_NAMES), f"one of {list(DTYPE_NAMES)} (auto: bfloat16 on GPU, float32 on CPU)"),
     "enable_gradient_checkpointing": Field(boolean, "a bool"),
     "gradient_checkpointing_layers": Field(
         optional(int_at_least(1)), "None (every decoder layer recomputes) or an int >= 1 (the first N decoder layers recompute; the rest keep their activations)"
@@ -225,7 +225,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         ),
         "share_base_weights": Field(optional(boolean), "None (where possible) or a bool (LoRA with a hybrid vllm engine: the actor's frozen base weights are views of the engine's, one copy on the device)"),
         "max_model_len": Field(optional(int_at_least(1)), "None (prompt + response length, set by the trainer) or an int >= 1"),
-        "dtype": Field(one_of(*DTYPES), f"one of {list(DTYPES)} (vllm; auto: the actor's compute dtype)"),
+        "dtype": Field(one_of(*DTYPE_NAMES), f"one of {list(DTYPE_NAMES)} (vllm; auto: the actor's compute dtype)"),
         "weight_sync_bucket_mb": Field(int_at_least(1), "an int >= 1 (MiB per weight-sync bucket)"),
         "verify_sync": Field(boolean, "a bool (after each sync, compare the engine's log-probs of a probe batch with the trainer's)"),
         "verify_tolerance": Field(optional(float_in(0.0, low_open=True)), "None (1e-3 fp32, 0.25 bf16) or a float > 0"),

@@ -10,6 +10,8 @@ import torch
 from workers.rl_math import kl
 from workers.rl_math.losses import agg_loss
 
+KL_CONTROLLER_KINDS: tuple[str, ...] = ("fixed", "adaptive")  # algorithm.kl_ctrl.type
+
 __all__ = [
     "apply_kl_penalty",
     "KLController",
@@ -74,7 +76,7 @@ def make_kl_controller(
         if target_kl is None or horizon is None:
             raise ValueError("adaptive KL controller needs target_kl and horizon")
         return AdaptiveKLController(kl_coef, target_kl, horizon)
-    raise ValueError(f"Unknown KL controller kind {kind!r}; valid kinds: ['fixed', 'adaptive']")
+    raise ValueError(f"Unknown KL controller kind {kind!r}; valid kinds: {list(KL_CONTROLLER_KINDS)}")
 
 
 def apply_kl_penalty(

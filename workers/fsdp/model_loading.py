@@ -11,13 +11,12 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig
 
 from workers.checkpointed_layers import kept_layers
+from workers.dtypes import TORCH_DTYPES
 from workers.head_log_probs import set_logits_chunk_tokens
 from workers.lora.model import add_lora_adapters
 from workers.lora.spec import LoraSpec
 from workers.packing.forward import enable_packing
 from workers.vision.models import language_model, vision_units
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def worker_device() -> torch.device:
@@ -31,7 +30,7 @@ def compute_dtype(name: str, device: torch.device) -> torch.dtype:
     """The dtype forward passes run in; "auto" is bfloat16 on GPU and float32 on CPU."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
+    return TORCH_DTYPES[name]
 
 
 def device_mesh(device: torch.device) -> DeviceMesh:

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from workers.config_fields import is_number
+from workers.dtypes import DTYPE_NAMES
 from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS
 
 BACKENDS = ("fsdp2", "megatron")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 ENGINE_TYPES = ("vllm", "hf")
 
 Settings = TypeVar("Settings")
@@ -99,7 +99,7 @@ class StrategyConfig:
 
     def __post_init__(self) -> None:
         _require(self.backend in BACKENDS, f"strategy backend {self.backend!r} is not available; valid: {list(BACKENDS)}")
-        _require(self.dtype in DTYPES, f"strategy dtype {self.dtype!r} is not valid; valid: {list(DTYPES)}")
+        _require(self.dtype in DTYPE_NAMES, f"strategy dtype {self.dtype!r} is not valid; valid: {list(DTYPE_NAMES)}")
         _require(self.grad_clip > 0, f"strategy grad_clip must be > 0, got {self.grad_clip}")
         chunk = self.logits_chunk_tokens
         _require(
@@ -133,7 +133,7 @@ class InferenceConfig:
     def __post_init__(self) -> None:
         _require(bool(self.model_path), "inference config needs model_path (the HF folder the engine loads first)")
         _require(self.group_size >= 1, f"inference group_size must be >= 1, got {self.group_size}")
-        _require(self.dtype in DTYPES, f"inference dtype {self.dtype!r} is not valid; valid: {list(DTYPES)}")
+        _require(self.dtype in DTYPE_NAMES, f"inference dtype {self.dtype!r} is not valid; valid: {list(DTYPE_NAMES)}")
         _require(0 < self.gpu_memory_utilization <= 1, f"inference gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         kv = self.kv_cache_gib
         _require(
