@@ -102,32 +102,30 @@ def main() -> None:
 
     from megatron.core import parallel_state as ps
 
-    from workers.megatron.actor import response_token_log_probs
     from workers.megatron.engine import MegatronEngine
     from workers.megatron.model import ParallelSettings
+    from workers.training.backend import ResponseForward
 
     ps.initialize_model_parallel(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp)
     settings = ParallelSettings(args.tp, args.pp, sequence_parallel=args.tp > 1)
     engine = MegatronEngine({"path": str(work / "model"), "dtype": "bfloat16"}, settings, OPTIM)
     data = batch(engine.layout.vocab_size)
-    vocab = engine.layout.vocab_size
     micros = list(data.split(4))
+    forward = ResponseForward("log_probs", 1.0)
 
-    def keep(output, micro):
-        lp, _ = response_token_log_probs(output, micro, vocab, 1.0, False)
-        return output.new_zeros(()), {"log_probs": lp.cpu()}
+    def keep(outputs, micro):
+        return {"log_probs": outputs.log_probs.cpu()}
 
-    def loss(output, micro):
-        lp, _ = response_token_log_probs(output, micro, vocab, 1.0, False)
-        return -lp.mean() / len(micros), {}
+    def loss(outputs, micro):
+        return -outputs.log_probs.mean() / len(micros), {}
 
-    kept = engine.run_micro_batches(micros, keep, forward_only=True)
+    kept = engine.forward_only(micros, forward, keep)
     step_times = []
     for _ in range(2):
         torch.cuda.synchronize()
         start = time.perf_counter()
         engine.zero_grad()
-        engine.run_micro_batches(micros, loss, forward_only=False)
+        engine.forward_backward(micros, forward, loss)
         engine.optimizer_step(1.0)
         torch.cuda.synchronize()
         step_times.append(time.perf_counter() - start)

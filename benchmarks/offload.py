@@ -314,7 +314,7 @@ def print_offload_table(table: list[dict[str, Any]], bandwidth: Bandwidth | None
 
 # ---- main ---------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from workers.fsdp.dist_utils import single_process_group
+    from workers.training.dist_utils import single_process_group
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cpu" and args.shape != "tiny" and not args.probe_only:

@@ -35,12 +35,12 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from protocol import DataProto
 from workers.config import actor_rollout_ref_config
-from workers.fsdp.actor_loss import actor_micro_loss
-from workers.fsdp.dist_utils import single_process_group
+from workers.training.actor_loss import actor_forward, actor_loss
+from workers.training.dist_utils import single_process_group
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
+from workers.training.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.model_loading import worker_device
-from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.fsdp.sequences import response_log_probs_and_entropy
 from workers.packing.attention import kernel_name
 
@@ -153,7 +153,8 @@ def old_log_probs(engine: FSDPEngine, data: DataProto, config: dict[str, Any]) -
 def update(engine: FSDPEngine, data: DataProto, config: dict[str, Any]) -> dict[str, float]:
     actor_cfg = config["actor"]
     schedule = PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0)
-    return run_ppo_updates(engine, data, lambda micro: actor_micro_loss(engine.module, micro, engine.device, 1.0, actor_cfg), schedule, "update_actor")
+    loss_fn = lambda outputs, micro: actor_loss(outputs, micro, actor_cfg)  # noqa: E731
+    return run_ppo_updates(engine, data, actor_forward(actor_cfg, 1.0), loss_fn, schedule, "update_actor")
 
 
 def run_mode(model_dir: str, mode: str, data: DataProto, warmup: DataProto, args: argparse.Namespace, width: int) -> dict[str, Any]:

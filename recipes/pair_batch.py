@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from protocol import DataProto
-from workers.fsdp.dpo_update import SIDE_KEYS
+from workers.training.dpo_update import SIDE_KEYS
 from workers.rl_math.masked import masked_sum
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from protocol import DataProto
-from workers.fsdp.sft_update import SFT_KEYS
+from workers.training.sft_update import SFT_KEYS
 
 
 def sft_batch(rollout: DataProto, rows: np.ndarray, world_size: int) -> DataProto:

@@ -20,3 +20,6 @@ ESTIMATOR_GROUPS: dict[str, str] = {
     "remax": "remax",
 }
 ADVANTAGE_ESTIMATOR_NAMES: tuple[str, ...] = tuple(ESTIMATOR_GROUPS)
+
+# algorithm.kl_ctrl.type (trainer/algorithms/kl_control.py)
+KL_CONTROLLER_KINDS: tuple[str, ...] = ("fixed", "adaptive")

@@ -10,15 +10,14 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 from trainer import run_setup
-from trainer.algorithm_names import ADVANTAGE_ESTIMATOR_NAMES, ESTIMATOR_GROUPS
+from trainer.algorithm_names import ADVANTAGE_ESTIMATOR_NAMES, ESTIMATOR_GROUPS, KL_CONTROLLER_KINDS
 from trainer.algorithm_settings import check_algorithm_settings
-from trainer.algorithms.kl_control import KL_CONTROLLER_KINDS
 from trainer.checkpoint_contents import checkpoint_contents_notes, checkpoint_contents_problems
 from trainer.config_source import (
     ConfigSource, ConfigSourceError, compose_source, config_groups, drop_keys, find_source, leaf_entries, read_user_file, split_config_flags,
 )
 from trainer.cuda_alloc import alloc_conf_problem
-from trainer.data.rl_dataset import TRUNCATION_MODES
+from trainer.data_names import TRUNCATION_MODES
 from trainer.fsdp_settings import fsdp_size_problems
 from trainer.override_keys import override_parts, review_keys, valid_keys_near
 from trainer.preflight import MEMORY_CHECK_MODES

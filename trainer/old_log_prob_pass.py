@@ -3,7 +3,7 @@
 PPO's ratio is taken against pi_old, the actor's log-probs of the batch before the update. When the update
 makes exactly one optimizer step over the batch (one epoch, one mini-batch), pi_old is the policy the
 update's own forward pass runs: its log-probs, detached, are pi_old exactly, so the separate pass only
-repeats a forward over the whole batch. `auto` skips it then; the update stands in (workers/fsdp/actor_loss.py),
+repeats a forward over the whole batch. `auto` skips it then; the update stands in (workers/training/actor_loss.py),
 including the truncated importance weights and the engine-vs-trainer log-prob gap. Free of torch: the config
 loader imports it.
 """

@@ -52,29 +52,27 @@ class MegatronEngineProbe(Worker):
     def run(self, model_path: str, tp: int, pp: int, sp: bool, dist_opt: bool, batch: dict, lr: float) -> dict | None:
         from megatron.core import parallel_state as ps
 
-        from workers.megatron.actor import response_token_log_probs
         from workers.megatron.engine import MegatronEngine
         from workers.megatron.model import ParallelSettings
+        from workers.training.backend import ResponseForward
 
         init_megatron_parallel(self, tp, pp)
         optim = {"lr": lr, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": ADAM_EPS, "lr_warmup_steps": 0,
                  "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
         engine = MegatronEngine({"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, sp, dist_opt), optim)
-        vocab = engine.layout.vocab_size
         micros = list(DataProto.from_dict(batch).split(2))
 
-        def keep(output, micro):
-            lp, ent = response_token_log_probs(output, micro, vocab, 1.0, True)
-            return output.new_zeros(()), {"log_probs": lp.detach(), "entropy": ent.detach()}
+        def keep(outputs, micro):
+            return {"log_probs": outputs.log_probs.detach(), "entropy": outputs.entropy.detach()}
 
-        def loss(output, micro):
-            lp, _ = response_token_log_probs(output, micro, vocab, 1.0, False)
+        def loss(outputs, micro):
             mask = micro.batch["response_mask"].float()
-            return -(lp * mask).sum() / mask.sum() / len(micros), {}
+            return -(outputs.log_probs * mask).sum() / mask.sum() / len(micros), {}
 
-        kept = engine.run_micro_batches(micros, keep, forward_only=True)
+        # Through the TrainBackend methods the training logic calls (workers/training/backend.py).
+        kept = engine.forward_only(micros, ResponseForward("log_probs", 1.0, with_entropy=True), keep)
         engine.zero_grad()
-        engine.run_micro_batches(micros, loss, forward_only=False)
+        engine.forward_backward(micros, ResponseForward("log_probs", 1.0), loss)
         grad_norm = engine.optimizer_step(1.0)
         weights = {name: t.clone() for name, t in engine.hf_weights(torch.float32)}
         if not (ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0):

@@ -12,7 +12,7 @@ from tests.model_folders import write_random_qwen2
 from tests.workers.conftest import TINY_CONFIG
 from tests.workers.helpers import actor_config, random_prompts
 from workers.fsdp import ActorRolloutRefWorker
-from workers.fsdp.dist_utils import single_process_group
+from workers.training.dist_utils import single_process_group
 from workers.fsdp.offload import Offloader
 from workers.fsdp.residency import CRITIC, ActorResidency, CriticResidency, DeviceTenants
 

@@ -13,7 +13,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.offload.tiny import local, train_step
-from workers.fsdp.dist_utils import single_process_group
+from workers.training.dist_utils import single_process_group
 from workers.fsdp.model_loading import device_mesh, transformer_layers
 from workers.fsdp.offload import Offloader, module_state_tensors
 from workers.fsdp.shared_storage import shard_window

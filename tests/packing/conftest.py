@@ -8,7 +8,7 @@ import torch
 
 from tests.model_folders import write_random_qwen2
 from tests.packing.test_packed_forward import CONFIG
-from workers.fsdp.dist_utils import single_process_group
+from workers.training.dist_utils import single_process_group
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForC
 from protocol import DataProto
 from tests.packing.test_packed_forward import BATCH, CONFIG, DEVICE
 from workers.config import actor_rollout_ref_config
-from workers.fsdp.actor_loss import actor_micro_loss
+from workers.training.actor_loss import actor_loss_from_log_probs
 from workers.fsdp.sequences import response_log_probs_and_entropy
 from workers.head_log_probs import (
     LabelScoringHead, logits_chunk_tokens, set_logits_chunk_tokens, token_log_probs_and_entropy,
@@ -187,7 +187,9 @@ def _ppo_step(model, temperature: float, actor_cfg=ACTOR):
     with torch.no_grad():
         log_probs, entropy = response_log_probs_and_entropy(model, data, DEVICE, temperature, True)
     model.zero_grad(set_to_none=True)
-    loss, _ = actor_micro_loss(model, data, DEVICE, temperature, actor_cfg)
+    entropy_grad = actor_cfg["entropy_coeff"] != 0
+    log_probs_g, entropy_g = response_log_probs_and_entropy(model, data, DEVICE, temperature, True, entropy_grad)
+    loss, _ = actor_loss_from_log_probs(log_probs_g, entropy_g, data, DEVICE, actor_cfg)
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     return log_probs[mask], entropy[mask], grads

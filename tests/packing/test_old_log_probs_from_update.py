@@ -13,9 +13,9 @@ from tests.packing.test_packed_forward import rollout_batch
 from trainer.config_loader import ConfigError, load_config
 from trainer.old_log_prob_pass import old_log_prob_pass_needed
 from workers.config import actor_rollout_ref_config
-from workers.fsdp.actor_loss import actor_micro_loss
+from workers.training.actor_loss import actor_forward, actor_loss
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.ppo_loop import PPOSchedule, check_one_optimizer_step, run_ppo_updates
+from workers.training.ppo_loop import PPOSchedule, check_one_optimizer_step, run_ppo_updates
 from workers.fsdp.sequences import response_log_probs_and_entropy
 from workers.rl_math.rollout_correction import ROLLOUT_IS_WEIGHTS, logprob_gap_metrics, truncated_is_weights
 
@@ -55,8 +55,9 @@ def update(model_dir: str, data: DataProto, with_pass: bool) -> tuple[dict[str, 
         data.batch[ROLLOUT_IS_WEIGHTS], metrics = truncated_is_weights(old, data.batch["rollout_log_probs"], mask, CAP)
         metrics |= logprob_gap_metrics(old, data.batch["rollout_log_probs"], mask)
     schedule = PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0)
-    metrics |= run_ppo_updates(engine, data, lambda m: actor_micro_loss(engine.module, m, engine.device, 1.0, actor_cfg, CAP),
-                               schedule, "update_actor")
+    metrics |= run_ppo_updates(
+        engine, data, actor_forward(actor_cfg, 1.0), lambda out, m: actor_loss(out, m, actor_cfg, CAP), schedule, "update_actor"
+    )
     return {name: p.detach().full_tensor().clone() for name, p in engine.module.named_parameters()}, metrics
 
 

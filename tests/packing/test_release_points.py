@@ -9,15 +9,16 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import workers.cached_blocks as cached_blocks
-import workers.fsdp.micro_batching as micro_batching
-import workers.fsdp.ppo_loop as ppo_loop
+import workers.training.forward_pass as forward_pass
+import workers.training.micro_batching as micro_batching
+import workers.training.ppo_loop as ppo_loop
 from tests.packing.test_update_equivalence import BUDGET, PROMPTS, update_batch
 from workers.cached_blocks_limit import AFTER_MICRO_BATCH, AFTER_PHASE
 from workers.config import actor_rollout_ref_config
-from workers.fsdp.actor_loss import actor_micro_loss
+from workers.training.actor_loss import actor_forward, actor_loss
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
-from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.training.micro_batching import MicroBatching, forward_in_micro_batches
+from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def counted_releases(monkeypatch):
         calls.append(device.type)
         return True
 
-    for module in (cached_blocks, ppo_loop, micro_batching):
+    for module in (cached_blocks, ppo_loop, micro_batching, forward_pass):
         monkeypatch.setattr(module, "release_cached_blocks", release)
     yield calls
     cached_blocks.set_release_point(AFTER_MICRO_BATCH)
@@ -45,10 +46,10 @@ def _update(model_dir: str) -> tuple[dict[str, float], int]:
     schedule = PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0)
     micros, _ = schedule.micro_batching().split(update_batch(), engine.device)
 
-    def loss_fn(micro):
-        return actor_micro_loss(engine.module, micro, engine.device, 1.0, actor_cfg)
+    def loss_fn(outputs, micro):
+        return actor_loss(outputs, micro, actor_cfg)
 
-    return run_ppo_updates(engine, update_batch(), loss_fn, schedule, "update_actor"), len(micros)
+    return run_ppo_updates(engine, update_batch(), actor_forward(actor_cfg, 1.0), loss_fn, schedule, "update_actor"), len(micros)
 
 
 def test_the_default_checks_after_every_micro_batch_and_after_the_phase(model_dir, process_group, counted_releases):

@@ -9,9 +9,9 @@ from transformers import AutoModelForCausalLM
 
 from tests.packing.test_packed_forward import rollout_batch
 from workers.config import actor_rollout_ref_config
-from workers.fsdp.actor_loss import actor_micro_loss
+from workers.training.actor_loss import actor_forward, actor_loss
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.rl_math.names import LOSS_AGG_MODES
 
 PROMPTS = [9, 3, 6, 2, 7, 4, 9, 5]
@@ -47,15 +47,15 @@ def updated_weights(model_dir: str, mode: str, packed: bool, dynamic: bool) -> d
     engine = FSDPEngine(AutoModelForCausalLM, config["model"], 0, optim_cfg=actor_cfg["optim"])
     schedule = PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0)
 
-    def loss_fn(micro):
-        return actor_micro_loss(engine.module, micro, engine.device, 1.0, actor_cfg)
+    def loss_fn(outputs, micro):
+        return actor_loss(outputs, micro, actor_cfg)
 
-    run_ppo_updates(engine, update_batch(), loss_fn, schedule, "update_actor")
+    run_ppo_updates(engine, update_batch(), actor_forward(actor_cfg, 1.0), loss_fn, schedule, "update_actor")
     return {name: p.detach().full_tensor().clone() for name, p in engine.module.named_parameters()}
 
 
 def test_the_token_budget_makes_uneven_micro_batches():
-    from workers.fsdp.micro_batching import MicroBatching
+    from workers.training.micro_batching import MicroBatching
 
     micros, order = MicroBatching(2, BUDGET).split(update_batch(), torch.device("cpu"))
     sizes = [len(m) for m in micros]

@@ -15,7 +15,7 @@ from recipes.custom_worker_example import concat_in_row_order, split_by_prompt
 from recipes.pair_batch import pack_pairs, pad_for_ranks
 from trainer.main import main as trainer_main
 from trainer.recipe_runner import find_recipe
-from workers.fsdp.dpo_update import PAIR_KEYS, DPOSettings
+from workers.training.dpo_update import PAIR_KEYS, DPOSettings
 
 
 def test_defaults_and_overrides():

@@ -290,7 +290,7 @@ def test_terms_reproduce_the_packing_benchmarks_gpu_peaks(size, mode):
     from benchmarks.packing import SHAPES, length_spread, rollout_batch
     from trainer.memory_plan.residency import role_memory
     from trainer.memory_plan.setup import ModelRole
-    from workers.fsdp.micro_batching import MicroBatching
+    from workers.training.micro_batching import MicroBatching
 
     hidden, intermediate, layers, heads, kv_heads, vocab = SHAPES[size]
     shape = ModelShape.from_config(dict(model_type="qwen2", hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,

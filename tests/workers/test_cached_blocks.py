@@ -1,5 +1,5 @@
 """Between micro-batches the workers hand the caching allocator's free blocks back to the device when it
-reserves more than a limit beyond its peak (workers/fsdp/micro_batching.py), so the device's use follows the
+reserves more than a limit beyond its peak (workers/training/micro_batching.py), so the device's use follows the
 micro-batches' peak."""
 
 import pytest

@@ -12,10 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from tests.packing.test_packed_forward import rollout_batch
 from workers.config import actor_rollout_ref_config
-from workers.fsdp.actor_loss import actor_micro_loss
-from workers.fsdp.dist_utils import single_process_group
+from workers.training.actor_loss import actor_forward, actor_loss
+from workers.training.dist_utils import single_process_group
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.fsdp.sequences import response_log_probs_and_entropy
 from workers.lora.model import adapters_disabled
 from workers.lora.spec import is_adapter_parameter
@@ -57,7 +57,8 @@ def _update(model_dir: str, reference_first: bool) -> tuple[float, dict[str, tor
     metrics = run_ppo_updates(
         engine,
         data,
-        lambda micro: actor_micro_loss(engine.module, micro, engine.device, 1.0, actor_cfg),
+        actor_forward(actor_cfg, 1.0),
+        lambda outputs, micro: actor_loss(outputs, micro, actor_cfg),
         schedule,
         "update_actor",
     )

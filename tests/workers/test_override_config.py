@@ -14,7 +14,7 @@ from trainer.input_errors import InputError
 from trainer.memory_plan.shape import read_shape
 from trainer.preflight import check_lengths_fit_model
 from workers.config import actor_rollout_ref_config
-from workers.fsdp.dist_utils import single_process_group
+from workers.training.dist_utils import single_process_group
 from workers.fsdp.engine import FSDPEngine
 
 

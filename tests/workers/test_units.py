@@ -12,7 +12,7 @@ from workers.fsdp.checkpoint import rng_state, set_rng_state
 from workers.rollout.sampling import forced_lengths, sampling_params
 from workers.rollout.shaping import assemble_rollout, response_mask_from_eos
 from workers.fsdp.optim import lr_factor_fn
-from workers.fsdp.ppo_loop import loss_units
+from workers.training.ppo_loop import loss_units
 
 
 def _optim(**overrides):

@@ -7,10 +7,9 @@ from typing import Protocol
 
 import torch
 
+from trainer.algorithm_names import KL_CONTROLLER_KINDS
 from workers.rl_math import kl
 from workers.rl_math.losses import agg_loss
-
-KL_CONTROLLER_KINDS: tuple[str, ...] = ("fixed", "adaptive")  # algorithm.kl_ctrl.type
 
 __all__ = [
     "apply_kl_penalty",

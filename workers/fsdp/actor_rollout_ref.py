@@ -25,28 +25,52 @@ from single_controller import Dispatch, Worker, register
 from workers.actor_state import ActorStateMixin
 from workers.cached_blocks import set_release_point
 from workers.config import actor_rollout_ref_config, mini_batch_per_rank
-from workers.fsdp.actor_loss import actor_micro_loss, required_update_keys
-from workers.fsdp.dist_utils import check_same_length
-from workers.fsdp.dpo_update import PAIR_KEYS, DPOSettings, run_dpo_update
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.generation import generate_responses, seeded_sampling
 from workers.fsdp.offload import GIB, Offloader
-from workers.fsdp.ppo_loop import PPOSchedule, check_one_optimizer_step, run_ppo_updates
 from workers.fsdp.residency import ActorResidency, process_tenants
-from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
-from workers.fsdp.sequences import require_batch_keys, response_log_probs_and_entropy
 from workers.fsdp.shared_base import SharedBase, resolve_base_sharing
-from workers.fsdp.sft_update import SFT_KEYS, sft_loss_from_log_probs, with_loss_mask
-from workers.fsdp.ulysses import METRICS_OVER_DATA_PARALLEL, OVER_DATA_PARALLEL, SequenceLayout, init_sequence_layout
+from workers.fsdp.ulysses import (
+    METRICS_OVER_DATA_PARALLEL,
+    OVER_DATA_PARALLEL,
+    SequenceLayout,
+    init_sequence_layout,
+)
 from workers.fsdp.weight_sender import WeightSenderMixin
 from workers.lora.model import adapters_disabled
 from workers.memory import MemoryLog
 from workers.rl_math.rollout_correction import OLD_LOG_PROBS
-from workers.rollout.agent.worker_glue import build_agent, hf_agent_generate, vllm_agent_generate
+from workers.rollout.agent.worker_glue import (
+    build_agent,
+    hf_agent_generate,
+    vllm_agent_generate,
+)
 from workers.rollout.sampling import SamplingParams, model_token_ids, sampling_params
 from workers.rollout.shaping import rollout_output
+from workers.training.actor_loss import actor_forward, actor_loss, required_update_keys
+from workers.training.backend import ResponseForward, ResponseOutputs
+from workers.training.batch_keys import require_batch_keys
+from workers.training.dist_utils import check_same_length
+from workers.training.dpo_update import PAIR_KEYS, DPOSettings, run_dpo_update
+from workers.training.forward_pass import forward_rows, response_log_probs
+from workers.training.micro_batching import MicroBatching
+from workers.training.ppo_loop import (
+    PPOSchedule,
+    check_one_optimizer_step,
+    run_ppo_updates,
+)
+from workers.training.sft_update import (
+    SFT_KEYS,
+    sft_loss_from_log_probs,
+    with_loss_mask,
+)
 from workers.vision.forward_inputs import generate_inputs
-from workers.vision.images import MULTI_MODAL_DATA, ImageInputs, decode_image, row_images
+from workers.vision.images import (
+    MULTI_MODAL_DATA,
+    ImageInputs,
+    decode_image,
+    row_images,
+)
 from workers.vision.models import auto_model_class, is_vision_language, vision_token_ids
 
 ROLES = ("actor_rollout", "actor_rollout_ref", "ref")
@@ -249,13 +273,8 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             cfg["log_prob_max_token_len_per_gpu"], f"{section}.log_prob_max_token_len_per_gpu", self.layout.size,
         )
 
-        def forward(micro: DataProto) -> dict[str, torch.Tensor]:
-            lp, ent = response_log_probs_and_entropy(engine.module, micro, engine.device, temperature, with_entropy)
-            return {"log_probs": lp.float().cpu(), **({"entropy": ent.float().cpu()} if with_entropy else {})}
-
-        engine.module.eval()
-        with torch.no_grad():
-            return forward_in_micro_batches(data, batching, engine.device, forward)
+        forward = ResponseForward("log_probs", temperature, with_entropy)
+        return forward_rows(engine, data, batching, forward, response_log_probs)
 
     @register(OVER_DATA_PARALLEL)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -305,10 +324,10 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
         is_cap = self.config["rollout"].get("tis_imp_ratio_cap")
 
-        def loss_fn(micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
-            return actor_micro_loss(engine.module, micro, engine.device, temperature, actor_cfg, is_cap)
+        def loss_fn(outputs: ResponseOutputs, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+            return actor_loss(outputs, micro, actor_cfg, is_cap)
 
-        metrics = run_ppo_updates(engine, data, loss_fn, schedule, method="update_actor")
+        metrics = run_ppo_updates(engine, data, actor_forward(actor_cfg, temperature), loss_fn, schedule, "update_actor")
         self.update_calls += 1
         self.weights_version += 1
         if self.images is not None:
@@ -319,19 +338,19 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
     @register(METRICS_OVER_DATA_PARALLEL)
     def update_actor_sft(self, data: DataProto) -> dict[str, float]:
         """Supervised step on the responses (token NLL under `response_mask` x optional `loss_mask`; layout
-        in `workers/fsdp/sft_update.py`) with the PPO update's schedule; log-probs at temperature 1 unless
+        in `workers/training/sft_update.py`) with the PPO update's schedule; log-probs at temperature 1 unless
         `meta_info["temperature"]` says otherwise. Returns `sft_loss`, `grad_norm`, `lr` over micro-batches and ranks."""
         engine = self._resident_actor("update_actor_sft")  # the optimizer state comes for each step only
         require_batch_keys(data, SFT_KEYS, "update_actor_sft")
         actor_cfg = self.config["actor"]
         temperature = float(data.meta_info.get("temperature", 1.0))
 
-        def loss_fn(micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
-            log_probs, _ = response_log_probs_and_entropy(engine.module, micro, engine.device, temperature, with_entropy=False)
-            return sft_loss_from_log_probs(log_probs, micro, engine.device, actor_cfg["loss_agg_mode"])
+        def loss_fn(outputs: ResponseOutputs, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+            return sft_loss_from_log_probs(outputs.log_probs, micro, outputs.device, actor_cfg["loss_agg_mode"])
 
+        forward = ResponseForward("log_probs", temperature)
         schedule = self._update_schedule()
-        metrics = run_ppo_updates(engine, with_loss_mask(data), loss_fn, schedule, method="update_actor_sft")
+        metrics = run_ppo_updates(engine, with_loss_mask(data), forward, loss_fn, schedule, "update_actor_sft")
         self.update_calls += 1
         self.weights_version += 1
         self._end_phase("update_actor")
@@ -339,7 +358,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
 
     @register(METRICS_OVER_DATA_PARALLEL)
     def update_actor_dpo(self, pairs: DataProto) -> dict[str, float]:
-        """DPO update on preference pairs packed one per row (layout in `workers/fsdp/dpo_update.py`); the
+        """DPO update on preference pairs packed one per row (layout in `workers/training/dpo_update.py`); the
         loss settings come in `meta_info["dpo"]` ({beta, loss_type, label_smoothing, epochs}). Log-probs use
         the same temperature rule as `compute_ref_log_prob`, so policy and reference are comparable.
         Generation runs on this same model, so the next `generate_sequences` samples from the new weights."""
@@ -353,7 +372,6 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             micro_batch_size=int(pairs.meta_info.get("micro_batch_size", self.config["actor"]["ppo_micro_batch_size_per_gpu"])),
             grad_clip=self.config["actor"]["grad_clip"],
             temperature=temperature,
-            sequence_parallel=self.layout.size,
         )
         self.weights_version += 1
         self._end_phase("update_actor")

@@ -16,19 +16,28 @@ from protocol import DataProto
 from single_controller import Dispatch, Worker, register
 from workers.cached_blocks import set_release_point
 from workers.config import critic_config, mini_batch_per_rank
-from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.offload import GIB, Offloader
-from workers.fsdp.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.fsdp.residency import CriticResidency, process_tenants
-from workers.fsdp.sequences import require_batch_keys, response_mask, response_values
-from workers.fsdp.ulysses import METRICS_OVER_DATA_PARALLEL, OVER_DATA_PARALLEL, SequenceLayout, init_sequence_layout
-from workers.rl_math.losses import compute_value_loss
-from workers.rl_math.masked import masked_mean
-
-VALUE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-UPDATE_KEYS = (*VALUE_KEYS, "values", "returns")
+from workers.fsdp.ulysses import (
+    METRICS_OVER_DATA_PARALLEL,
+    OVER_DATA_PARALLEL,
+    SequenceLayout,
+    init_sequence_layout,
+)
+from workers.training.backend import ResponseOutputs
+from workers.training.batch_keys import require_batch_keys
+from workers.training.dist_utils import check_same_length
+from workers.training.forward_pass import forward_rows
+from workers.training.micro_batching import MicroBatching
+from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.training.value_loss import (
+    UPDATE_KEYS,
+    VALUE_FORWARD,
+    VALUE_KEYS,
+    masked_values,
+    value_loss,
+)
 
 
 class CriticWorker(Worker):
@@ -100,13 +109,7 @@ class CriticWorker(Worker):
             cfg["forward_max_token_len_per_gpu"], "critic.forward_max_token_len_per_gpu", self.layout.size,
         )
 
-        def forward(micro: DataProto) -> dict[str, torch.Tensor]:
-            v = response_values(engine.module, micro, engine.device).cpu()
-            return {"values": v * response_mask(micro).to(v.dtype)}
-
-        engine.module.eval()
-        with torch.no_grad():
-            values = DataProto.from_dict(forward_in_micro_batches(data, batching, engine.device, forward))
+        values = DataProto.from_dict(forward_rows(engine, data, batching, VALUE_FORWARD, masked_values))
         self._end_phase("values")
         return values
 
@@ -117,30 +120,15 @@ class CriticWorker(Worker):
         cfg = self.config
         require_batch_keys(data, UPDATE_KEYS, "update_critic")
 
-        def loss_fn(micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
-            mask = response_mask(micro).to(engine.device)
-            vpreds = response_values(engine.module, micro, engine.device)
-            loss, clipfrac = compute_value_loss(
-                vpreds,
-                micro.batch["values"].to(engine.device),
-                micro.batch["returns"].to(engine.device),
-                mask,
-                cliprange_value=cfg["cliprange_value"],
-                loss_agg_mode=cfg["loss_agg_mode"],
-            )
-            metrics = {
-                "vf_loss": float(loss.detach()),
-                "vf_clipfrac": float(clipfrac),
-                "vpred_mean": float(masked_mean(vpreds.detach(), mask)),
-            }
-            return loss, metrics
+        def loss_fn(outputs: ResponseOutputs, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+            return value_loss(outputs, micro, cfg)
 
         layout = self.layout
         where = layout.where("critic")
         schedule = PPOSchedule.from_config(
             cfg, cfg["rollout_n"], layout.dp_size, where, cfg["seed"], self.update_calls, layout.size
         )
-        metrics = run_ppo_updates(engine, data, loss_fn, schedule, method="update_critic")
+        metrics = run_ppo_updates(engine, data, VALUE_FORWARD, loss_fn, schedule, "update_critic")
         self.update_calls += 1
         self._end_phase("update_critic")
         metrics.update(self.offload_metrics)

@@ -1,7 +1,8 @@
-"""`FSDPEngine`: one FSDP2-sharded HF model with (optionally) its optimizer, LR schedule and checkpoints.
+"""`FSDPEngine`: one FSDP2-sharded HF model with (optionally) its optimizer, LR schedule and checkpoints; the
+FSDP2 `TrainBackend` (workers/training/backend.py).
 
-The actor, the reference policy, the critic and the reward model are each one engine; the workers add
-what is specific to their role (losses, generation, output keys).
+The actor, the reference policy, the critic and the reward model are each one engine; the training logic
+(workers/training/) and the workers add what is specific to their role (losses, generation, output keys).
 """
 
 from __future__ import annotations
@@ -10,16 +11,29 @@ import dataclasses
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from protocol import DataProto
+from workers.cached_blocks import release_after_micro_batch
 from workers.fsdp import checkpoint
 from workers.fsdp.lora_export import export_lora_hf
 from workers.fsdp.model_loading import compute_dtype, load_sharded_model, worker_device
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clip_gradients
+from workers.fsdp.sequences import response_log_probs_and_entropy, response_values
 from workers.lora.model import adapter_parameter_names
 from workers.lora.spec import LoraSpec
 from workers.packing.forward import enable_sequence_parallel
 from workers.packing.ulysses import SequenceParallel
+from workers.training.backend import (
+    DataParallel,
+    MicroKeep,
+    MicroLoss,
+    MicroResults,
+    ResponseForward,
+    ResponseOutputs,
+)
+from workers.training.micro_batching import MicroBatching
 from workers.vision.models import with_vision_lora_default
 
 
@@ -54,10 +68,53 @@ class FSDPEngine:
         self.module: nn.Module = load_sharded_model(
             auto_class, model_cfg, self.device, self.trainable, config_overrides, seed, self.lora
         )
+        # Ranks sharing each packed row (Ulysses): they count a mini-batch's loss units once between them.
+        self.sequence_parallel_size = 1 if sequence_parallel is None else sequence_parallel.size
         if sequence_parallel is not None:
             enable_sequence_parallel(self.module, sequence_parallel, sequence_parallel_setting)
         self.optimizer = build_optimizer(self.module, optim_cfg) if optim_cfg is not None else None
         self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_cfg) if self.optimizer is not None else None
+
+    # ---- micro-batches --------------------------------------------------------------------------------
+    def data_parallel(self) -> DataParallel:
+        """FSDP averages gradients over every rank; a Ulysses group's k ranks hold the same rows."""
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return DataParallel(world // self.sequence_parallel_size, None, self.sequence_parallel_size)
+
+    def reports_outputs(self) -> bool:
+        return True
+
+    def micro_batches(self, data: DataProto, batching: MicroBatching) -> tuple[list[DataProto], list[int]]:
+        return batching.split(data, self.device)
+
+    def response_outputs(self, micro: DataProto, forward: ResponseForward) -> ResponseOutputs:
+        """The HF model's forward over one micro-batch (packed when the model is), at the response tokens."""
+        if forward.kind == "values":
+            return ResponseOutputs(self.device, values=response_values(self.module, micro, self.device))
+        log_probs, entropy = response_log_probs_and_entropy(
+            self.module, micro, self.device, forward.temperature, forward.with_entropy, forward.entropy_grad
+        )
+        return ResponseOutputs(self.device, log_probs=log_probs, entropy=entropy)
+
+    def forward_backward(self, micros: list[DataProto], forward: ResponseForward, loss_fn: MicroLoss) -> MicroResults:
+        self._require_trainable("forward_backward")
+        self.module.train()
+        results = MicroResults()
+        for micro in micros:
+            loss, kept = loss_fn(self.response_outputs(micro, forward), micro)
+            loss.backward()
+            results.cached_block_releases += release_after_micro_batch(self.device)
+            results.kept.append(kept)
+        return results
+
+    def forward_only(self, micros: list[DataProto], forward: ResponseForward, keep: MicroKeep) -> list[dict[str, torch.Tensor]]:
+        self.module.eval()
+        kept = []
+        with torch.no_grad():
+            for micro in micros:
+                kept.append(keep(self.response_outputs(micro, forward), micro))
+                release_after_micro_batch(self.device)
+        return kept
 
     # ---- training -------------------------------------------------------------------------------------
     def _require_trainable(self, what: str) -> None:

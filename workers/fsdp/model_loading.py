@@ -11,7 +11,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig
 
 from workers.checkpointed_layers import kept_layers
-from workers.dtypes import TORCH_DTYPES
+from workers.dtypes import COMPUTE_DTYPES
 from workers.head_log_probs import set_logits_chunk_tokens
 from workers.lora.model import add_lora_adapters
 from workers.lora.spec import LoraSpec
@@ -30,7 +30,9 @@ def compute_dtype(name: str, device: torch.device) -> torch.dtype:
     """The dtype forward passes run in; "auto" is bfloat16 on GPU and float32 on CPU."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return TORCH_DTYPES[name]
+    if name not in COMPUTE_DTYPES:
+        raise ValueError(f"dtype {name!r} is not valid; valid: {['auto', *COMPUTE_DTYPES]}")
+    return getattr(torch, name)
 
 
 def device_mesh(device: torch.device) -> DeviceMesh:

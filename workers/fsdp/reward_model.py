@@ -12,13 +12,14 @@ from protocol import DataProto
 from single_controller import Dispatch, Worker, register
 from workers.cached_blocks import set_release_point
 from workers.config import reward_model_config
-from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.fsdp.residency import REWARD_MODEL, process_tenants
-from workers.fsdp.sequences import SEQUENCE_KEYS, require_batch_keys, response_mask
+from workers.fsdp.sequences import SEQUENCE_KEYS
 from workers.packing.forward import is_packed, packed_token_outputs
 from workers.rl_math.masked import last_valid_positions
+from workers.training.batch_keys import require_batch_keys, response_mask
+from workers.training.dist_utils import check_same_length
+from workers.training.micro_batching import MicroBatching, forward_in_micro_batches
 
 SCORE_KEYS = (*SEQUENCE_KEYS, "responses")
 

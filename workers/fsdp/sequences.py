@@ -7,36 +7,19 @@ predicts token t+1, so the R response tokens are scored by the outputs at positi
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import torch
 from torch import nn
 
 from protocol import DataProto
 from workers.head_log_probs import token_log_probs_and_entropy
-from workers.packing.forward import is_packed, packed_response_log_probs_and_entropy, packed_response_values
+from workers.packing.forward import (
+    is_packed,
+    packed_response_log_probs_and_entropy,
+    packed_response_values,
+)
 from workers.vision.forward_inputs import vision_forward_inputs
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
-
-
-def require_batch_keys(data: DataProto, keys: tuple[str, ...] | list[str], method: str) -> None:
-    present = set(data.batch.keys())
-    missing = [k for k in keys if k not in present]
-    if missing:
-        raise KeyError(f"{method} needs batch keys {list(keys)}; missing {missing} (batch has {sorted(present)})")
-
-
-def response_mask(data: DataProto) -> torch.Tensor:
-    """`response_mask` if the batch has one, else the response part of `attention_mask`."""
-    if "response_mask" in data.batch.keys():
-        return data.batch["response_mask"]
-    length = data.batch["responses"].shape[1]
-    return data.batch["attention_mask"][:, -length:]
-
-
-def micro_batches(data: DataProto, size: int) -> Iterator[DataProto]:
-    yield from data.split(size)
 
 
 def _sequence_inputs(micro: DataProto, device: torch.device) -> dict[str, torch.Tensor]:

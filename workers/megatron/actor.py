@@ -11,11 +11,9 @@ Megatron weights (TP-gathered, PP-broadcast as whole HF tensors) whenever they c
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from protocol import DataProto
@@ -23,36 +21,31 @@ from single_controller import Dispatch, Worker, register
 from single_controller.mesh import MeshDispatch
 from workers.actor_state import ActorStateMixin
 from workers.config import actor_rollout_ref_config, mini_batch_per_rank
-from workers.fsdp.actor_loss import actor_loss_from_log_probs, required_update_keys
-from workers.fsdp.dpo_update import PAIR_KEYS, PAIR_SIDES, SIDE_KEYS, DPOSettings, weighted_pair_loss
 from workers.fsdp.generation import generate_responses, seeded_sampling
-from workers.fsdp.ppo_loop import PPOSchedule
-from workers.fsdp.sequences import require_batch_keys
-from workers.fsdp.sft_update import SFT_KEYS, sft_loss_from_log_probs, with_loss_mask
 from workers.megatron.engine import MegatronEngine
 from workers.megatron.model import ParallelSettings
 from workers.megatron.parallel import MEGATRON_MESH, init_megatron_parallel
-from workers.megatron.ppo_loop import run_ppo_updates
-from workers.megatron.vocab_parallel import log_probs_and_entropy
 from workers.memory import MemoryLog
-from workers.rl_math.masked import masked_sum
 from workers.rollout.sampling import folder_token_ids, model_token_ids, sampling_params
 from workers.rollout.shaping import rollout_output
+from workers.training.actor_loss import actor_forward, actor_loss, required_update_keys
+from workers.training.backend import ResponseForward, ResponseOutputs
+from workers.training.batch_keys import require_batch_keys
+from workers.training.dpo_update import PAIR_KEYS, DPOSettings, run_dpo_update
+from workers.training.forward_pass import forward_rows, response_log_probs
+from workers.training.micro_batching import MicroBatching
+from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.training.sft_update import (
+    SFT_KEYS,
+    sft_loss_from_log_probs,
+    with_loss_mask,
+)
 
 ROLES = ("actor_rollout", "actor_rollout_ref", "ref")
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 OVER_DP = MeshDispatch(MEGATRON_MESH)
 METRICS_OVER_DP = MeshDispatch(MEGATRON_MESH, outputs="list")
-
-
-def response_token_log_probs(
-    output: torch.Tensor, micro: DataProto, vocab_size: int, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Last-stage logits [b, S, V/tp] -> log-probs (and entropies) [b, R] of the response tokens."""
-    length = micro.batch["responses"].shape[1]
-    logits = output[:, -length - 1 : -1] / temperature
-    return log_probs_and_entropy(logits, micro.batch["responses"].to(logits.device), vocab_size, with_entropy)
 
 
 class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
@@ -161,20 +154,9 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
         """Per-token log-probs (and entropies) of the responses on the last stage; None on other stages."""
         require_batch_keys(data, LOG_PROB_KEYS, method)
         temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
-        micro_size = int(data.meta_info.get("micro_batch_size", micro_size))
-        vocab = engine.layout.vocab_size
-
-        def keep(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
-            log_probs, entropy = response_token_log_probs(output, micro, vocab, temperature, with_entropy)
-            kept = {"log_probs": log_probs.cpu()}
-            if entropy is not None:
-                kept["entropy"] = entropy.cpu()
-            return output.new_zeros(()), kept
-
-        kept = engine.run_micro_batches(list(data.split(micro_size)), keep, forward_only=True)
-        if not engine.is_last_stage():
-            return None
-        return {name: torch.cat([k[name] for k in kept]) for name in kept[0]}
+        batching = MicroBatching(int(data.meta_info.get("micro_batch_size", micro_size)))
+        forward = ResponseForward("log_probs", temperature, with_entropy)
+        return forward_rows(engine, data, batching, forward, response_log_probs)
 
     @register(dispatch_mode=OVER_DP)
     def compute_log_prob(self, data: DataProto) -> DataProto | None:
@@ -207,16 +189,12 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
         actor_cfg = self.config["actor"]
         require_batch_keys(data, required_update_keys(actor_cfg), "update_actor")
         temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
-        vocab = engine.layout.vocab_size
 
-        def loss_fn(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
-            log_probs, entropy = response_token_log_probs(output, micro, vocab, temperature, True)
-            # Without an entropy bonus the entropy is only reported: no gradient flows through it.
-            entropy = entropy if actor_cfg["entropy_coeff"] != 0 else entropy.detach()
-            return actor_loss_from_log_probs(log_probs, entropy, micro, output.device, actor_cfg)
+        def loss_fn(outputs: ResponseOutputs, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+            return actor_loss(outputs, micro, actor_cfg)
 
         schedule = self._update_schedule()
-        metrics = run_ppo_updates(engine, data, loss_fn, schedule)
+        metrics = run_ppo_updates(engine, data, actor_forward(actor_cfg, temperature), loss_fn, schedule, "update_actor")
         self.update_calls += 1
         self.weights_version += 1
         self.memory.record("update_actor")
@@ -230,14 +208,13 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
         require_batch_keys(data, SFT_KEYS, "update_actor_sft")
         actor_cfg = self.config["actor"]
         temperature = float(data.meta_info.get("temperature", 1.0))
-        vocab = engine.layout.vocab_size
 
-        def loss_fn(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
-            log_probs, _ = response_token_log_probs(output, micro, vocab, temperature, False)
-            return sft_loss_from_log_probs(log_probs, micro, output.device, actor_cfg["loss_agg_mode"])
+        def loss_fn(outputs: ResponseOutputs, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+            return sft_loss_from_log_probs(outputs.log_probs, micro, outputs.device, actor_cfg["loss_agg_mode"])
 
+        forward = ResponseForward("log_probs", temperature)
         schedule = self._update_schedule()
-        metrics = run_ppo_updates(engine, with_loss_mask(data), loss_fn, schedule)
+        metrics = run_ppo_updates(engine, with_loss_mask(data), forward, loss_fn, schedule, "update_actor_sft")
         self.update_calls += 1
         self.weights_version += 1
         self.memory.record("update_actor")
@@ -245,55 +222,20 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
 
     @register(dispatch_mode=METRICS_OVER_DP)
     def update_actor_dpo(self, pairs: DataProto) -> dict[str, float]:
-        """DPO update on preference pairs packed one per row (layout in `workers/fsdp/dpo_update.py`);
+        """DPO update on preference pairs packed one per row (layout in `workers/training/dpo_update.py`);
         settings in `meta_info["dpo"]`. Metrics are weighted means over the real pairs of all DP ranks."""
-        from megatron.core import parallel_state as ps
-
         engine = self._engine("actor", "update_actor_dpo")
         require_batch_keys(pairs, PAIR_KEYS, "update_actor_dpo")
-        settings = DPOSettings.from_meta(pairs.meta_info.get("dpo"))
-        temperature = float(pairs.meta_info.get("temperature", self.config["rollout"]["temperature"]))
-        micro_size = int(pairs.meta_info.get("micro_batch_size", self.config["actor"]["ppo_micro_batch_size_per_gpu"]))
-        dp_group = ps.get_data_parallel_group()
-        total_t = pairs.batch["weight"].float().sum().to(engine.device)
-        dist.all_reduce(total_t, group=dp_group)
-        total = float(total_t)
-        if total <= 0:
-            raise ValueError("update_actor_dpo got no pair with weight > 0")
-        denominator = float(settings.loss_denominator or total)
-        vocab = engine.layout.vocab_size
-        # Each micro-batch stacks its chosen rows over its rejected rows, so one forward scores both.
-        pair_micros = list(pairs.split(micro_size))
-        micros = [DataProto.from_dict({k: torch.cat([m.batch[f"{s}_{k}"] for s in PAIR_SIDES]) for k in SIDE_KEYS}) for m in pair_micros]
-        side_of = {id(both): pair for both, pair in zip(micros, pair_micros)}
-        sums: dict[str, float] = defaultdict(float)
-        grad_norms, lr = [], engine.current_lr()
-        for epoch in range(settings.epochs):
-
-            def loss_fn(output: torch.Tensor, both: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
-                pair = side_of[id(both)]
-                log_probs, _ = response_token_log_probs(output, both, vocab, temperature, False)
-                sequence = masked_sum(log_probs, both.batch["response_mask"].to(output.device), dim=-1)
-                loss, weighted = weighted_pair_loss(sequence[: len(pair)], sequence[len(pair) :], pair, settings)
-                # Megatron's DDP averages gradients over DP ranks: x dp makes it a sum over all pairs.
-                return loss * (self.dp_size / denominator), weighted
-
-            engine.zero_grad()
-            kept = engine.run_micro_batches(micros, loss_fn, forward_only=False)
-            if epoch == 0:
-                for metrics in kept:
-                    for key, value in metrics.items():
-                        sums[key] += value
-            grad_norms.append(engine.optimizer_step(self.config["actor"]["grad_clip"]))
-        engine.lr_scheduler_step()
+        metrics = run_dpo_update(
+            engine,
+            pairs,
+            DPOSettings.from_meta(pairs.meta_info.get("dpo")),
+            micro_batch_size=int(pairs.meta_info.get("micro_batch_size", self.config["actor"]["ppo_micro_batch_size_per_gpu"])),
+            grad_clip=self.config["actor"]["grad_clip"],
+            temperature=float(pairs.meta_info.get("temperature", self.config["rollout"]["temperature"])),
+        )
         self.weights_version += 1
-        if not engine.is_last_stage():
-            return {}
-        keys = sorted(sums)
-        summed = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=engine.device)
-        dist.all_reduce(summed, group=dp_group)
-        metrics = {k: float(v) / total for k, v in zip(keys, summed.tolist())}
-        return {**metrics, "grad_norm": sum(grad_norms) / len(grad_norms), "lr": lr, "pairs": total}
+        return metrics
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)
@@ -309,4 +251,4 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
         """Write the actor (the ref for role "ref") as an HF checkpoint from rank 0; all ranks take part."""
-        (self.actor or self._engine("ref", "export_hf")).export_hf(path, self.rank)
+        (self.actor or self._engine("ref", "export_hf")).export_hf(path)

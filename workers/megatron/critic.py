@@ -10,21 +10,21 @@ from protocol import DataProto
 from single_controller import Dispatch, Worker, register
 from single_controller.mesh import MeshDispatch
 from workers.config import critic_config, mini_batch_per_rank
-from workers.fsdp.critic import UPDATE_KEYS, VALUE_KEYS
-from workers.fsdp.ppo_loop import PPOSchedule
-from workers.fsdp.sequences import require_batch_keys, response_mask
 from workers.megatron.engine import MegatronEngine
 from workers.megatron.model import ParallelSettings
 from workers.megatron.parallel import MEGATRON_MESH, init_megatron_parallel
-from workers.megatron.ppo_loop import run_ppo_updates
-from workers.rl_math.losses import compute_value_loss
-from workers.rl_math.masked import masked_mean
-
-
-def response_values(output: torch.Tensor, micro: DataProto) -> torch.Tensor:
-    """Value-head output [b, S, 1] -> the value of the state before each response token [b, R]."""
-    length = micro.batch["responses"].shape[1]
-    return output[:, -length - 1 : -1, 0].float()
+from workers.training.backend import ResponseOutputs
+from workers.training.batch_keys import require_batch_keys
+from workers.training.forward_pass import forward_rows
+from workers.training.micro_batching import MicroBatching
+from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.training.value_loss import (
+    UPDATE_KEYS,
+    VALUE_FORWARD,
+    VALUE_KEYS,
+    masked_values,
+    value_loss,
+)
 
 
 class MegatronCriticWorker(Worker):
@@ -55,34 +55,22 @@ class MegatronCriticWorker(Worker):
         engine = self._engine("compute_values")
         require_batch_keys(data, VALUE_KEYS, "compute_values")
         micro_size = int(data.meta_info.get("micro_batch_size", self.config["forward_micro_batch_size_per_gpu"]))
-
-        def keep(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
-            values = response_values(output, micro).cpu()
-            return output.new_zeros(()), {"values": values * response_mask(micro).to(values.dtype)}
-
-        kept = engine.run_micro_batches(list(data.split(micro_size)), keep, forward_only=True)
-        return DataProto.from_dict({"values": torch.cat([k["values"] for k in kept])}) if engine.is_last_stage() else None
+        values = forward_rows(engine, data, MicroBatching(micro_size), VALUE_FORWARD, masked_values)
+        return None if values is None else DataProto.from_dict(values)
 
     @register(dispatch_mode=MeshDispatch(MEGATRON_MESH, outputs="list"))
     def update_critic(self, data: DataProto) -> dict[str, float]:
-        """Clipped value-loss updates toward `returns`; metrics on the last stage (averaged by the driver)."""
+        """Clipped value-loss updates toward `returns`; metrics on the last stage, reduced over data-parallel ranks."""
         engine = self._engine("update_critic")
         cfg = self.config
         require_batch_keys(data, UPDATE_KEYS, "update_critic")
 
-        def loss_fn(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
-            device = output.device
-            mask = response_mask(micro).to(device)
-            vpreds = response_values(output, micro)
-            loss, clipfrac = compute_value_loss(
-                vpreds, micro.batch["values"].to(device), micro.batch["returns"].to(device), mask,
-                cliprange_value=cfg["cliprange_value"], loss_agg_mode=cfg["loss_agg_mode"],
-            )
-            return loss, {"vf_loss": float(loss.detach()), "vf_clipfrac": float(clipfrac), "vpred_mean": float(masked_mean(vpreds.detach(), mask))}
+        def loss_fn(outputs: ResponseOutputs, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+            return value_loss(outputs, micro, cfg)
 
         where = "critic (over data-parallel ranks)"
         schedule = PPOSchedule.from_config(cfg, cfg["rollout_n"], self.dp_size, where, cfg["seed"], self.update_calls)
-        metrics = run_ppo_updates(engine, data, loss_fn, schedule)
+        metrics = run_ppo_updates(engine, data, VALUE_FORWARD, loss_fn, schedule, "update_critic")
         self.update_calls += 1
         return metrics
 

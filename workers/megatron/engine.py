@@ -1,4 +1,5 @@
-"""`MegatronEngine`: one GPT model split over TP x PP x DP with megatron-core, optionally trainable.
+"""`MegatronEngine`: one GPT model split over TP x PP x DP with megatron-core, optionally trainable; the
+megatron-core `TrainBackend` (workers/training/backend.py).
 
 The model is built from an HF config, loaded from the HF folder's safetensors (each rank reads only its
 stage and keeps its TP slice), cast for compute by `Float16Module`, and, when trainable, wrapped in
@@ -19,7 +20,6 @@ from torch import nn
 from transformers import AutoConfig
 
 from protocol import DataProto
-
 from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.fsdp.optim import lr_factor_fn
 from workers.megatron import cpu_host
@@ -35,6 +35,16 @@ from workers.megatron.model import (
     stage_state,
     transformer_config,
 )
+from workers.megatron.vocab_parallel import log_probs_and_entropy
+from workers.training.backend import (
+    DataParallel,
+    MicroKeep,
+    MicroLoss,
+    MicroResults,
+    ResponseForward,
+    ResponseOutputs,
+)
+from workers.training.micro_batching import MicroBatching
 
 # (last-stage output [b, S, V/tp] or values [b, S, 1], the micro-batch) -> (scalar loss, outputs to keep)
 StageLossFn = Callable[[torch.Tensor, DataProto], tuple[torch.Tensor, dict[str, Any]]]
@@ -99,7 +109,11 @@ class MegatronEngine:
         self.model = model
 
     def _wrap_for_training(self, model: nn.Module, optim_cfg: dict[str, Any]) -> nn.Module:
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         distributed = self.settings.use_distributed_optimizer
@@ -181,6 +195,50 @@ class MegatronEngine:
             )
         return list(kept) if self.is_last_stage() else []
 
+    # ---- the training logic's micro-batches (TrainBackend) ------------------------------------------
+    def data_parallel(self) -> DataParallel:
+        """Megatron's DDP averages gradients over the data-parallel group of this rank's TP x PP coordinate."""
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_data_parallel_group()
+        return DataParallel(dist.get_world_size(group), group)
+
+    def reports_outputs(self) -> bool:
+        return self.is_last_stage()
+
+    def micro_batches(self, data: DataProto, batching: MicroBatching) -> tuple[list[DataProto], list[int]]:
+        """Fixed row counts: the pipeline schedule sends one activation shape between stages, so a token
+        budget (use_dynamic_bsz) is not applied here."""
+        return list(data.split(batching.rows)), list(range(len(data)))
+
+    def response_outputs(self, output: torch.Tensor, micro: DataProto, forward: ResponseForward) -> ResponseOutputs:
+        """Last-stage output (logits [b, S, V/tp] or values [b, S, 1]) at the response tokens [b, R]."""
+        length = micro.batch["responses"].shape[1]
+        predictors = output[:, -length - 1 : -1]  # the outputs at P-1 .. P+R-2 score the R response tokens
+        if forward.kind == "values":
+            return ResponseOutputs(output.device, values=predictors[..., 0].float())
+        responses = micro.batch["responses"].to(output.device)
+        log_probs, entropy = log_probs_and_entropy(
+            predictors / forward.temperature, responses, self.layout.vocab_size, forward.with_entropy
+        )
+        if entropy is not None and not forward.entropy_grad:
+            entropy = entropy.detach()  # only reported: no gradient flows through it
+        return ResponseOutputs(output.device, log_probs=log_probs, entropy=entropy)
+
+    def forward_backward(self, micros: list[DataProto], forward: ResponseForward, loss_fn: MicroLoss) -> MicroResults:
+        self._require_trainable("forward_backward")
+
+        def stage_loss(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
+            return loss_fn(self.response_outputs(output, micro, forward), micro)
+
+        return MicroResults(self.run_micro_batches(micros, stage_loss, forward_only=False))
+
+    def forward_only(self, micros: list[DataProto], forward: ResponseForward, keep: MicroKeep) -> list[dict[str, torch.Tensor]]:
+        def stage_keep(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
+            return output.new_zeros(()), keep(self.response_outputs(output, micro, forward), micro)
+
+        return self.run_micro_batches(micros, stage_keep, forward_only=True)
+
     # ---- optimizer ------------------------------------------------------------------------------------
     def _require_trainable(self, what: str) -> None:
         if self.optimizer is None:
@@ -221,12 +279,13 @@ class MegatronEngine:
             raise RuntimeError("hf_weights: a value model has no HF causal-LM weights to export")
         return iter_hf_weights(self.gpt, self.hf_config, self.layout, dtype or self.dtype, self.device)
 
-    def export_hf(self, path: str, rank: int) -> None:
+    def export_hf(self, path: str) -> None:
         """Write the model as an HF checkpoint (safetensors) from rank 0, tokenizer files copied along."""
         from transformers import AutoModelForCausalLM
 
         from workers.fsdp.checkpoint import save_hf_folder
 
+        rank = dist.get_rank()
         # Every rank runs the stream (it is a collective); only rank 0 keeps the tensors.
         state = {name: t.cpu() for name, t in self.hf_weights(torch.float32) if rank == 0}
         if rank == 0:

@@ -1,7 +1,7 @@
 """Grouping rows by token count: micro-batches under a token budget, and equal-size balanced shards.
 
 Pure functions of the row lengths (real tokens per row); the collective that makes every data-parallel
-rank use the same number of micro-batches lives in `workers/fsdp/micro_batching.py`.
+rank use the same number of micro-batches lives in `workers/training/micro_batching.py`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ than k, repeated up to k first (each rank's query heads still read the key/value
 Per-token outputs (log-probs, entropies, values) are gathered back to the whole row on every rank of the
 group (`gather_shards`): the loss code sees what it sees at k=1. The gather's backward sums the gradients
 over the group, so with the same loss on all k ranks the group computes the gradient of k x that loss;
-FSDP's average over all dp x k ranks turns it back into the data-parallel average (workers/fsdp/ppo_loop.py).
+FSDP's average over all dp x k ranks turns it back into the data-parallel average (workers/training/ppo_loop.py).
 """
 
 from __future__ import annotations

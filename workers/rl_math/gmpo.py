@@ -16,7 +16,7 @@ from .gspo import LOG_RATIO_BOUND
 from .masked import masked_mean
 
 # The aggregation GMPO's loss uses whatever actor.loss_agg_mode says: one loss per response, averaged over
-# responses (workers/fsdp/ppo_loop.py weighs micro-batches by the same units).
+# responses (workers/training/ppo_loop.py weighs micro-batches by the same units).
 GMPO_AGG_MODE = "seq-mean-token-mean"
 
 

@@ -13,11 +13,12 @@ import torch
 from transformers import AutoConfig
 
 from protocol import DataProto
-from protocol.meta_merge import ROLLOUT_WEIGHTS_VERSION  # meta_info key: the weights version a batch was generated with
+from protocol.meta_merge import (
+    ROLLOUT_WEIGHTS_VERSION,  # meta_info key: the weights version a batch was generated with
+)
 from single_controller import Dispatch, Worker, register
 from workers.config import actor_rollout_ref_config
 from workers.fsdp.model_loading import compute_dtype, worker_device
-from workers.fsdp.sequences import require_batch_keys
 from workers.lora.spec import LoraSpec
 from workers.memory import MemoryLog
 from workers.rollout.agent.worker_glue import build_agent, vllm_agent_generate
@@ -28,6 +29,7 @@ from workers.rollout.stream.worker_methods import StreamWorkerMixin
 from workers.rollout.sync_group import SyncGroupAddress
 from workers.rollout.verify import probe_sequences
 from workers.rollout.vllm_engine import VLLMEngine
+from workers.training.batch_keys import require_batch_keys
 from workers.vision.images import MULTI_MODAL_DATA, decode_image, row_images
 from workers.vision.models import vision_token_ids
 

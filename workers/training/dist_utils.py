@@ -29,28 +29,37 @@ def check_same_length(length: int, device: torch.device, method: str) -> None:
         )
 
 
-def mean_over_ranks(metrics: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Average each metric over all ranks (one all-reduce), so every rank returns the global value."""
-    if not metrics or not dist.is_initialized() or dist.get_world_size() == 1:
+def _single(group: dist.ProcessGroup | None) -> bool:
+    return not dist.is_initialized() or dist.get_world_size(group) == 1
+
+
+def mean_over_ranks(
+    metrics: dict[str, float], device: torch.device, group: dist.ProcessGroup | None = None
+) -> dict[str, float]:
+    """Average each metric over the ranks of `group` (default: all; one all-reduce), so every rank returns the
+    global value."""
+    if not metrics or _single(group):
         return dict(metrics)
     keys = sorted(metrics)
     values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    values /= dist.get_world_size()
+    dist.all_reduce(values, op=dist.ReduceOp.SUM, group=group)
+    values /= dist.get_world_size(group)
     return {k: float(v) for k, v in zip(keys, values.tolist())}
 
 
-def reduce_over_ranks(metrics: dict[str, float], device: torch.device, extremes: Mapping[str, str]) -> dict[str, float]:
+def reduce_over_ranks(
+    metrics: dict[str, float], device: torch.device, extremes: Mapping[str, str], group: dist.ProcessGroup | None = None
+) -> dict[str, float]:
     """`mean_over_ranks`, except the metrics named in `extremes` ("max" / "min"), which take the extreme."""
     named = {k: extremes[k] for k in metrics if k in extremes}
-    averaged = mean_over_ranks({k: v for k, v in metrics.items() if k not in named}, device)
-    if not named or not dist.is_initialized() or dist.get_world_size() == 1:
+    averaged = mean_over_ranks({k: v for k, v in metrics.items() if k not in named}, device, group)
+    if not named or _single(group):
         return {**averaged, **{k: metrics[k] for k in named}}
     keys = sorted(named)
     # One MAX all-reduce: a minimum is the negated maximum of the negated values.
     signs = torch.tensor([1.0 if named[k] == "max" else -1.0 for k in keys], dtype=torch.float64, device=device)
     values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device) * signs
-    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
     return {**averaged, **{k: float(v) for k, v in zip(keys, (values * signs).tolist())}}
 
 

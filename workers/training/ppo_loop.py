@@ -1,4 +1,5 @@
-"""The PPO update schedule shared by the actor and the critic: epochs x mini-batches x micro-batches.
+"""The PPO update schedule of the actor and the critic on any `TrainBackend`: epochs x mini-batches x
+micro-batches.
 
 Gradients of the micro-batches of one mini-batch are accumulated, then one clipped optimizer step is
 taken. Each micro-batch loss is weighted by its share of the aggregation units (tokens for "token-mean",
@@ -7,32 +8,34 @@ accumulating over micro-batches and averaging over ranks gives the gradient of o
 mini-batch, whatever the micro-batches hold: a fixed row count or a token budget (`use_dynamic_bsz`).
 
 With Ulysses sequence parallelism (k ranks share each row, `workers/packing/ulysses.py`) the same weights
-hold: the k ranks of a group count the same units (the all-rank total is k x the real one) and compute the
-same loss, whose gradient their gather's backward sums over the group (k x one loss); the two factors of k
-cancel in FSDP's average over all ranks.
+hold: the k ranks of a group count the same units (`DataParallel.copies` = k counts them once) and compute the
+same loss, whose gradient their gather's backward sums over the group (k x one loss), which FSDP's average over
+all dp x k ranks divides by k again. On Megatron the units are summed over its data-parallel group and
+the metrics exist on the last pipeline stage, reduced over that group by the same rules.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from protocol import DataProto
-from workers.cached_blocks import release_after_micro_batch, release_cached_blocks
+from workers.cached_blocks import release_cached_blocks
 from workers.config import mini_batch_per_rank
-from workers.fsdp.dist_utils import check_same_length, reduce_over_ranks
-from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.micro_batching import MicroBatching, sum_over_ranks
-from workers.fsdp.sequences import response_mask
 from workers.rl_math.gmpo import GMPO_AGG_MODE
 from workers.rl_math.rollout_correction import EXTREME_METRICS
-
-# loss_fn(micro_batch) -> (scalar loss aggregated over the micro-batch, float metrics)
-MicroLossFn = Callable[[DataProto], tuple[torch.Tensor, dict[str, float]]]
+from workers.training.backend import (
+    MicroLoss,
+    ResponseForward,
+    ResponseOutputs,
+    TrainBackend,
+)
+from workers.training.batch_keys import response_mask
+from workers.training.dist_utils import check_same_length, reduce_over_ranks
+from workers.training.micro_batching import MicroBatching
 
 
 @dataclass(frozen=True)
@@ -116,39 +119,47 @@ def shuffled(data: DataProto, shuffle: bool, seed: int) -> DataProto:
     return data[order]
 
 
-def run_ppo_updates(engine: FSDPEngine, data: DataProto, loss_fn: MicroLossFn, schedule: PPOSchedule, method: str) -> dict[str, float]:
-    """Run the updates and return metrics averaged over micro-batches (grad_norm over steps) and ranks.
+def run_ppo_updates(
+    backend: TrainBackend, data: DataProto, forward: ResponseForward, loss_fn: MicroLoss, schedule: PPOSchedule, method: str
+) -> dict[str, float]:
+    """Run the updates and return metrics averaged over micro-batches (grad_norm over steps) and data-parallel
+    ranks ({} on a rank that holds no outputs: Megatron's earlier pipeline stages).
 
     Every rank holds the same number of rows (checked), hence runs the same number of forward/backward
-    passes and optimizer steps, which FSDP's collectives need. The LR scheduler steps once per call.
+    passes and optimizer steps, which the backends' collectives need. The LR scheduler steps once per call.
     """
-    check_same_length(len(data), engine.device, method)
-    engine.module.train()
+    check_same_length(len(data), backend.device, method)
     collected: dict[str, list[float]] = defaultdict(list)
-    lr = engine.current_lr()
+    lr = backend.current_lr()
     batching = schedule.micro_batching()
-    ranks = dist.get_world_size() if dist.is_initialized() else 1
+    data_parallel = backend.data_parallel()
     releases = 0  # times the allocator's free blocks went back to the device (after micro-batches, after the phase)
     for epoch in range(schedule.epochs):
         for mini in shuffled(data, schedule.shuffle, schedule.seed + epoch).split(schedule.mini_batch_size):
-            micros, _ = batching.split(mini, engine.device)
-            units = [loss_units(response_mask(m), schedule.loss_agg_mode) for m in micros]
-            total = sum_over_ranks(sum(units), engine.device)  # FSDP averages gradients over the ranks
-            engine.zero_grad()
-            for micro, unit in zip(micros, units):
-                loss, metrics = loss_fn(micro)
-                scale = unit * ranks / total if total > 0 else len(micro) / len(mini)
-                (loss * scale).backward()
-                releases += release_after_micro_batch(engine.device)
+            micros, _ = backend.micro_batches(mini, batching)
+            units = {id(m): loss_units(response_mask(m), schedule.loss_agg_mode) for m in micros}
+            total = data_parallel.total(sum(units.values()), backend.device)  # the gradient is averaged over dp
+
+            def weighted(outputs: ResponseOutputs, micro: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
+                loss, metrics = loss_fn(outputs, micro)
+                share = units[id(micro)] * data_parallel.size / total if total > 0 else len(micro) / len(mini)
+                return loss * share, metrics
+
+            backend.zero_grad()
+            results = backend.forward_backward(micros, forward, weighted)
+            releases += results.cached_block_releases
+            for metrics in results.kept:
                 for key, value in metrics.items():
                     collected[key].append(value)
-            collected["grad_norm"].append(engine.optimizer_step(schedule.grad_clip))
-    releases += release_cached_blocks(engine.device)  # the phase is over: whatever the release point
-    engine.lr_scheduler_step()
+            collected["grad_norm"].append(backend.optimizer_step(schedule.grad_clip))
+    releases += release_cached_blocks(backend.device)  # the phase is over: whatever the release point
+    backend.lr_scheduler_step()
+    if not backend.reports_outputs():
+        return {}
     reduced = {key: _over_micro_batches(key, values) for key, values in collected.items()}
     reduced["lr"] = lr
     reduced["cached_block_releases"] = float(releases)
-    return reduce_over_ranks(reduced, engine.device, EXTREME_METRICS)
+    return reduce_over_ranks(reduced, backend.device, EXTREME_METRICS, data_parallel.group)
 
 
 def _over_micro_batches(key: str, values: list[float]) -> float:

@@ -91,6 +91,11 @@ def forward_in_micro_batches(
         outputs.append(forward(micro))
         release_after_micro_batch(device)
     release_cached_blocks(device)  # the phase is over: whatever the release point
+    return in_row_order(outputs, order)
+
+
+def in_row_order(outputs: list[dict[str, torch.Tensor]], order: list[int]) -> dict[str, torch.Tensor]:
+    """Per-micro-batch outputs joined, their rows put back in the batch's order (`order`: what they follow)."""
     if not outputs:
         return {}
     joined = {key: torch.cat([o[key] for o in outputs]) for key in outputs[0]}

@@ -13,15 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch import nn
 
 from protocol import DataProto
-from workers.fsdp.dist_utils import check_same_length
-from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.sequences import response_log_probs_and_entropy
 from workers.rl_math.dpo import dpo_loss
 from workers.rl_math.masked import masked_sum
+from workers.training.backend import ResponseForward, ResponseOutputs, TrainBackend
+from workers.training.dist_utils import check_same_length
 
 PAIR_SIDES = ("chosen", "rejected")
 SIDE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
@@ -54,12 +51,9 @@ class DPOSettings:
         return settings
 
 
-def pair_log_probs(model: nn.Module, micro: DataProto, device: torch.device, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed response log-probs [b] of the chosen and the rejected sequences, in one forward pass."""
-    both = DataProto.from_dict({k: torch.cat([micro.batch[f"{s}_{k}"] for s in PAIR_SIDES]) for k in SIDE_KEYS})
-    token_log_probs, _ = response_log_probs_and_entropy(model, both, device, temperature, with_entropy=False)
-    sequence = masked_sum(token_log_probs, both.batch["response_mask"].to(device), dim=-1)
-    return sequence[: len(micro)], sequence[len(micro) :]
+def stacked_sides(pairs: DataProto) -> DataProto:
+    """The chosen rows over the rejected rows, one sequence per row, so one forward scores both sides."""
+    return DataProto.from_dict({k: torch.cat([pairs.batch[f"{s}_{k}"] for s in PAIR_SIDES]) for k in SIDE_KEYS})
 
 
 def weighted_pair_loss(
@@ -81,50 +75,51 @@ def weighted_pair_loss(
     return (losses * weight).sum(), {name: float((value.detach() * weight).sum()) for name, value in metrics.items()}
 
 
-def _sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    return values
-
-
 def run_dpo_update(
-    engine: FSDPEngine,
+    backend: TrainBackend,
     pairs: DataProto,
     settings: DPOSettings,
     *,
     micro_batch_size: int,
     grad_clip: float,
     temperature: float,
-    sequence_parallel: int = 1,
 ) -> dict[str, float]:
-    """`settings.epochs` full-batch optimizer steps on the pairs of all ranks; returns weighted means over
-    all real pairs (measured before the first step), their count, grad_norm and lr. The LR scheduler steps once.
-    With `sequence_parallel` ranks sharing each row (Ulysses) the pairs of a group are counted once."""
-    check_same_length(len(pairs), engine.device, "update_actor_dpo")
-    device, world = engine.device, dist.get_world_size() if dist.is_initialized() else 1
-    data_parallel = world // sequence_parallel
-    total = float(_sum_over_ranks(pairs.batch["weight"].float().sum().to(device))) / sequence_parallel
+    """`settings.epochs` full-batch optimizer steps on the pairs of all data-parallel ranks; returns weighted
+    means over all real pairs (measured before the first step), their count, grad_norm and lr ({} on a rank
+    that holds no outputs). The LR scheduler steps once."""
+    check_same_length(len(pairs), backend.device, "update_actor_dpo")
+    data_parallel = backend.data_parallel()
+    total = data_parallel.total(float(pairs.batch["weight"].float().sum()), backend.device)
     if total <= 0:
         raise ValueError("update_actor_dpo got no pair with weight > 0")
     denominator = float(settings.loss_denominator or total)
-    engine.module.train()
+    pair_micros = list(pairs.split(micro_batch_size))
+    micros = [stacked_sides(pair) for pair in pair_micros]
+    pair_of = {id(both): pair for both, pair in zip(micros, pair_micros)}
+
+    def loss_fn(outputs: ResponseOutputs, both: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+        pair = pair_of[id(both)]
+        sequence = masked_sum(outputs.log_probs, both.batch["response_mask"].to(outputs.device), dim=-1)
+        loss, weighted = weighted_pair_loss(sequence[: len(pair)], sequence[len(pair) :], pair, settings)
+        # The backend averages gradients over the data-parallel ranks: x their count makes it the sum over all
+        # pairs (a Ulysses group's k ranks sum one loss's gradient k times, which FSDP's average divides back).
+        return loss * (data_parallel.size / denominator), weighted
+
+    forward = ResponseForward("log_probs", temperature)
     sums: dict[str, float] = defaultdict(float)
-    grad_norms, lr = [], engine.current_lr()
+    grad_norms, lr = [], backend.current_lr()
     for epoch in range(settings.epochs):
-        engine.zero_grad()
-        for micro in pairs.split(micro_batch_size):
-            chosen, rejected = pair_log_probs(engine.module, micro, device, temperature)
-            loss, weighted = weighted_pair_loss(chosen, rejected, micro, settings)
-            # FSDP averages gradients over all ranks, and a sequence-parallel group's k ranks sum one loss's
-            # gradient k times: scaling by the data-parallel count makes that the sum over all pairs.
-            (loss * (data_parallel / denominator)).backward()
-            if epoch == 0:
-                for name, value in weighted.items():
+        backend.zero_grad()
+        results = backend.forward_backward(micros, forward, loss_fn)
+        if epoch == 0:
+            for metrics in results.kept:
+                for name, value in metrics.items():
                     sums[name] += value
-        grad_norms.append(engine.optimizer_step(grad_clip))
-    engine.lr_scheduler_step()
+        grad_norms.append(backend.optimizer_step(grad_clip))
+    backend.lr_scheduler_step()
+    if not backend.reports_outputs():
+        return {}
     keys = sorted(sums)
-    summed = _sum_over_ranks(torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device))
-    summed /= sequence_parallel  # each pair was counted by every rank of its sequence-parallel group
-    metrics = {k: float(v) / total for k, v in zip(keys, summed.tolist())}
+    summed = data_parallel.totals([sums[k] for k in keys], backend.device)
+    metrics = {k: v / total for k, v in zip(keys, summed)}
     return {**metrics, "grad_norm": sum(grad_norms) / len(grad_norms), "lr": lr, "pairs": total}

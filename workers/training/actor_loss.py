@@ -6,10 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from protocol import DataProto
-from workers.fsdp.sequences import response_log_probs_and_entropy, response_mask
 from workers.rl_math.kl import kl_penalty
 from workers.rl_math.losses import agg_loss, compute_policy_loss
 from workers.rl_math.rollout_correction import (
@@ -19,6 +17,8 @@ from workers.rl_math.rollout_correction import (
     logprob_gap_metrics,
     truncated_is_weights,
 )
+from workers.training.backend import ResponseForward, ResponseOutputs
+from workers.training.batch_keys import response_mask
 
 
 def required_update_keys(actor_cfg: dict[str, Any], with_old_log_probs: bool = True) -> list[str]:
@@ -27,16 +27,17 @@ def required_update_keys(actor_cfg: dict[str, Any], with_old_log_probs: bool = T
     return keys + (["ref_log_prob"] if actor_cfg["use_kl_loss"] else [])
 
 
-def actor_micro_loss(
-    model: nn.Module, micro: DataProto, device: torch.device, temperature: float, actor_cfg: dict[str, Any],
-    is_cap: float | None = None,
+def actor_forward(actor_cfg: dict[str, Any], temperature: float) -> ResponseForward:
+    """The actor update's forward: log-probs and entropies; without an entropy bonus the entropy is only
+    reported, so no graph is kept for it."""
+    return ResponseForward("log_probs", temperature, with_entropy=True, entropy_grad=actor_cfg["entropy_coeff"] != 0)
+
+
+def actor_loss(
+    outputs: ResponseOutputs, micro: DataProto, actor_cfg: dict[str, Any], is_cap: float | None = None
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss = pg_loss - entropy_coeff * entropy (+ kl_loss_coef * kl_loss), each aggregated with
-    `loss_agg_mode` over this micro-batch's response tokens."""
-    # Without an entropy bonus the entropy is only reported: no graph is kept for it.
-    entropy_grad = actor_cfg["entropy_coeff"] != 0
-    log_probs, entropy = response_log_probs_and_entropy(model, micro, device, temperature, True, entropy_grad)
-    return actor_loss_from_log_probs(log_probs, entropy, micro, device, actor_cfg, is_cap)
+    """The actor's loss on one micro-batch from `actor_forward`'s outputs (any backend)."""
+    return actor_loss_from_log_probs(outputs.log_probs, outputs.entropy, micro, outputs.device, actor_cfg, is_cap)
 
 
 def _rollout_correction(
