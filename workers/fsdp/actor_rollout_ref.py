@@ -29,7 +29,6 @@ from workers.fsdp.actor_loss import actor_micro_loss, required_update_keys
 from workers.fsdp.dist_utils import check_same_length
 from workers.fsdp.dpo_update import PAIR_KEYS, DPOSettings, run_dpo_update
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.generation import generate_responses, seeded_sampling
 from workers.fsdp.offload import GIB, Offloader
 from workers.fsdp.ppo_loop import PPOSchedule, check_one_optimizer_step, run_ppo_updates
 from workers.fsdp.residency import ActorResidency, process_tenants
@@ -43,6 +42,7 @@ from workers.lora.model import adapters_disabled
 from workers.memory import MemoryLog
 from workers.rl_math.rollout_correction import OLD_LOG_PROBS
 from workers.rollout.agent.worker_glue import build_agent, hf_agent_generate, vllm_agent_generate
+from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import SamplingParams, model_token_ids, sampling_params
 from workers.rollout.shaping import rollout_output
 from workers.vision.forward_inputs import generate_inputs

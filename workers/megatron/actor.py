@@ -25,7 +25,6 @@ from workers.actor_state import ActorStateMixin
 from workers.config import actor_rollout_ref_config, mini_batch_per_rank
 from workers.fsdp.actor_loss import actor_loss_from_log_probs, required_update_keys
 from workers.fsdp.dpo_update import PAIR_KEYS, PAIR_SIDES, SIDE_KEYS, DPOSettings, weighted_pair_loss
-from workers.fsdp.generation import generate_responses, seeded_sampling
 from workers.fsdp.ppo_loop import PPOSchedule
 from workers.fsdp.sequences import require_batch_keys
 from workers.fsdp.sft_update import SFT_KEYS, sft_loss_from_log_probs, with_loss_mask
@@ -36,6 +35,7 @@ from workers.megatron.ppo_loop import run_ppo_updates
 from workers.megatron.vocab_parallel import log_probs_and_entropy
 from workers.memory import MemoryLog
 from workers.rl_math.masked import masked_sum
+from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import folder_token_ids, model_token_ids, sampling_params
 from workers.rollout.shaping import rollout_output
 
