@@ -8,11 +8,11 @@ import torch
 from transformers import AutoConfig, AutoModelForImageTextToText
 
 from tests.vision.images import BLUE, RED, image_batch, png
-from workers.fsdp.generation import generate_responses
 from workers.fsdp.sequences import response_log_probs_and_entropy
 from workers.lora.model import add_lora_adapters, adapter_parameter_names
 from workers.lora.spec import LoraSpec
 from workers.packing.forward import enable_packing, is_packed
+from workers.rollout.hf_generate import generate_responses
 from workers.rollout.sampling import SamplingParams
 from workers.vision.forward_inputs import generate_inputs, vision_forward_inputs
 from workers.vision.images import ImageInputs

@@ -12,6 +12,7 @@ import torch
 from single_controller import Dispatch, Worker, register
 from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.rollout.buckets import BucketLayout
+from workers.rollout.hf_generate import engine_generate
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
 from workers.rollout.verify import probe_sequences, trainer_log_probs
 from workers.rollout.weight_sync import IpcReceiver, receive_broadcast_buckets
@@ -41,23 +42,9 @@ class HFInferenceWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def generate_tokens(self, prompts: list[list[int]], sampling: dict[str, Any] | None = None) -> list[dict[str, list]]:
-        """Per prompt: generated `token_ids` and their `log_probs` (temperature 0 = greedy; `max_tokens`)."""
-        model, sampling = self._require_model("generate"), dict(sampling or {})
-        temperature = float(sampling.get("temperature", 1.0))
-        pad_token_id = model.config.get_text_config().pad_token_id  # a vision-language model keeps it in text_config
-        results = []
-        with torch.no_grad():
-            for prompt in prompts:
-                ids = torch.tensor([prompt], device=self.device)
-                out = model.generate(
-                    input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(sampling.get("max_tokens", 16)),
-                    do_sample=temperature > 0, temperature=temperature if temperature > 0 else None, top_k=None, top_p=None,
-                    output_scores=True, return_dict_in_generate=True, pad_token_id=pad_token_id,
-                )
-                tokens = out.sequences[0, len(prompt):].tolist()
-                steps = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
-                results.append({"token_ids": tokens, "log_probs": steps})
-        return results
+        """Per prompt: generated `token_ids` and their `log_probs`, all prompts in one batch. `sampling` holds
+        vLLM's field names: temperature (0 = greedy), top_k, top_p, max_tokens, stop_token_ids, seed."""
+        return engine_generate(self._require_model("generate"), prompts, sampling or {}, self.device, self.rank)
 
     # ---- residency ------------------------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)

@@ -26,7 +26,6 @@ from workers.actor_state import ActorStateMixin
 from workers.cached_blocks import set_release_point
 from workers.config import actor_rollout_ref_config, mini_batch_per_rank
 from workers.fsdp.engine import FSDPEngine
-from workers.fsdp.generation import generate_responses, seeded_sampling
 from workers.fsdp.offload import GIB, Offloader
 from workers.fsdp.residency import ActorResidency, process_tenants
 from workers.fsdp.shared_base import SharedBase, resolve_base_sharing
@@ -45,6 +44,7 @@ from workers.rollout.agent.worker_glue import (
     hf_agent_generate,
     vllm_agent_generate,
 )
+from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import SamplingParams, model_token_ids, sampling_params
 from workers.rollout.shaping import rollout_output
 from workers.training.actor_loss import actor_forward, actor_loss, required_update_keys

@@ -21,11 +21,11 @@ from single_controller import Dispatch, Worker, register
 from single_controller.mesh import MeshDispatch
 from workers.actor_state import ActorStateMixin
 from workers.config import actor_rollout_ref_config, mini_batch_per_rank
-from workers.fsdp.generation import generate_responses, seeded_sampling
 from workers.megatron.engine import MegatronEngine
 from workers.megatron.model import ParallelSettings
 from workers.megatron.parallel import MEGATRON_MESH, init_megatron_parallel
 from workers.memory import MemoryLog
+from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import folder_token_ids, model_token_ids, sampling_params
 from workers.rollout.shaping import rollout_output
 from workers.training.actor_loss import actor_forward, actor_loss, required_update_keys

@@ -16,18 +16,12 @@ import torch.distributed as dist
 from torch import nn
 
 from workers.rollout.agent.loop import TurnOutput, TurnRequest
+from workers.rollout.hf_generate import generate_token_lists
 from workers.rollout.sampling import SamplingParams
 from workers.rollout.vllm_engine import sampled_tokens, vllm_sampling
 
 # Unique across calls and loops: vLLM refuses a request id it is still serving.
 _REQUEST_IDS = itertools.count()
-
-
-def cut_at_eos(tokens: list[int], log_probs: list[float], eos_token_ids: tuple[int, ...], limit: int) -> TurnOutput:
-    """The turn up to and including its first EOS, at most `limit` tokens."""
-    end = next((i + 1 for i, t in enumerate(tokens) if t in eos_token_ids), len(tokens))
-    end = min(end, limit)
-    return TurnOutput(tokens[:end], log_probs[:end])
 
 
 def turn_seed(call_seed: int, rank: int, row: int, turn: int) -> int:
@@ -53,24 +47,9 @@ class HFTurns:
             return []
         # A rank with nothing to do still takes part in the other ranks' generate (FSDP gathers).
         rows = requests or [TurnRequest(-1, 0, [self.params.pad_token_id], 1)]
-        width = max(len(r.context) for r in rows)
-        pad = self.params.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(r.context)) + r.context for r in rows], device=self.device)
-        attention = torch.tensor([[0] * (width - len(r.context)) + [1] * len(r.context) for r in rows], device=self.device)
-        config = self.params.generation_config()
-        config.max_new_tokens = max(r.max_tokens for r in rows)
-        config.output_scores = config.return_dict_in_generate = True
-        with torch.no_grad():
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config, synced_gpus=self.synced)
-        new = out.sequences[:, width:]
-        # `scores` are the logits after temperature / top-k / top-p: the distribution sampled from.
-        scores = torch.stack(out.scores, dim=1)[:, : new.shape[1]].float()
-        log_probs = torch.log_softmax(scores, dim=-1).gather(-1, new[..., None]).squeeze(-1)
-        outputs = [
-            cut_at_eos(new[i].tolist(), log_probs[i].tolist(), self.params.eos_token_ids, r.max_tokens)
-            for i, r in enumerate(rows)
-        ]
-        return outputs if requests else []
+        results = generate_token_lists(self.model, [r.context for r in rows], self.params, self.device, self.synced,
+                                       limits=[r.max_tokens for r in rows])
+        return [TurnOutput(tokens, log_probs) for tokens, log_probs in results] if requests else []
 
 
 class VLLMTurns:

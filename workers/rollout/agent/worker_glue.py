@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from protocol import DataProto
-from workers.fsdp.generation import gathered_parameters, seeded_sampling
 from workers.rollout.agent.engines import HFTurns, VLLMTurns
 from workers.rollout.agent.rollout import AgentRollout, sample_fields
+from workers.rollout.hf_generate import gathered_parameters, seeded_sampling
 from workers.rollout.sampling import SamplingParams
 
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
