@@ -26,7 +26,12 @@ def normalize_index(index: Any, length: int) -> int | slice | torch.Tensor:
         raise TypeError(f"DataProto cannot be indexed by a bool scalar; valid index kinds: {VALID_INDEX_KINDS}")
     if isinstance(index, (int, np.integer)):
         return _check_int(int(index), length)
-    if isinstance(index, torch.Tensor) and index.ndim == 0 and not index.is_floating_point() and index.dtype != torch.bool:
+    if (
+        isinstance(index, torch.Tensor)
+        and index.ndim == 0
+        and not index.is_floating_point()
+        and index.dtype != torch.bool
+    ):
         return _check_int(int(index.item()), length)
     if isinstance(index, (list, tuple)):
         if len(index) == 0:
@@ -35,19 +40,27 @@ def normalize_index(index: Any, length: int) -> int | slice | torch.Tensor:
             return _mask_to_positions(torch.tensor(index, dtype=torch.bool), length)
         if all(isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) for i in index):
             return _check_positions(torch.tensor([int(i) for i in index], dtype=torch.int64), length)
-        raise TypeError(f"DataProto index lists must hold only ints or only bools; valid index kinds: {VALID_INDEX_KINDS}")
+        raise TypeError(
+            f"DataProto index lists must hold only ints or only bools; valid index kinds: {VALID_INDEX_KINDS}"
+        )
     if isinstance(index, np.ndarray):
         if index.dtype == np.bool_:
             return _mask_to_positions(torch.from_numpy(np.ascontiguousarray(index)), length)
         if index.dtype.kind in "iu":
             return _check_positions(torch.from_numpy(index.astype(np.int64)), length)
-        raise TypeError(f"DataProto cannot be indexed by a numpy array of dtype {index.dtype}; valid index kinds: {VALID_INDEX_KINDS}")
+        raise TypeError(
+            f"DataProto cannot be indexed by a numpy array of dtype {index.dtype}; "
+            f"valid index kinds: {VALID_INDEX_KINDS}"
+        )
     if isinstance(index, torch.Tensor):
         if index.dtype == torch.bool:
             return _mask_to_positions(index.cpu(), length)
         if not index.is_floating_point() and not index.is_complex():
             return _check_positions(index.cpu().to(torch.int64), length)
-        raise TypeError(f"DataProto cannot be indexed by a torch tensor of dtype {index.dtype}; valid index kinds: {VALID_INDEX_KINDS}")
+        raise TypeError(
+            f"DataProto cannot be indexed by a torch tensor of dtype {index.dtype}; "
+            f"valid index kinds: {VALID_INDEX_KINDS}"
+        )
     raise TypeError(f"DataProto cannot be indexed by {type(index).__name__}; valid index kinds: {VALID_INDEX_KINDS}")
 
 

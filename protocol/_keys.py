@@ -10,7 +10,8 @@ BatchKey = Union[str, tuple[str, ...]]
 
 
 class MissingKeyError(KeyError, AssertionError):
-    """KeyError whose str() is the readable message (plain KeyError quotes it); also an AssertionError (see errors.py)."""
+    """KeyError whose str() is the readable message (plain KeyError quotes it); also an AssertionError
+    (see errors.py)."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

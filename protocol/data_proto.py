@@ -29,14 +29,8 @@ from tensordict import TensorDict, TensorDictBase
 from protocol import disk, transport
 from protocol._indexing import Index, normalize_index
 from protocol._keys import BatchKey, as_key_list, format_key, require_keys
-from protocol._tensordict_utils import flatten_tensordict, td_key
-from protocol.arrays import arrays_equal, as_non_tensor_array, copy_array, tensors_equal, values_equal
-from protocol.auto_padding import AUTO_PADDING_KEY
-from protocol.batch_guard import guard_batch
-from protocol.errors import ProtocolTypeError, ProtocolValueError
-from protocol.meta_merge import merge_meta_info
-from protocol.verl_methods import VerlMethods
 from protocol._row_checks import (
+    KeyArg,
     _batch_key_list,
     _check_concat_leaves,
     _common_length,
@@ -44,9 +38,14 @@ from protocol._row_checks import (
     _dedupe,
     _describe_tensor,
     _require_positive_int,
-    KeyArg,
 )
-
+from protocol._tensordict_utils import flatten_tensordict, td_key
+from protocol.arrays import arrays_equal, as_non_tensor_array, copy_array, tensors_equal, values_equal
+from protocol.auto_padding import AUTO_PADDING_KEY
+from protocol.batch_guard import guard_batch
+from protocol.errors import ProtocolTypeError, ProtocolValueError
+from protocol.meta_merge import merge_meta_info
+from protocol.verl_methods import VerlMethods
 
 
 @dataclass(eq=False)
@@ -140,9 +139,13 @@ class DataProto(VerlMethods):
         if not isinstance(self.batch, TensorDictBase):
             raise ProtocolTypeError(f"DataProto.batch must be a TensorDict, got {type(self.batch).__name__}")
         if self.batch.batch_dims != 1:
-            raise ProtocolValueError(f"DataProto.batch must have exactly one batch dimension, got batch_size {list(self.batch.batch_size)}")
+            raise ProtocolValueError(
+                f"DataProto.batch must have exactly one batch dimension, got batch_size {list(self.batch.batch_size)}"
+            )
         if not isinstance(self.non_tensor_batch, dict):
-            raise ProtocolTypeError(f"DataProto.non_tensor_batch must be a dict, got {type(self.non_tensor_batch).__name__}")
+            raise ProtocolTypeError(
+                f"DataProto.non_tensor_batch must be a dict, got {type(self.non_tensor_batch).__name__}"
+            )
         if not isinstance(self.meta_info, dict):
             raise ProtocolTypeError(f"DataProto.meta_info must be a dict, got {type(self.meta_info).__name__}")
         length = self.batch.batch_size[0]
@@ -157,7 +160,9 @@ class DataProto(VerlMethods):
             if value.ndim == 0:
                 raise ProtocolValueError(f"non_tensor_batch[{key!r}] is a 0-d array but the batch has {length} samples")
             if len(value) != length:
-                raise ProtocolValueError(f"non_tensor_batch[{key!r}] has length {len(value)} but the batch has {length} samples")
+                raise ProtocolValueError(
+                    f"non_tensor_batch[{key!r}] has length {len(value)} but the batch has {length} samples"
+                )
 
     # ------------------------------------------------------------------ basics
 
@@ -256,10 +261,15 @@ class DataProto(VerlMethods):
             require_keys("meta_info", wanted_meta, self.meta_info)
 
         batch = self.batch if wanted_batch is None else self.batch.select(*wanted_batch)
-        non_tensor = {k: self.non_tensor_batch[k] for k in (self.non_tensor_batch if wanted_non_tensor is None else wanted_non_tensor)}
+        non_tensor = {
+            k: self.non_tensor_batch[k]
+            for k in (self.non_tensor_batch if wanted_non_tensor is None else wanted_non_tensor)
+        }
         meta = {k: self.meta_info[k] for k in (self.meta_info if wanted_meta is None else wanted_meta)}
         if deepcopy:
-            return DataProto(batch.clone(), {k: copy_array(v, deep=True) for k, v in non_tensor.items()}, copy.deepcopy(meta))
+            return DataProto(
+                batch.clone(), {k: copy_array(v, deep=True) for k, v in non_tensor.items()}, copy.deepcopy(meta)
+            )
         return DataProto(batch.clone(recurse=False), non_tensor, meta)
 
     def pop(
@@ -292,7 +302,9 @@ class DataProto(VerlMethods):
         old = _batch_key_list(old_keys) or []
         new = _batch_key_list(new_keys) or []
         if len(old) != len(new):
-            raise ProtocolValueError(f"rename needs as many new keys as old keys, got {len(old)} old and {len(new)} new")
+            raise ProtocolValueError(
+                f"rename needs as many new keys as old keys, got {len(old)} old and {len(new)} new"
+            )
         existing = self._batch_keys()
         require_keys("batch", old, existing)
         if len(set(new)) != len(new):
@@ -319,7 +331,9 @@ class DataProto(VerlMethods):
         own_devices = {t.device for _, t in own_leaves}
         for path, tensor in other_leaves:
             if path in own_nested:
-                raise ProtocolValueError(f"union: batch key {'.'.join(path)!r} is a tensor in one DataProto and nested in the other")
+                raise ProtocolValueError(
+                    f"union: batch key {'.'.join(path)!r} is a tensor in one DataProto and nested in the other"
+                )
             if path not in own and len(own_devices) == 1 and tensor.device not in own_devices:
                 (device,) = own_devices  # a mixed-device batch would fail later, far from here
                 raise ProtocolValueError(
@@ -332,13 +346,19 @@ class DataProto(VerlMethods):
                     f"({_describe_tensor(own[path])} vs {_describe_tensor(tensor)})"
                 )
             if path in own and not tensors_equal(own[path], tensor):
-                raise ProtocolValueError(f"union: batch key {'.'.join(path)!r} is in both DataProtos with different values")
+                raise ProtocolValueError(
+                    f"union: batch key {'.'.join(path)!r} is in both DataProtos with different values"
+                )
         for path, _ in other_layout.nested:
             if path in own:
-                raise ProtocolValueError(f"union: batch key {'.'.join(path)!r} is a tensor in one DataProto and nested in the other")
+                raise ProtocolValueError(
+                    f"union: batch key {'.'.join(path)!r} is a tensor in one DataProto and nested in the other"
+                )
         for key, array in other.non_tensor_batch.items():
             if key in self.non_tensor_batch and not arrays_equal(self.non_tensor_batch[key], array):
-                raise ProtocolValueError(f"union: non_tensor_batch key {key!r} is in both DataProtos with different values")
+                raise ProtocolValueError(
+                    f"union: non_tensor_batch key {key!r} is in both DataProtos with different values"
+                )
         for key, value in other.meta_info.items():
             if key in self.meta_info and not values_equal(self.meta_info[key], value):
                 raise ProtocolValueError(f"union: meta_info key {key!r} is in both DataProtos with different values")
@@ -384,7 +404,9 @@ class DataProto(VerlMethods):
                 )
         _check_concat_leaves([item.batch for item in items])
         batch = torch.cat([item.batch for item in items], dim=0)
-        non_tensor = {k: np.concatenate([item.non_tensor_batch[k] for item in items]) for k in items[0].non_tensor_batch}
+        non_tensor = {
+            k: np.concatenate([item.non_tensor_batch[k] for item in items]) for k in items[0].non_tensor_batch
+        }
         return DataProto(batch, non_tensor, merge_meta_info([item.meta_info for item in items]))
 
     def chunk(self, chunks: int) -> list[DataProto]:
@@ -455,7 +477,9 @@ class DataProto(VerlMethods):
         if dataloader_kwargs is not None:
             unknown = sorted(set(dataloader_kwargs) - {"shuffle"})
             if unknown:
-                raise ProtocolValueError(f"make_iterator: dataloader_kwargs {unknown} are not supported; only 'shuffle' is")
+                raise ProtocolValueError(
+                    f"make_iterator: dataloader_kwargs {unknown} are not supported; only 'shuffle' is"
+                )
             shuffle = bool(dataloader_kwargs.get("shuffle", False))
         _require_positive_int("mini_batch_size", mini_batch_size)
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
@@ -532,11 +556,15 @@ def _check_batch_dims(tensors: dict[str, Any], num_batch_dims: int, non_tensors:
 
 
 def _rebuild_dataproto(encoded_batch: tuple, non_tensor_batch: dict, meta_info: dict) -> DataProto:
-    return DataProto(batch=transport.decode_tensordict(*encoded_batch), non_tensor_batch=non_tensor_batch, meta_info=meta_info)
+    return DataProto(
+        batch=transport.decode_tensordict(*encoded_batch), non_tensor_batch=non_tensor_batch, meta_info=meta_info
+    )
 
 
 def _rebuild_dataproto_item(encoded_batch: tuple, non_tensor_batch: dict, meta_info: dict) -> DataProtoItem:
-    return DataProtoItem(batch=transport.decode_tensordict(*encoded_batch), non_tensor_batch=non_tensor_batch, meta_info=meta_info)
+    return DataProtoItem(
+        batch=transport.decode_tensordict(*encoded_batch), non_tensor_batch=non_tensor_batch, meta_info=meta_info
+    )
 
 
 __all__ = ["DataProto", "DataProtoItem"]

@@ -62,9 +62,13 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
     for key, value in tensor_dict2.items():
         for name, array in (("tensor_dict1", tensor_dict1.get(key)), ("tensor_dict2", value)):
             if array is not None and not isinstance(array, np.ndarray):
-                raise ProtocolTypeError(f"union_numpy_dict: {name}[{key!r}] must be a numpy array, got {type(array).__name__}")
+                raise ProtocolTypeError(
+                    f"union_numpy_dict: {name}[{key!r}] must be a numpy array, got {type(array).__name__}"
+                )
         if key in tensor_dict1 and not arrays_equal(tensor_dict1[key], value):
-            raise ProtocolValueError(f"union_numpy_dict: key {key!r} is in tensor_dict1 and tensor_dict2 with different values")
+            raise ProtocolValueError(
+                f"union_numpy_dict: key {key!r} is in tensor_dict1 and tensor_dict2 with different values"
+            )
     tensor_dict1.update(tensor_dict2)
     return tensor_dict1
 

@@ -54,7 +54,10 @@ class DataProtoFileError(ValueError):
 
 
 def write_dataproto_file(
-    batch: TensorDictBase, non_tensor_batch: dict[str, np.ndarray], meta_info: dict[str, Any], path: str | os.PathLike[str]
+    batch: TensorDictBase,
+    non_tensor_batch: dict[str, np.ndarray],
+    meta_info: dict[str, Any],
+    path: str | os.PathLike[str],
 ) -> None:
     """Write a DataProto's three parts to `path` atomically (see module docstring for the format)."""
     tensors: dict[str, torch.Tensor] = {}
@@ -106,7 +109,9 @@ def read_dataproto_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     except Exception as exc:  # safetensors raises its own error types for corrupt headers
         raise DataProtoFileError(f"{os.fspath(path)!r} is not a valid safetensors file: {exc}") from exc
     if METADATA_KEY not in metadata:
-        raise DataProtoFileError(f"{os.fspath(path)!r} is a safetensors file but not a DataProto file (no {METADATA_KEY!r} metadata)")
+        raise DataProtoFileError(
+            f"{os.fspath(path)!r} is a safetensors file but not a DataProto file (no {METADATA_KEY!r} metadata)"
+        )
     try:
         header = json.loads(metadata[METADATA_KEY])
         return _decode(header, tensors)
@@ -118,7 +123,9 @@ def read_dataproto_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _decode(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     if header.get("format") != "DataProto" or header.get("version") != FORMAT_VERSION:
-        raise DataProtoFileError(f"unsupported DataProto file format/version: {header.get('format')!r}/{header.get('version')!r}")
+        raise DataProtoFileError(
+            f"unsupported DataProto file format/version: {header.get('format')!r}/{header.get('version')!r}"
+        )
     batch_header = header["batch"]
     layout = TensorDictLayout(
         batch_size=[int(n) for n in batch_header["batch_size"]],

@@ -37,7 +37,9 @@ def encode_value(value: Any, where: str) -> Any:
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise TypeError(f"cannot encode {where}: dict key {k!r} is {type(k).__name__}, only str keys are supported")
+                raise TypeError(
+                    f"cannot encode {where}: dict key {k!r} is {type(k).__name__}, only str keys are supported"
+                )
             out[k] = encode_value(v, f"{where}[{k!r}]")
         return {"dict": out}
     if isinstance(value, np.ndarray):
@@ -50,7 +52,9 @@ def encode_array(array: np.ndarray, where: str) -> dict[str, Any]:
     if array.dtype.kind not in "biufUO":
         raise TypeError(f"cannot encode {where}: numpy dtype {array.dtype} is not supported; supported: {SUPPORTED}")
     flat = array.ravel()
-    data = [encode_value(flat[i] if array.dtype == object else flat[i].item(), f"{where}[{i}]") for i in range(flat.size)]
+    data = [
+        encode_value(flat[i] if array.dtype == object else flat[i].item(), f"{where}[{i}]") for i in range(flat.size)
+    ]
     return {"dtype": array.dtype.str if array.dtype != object else "object", "shape": list(array.shape), "data": data}
 
 

@@ -82,9 +82,9 @@ def merge_meta_info(metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 merged[key], source[key] = value, item
             elif not values_equal(merged[key], value):
                 raise ProtocolValueError(
-                    f"concat: meta_info[{key!r}] is {_short(merged[key])} in item {source[key]} but {_short(value)} in item "
-                    f"{item}; only meta_info['metrics'] and the per-batch keys {sorted(PER_BATCH_KEYS)} may differ "
-                    "(protocol.meta_merge.register_per_batch_key adds one)"
+                    f"concat: meta_info[{key!r}] is {_short(merged[key])} in item {source[key]} but {_short(value)} "
+                    f"in item {item}; only meta_info['metrics'] and the per-batch keys {sorted(PER_BATCH_KEYS)} "
+                    "may differ (protocol.meta_merge.register_per_batch_key adds one)"
                 )
     for key, values in per_batch.items():
         merged[key] = PER_BATCH_KEYS[key](values)

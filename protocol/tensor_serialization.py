@@ -28,7 +28,9 @@ def serialize_single_tensor(obj: torch.Tensor) -> EncodedTensor:
     if not isinstance(obj, torch.Tensor):
         raise ProtocolTypeError(f"serialize_single_tensor expects a torch.Tensor, got {type(obj).__name__}")
     if obj.is_nested:
-        raise ProtocolTypeError("serialize_single_tensor takes a dense tensor; serialize_tensordict encodes nested ones")
+        raise ProtocolTypeError(
+            "serialize_single_tensor takes a dense tensor; serialize_tensordict encodes nested ones"
+        )
     flat = obj.detach().resolve_conj().resolve_neg().to("cpu").contiguous().reshape(-1)
     return str(obj.dtype).removeprefix("torch."), obj.shape, flat.view(torch.uint8).numpy()
 

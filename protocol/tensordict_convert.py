@@ -64,7 +64,9 @@ def tensordict_to_fields(
         elif isinstance(value, (torch.Tensor, TensorDictBase)):
             tensors[key] = value
         else:
-            raise ProtocolTypeError(f"from_tensordict: {key!r} holds {type(value).__name__}, which a DataProto cannot store")
+            raise ProtocolTypeError(
+                f"from_tensordict: {key!r} holds {type(value).__name__}, which a DataProto cannot store"
+            )
     length = _row_count(tensor_dict, tensors, columns)
     batch = TensorDict(tensors, batch_size=[length], device=tensor_dict.device)
     return batch, columns, meta

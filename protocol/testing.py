@@ -29,7 +29,9 @@ def assert_dataproto_equal(actual: DataProto, expected: DataProto, check_meta_in
     for key, array in expected.non_tensor_batch.items():
         assert arrays_equal(actual.non_tensor_batch[key], array), f"non_tensor_batch[{key!r}] differs"
     if check_meta_info:
-        assert values_equal(actual.meta_info, expected.meta_info), f"meta_info {actual.meta_info} != {expected.meta_info}"
+        assert values_equal(actual.meta_info, expected.meta_info), (
+            f"meta_info {actual.meta_info} != {expected.meta_info}"
+        )
 
 
 def shares_memory(a: DataProto, b: DataProto) -> bool:

@@ -29,7 +29,11 @@ RepeatCounts = Sequence[int] | np.ndarray | torch.Tensor
 def _repeat_counts(repeat_times: Any, length: int) -> torch.Tensor:
     """Validate per-row repeat counts: one non-negative int per row, as a 1-D int64 tensor."""
     if isinstance(repeat_times, (list, tuple)):
-        counts = torch.as_tensor(list(repeat_times), dtype=torch.int64) if repeat_times else torch.empty(0, dtype=torch.int64)
+        counts = (
+            torch.as_tensor(list(repeat_times), dtype=torch.int64)
+            if repeat_times
+            else torch.empty(0, dtype=torch.int64)
+        )
     elif isinstance(repeat_times, np.ndarray):
         counts = torch.from_numpy(np.asarray(repeat_times))
     elif isinstance(repeat_times, torch.Tensor):
@@ -41,7 +45,8 @@ def _repeat_counts(repeat_times: Any, length: int) -> torch.Tensor:
         )
     if counts.ndim != 1 or counts.is_floating_point() or counts.dtype == torch.bool:
         raise ProtocolValueError(
-            f"sample_level_repeat: repeat_times must be 1-D integers, got dtype {counts.dtype} shape {list(counts.shape)}"
+            "sample_level_repeat: repeat_times must be 1-D integers, "
+            f"got dtype {counts.dtype} shape {list(counts.shape)}"
         )
     if len(counts) != length:
         raise ProtocolValueError(f"sample_level_repeat: got {len(counts)} repeat counts for {length} rows")
@@ -80,7 +85,9 @@ class VerlMethods:
             raise ProtocolValueError(f"torch.cat on DataProtos concatenates rows (dim=0), got dim={dim!r}")
         kinds = sorted({type(item).__name__ for item in items if not isinstance(item, VerlMethods)})
         if kinds:
-            raise ProtocolTypeError(f"torch.cat got DataProtos mixed with {kinds}; pass only DataProtos (or only tensors)")
+            raise ProtocolTypeError(
+                f"torch.cat got DataProtos mixed with {kinds}; pass only DataProtos (or only tensors)"
+            )
         return type(items[0]).concat(items)  # type: ignore[attr-defined]
 
     # ---- one TensorDict (verl's TensorDict-based workers)
@@ -129,12 +136,18 @@ class VerlMethods:
         if isinstance(n_split, bool) or not isinstance(n_split, (int, np.integer)) or n_split < 1:
             raise ProtocolValueError(f"unfold_column_chunks: n_split must be a positive int, got {n_split!r}")
         if isinstance(split_keys, str):
-            raise ProtocolTypeError(f"unfold_column_chunks: split_keys must be a list of keys, got the string {split_keys!r}")
+            raise ProtocolTypeError(
+                f"unfold_column_chunks: split_keys must be a list of keys, got the string {split_keys!r}"
+            )
         wanted = set(split_keys or ())
 
         def unfold(key: str, value: Any) -> Any:
             if key not in wanted:
-                return value.repeat_interleave(n_split, dim=0) if isinstance(value, torch.Tensor) else np.repeat(value, n_split, axis=0)
+                return (
+                    value.repeat_interleave(n_split, dim=0)
+                    if isinstance(value, torch.Tensor)
+                    else np.repeat(value, n_split, axis=0)
+                )
             if value.ndim < 2 or value.shape[1] % n_split:
                 raise ProtocolValueError(
                     f"unfold_column_chunks: {key!r} has shape {list(value.shape)}; its second dimension must be "
@@ -145,7 +158,9 @@ class VerlMethods:
 
         nested = [".".join(path) for path, _ in flatten_tensordict(self.batch)[0].nested]
         if nested:
-            raise ProtocolValueError(f"unfold_column_chunks: nested batch keys {nested} are not supported; flatten them first")
+            raise ProtocolValueError(
+                f"unfold_column_chunks: nested batch keys {nested} are not supported; flatten them first"
+            )
         batch = TensorDict(
             {k: unfold(k, v) for k, v in self.batch.items()}, batch_size=[len(self) * n_split], device=self.batch.device  # type: ignore[arg-type]
         )
@@ -172,7 +187,9 @@ class VerlMethods:
         """Print the GiB held by batch tensors and by numpy arrays."""
         tensor_bytes = sum(t.numel() * t.element_size() for _, t in flatten_tensordict(self.batch)[1])
         array_bytes = sum(a.nbytes for a in self.non_tensor_batch.values())
-        message = f"Size of tensordict: {tensor_bytes / 1024**3} GB, size of non_tensor_batch: {array_bytes / 1024**3} GB"
+        message = (
+            f"Size of tensordict: {tensor_bytes / 1024**3} GB, size of non_tensor_batch: {array_bytes / 1024**3} GB"
+        )
         print(f"{prefix}, {message}" if prefix else message)
 
     def get_data_info(self) -> str:

@@ -41,7 +41,9 @@ def load_recipe_config(name: str, overrides: Sequence[str] = ()) -> DictConfig:
         if key is None:
             raise
         first_line = str(error).splitlines()[0]
-        raise ConfigError(f"{first_line}\n{valid_keys_near(load_config([], config_name=config_name), key.group(1))}") from None
+        raise ConfigError(
+            f"{first_line}\n{valid_keys_near(load_config([], config_name=config_name), key.group(1))}"
+        ) from None
     if "dpo" in cfg:
         validate_dpo(cfg.dpo)
     return cfg

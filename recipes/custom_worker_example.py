@@ -65,14 +65,22 @@ class GroupJudge(Worker):
 
 
 def run(overrides: list[str], steps: int = 4) -> list[dict[str, float]]:
+    from transformers import AutoTokenizer
+
     from trainer.config_loader import load_config
     from trainer.data import RLDataset, make_dataloader
-    from trainer.run_setup import ensure_default_assets, init_ray
     from trainer.role_groups import actor_worker_config
-    from transformers import AutoTokenizer
+    from trainer.run_setup import ensure_default_assets, init_ray
     from workers.fsdp import ActorRolloutRefWorker
 
-    cfg = load_config(["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.use_kl_loss=false", "data.train_batch_size=8", *overrides])
+    cfg = load_config(
+        [
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.use_kl_loss=false",
+            "data.train_batch_size=8",
+            *overrides,
+        ]
+    )
     ensure_default_assets(cfg)
     init_ray(cfg)
     model_path, n = cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.rollout.n

@@ -9,7 +9,8 @@ Each step:
   4. the frozen reference policy gives the log-probs of the chosen and the rejected responses;
   5. the actor takes a DPO step (dpo.loss_type sigmoid | ipo | hinge, dpo.beta, dpo.label_smoothing).
 With the default HF engine the generator IS the actor worker, so the new weights reach it with no copy;
-with `rollout.name=vllm`, `roles.generate_sequences` syncs them into the engine first. Config: trainer/config/recipe/online_dpo.yaml.
+with `rollout.name=vllm`, `roles.generate_sequences` syncs them into the engine first. Config:
+trainer/config/recipe/online_dpo.yaml.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class OnlineDPO(StepLoop):
             scores = rm.compute_rm_score(rollout).batch["rm_scores"].sum(-1) if rm is not None else task_reward
         chosen, rejected, dropped = form_pairs(scores, rollout.non_tensor_batch["uid"])  # 3. best vs worst
         metrics = {
-            "reward/mean": float(task_reward.mean()), "reward/max": float(task_reward.max()), "reward/min": float(task_reward.min()),
+            "reward/mean": float(task_reward.mean()), "reward/max": float(task_reward.max()),
+            "reward/min": float(task_reward.min()),
             **{f"reward/{k}": v for k, v in reward_metrics.items()},
             "pairs/formed": len(chosen), "pairs/dropped": dropped,
             "response/length_mean": float(rollout.batch["response_mask"].sum(-1).float().mean()),
@@ -58,9 +60,12 @@ class OnlineDPO(StepLoop):
         if len(chosen):
             with timer("ref_log_prob"):  # 4. reference log-probs of both sides, one call
                 both = rollout[np.concatenate([chosen, rejected])]
-                ref = sequence_log_probs(actor.compute_ref_log_prob(both).batch["ref_log_prob"], both.batch["response_mask"])
+                ref = sequence_log_probs(
+                    actor.compute_ref_log_prob(both).batch["ref_log_prob"], both.batch["response_mask"]
+                )
                 pairs = pack_pairs(rollout, chosen, rejected)
-                pairs.batch["chosen_ref_logps"], pairs.batch["rejected_ref_logps"] = ref[: len(chosen)], ref[len(chosen) :]
+                pairs.batch["chosen_ref_logps"] = ref[: len(chosen)]
+                pairs.batch["rejected_ref_logps"] = ref[len(chosen) :]
             with timer("update_actor"):  # 5. DPO step; the generator is this same model
                 pairs = pad_for_ranks(pairs, actor.world_size)
                 settings = as_dict(self.cfg.dpo)

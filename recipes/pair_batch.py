@@ -13,8 +13,14 @@ from workers.rl_math.masked import masked_sum
 def pack_pairs(rollout: DataProto, chosen: np.ndarray, rejected: np.ndarray) -> DataProto:
     """One row per pair: `chosen_<key>` / `rejected_<key>` for every sequence key, and `weight` = 1."""
     if len(chosen) != len(rejected) or len(chosen) == 0:
-        raise ValueError(f"pack_pairs needs as many chosen as rejected rows, at least one; got {len(chosen)} and {len(rejected)}")
-    tensors = {f"{side}_{key}": rollout.batch[key][torch.as_tensor(rows)] for side, rows in (("chosen", chosen), ("rejected", rejected)) for key in SIDE_KEYS}
+        raise ValueError(
+            f"pack_pairs needs as many chosen as rejected rows, at least one; got {len(chosen)} and {len(rejected)}"
+        )
+    tensors = {
+        f"{side}_{key}": rollout.batch[key][torch.as_tensor(rows)]
+        for side, rows in (("chosen", chosen), ("rejected", rejected))
+        for key in SIDE_KEYS
+    }
     return DataProto.from_dict({**tensors, "weight": torch.ones(len(chosen))})
 
 

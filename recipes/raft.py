@@ -60,7 +60,8 @@ class RAFT(StepLoop):
         if len(kept):
             with timer("update_actor"):  # 4. supervised step on the kept responses
                 sft = sft_batch(rollout, kept, actor.world_size)
-                metrics.update(mean_metrics(actor.update_actor_sft(sft), "actor"))  # averaged over the ranks that report
+                # averaged over the ranks that report
+                metrics.update(mean_metrics(actor.update_actor_sft(sft), "actor"))
         return {**metrics, **timer.metrics(), "timing/step_s": sum(timer.seconds.values())}
 
 

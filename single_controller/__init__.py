@@ -11,7 +11,11 @@ from single_controller.worker import Worker
 
 # verl's names for the Ray classes (`from single_controller import WorkerGroup` after renaming imports),
 # loaded on first use so importing this package does not import the Ray backend.
-_RAY_ALIASES = {"WorkerGroup": "RayWorkerGroup", "ClassWithInitArgs": "RayClassWithInitArgs", "ResourcePool": "RayResourcePool"}
+_RAY_ALIASES = {
+    "WorkerGroup": "RayWorkerGroup",
+    "ClassWithInitArgs": "RayClassWithInitArgs",
+    "ResourcePool": "RayResourcePool",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -56,7 +56,9 @@ def _take_record(records: list[tuple[str, float]], taken: set[int], method: str)
     return None
 
 
-def overhead_seconds(calls: list[DriverCall], exec_by_rank: dict[str, list[list[tuple[str, float]]]]) -> dict[str, float]:
+def overhead_seconds(
+    calls: list[DriverCall], exec_by_rank: dict[str, list[list[tuple[str, float]]]]
+) -> dict[str, float]:
     """Per call: driver wall time minus the slowest rank's time inside the method (for a non-blocking call,
     at most the time the driver waited for it). `exec_by_rank[group]` holds each rank's `(method, seconds)`
     records in the order they ran. Returns the summed call time, worker time and overhead."""

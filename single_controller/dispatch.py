@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from single_controller.errors import DispatchError
-from single_controller.modes import Dispatch, DispatchMode, add_registered_mode_name, remove_registered_mode_name
 from single_controller.mesh import MeshDispatch, MeshPlacement
+from single_controller.modes import Dispatch, DispatchMode, add_registered_mode_name, remove_registered_mode_name
 from single_controller.need_parallel import NeedParallel, split_value
 from single_controller.shards import RemoteReshard, SplitPart, concat_rows, is_row_batch, join_parts, padded_chunk
 
@@ -79,7 +79,9 @@ def shard_dataproto(value: Any, parts: int, where: str) -> list:
         )
     total = len(value)
     if total == 0:
-        raise ValueError(f"{where} got an empty {type(value).__name__}; there is nothing to split across {parts} workers")
+        raise ValueError(
+            f"{where} got an empty {type(value).__name__}; there is nothing to split across {parts} workers"
+        )
     return [padded_chunk(value, total, parts, i) for i in range(parts)]
 
 
@@ -87,7 +89,9 @@ def _check_same_length(args: tuple, kwargs: dict, where: str) -> None:
     lengths = {name: len(v) for name, v in [*enumerate(args), *kwargs.items()] if is_row_batch(v)}
     if len(set(lengths.values())) > 1:
         described = ", ".join(f"argument {k!r}: {n} rows" for k, n in lengths.items())
-        raise ValueError(f"{where} splits its DataProto/TensorDict arguments together, but their lengths differ ({described})")
+        raise ValueError(
+            f"{where} splits its DataProto/TensorDict arguments together, but their lengths differ ({described})"
+        )
 
 
 # ---- built-in modes ----------------------------------------------------------------------------------
@@ -102,7 +106,9 @@ def dispatch_all_to_all(group: GroupView, *args: Any, **kwargs: Any) -> tuple[tu
 
     def check(value: Any) -> list:
         if not isinstance(value, (list, tuple)) or len(value) != n:
-            got = f"{type(value).__name__} of length {len(value)}" if hasattr(value, "__len__") else type(value).__name__
+            got = (
+                f"{type(value).__name__} of length {len(value)}" if hasattr(value, "__len__") else type(value).__name__
+            )
             raise ValueError(
                 f"ALL_TO_ALL/DP_COMPUTE methods of group {group.name!r} take one list entry per worker "
                 f"(lists of length {n}); got {got}"
@@ -238,7 +244,9 @@ def update_dispatch_mode(dispatch_mode: Dispatch | str, dispatch_fn: DispatchFn,
     """Replace the functions of an existing mode (built-in or registered) for groups created afterwards."""
     key = dispatch_mode.value if isinstance(dispatch_mode, Dispatch) else dispatch_mode
     if not isinstance(key, str) or key not in _TABLE:
-        raise DispatchError(f"dispatch mode {dispatch_mode!r} is not registered; registered modes: {valid_mode_names()}")
+        raise DispatchError(
+            f"dispatch mode {dispatch_mode!r} is not registered; registered modes: {valid_mode_names()}"
+        )
     _check_callables("update_dispatch_mode", dispatch_fn, collect_fn)
     _TABLE[key] = DispatchEntry(dispatch_fn, collect_fn)
 
@@ -251,7 +259,9 @@ def table_key(mode: Any) -> str:
         return Dispatch.__members__[mode].value
     if isinstance(mode, str):
         return mode
-    raise DispatchError(f"a dispatch mode is a Dispatch member or a mode name (str), got {type(mode).__name__} {mode!r}")
+    raise DispatchError(
+        f"a dispatch mode is a Dispatch member or a mode name (str), got {type(mode).__name__} {mode!r}"
+    )
 
 
 def table_keys() -> list[str]:
@@ -264,7 +274,11 @@ def set_entry(mode: Any, dispatch_fn: DispatchFn, collect_fn: CollectFn) -> None
     if key not in _TABLE and not key.isidentifier():
         raise DispatchError(f"a dispatch mode name must be an identifier string, got {mode!r}")
     _check_callables("DISPATCH_MODE_FN_REGISTRY", dispatch_fn, collect_fn)
-    same_functions = [e for e in (_TABLE.get(key), *_BUILT_IN_ENTRIES) if e and (e.dispatch_fn, e.collect_fn) == (dispatch_fn, collect_fn)]
+    same_functions = [
+        e
+        for e in (_TABLE.get(key), *_BUILT_IN_ENTRIES)
+        if e and (e.dispatch_fn, e.collect_fn) == (dispatch_fn, collect_fn)
+    ]
     _TABLE[key] = same_functions[0] if same_functions else DispatchEntry(dispatch_fn, collect_fn)
     if key not in {m.value for m in Dispatch}:
         add_registered_mode_name(key)

@@ -18,7 +18,9 @@ class WorkerDiedError(WorkerGroupError):
 class NodeLostError(WorkerDiedError):
     """A node holding ranks of the group died: `lost_nodes` maps each lost node's id to the ranks it held."""
 
-    def __init__(self, group: str, method: str, ranks: list[int], details: str, lost_nodes: dict[str, list[int]]) -> None:
+    def __init__(
+        self, group: str, method: str, ranks: list[int], details: str, lost_nodes: dict[str, list[int]]
+    ) -> None:
         self.lost_nodes = lost_nodes
         super().__init__(group, method, ranks, details)
 

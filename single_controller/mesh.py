@@ -29,7 +29,8 @@ def complete_placements(placements: list[MeshPlacement], mesh_name: str) -> list
         described = [(rank, p.dp_rank, p.is_collector) for rank, p in enumerate(placements)]
         raise DispatchError(
             f"mesh {mesh_name!r} is inconsistent: each of DP ranks 0..{dp_size - 1} needs exactly one collecting "
-            f"rank (got {collectors} collectors per DP rank, DP sizes {sizes}); (rank, dp_rank, is_collect) = {described}"
+            f"rank (got {collectors} collectors per DP rank, DP sizes {sizes}); "
+            f"(rank, dp_rank, is_collect) = {described}"
         )
     return placements
 

@@ -109,7 +109,9 @@ def padded_chunk(value: Any, total: int, parts: int, index: int) -> Any:
         return value[start:end]
     first_pad_position = max(index * size, total) - total
     # One indexing copy (not a concat): a DataProto chunk keeps the caller's meta_info as it is.
-    positions = torch.cat([torch.arange(start, end), torch.arange(first_pad_position, first_pad_position + pad) % total])
+    positions = torch.cat(
+        [torch.arange(start, end), torch.arange(first_pad_position, first_pad_position + pad) % total]
+    )
     return PaddedShard(value[positions], pad)
 
 

@@ -228,7 +228,9 @@ class Worker:
                 "get_dispatch_collect() of a worker that registered its mesh returns)"
             )
         if mesh_name in self._declared_meshes:
-            raise DispatchError(f"mesh {mesh_name!r} is already registered on rank {self.rank}: {sorted(self._declared_meshes)}")
+            raise DispatchError(
+                f"mesh {mesh_name!r} is already registered on rank {self.rank}: {sorted(self._declared_meshes)}"
+            )
         self._register_dispatch_collect_info(mesh_name, dp_rank=ranks.pop(), is_collect=flags.pop())
 
     def get_fused_worker_by_name(self, worker_name: str) -> "Worker | None":

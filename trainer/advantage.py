@@ -17,7 +17,12 @@ def token_level_rewards(batch: DataProto, algo: DictConfig, kl_ctrl: Any) -> tup
     if not algo.use_kl_in_reward:
         return scores, {}
     return apply_kl_penalty(
-        scores, batch.batch["old_log_probs"], batch.batch["ref_log_prob"], batch.batch["response_mask"], kl_ctrl, algo.kl_penalty
+        scores,
+        batch.batch["old_log_probs"],
+        batch.batch["ref_log_prob"],
+        batch.batch["response_mask"],
+        kl_ctrl,
+        algo.kl_penalty,
     )
 
 

@@ -22,5 +22,9 @@ def agent_metrics(batch: Any) -> dict[str, float]:
         "agent/truncated_rate": float(batch["truncated"].float().mean()),
         "agent/max_turns_rate": float(batch["hit_max_turns"].float().mean()),
         "agent/model_tokens_mean": float(batch["response_mask"].sum(-1).float().mean()),
-        "agent/tool_tokens_mean": float((batch["attention_mask"][:, -batch["responses"].shape[1] :].sum(-1) - batch["response_mask"].sum(-1)).float().mean()),
+        "agent/tool_tokens_mean": float(
+            (batch["attention_mask"][:, -batch["responses"].shape[1] :].sum(-1) - batch["response_mask"].sum(-1))
+            .float()
+            .mean()
+        ),
     }

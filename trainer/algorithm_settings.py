@@ -12,7 +12,10 @@ from trainer.algorithm_names import FILTER_GROUPS_METRICS
 from trainer.critic_warmup import check_critic_warmup
 from trainer.reward_settings import check_reward_settings
 
-METRIC_MEANINGS = "acc/score: the rule reward's score; seq_reward: the summed token scores; seq_final_reward: the summed token rewards"
+METRIC_MEANINGS = (
+    "acc/score: the rule reward's score; seq_reward: the summed token scores; "
+    "seq_final_reward: the summed token rewards"
+)
 
 
 def gen_batch_size(cfg: DictConfig) -> int:
@@ -31,15 +34,23 @@ def _check_filter_groups(cfg: DictConfig) -> list[str]:
         return [f"{key}.enable={settings.enable!r} must be true or false"]
     problems = []
     if settings.enable and settings.metric not in FILTER_GROUPS_METRICS:
-        problems.append(f"{key}.metric={settings.metric!r} is not valid; choose one of {list(FILTER_GROUPS_METRICS)} ({METRIC_MEANINGS})")
+        problems.append(
+            f"{key}.metric={settings.metric!r} is not valid; "
+            f"choose one of {list(FILTER_GROUPS_METRICS)} ({METRIC_MEANINGS})"
+        )
     cap = settings.max_num_gen_batches
     if not _is_int(cap) or cap < 0:
-        problems.append(f"{key}.max_num_gen_batches={cap!r} must be an integer >= 0 (0: no limit but one pass over the dataset)")
+        problems.append(
+            f"{key}.max_num_gen_batches={cap!r} must be an integer >= 0 (0: no limit but one pass over the dataset)"
+        )
     if not settings.enable or problems:
         return problems
     rollout = cfg.actor_rollout_ref.rollout
     if rollout.n < 2:
-        problems.append(f"{key}.enable=true compares the responses of a prompt: set actor_rollout_ref.rollout.n >= 2 (got {rollout.n})")
+        problems.append(
+            f"{key}.enable=true compares the responses of a prompt: "
+            f"set actor_rollout_ref.rollout.n >= 2 (got {rollout.n})"
+        )
     if rollout.staleness != 0:
         problems.append(
             f"{key}.enable=true draws extra prompts within a step, which needs actor_rollout_ref.rollout.staleness=0 "
@@ -68,7 +79,8 @@ def _check_gen_batch_size(cfg: DictConfig) -> list[str]:
     if value != cfg.data.train_batch_size and cfg.algorithm.filter_groups.enable is not True:
         return [
             f"data.gen_batch_size={value} differs from data.train_batch_size={cfg.data.train_batch_size}, which only "
-            "algorithm.filter_groups.enable=true uses (more prompts generated than trained on); set it to null otherwise"
+            "algorithm.filter_groups.enable=true uses (more prompts generated than trained on); "
+            "set it to null otherwise"
         ]
     return []
 

@@ -54,7 +54,14 @@ class AsyncRollout:
         self.counts = {"dropped": 0, "regenerated": 0, "polls": 0, "stream_calls": 0}
         # Seconds of the polls' round trips into the engines, of those the engines spent in the method, and
         # the driver's own parts of the wait: choosing the prompts to hand out, filing the finished groups.
-        self.exchange = {"round_trip": 0.0, "in_worker": 0.0, "share_out": 0.0, "filing": 0.0, "thread_cpu": 0.0, "process_cpu": 0.0}
+        self.exchange = {
+            "round_trip": 0.0,
+            "in_worker": 0.0,
+            "share_out": 0.0,
+            "filing": 0.0,
+            "thread_cpu": 0.0,
+            "process_cpu": 0.0,
+        }
         self.taken: DataProto | None = None
         self.phases: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}
@@ -200,7 +207,9 @@ class AsyncRollout:
             "rollout/weights_version": float(oldest[sampled].min()) if sampled.any() else float(version),
             "rollout/staleness": float(staleness.mean()) if sampled.any() else 0.0,
             "rollout/staleness_max": float(staleness.max()) if sampled.any() else 0.0,
-            "rollout/multi_version_fraction": float((newest[sampled] > oldest[sampled]).float().mean()) if sampled.any() else 0.0,
+            "rollout/multi_version_fraction": (
+                float((newest[sampled] > oldest[sampled]).float().mean()) if sampled.any() else 0.0
+            ),
             "async/dropped_groups": float(self.counts["dropped"] - started["dropped"]),
             "async/regenerated_groups": float(self.counts["regenerated"] - started["regenerated"]),
             "async/dropped_total": float(self.counts["dropped"]),

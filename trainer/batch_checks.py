@@ -249,7 +249,8 @@ def batch_split_problems(cfg: DictConfig) -> list[str]:
             problems.append(megatron_layout_problem(cfg, section, model_key))
         else:
             problems.append(
-                sequence_parallel_vision_problem(cfg, section, model_key) or sequence_parallel_heads_problem(cfg, section, model_key)
+                sequence_parallel_vision_problem(cfg, section, model_key)
+                or sequence_parallel_heads_problem(cfg, section, model_key)
             )
         problems.append(mini_batch_problem(cfg, section, ranks))
     problems += token_budget_problems(cfg, uses_critic)

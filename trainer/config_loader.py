@@ -14,7 +14,15 @@ from trainer.algorithm_names import ADVANTAGE_ESTIMATOR_NAMES, ESTIMATOR_GROUPS,
 from trainer.algorithm_settings import check_algorithm_settings
 from trainer.checkpoint_contents import checkpoint_contents_notes, checkpoint_contents_problems
 from trainer.config_source import (
-    ConfigSource, ConfigSourceError, compose_source, config_groups, drop_keys, find_source, leaf_entries, read_user_file, split_config_flags,
+    ConfigSource,
+    ConfigSourceError,
+    compose_source,
+    config_groups,
+    drop_keys,
+    find_source,
+    leaf_entries,
+    read_user_file,
+    split_config_flags,
 )
 from trainer.cuda_alloc import alloc_conf_problem
 from trainer.data_names import TRUNCATION_MODES
@@ -103,7 +111,11 @@ AUTO = "auto"
 
 
 def _compose_fast(
-    source: ConfigSource, selections: list[str], settings: list[str], defaults: list[Any] | None, data: dict[str, Any] | None
+    source: ConfigSource,
+    selections: list[str],
+    settings: list[str],
+    defaults: list[Any] | None,
+    data: dict[str, Any] | None,
 ) -> tuple[DictConfig, bool]:
     """The config the command's keys are checked against, and whether it holds all of them. Most commands only
     set existing keys: composing with all of them at once then gives the final config too, in one composition."""
@@ -150,7 +162,11 @@ def load_config(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -
         if problems:
             many = f"{len(problems)} settings of this command are not valid here:\n  " if len(problems) > 1 else ""
             raise ConfigError(many + "\n  ".join(problems))
-        cfg = base if whole and review.kept == settings else compose_source(source, selections + review.kept, defaults, data)
+        cfg = (
+            base
+            if whole and review.kept == settings
+            else compose_source(source, selections + review.kept, defaults, data)
+        )
     except (ConfigCompositionException, MissingConfigException) as error:
         raise ConfigError(_explain(error, _base_config())) from None
     for note in notes:
@@ -198,7 +214,9 @@ _POSITIVE_INTS = (
 )
 # Positive integers that may also be `auto` (resolve_auto_values replaces it), and what auto means.
 _AUTO_INTS = {
-    "trainer.n_gpus_per_node": f"one worker per GPU this node shows, {run_setup.CPU_WORKERS_PER_NODE} CPU workers without a GPU",
+    "trainer.n_gpus_per_node": (
+        f"one worker per GPU this node shows, {run_setup.CPU_WORKERS_PER_NODE} CPU workers without a GPU"
+    ),
 }
 # Keys that are null or a positive number of the given kind, and what null means.
 _OPTIONAL_POSITIVE = {
@@ -234,7 +252,9 @@ def validate_config(cfg: DictConfig) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             auto = f" or auto ({_AUTO_INTS[key]})" if key in _AUTO_INTS else ""
             problems.append(f"{key}={value!r} must be a positive integer{auto}")
-    problems.extend(_optional_positive(cfg, key, kind, null_means) for key, (kind, null_means) in _OPTIONAL_POSITIVE.items())
+    problems.extend(
+        _optional_positive(cfg, key, kind, null_means) for key, (kind, null_means) in _OPTIONAL_POSITIVE.items()
+    )
     for key, kind in _POSITIVE_NUMBERS.items():
         value = OmegaConf.select(cfg, key, default=1)
         if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
@@ -254,7 +274,8 @@ def validate_config(cfg: DictConfig) -> None:
         mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
         if prompts % mini:
             problems.append(
-                f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} (prompts) must divide data.train_batch_size={prompts}"
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} (prompts) "
+                f"must divide data.train_batch_size={prompts}"
             )
     if len(problems) == 1:
         raise ConfigError(problems[0])  # one line, as `error: <what is wrong>`

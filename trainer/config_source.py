@@ -58,7 +58,12 @@ def config_groups(source: ConfigSource) -> set[str]:
     folders = [resources.files(CONFIG_MODULE)]
     if source.user_file is not None:
         folders.append(source.user_file.parent)
-    return {entry.name for folder in folders for entry in folder.iterdir() if entry.is_dir() and not entry.name.startswith("_")}
+    return {
+        entry.name
+        for folder in folders
+        for entry in folder.iterdir()
+        if entry.is_dir() and not entry.name.startswith("_")
+    }
 
 
 def split_config_flags(args: Sequence[str]) -> tuple[list[str], str | None, str | None]:
@@ -144,7 +149,10 @@ def user_config_dir(user_file: Path, defaults: list[Any], data: dict[str, Any]) 
 
 
 def compose_source(
-    source: ConfigSource, overrides: Sequence[str], defaults: list[Any] | None = None, data: dict[str, Any] | None = None
+    source: ConfigSource,
+    overrides: Sequence[str],
+    defaults: list[Any] | None = None,
+    data: dict[str, Any] | None = None,
 ) -> DictConfig:
     """Compose `source` with hydra `overrides`; a user's file from `defaults` + `data` (its checked keys)."""
     if source.user_file is None:

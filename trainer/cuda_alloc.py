@@ -20,7 +20,9 @@ def alloc_conf_problem(value: object) -> str:
     if value is None:
         return ""
     entries = value.split(",") if isinstance(value, str) else []
-    if entries and all(len(entry.split(":")) == 2 and all(part.strip() for part in entry.split(":")) for entry in entries):
+    if entries and all(
+        len(entry.split(":")) == 2 and all(part.strip() for part in entry.split(":")) for entry in entries
+    ):
         return ""
     return (
         f"{ALLOC_CONF_KEY}={value!r} must be null (keep the workers' environment) or PyTorch's allocator settings as "

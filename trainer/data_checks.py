@@ -47,7 +47,9 @@ def check_reward_function(path: str, name: str) -> None:
     except (FileNotFoundError, TypeError, ValueError) as error:
         raise InputError(f"custom_reward_function.path={path!r}: {error}") from None
     except Exception as error:  # noqa: BLE001 - the user's module failed to import: say how
-        raise InputError(f"custom_reward_function.path={path!r}: loading it failed: {type(error).__name__}: {error}") from None
+        raise InputError(
+            f"custom_reward_function.path={path!r}: loading it failed: {type(error).__name__}: {error}"
+        ) from None
 
 
 def reward_needs(cfg: DictConfig) -> RewardNeeds:

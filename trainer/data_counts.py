@@ -26,7 +26,9 @@ def describe(
     """One line for the console; says nothing was cut when nothing was, and which setting dropped prompts."""
     filtered, truncated = counts["data/filtered_prompts"], counts["data/truncated_prompts"]
     if not filtered and not truncated:
-        return f"data: {counts['data/prompts']} training prompts, none longer than max_prompt_length={max_prompt_length}"
+        return (
+            f"data: {counts['data/prompts']} training prompts, none longer than max_prompt_length={max_prompt_length}"
+        )
     setting = "data.filter_overlong_prompts=true" if filter_overlong else f"data.truncation={truncation}"
     return (
         f"data: {counts['data/prompts']} training prompts; longer than max_prompt_length={max_prompt_length}: "

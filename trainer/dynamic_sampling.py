@@ -42,7 +42,9 @@ def metric_values(scored: ScoredRollout, metric: str) -> np.ndarray:
         return scored.rule_scores
     if metric in ("seq_reward", "seq_final_reward"):  # the same before advantages (no KL in the reward: checked)
         return scored.rollout.batch["token_level_scores"].sum(-1).numpy()
-    raise ValueError(f"algorithm.filter_groups.metric={metric!r} is not valid; choose one of {list(FILTER_GROUPS_METRICS)}")
+    raise ValueError(
+        f"algorithm.filter_groups.metric={metric!r} is not valid; choose one of {list(FILTER_GROUPS_METRICS)}"
+    )
 
 
 def split_groups(values: np.ndarray, uids: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -82,7 +82,10 @@ def unsupported_with_images(cfg: DictConfig) -> list[str]:
     if cfg.actor_rollout_ref.actor.strategy != "fsdp":
         problems.append("actor_rollout_ref.actor.strategy=megatron (image inputs are built for the FSDP actor)")
     if cfg.algorithm.adv_estimator == "gae":
-        problems.append("algorithm.adv_estimator=gae needs a critic, which reads no images (use algorithm=grpo, rloo, reinforce_pp or remax)")
+        problems.append(
+            "algorithm.adv_estimator=gae needs a critic, which reads no images "
+            "(use algorithm=grpo, rloo, reinforce_pp or remax)"
+        )
     if cfg.reward_model.enable:
         problems.append("reward_model.enable=true (the reward model reads no images)")
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
@@ -91,8 +94,9 @@ def unsupported_with_images(cfg: DictConfig) -> list[str]:
         problems.append("actor_rollout_ref.rollout.async_training=true (the streaming engines take no images)")
     if cfg.actor_rollout_ref.rollout.name == "vllm" and not module_present("torchvision"):
         problems.append(
-            "actor_rollout_ref.rollout.name=vllm without torchvision (vLLM's Qwen2-VL imports transformers' torchvision "
-            "image processor; install the torchvision build that matches your torch, or use actor_rollout_ref.rollout.name=hf)"
+            "actor_rollout_ref.rollout.name=vllm without torchvision (vLLM's Qwen2-VL imports transformers' "
+            "torchvision image processor; install the torchvision build that matches your torch, or use "
+            "actor_rollout_ref.rollout.name=hf)"
         )
     return problems
 
@@ -113,11 +117,14 @@ def check_images(cfg: DictConfig, data_keys: list[tuple[str, Any]]) -> None:
                 vision_language = folder_is_vision_language(model)
             if not vision_language:
                 raise InputError(
-                    f"{key}: {file} row {row} has images (column {image_key!r}) but actor_rollout_ref.model.path={model!r} "
-                    "is a text-only model (its config.json has no vision_config); use a vision-language model (Qwen2-VL "
-                    "family) or set data.image_key=null to ignore the column"
+                    f"{key}: {file} row {row} has images (column {image_key!r}) but "
+                    f"actor_rollout_ref.model.path={model!r} is a text-only model (its config.json has no "
+                    "vision_config); use a vision-language model (Qwen2-VL family) or set data.image_key=null to "
+                    "ignore the column"
                 )
             problems = unsupported_with_images(cfg)
             if problems:
-                raise InputError(f"{key}: {file} has images (column {image_key!r}), which this run cannot use: {'; '.join(problems)}")
+                raise InputError(
+                    f"{key}: {file} has images (column {image_key!r}), which this run cannot use: {'; '.join(problems)}"
+                )
             check_image_rows(file, key, cfg.data.prompt_key, image_key)

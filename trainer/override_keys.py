@@ -86,8 +86,8 @@ def review_keys(
     where: str = "",
 ) -> KeyReview:
     """Check `(key, value, prefix, original text)` entries against `base`. `adds_allowed(key)`: whether a `+key`
-    absent from `base` is still read (a reward-manager argument, trainer/reward_settings.py). `where`: shown after each key
-    (`(in my.yaml)`)."""
+    absent from `base` is still read (a reward-manager argument, trainer/reward_settings.py). `where`: shown
+    after each key (`(in my.yaml)`)."""
     review = KeyReview()
     known: list[str] | None = None
     suffix = f" ({where})" if where else ""

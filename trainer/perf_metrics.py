@@ -173,12 +173,20 @@ class RunPerf:
             work["old_log_prob"] = PhaseWork(self.actor.forward(lengths), trainer_gpus)
             work["ref_log_prob"] = PhaseWork(self.actor.forward(lengths, adapters=False), trainer_gpus)
             update = self.actor.train(lengths) * self.actor_epochs
-            recompute = self.actor.recompute(lengths) * (self.actor_epochs * self.actor_recompute) if self.actor_recompute else None
+            recompute = (
+                self.actor.recompute(lengths) * (self.actor_epochs * self.actor_recompute)
+                if self.actor_recompute
+                else None
+            )
             work["update_actor"] = PhaseWork(update, trainer_gpus, update + recompute if recompute else None)
         if self.critic is not None:
             work["values"] = PhaseWork(self.critic.forward(lengths), self.gpus.critic)
             update = self.critic.train(lengths) * self.critic_epochs
-            recompute = self.critic.recompute(lengths) * (self.critic_epochs * self.critic_recompute) if self.critic_recompute else None
+            recompute = (
+                self.critic.recompute(lengths) * (self.critic_epochs * self.critic_recompute)
+                if self.critic_recompute
+                else None
+            )
             work["update_critic"] = PhaseWork(update, self.gpus.critic, update + recompute if recompute else None)
         return work
 

@@ -27,7 +27,13 @@ from trainer.step_loop import StepLoop
 from trainer.timing import PhaseTimer
 from trainer.tracking import Tracker
 from workers.rl_math.masked import masked_mean
-from workers.rl_math.rollout_correction import OLD_LOG_PROBS, ROLLOUT_IS_WEIGHTS, ROLLOUT_LOG_PROBS, logprob_gap_metrics, truncated_is_weights
+from workers.rl_math.rollout_correction import (
+    OLD_LOG_PROBS,
+    ROLLOUT_IS_WEIGHTS,
+    ROLLOUT_LOG_PROBS,
+    logprob_gap_metrics,
+    truncated_is_weights,
+)
 
 RewardFn = Callable[[DataProto], tuple[Any, dict[str, float]]]
 
@@ -142,8 +148,9 @@ class PPOTrainer(StepLoop):
             print(
                 f"filter_groups: {counts['filter_groups/gen_batches']} generation batches gave "
                 f"{counts['filter_groups/mixed_groups']} of {target} groups with differing responses; the batch is "
-                "filled up with uniform groups (zero advantage under GRPO). Raise algorithm.filter_groups.max_num_gen_batches "
-                "(0: up to the whole dataset) or data.gen_batch_size; shown once, counted in filter_groups/topped_up_groups",
+                "filled up with uniform groups (zero advantage under GRPO). Raise "
+                "algorithm.filter_groups.max_num_gen_batches (0: up to the whole dataset) or data.gen_batch_size; "
+                "shown once, counted in filter_groups/topped_up_groups",
                 file=sys.stderr,
             )
         return scored, counts
@@ -167,14 +174,19 @@ class PPOTrainer(StepLoop):
         return metrics
 
     def _add_greedy_baseline(self, prompts: DataProto, rollout: DataProto, n: int) -> DataProto:
-        greedy = prompts.select(batch_keys=["input_ids", "attention_mask", "position_ids"], non_tensor_batch_keys=list(prompts.non_tensor_batch))
+        greedy = prompts.select(
+            batch_keys=["input_ids", "attention_mask", "position_ids"],
+            non_tensor_batch_keys=list(prompts.non_tensor_batch),
+        )
         greedy.meta_info.update(do_sample=False)
         greedy = self.roles.generate_sequences(greedy)
         baseline, _ = self.reward_fn(greedy)
         rollout.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
         return rollout
 
-    def _batch_metrics(self, rollout: DataProto, reward_metrics: dict, kl_metrics: dict, timer: PhaseTimer) -> dict[str, float]:
+    def _batch_metrics(
+        self, rollout: DataProto, reward_metrics: dict, kl_metrics: dict, timer: PhaseTimer
+    ) -> dict[str, float]:
         mask = rollout.batch["response_mask"]
         scores = rollout.batch["token_level_scores"].sum(-1)
         lengths = rollout.batch["attention_mask"].sum(-1)
@@ -182,7 +194,8 @@ class PPOTrainer(StepLoop):
         step_s = sum(timer.seconds.values())
         tokens_per_s = tokens / step_s if step_s else 0.0
         engine_gap = {}
-        if ROLLOUT_LOG_PROBS in rollout.batch.keys() and OLD_LOG_PROBS in rollout.batch.keys():  # else the update reports it
+        # else the update reports it
+        if ROLLOUT_LOG_PROBS in rollout.batch.keys() and OLD_LOG_PROBS in rollout.batch.keys():
             engine_gap = logprob_gap_metrics(rollout.batch[OLD_LOG_PROBS], rollout.batch[ROLLOUT_LOG_PROBS], mask)
         return {
             **engine_gap,

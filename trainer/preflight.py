@@ -68,10 +68,16 @@ def check_data_files(files: Any, key: str, prompt_key: str = "prompt") -> None:
         try:
             present = pq.read_schema(file).names
         except Exception as error:  # noqa: BLE001 - any unreadable file gets the same clear message
-            raise InputError(f"{key}: {file} is not a readable parquet file ({type(error).__name__}: {error})") from None
+            raise InputError(
+                f"{key}: {file} is not a readable parquet file ({type(error).__name__}: {error})"
+            ) from None
         for column, setting in ((prompt_key, "data.prompt_key"), *((c, None) for c in REQUIRED_COLUMNS)):
             if column not in present:
-                named = f" (set {setting} to the column holding the chat messages)" if setting else " (verl's layout needs it)"
+                named = (
+                    f" (set {setting} to the column holding the chat messages)"
+                    if setting
+                    else " (verl's layout needs it)"
+                )
                 raise InputError(f"{key}: {file} has no column {column!r}{named}; columns present: {present}")
 
 
@@ -86,7 +92,9 @@ def check_engine_kwargs(cfg: DictConfig) -> None:
     try:
         vllm_engine_kwargs(extra)
     except ValueError as error:
-        raise InputError(str(error).replace("rollout.engine_kwargs", "actor_rollout_ref.rollout.engine_kwargs")) from None
+        raise InputError(
+            str(error).replace("rollout.engine_kwargs", "actor_rollout_ref.rollout.engine_kwargs")
+        ) from None
 
 
 def check_lengths_fit_model(cfg: DictConfig) -> None:
@@ -120,7 +128,10 @@ def check_worker_settings(cfg: DictConfig) -> None:
     from trainer.role_groups import actor_worker_config, critic_worker_config, reward_model_worker_config
     from workers.config import actor_rollout_ref_config, critic_config, reward_model_config
 
-    checks = [(actor_rollout_ref_config, actor_worker_config, "actor_rollout_ref"), (critic_config, critic_worker_config, "critic")]
+    checks = [
+        (actor_rollout_ref_config, actor_worker_config, "actor_rollout_ref"),
+        (critic_config, critic_worker_config, "critic"),
+    ]
     if cfg.reward_model.enable:
         checks.append((reward_model_config, reward_model_worker_config, "reward_model"))
     for fill, section, where in checks:

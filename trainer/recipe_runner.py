@@ -43,8 +43,8 @@ def recipe_file(target: str | os.PathLike) -> Path:
         path = path / f"{path.name}.py"
     if path.suffix != ".py" or not path.is_file():
         raise ValueError(
-            f"recipe {str(target)!r} is not a recipe: give a built-in name {sorted(BUILT_IN_RECIPES)}, a .py file, or a folder "
-            f"holding <folder name>.py (looked for {path})"
+            f"recipe {str(target)!r} is not a recipe: give a built-in name {sorted(BUILT_IN_RECIPES)}, a .py file, "
+            f"or a folder holding <folder name>.py (looked for {path})"
         )
     return path
 
@@ -63,7 +63,10 @@ def load_recipe_file(target: str | os.PathLike) -> ModuleType:
     if loaded is not None:
         if Path(getattr(loaded, "__file__", "") or "").resolve() == path:
             return loaded
-        raise ValueError(f"recipe file {path} is named like the module {name!r} already imported from {loaded.__file__}; rename the file")
+        raise ValueError(
+            f"recipe file {path} is named like the module {name!r} already imported from {loaded.__file__}; "
+            "rename the file"
+        )
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -101,7 +104,9 @@ def _declared_config(module: ModuleType) -> dict[str, Any]:
 def register_recipe_config(module: ModuleType) -> str:
     """Register the recipe's config with hydra; returns the name `load_config` composes it by."""
     name = f"{CONFIG_GROUP}/{Path(module.__file__).stem}"
-    ConfigStore.instance().store(name=name.split("/", 1)[1], group=CONFIG_GROUP, node=_declared_config(module), package="_global_")
+    ConfigStore.instance().store(
+        name=name.split("/", 1)[1], group=CONFIG_GROUP, node=_declared_config(module), package="_global_"
+    )
     return name
 
 

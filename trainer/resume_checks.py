@@ -34,7 +34,8 @@ def model_shape(path: str) -> dict[str, Any]:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
         return {}
-    config = {**language_model_config(config), "model_type": config.get("model_type")}  # a VLM's sizes sit in text_config
+    # a VLM's sizes sit in text_config
+    config = {**language_model_config(config), "model_type": config.get("model_type")}
     return {key: config[key] for key in SHAPE_KEYS if key in config}
 
 

@@ -71,7 +71,9 @@ def engine_decode_batch(cfg: DictConfig) -> int:
     prompts = gen_batch_size(cfg)
     if rollout.get("async_training", False):
         prompts = (int(rollout.max_staleness) + 1) * cfg.data.train_batch_size
-    engines = rollout.num_engines if rollout.placement == "separate" else cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    engines = (
+        rollout.num_engines if rollout.placement == "separate" else cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    )
     return max(1, -(-prompts * rollout.n // engines))
 
 
@@ -140,10 +142,14 @@ class RoleGroups:
         ActorRolloutRefWorker, CriticWorker = worker_classes(cfg)
 
         algo = cfg.algorithm
-        uses_reference = bool(cfg.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward) if reference is None else reference
+        uses_reference = (
+            bool(cfg.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward) if reference is None else reference
+        )
         uses_critic = algo.adv_estimator == "gae" if critic is None else critic
         actor_cls = RayClassWithInitArgs(
-            ActorRolloutRefWorker, config=actor_worker_config(cfg), role="actor_rollout_ref" if uses_reference else "actor_rollout"
+            ActorRolloutRefWorker,
+            config=actor_worker_config(cfg),
+            role="actor_rollout_ref" if uses_reference else "actor_rollout",
         )
         critic_cls = RayClassWithInitArgs(CriticWorker, config=critic_worker_config(cfg)) if uses_critic else None
         rm_cls = (
@@ -167,7 +173,8 @@ class RoleGroups:
         def new_group(pool: RayResourcePool, role_cls: RayClassWithInitArgs, name: str) -> RayWorkerGroup:
             # Every group's processes start side by side; `started` waits for them all.
             groups.append(RayWorkerGroup(
-                pool, role_cls, name_prefix=name, call_timeout_s=timeout, wait_started=False, worker_env=gpu_worker_env(cfg, use_gpu(cfg))
+                pool, role_cls, name_prefix=name, call_timeout_s=timeout, wait_started=False,
+                worker_env=gpu_worker_env(cfg, use_gpu(cfg)),
             ))
             return groups[-1]
 
@@ -178,7 +185,9 @@ class RoleGroups:
 
         try:
             if cfg.trainer.placement == "colocated":
-                fused = new_group(new_pool("all_roles_"), create_colocated_worker_cls({"actor": actor_cls, **extra_roles}), "roles")
+                fused = new_group(
+                    new_pool("all_roles_"), create_colocated_worker_cls({"actor": actor_cls, **extra_roles}), "roles"
+                )
             else:
                 by_role = {"actor": new_group(new_pool("actor_"), actor_cls, "actor")}
                 by_role.update({name: new_group(new_pool(f"{name}_"), c, name) for name, c in extra_roles.items()})
@@ -187,15 +196,16 @@ class RoleGroups:
             if cfg.trainer.placement == "colocated":
                 by_role = fused.spawn()  # per-role views of the fused actors
             built = cls(
-                by_role["actor"], by_role.get("critic"), uses_reference, pools, by_role.get("reward_model"), groups=groups, rollout=rollout,
-                hf_in_checkpoint=hf_checkpoint_roles(cfg),
+                by_role["actor"], by_role.get("critic"), uses_reference, pools, by_role.get("reward_model"),
+                groups=groups, rollout=rollout, hf_in_checkpoint=hf_checkpoint_roles(cfg),
             )
             for group in (built.actor, built.critic, built.reward_model, built.rollout):
                 if group is not None:
                     group.init_model()
             if built.rollout is not None:
                 built.weight_sync = rollout_weight_sync(
-                    built.actor, built.rollout, actor_worker_config(cfg)["rollout"], cfg.actor_rollout_ref.model.path, use_gpu(cfg),
+                    built.actor, built.rollout, actor_worker_config(cfg)["rollout"], cfg.actor_rollout_ref.model.path,
+                    use_gpu(cfg),
                     # A LoRA engine starts without the adapter: the first sync sends it (checked by the probe).
                     engines_start_from_trainer=cfg.actor_rollout_ref.model.lora_rank == 0,
                 )
@@ -215,7 +225,9 @@ class RoleGroups:
         if rollout.name != "vllm" or rollout.placement != "separate":
             return None
         gpus = rollout.get("gpus_per_engine") or rollout.tensor_model_parallel_size
-        pools.append(RayResourcePool([rollout.num_engines], use_gpu=use_gpu(cfg), name_prefix="rollout_", gpus_per_process=gpus))
+        pools.append(
+            RayResourcePool([rollout.num_engines], use_gpu=use_gpu(cfg), name_prefix="rollout_", gpus_per_process=gpus)
+        )
         return new_group(pools[-1], RayClassWithInitArgs(VLLMRolloutWorker, config=actor_worker_config(cfg)), "rollout")
 
     # ---- rollout ----------------------------------------------------------------------------------------
@@ -250,7 +262,9 @@ class RoleGroups:
         """Start generating on the separate engines with the weights they hold now; `finish_generation`
         returns the batch. The actor is free meanwhile (rollout.staleness=1)."""
         if self.rollout is None:
-            raise RuntimeError("start_generation needs rollout.name=vllm with rollout.placement=separate (engines of their own)")
+            raise RuntimeError(
+                "start_generation needs rollout.name=vllm with rollout.placement=separate (engines of their own)"
+            )
         if self.generation is not None:
             raise RuntimeError("a generation is already in flight; call finish_generation() first")
         self._park_rollout_logs()

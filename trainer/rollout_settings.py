@@ -15,7 +15,8 @@ def check_rollout_settings(cfg: DictConfig) -> list[str]:
     if rollout.staleness == 1 and not (rollout.name == "vllm" and rollout.placement == "separate"):
         problems.append(
             "actor_rollout_ref.rollout.staleness=1 needs engines of their own to generate while the actor trains: "
-            f"set rollout.name=vllm and rollout.placement=separate (got name={rollout.name!r}, placement={rollout.placement!r})"
+            "set rollout.name=vllm and rollout.placement=separate "
+            f"(got name={rollout.name!r}, placement={rollout.placement!r})"
         )
     problems += check_async_settings(cfg) + check_gpu_shares(cfg) + check_validation_settings(cfg)
     problems += check_hybrid_group(cfg)
@@ -94,7 +95,9 @@ def check_gpu_shares(cfg: DictConfig) -> list[str]:
     problems = []
     share = cfg.trainer.get("gpus_per_process", 1)
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
-        problems.append(f"trainer.gpus_per_process={share!r} must be a number in (0, 1] (GPUs each trainer process reserves)")
+        problems.append(
+            f"trainer.gpus_per_process={share!r} must be a number in (0, 1] (GPUs each trainer process reserves)"
+        )
     rollout = cfg.actor_rollout_ref.rollout
     engine = rollout.get("gpus_per_engine")
     if engine is not None and (rollout.tensor_model_parallel_size != 1 or rollout.placement != "separate"):

@@ -50,7 +50,9 @@ def build_run_data(cfg: DictConfig) -> RunData:
             print(f"data: {val_set.num_filtered} validation prompts longer than max_prompt_length="
                   f"{data.max_prompt_length} dropped ({len(val_set)} left)")
         items = [val_set[i] for i in range(len(val_set))]
-        val_batches = [collate_to_dataproto(items[i : i + data.val_batch_size]) for i in range(0, len(items), data.val_batch_size)]
+        val_batches = [
+            collate_to_dataproto(items[i : i + data.val_batch_size]) for i in range(0, len(items), data.val_batch_size)
+        ]
     reward_fn = build_reward_manager(cfg, tokenizer)  # reward_model.reward_manager (trainer/rewards/managers.py)
     return RunData(tokenizer, train_loader, val_batches, reward_fn, counts)
 

@@ -122,4 +122,6 @@ def init_ray(cfg: DictConfig) -> None:
         return
 
     workers = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
-    init_local_ray(num_cpus=cfg.trainer.ray_num_cpus or max(os.cpu_count() or 1, 2 * workers + 2), runtime_env=runtime_env)
+    init_local_ray(
+        num_cpus=cfg.trainer.ray_num_cpus or max(os.cpu_count() or 1, 2 * workers + 2), runtime_env=runtime_env
+    )

@@ -83,7 +83,9 @@ class StepLoop:
         gives it (new uids, a new seed). Checkpoints record the dataloader after every batch drawn, so a
         resumed run goes on with the prompts that follow them."""
         if self.batches is None:
-            raise RuntimeError("draw_prompts() takes prompts from the dataloader of a running fit(): call it in train_step")
+            raise RuntimeError(
+                "draw_prompts() takes prompts from the dataloader of a running fit(): call it in train_step"
+            )
         if isinstance(self.rollouts, AsyncRollout):
             raise RuntimeError(
                 "draw_prompts() needs actor_rollout_ref.rollout.async_training=false: with async_training=true the "
@@ -118,9 +120,16 @@ class StepLoop:
     def save(self) -> Path:
         # The position before a batch taken ahead (in flight): a resumed run generates it again.
         loader_state = self.batches.state_dict() if self.batches is not None else self.data.train_loader.state_dict()
-        state = {"global_step": self.global_step, "dataloader": loader_state, **self.rollouts.checkpoint_state(), **self.driver_state()}
+        state = {
+            "global_step": self.global_step,
+            "dataloader": loader_state,
+            **self.rollouts.checkpoint_state(),
+            **self.driver_state(),
+        }
         state[RECORD_KEY] = resume_record(self.cfg)  # what a resumed run must match, checked before Ray starts
-        return checkpointing.save_checkpoint(self.checkpoint_root, self.global_step, state, self.roles.save, self.cfg.trainer.max_ckpt_to_keep)
+        return checkpointing.save_checkpoint(
+            self.checkpoint_root, self.global_step, state, self.roles.save, self.cfg.trainer.max_ckpt_to_keep
+        )
 
     def maybe_resume(self) -> None:
         path = checkpointing.find_resume_dir(self.checkpoint_root, str(self.cfg.trainer.resume_mode))

@@ -165,7 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default 1; 2 for tensor parallel 2)")
+    parser.add_argument(
+        "--kv-heads", type=int, default=None, help="key/value heads (default 1; 2 for tensor parallel 2)"
+    )
     args = parser.parse_args(argv)
     path = build_tiny_model(args.out_dir, seed=args.seed, num_key_value_heads=args.kv_heads)
     print(f"wrote tiny model to {path}")

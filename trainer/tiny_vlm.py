@@ -16,7 +16,13 @@ from pathlib import Path
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from trainer.tiny_model import IM_START, _make_tokenizer_config_portable, build_char_tokenizer, build_tiny_config, seeded_model
+from trainer.tiny_model import (
+    IM_START,
+    _make_tokenizer_config_portable,
+    build_char_tokenizer,
+    build_tiny_config,
+    seeded_model,
+)
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 IMAGE_SIDE = 56  # pixels: 4 x 4 patches of 14, merged 2 x 2 into 4 image tokens
@@ -37,8 +43,8 @@ def build_tiny_vlm(out_dir: str | Path, seed: int = 0) -> Path:
     text.update(rope_scaling={"type": "mrope", "mrope_section": [16, 8, 8]})
     config = Qwen2VLConfig(
         text_config=text,
-        vision_config=dict(depth=1, embed_dim=64, hidden_size=text["hidden_size"], num_heads=2, mlp_ratio=2, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
+        vision_config=dict(depth=1, embed_dim=64, hidden_size=text["hidden_size"], num_heads=2, mlp_ratio=2,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True,

@@ -60,7 +60,9 @@ class Tracker:
             if log is not None:
                 log([dict(sample) for sample in samples], step)
 
-    def plot_reward_curve(self, path: str | Path, keys: Sequence[str] = ("reward/mean", "val/reward_mean")) -> Path | None:
+    def plot_reward_curve(
+        self, path: str | Path, keys: Sequence[str] = ("reward/mean", "val/reward_mean")
+    ) -> Path | None:
         """Write a PNG of the reward over steps; None when no step logged a reward."""
         import matplotlib
 
@@ -97,4 +99,7 @@ class Tracker:
             try:
                 finish()
             except Exception as error:  # noqa: BLE001 - closing runs in `finally`: never hide the run's own error
-                print(f"warning: tracker {type(tracker).__name__} failed to finish: {type(error).__name__}: {error}", file=sys.stderr)
+                print(
+                    f"warning: tracker {type(tracker).__name__} failed to finish: {type(error).__name__}: {error}",
+                    file=sys.stderr,
+                )

@@ -47,8 +47,11 @@ def key_status(key: str, known: set[str], known_list: list[str]) -> str:
         return "same key"
     verl = find_verl_key(key)
     if verl is not None:
-        kind = "hint" if verl.hint and not verl.hint_values else ("hint at " + ", ".join(verl.hint_values) + "; else refused"
-                                                                 if verl.hint else "refused")
+        kind = (
+            "hint"
+            if verl.hint and not verl.hint_values
+            else ("hint at " + ", ".join(verl.hint_values) + "; else refused" if verl.hint else "refused")
+        )
         use = f"; use `{verl.nearest}`" if verl.nearest else ""
         return f"{kind}: {verl.why}{use}"
     near = nearest_key(key, known_list)

@@ -43,7 +43,9 @@ def normalized(value: str) -> str:
     return "".join(ch for ch in value.lower() if ch not in " '\"")
 
 
-_CHUNKED_LOGITS = "log-probs and entropy come from the LM head in chunks of model.logits_chunk_tokens here, without the full logits"
+_CHUNKED_LOGITS = (
+    "log-probs and entropy come from the LM head in chunks of model.logits_chunk_tokens here, without the full logits"
+)
 _FSDP_WRAP = "FSDP2 shards each decoder layer here"
 _MICRO_GLOBAL = "verl's deprecated global micro-batch size; micro-batches are per GPU here"
 
@@ -160,8 +162,10 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("critic.ppo_micro_batch_size", _MICRO_GLOBAL, nearest="critic.ppo_micro_batch_size_per_gpu"),
     VerlKey("critic.forward_micro_batch_size", _MICRO_GLOBAL, nearest="critic.forward_micro_batch_size_per_gpu"),
     VerlKey("reward_model.micro_batch_size", _MICRO_GLOBAL, nearest="reward_model.micro_batch_size_per_gpu"),
-    VerlKey("*fsdp_config.model_dtype", "the model's dtype is one setting here", nearest="actor_rollout_ref.model.dtype"),
-    VerlKey("*.optim.clip_grad", "gradient clipping is set on the role here", nearest="actor_rollout_ref.actor.grad_clip"),
+    VerlKey("*fsdp_config.model_dtype", "the model's dtype is one setting here",
+            nearest="actor_rollout_ref.model.dtype"),
+    VerlKey("*.optim.clip_grad", "gradient clipping is set on the role here",
+            nearest="actor_rollout_ref.actor.grad_clip"),
     VerlKey("*.optim.warmup_style", "verl's deprecated name of the scheduler", nearest="optim.lr_scheduler_type"),
     VerlKey("*.model.external_lib", "no extra module is imported to register a model class here"),
     VerlKey("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", "model turns per conversation",
@@ -171,7 +175,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("actor_rollout_ref.rollout.multi_turn.tool_config_path", "tools here are Python functions listed as "
             "'path/to/file.py:function' (docs/agents.md)", nearest="actor_rollout_ref.rollout.multi_turn.tools"),
     VerlKey("actor_rollout_ref.rollout.multi_turn.interaction_config_path", "a stateful environment class serves "
-            "the tools and the reward here (docs/agents.md)", nearest="actor_rollout_ref.rollout.multi_turn.environment"),
+            "the tools and the reward here (docs/agents.md)",
+            nearest="actor_rollout_ref.rollout.multi_turn.environment"),
     VerlKey("actor_rollout_ref.rollout.over_sample_rate", "every prompt's responses are generated whole here; "
             "no over-sampling"),
     VerlKey("actor_rollout_ref.rollout.agent.*", "the agent loop here is set by rollout.multi_turn (docs/agents.md)",

@@ -107,7 +107,11 @@ def checkpoint_problem(folder: str | Path) -> str | None:
 
 # ---- saving ---------------------------------------------------------------------------------------------
 def save_checkpoint(
-    root: str | Path, step: int, driver_state: dict[str, Any], save_roles: Callable[[Path], None], keep: int | None = None
+    root: str | Path,
+    step: int,
+    driver_state: dict[str, Any],
+    save_roles: Callable[[Path], None],
+    keep: int | None = None,
 ) -> Path:
     """Write step `step`: `save_roles(tmp_dir)` saves every worker role, then the driver state and the
     manifest; then rename. With `keep`, only the newest `keep` complete checkpoints stay."""
@@ -222,4 +226,6 @@ def load_driver_state(path: str | Path) -> dict[str, Any]:
     try:
         return json.loads(file.read_text())
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"cannot read the driver state of checkpoint {path}: {type(error).__name__}: {error}") from None
+        raise CheckpointError(
+            f"cannot read the driver state of checkpoint {path}: {type(error).__name__}: {error}"
+        ) from None

@@ -81,10 +81,15 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
     config = complete_section("actor_rollout_ref", user, where)
     rollout = config["rollout"]
     if rollout["name"] == "hf" and rollout["placement"] != "hybrid":
-        raise ValueError("rollout.placement='separate' needs rollout.name='vllm' (HF generate runs on the actor's own model)")
+        raise ValueError(
+            "rollout.placement='separate' needs rollout.name='vllm' (HF generate runs on the actor's own model)"
+        )
     tp = rollout["tensor_model_parallel_size"]
     if tp > 1 and rollout["name"] != "vllm":
-        raise ValueError(f"rollout.tensor_model_parallel_size={tp} needs rollout.name='vllm' (HF generate runs on each actor rank's model)")
+        raise ValueError(
+            f"rollout.tensor_model_parallel_size={tp} needs rollout.name='vllm' "
+            "(HF generate runs on each actor rank's model)"
+        )
     if tp > 1 and rollout["placement"] == "hybrid" and rollout["multi_turn"]["enable"]:
         raise ValueError(
             f"rollout.tensor_model_parallel_size={tp} with rollout.placement='hybrid' (one engine shared by {tp} actor "
@@ -103,7 +108,10 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
     _check_sequence_parallel(config, config["actor"], _dotted(where, "actor"), where)
     if config["actor"]["strategy"] == "megatron":
         if rollout["multi_turn"]["enable"]:
-            raise ValueError("rollout.multi_turn.enable=true needs actor.strategy='fsdp' (the Megatron actor has no multi-turn rollout yet)")
+            raise ValueError(
+                "rollout.multi_turn.enable=true needs actor.strategy='fsdp' "
+                "(the Megatron actor has no multi-turn rollout yet)"
+            )
         if rollout["placement"] != "hybrid":
             raise ValueError(
                 "actor.strategy='megatron' supports rollout.placement='hybrid' (an HF replica or a vLLM engine in "
@@ -113,7 +121,9 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
             {"actor.fsdp_config": config["actor"]["fsdp_config"], "ref.fsdp_config": config["ref"]["fsdp_config"]},
             where, "actor.strategy",
         )
-        _reject_packing_on_megatron(config, ("actor.use_dynamic_bsz", "rollout.log_prob_use_dynamic_bsz", "ref.log_prob_use_dynamic_bsz"))
+        _reject_packing_on_megatron(
+            config, ("actor.use_dynamic_bsz", "rollout.log_prob_use_dynamic_bsz", "ref.log_prob_use_dynamic_bsz")
+        )
     return config
 
 
@@ -123,15 +133,18 @@ def _fill_ref_megatron(config: dict[str, Any], where: str) -> None:
     for key, value in ref.items():
         if value is not None and value != actor[key]:
             raise ValueError(
-                f"{_dotted(where, f'ref.megatron.{key}')}={value!r} must equal {_dotted(where, f'actor.megatron.{key}')}="
-                f"{actor[key]!r}: the reference runs in the actor's processes with the actor's layout"
+                f"{_dotted(where, f'ref.megatron.{key}')}={value!r} must equal "
+                f"{_dotted(where, f'actor.megatron.{key}')}={actor[key]!r}: "
+                "the reference runs in the actor's processes with the actor's layout"
             )
         ref[key] = actor[key]
 
 
 def _reject_offload_on_megatron(sections: dict[str, dict[str, Any]], where: str, strategy_key: str) -> None:
     """Parameter and optimizer offload move FSDP2 shards (workers/fsdp/offload.py); Megatron has no such path."""
-    asked = [_dotted(where, f"{name}.{key}=true") for name, section in sections.items() for key, on in section.items() if on]
+    asked = [
+        _dotted(where, f"{name}.{key}=true") for name, section in sections.items() for key, on in section.items() if on
+    ]
     if asked:
         raise ValueError(
             f"{', '.join(asked)}: offload applies to {_dotted(where, strategy_key)}='fsdp' only (the Megatron workers "

@@ -8,8 +8,20 @@ from typing import Any
 
 from workers.cached_blocks_limit import RELEASE_POINTS
 from workers.config_fields import (
-    Field, any_int, betas, boolean, config_fields, engine_kwargs_mapping, float_in, int_at_least, module_names,
-    non_empty_str, one_of, optional, spec_list, token_ids,
+    Field,
+    any_int,
+    betas,
+    boolean,
+    config_fields,
+    engine_kwargs_mapping,
+    float_in,
+    int_at_least,
+    module_names,
+    non_empty_str,
+    one_of,
+    optional,
+    spec_list,
+    token_ids,
 )
 from workers.dtypes import DTYPE_NAMES
 from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, OLD_LOG_PROB_PASS_CHOICES, POLICY_LOSS_MODES
@@ -30,7 +42,9 @@ def _release_field() -> Field:
 
 def megatron_spec() -> dict[str, Any]:
     return {
-        "tensor_model_parallel_size": Field(int_at_least(1), "an int >= 1 (must divide the attention and key/value heads)"),
+        "tensor_model_parallel_size": Field(
+            int_at_least(1), "an int >= 1 (must divide the attention and key/value heads)"
+        ),
         "pipeline_model_parallel_size": Field(int_at_least(1), "an int >= 1 (must divide the layers)"),
         "sequence_parallel": Field(boolean, "a bool (split activations along the sequence over the TP ranks)"),
         "use_distributed_optimizer": Field(boolean, "a bool (shard the fp32 weights and Adam state over DP ranks)"),
@@ -83,18 +97,23 @@ def _ulysses_field() -> Field:
 
 
 def _strategy_field(role: str) -> Field:
-    return Field(one_of(*STRATEGIES), f"one of {list(STRATEGIES)} (training backend of the {role}; megatron: pip install -e \".[megatron]\")")
+    return Field(
+        one_of(*STRATEGIES),
+        f"one of {list(STRATEGIES)} (training backend of the {role}; megatron: pip install -e \".[megatron]\")",
+    )
 
 MODEL_SPEC: dict[str, Any] = {
     "path": Field(non_empty_str, "a local directory or hub id (string)"),
     "dtype": Field(one_of(*DTYPE_NAMES), f"one of {list(DTYPE_NAMES)} (auto: bfloat16 on GPU, float32 on CPU)"),
     "enable_gradient_checkpointing": Field(boolean, "a bool"),
     "gradient_checkpointing_layers": Field(
-        optional(int_at_least(1)), "None (every decoder layer recomputes) or an int >= 1 (the first N decoder layers recompute; the rest keep their activations)"
+        optional(int_at_least(1)), "None (every decoder layer recomputes) or an int >= 1 (the first N decoder "
+        "layers recompute; the rest keep their activations)"
     ),
     "attn_implementation": Field(optional(non_empty_str), "None (HF default) or e.g. 'sdpa', 'eager'"),
     "use_remove_padding": Field(
-        optional(boolean), "None (packed, padding-free forwards where the model supports them), true (required) or false"
+        optional(boolean),
+        "None (packed, padding-free forwards where the model supports them), true (required) or false",
     ),
     "override_config": Field(config_fields, "a mapping of config.json fields to values (verl's key: they replace the "
                              "folder's values when the model is built, in the trainer and the engine)"),
@@ -152,8 +171,12 @@ def optim_spec() -> dict[str, Any]:
 def _dynamic_forward_spec(prefix: str) -> dict[str, Any]:
     """Token-budget micro-batches of a forward-only pass (log-probs)."""
     return {
-        f"{prefix}_use_dynamic_bsz": Field(boolean, f"a bool (micro-batches filled up to {prefix}_max_token_len_per_gpu tokens)"),
-        f"{prefix}_max_token_len_per_gpu": Field(int_at_least(1), "an int >= 1 (tokens per micro-batch with the dynamic batch size)"),
+        f"{prefix}_use_dynamic_bsz": Field(
+            boolean, f"a bool (micro-batches filled up to {prefix}_max_token_len_per_gpu tokens)"
+        ),
+        f"{prefix}_max_token_len_per_gpu": Field(
+            int_at_least(1), "an int >= 1 (tokens per micro-batch with the dynamic batch size)"
+        ),
     }
 
 
@@ -161,13 +184,19 @@ def _ppo_spec() -> dict[str, Any]:
     """Keys shared by the actor and the critic updates."""
     return {
         "ppo_epochs": Field(int_at_least(1), "an int >= 1"),
-        "ppo_mini_batch_size": Field(int_at_least(1), "an int >= 1 (prompts per optimizer step, global over all ranks)"),
+        "ppo_mini_batch_size": Field(
+            int_at_least(1), "an int >= 1 (prompts per optimizer step, global over all ranks)"
+        ),
         "ppo_micro_batch_size_per_gpu": Field(int_at_least(1), "an int >= 1"),
         "grad_clip": Field(float_in(0.0, low_open=True), "a float > 0"),
         "loss_agg_mode": Field(one_of(*LOSS_AGG_MODES), f"one of {list(LOSS_AGG_MODES)}"),
         "shuffle": Field(boolean, "a bool"),
-        "use_dynamic_bsz": Field(boolean, "a bool (micro-batches filled up to ppo_max_token_len_per_gpu tokens instead of a row count)"),
-        "ppo_max_token_len_per_gpu": Field(int_at_least(1), "an int >= 1 (tokens per update micro-batch with use_dynamic_bsz)"),
+        "use_dynamic_bsz": Field(
+            boolean, "a bool (micro-batches filled up to ppo_max_token_len_per_gpu tokens instead of a row count)"
+        ),
+        "ppo_max_token_len_per_gpu": Field(
+            int_at_least(1), "an int >= 1 (tokens per update micro-batch with use_dynamic_bsz)"
+        ),
     }
 
 
@@ -182,7 +211,10 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "clip_ratio_high": Field(float_in(0.0), "a float >= 0"),
         "clip_ratio_c": Field(float_in(1.0, low_open=True), "a float > 1 (dual-clip bound)"),
         "policy_loss": {
-            "loss_mode": Field(one_of(*POLICY_LOSS_MODES), f"one of {list(POLICY_LOSS_MODES)} (token-level PPO ratio, GSPO's sequence ratio, or GMPO's geometric mean)"),
+            "loss_mode": Field(
+                one_of(*POLICY_LOSS_MODES), f"one of {list(POLICY_LOSS_MODES)} (token-level PPO ratio, GSPO's "
+                "sequence ratio, or GMPO's geometric mean)"
+            ),
         },
         "entropy_coeff": Field(float_in(), "a float"),
         "use_kl_loss": Field(boolean, "a bool"),
@@ -196,18 +228,43 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "fsdp_config": _offload_spec("actor"),
     },
     "rollout": {
-        "name": Field(one_of(*ROLLOUT_ENGINES), f"one of {list(ROLLOUT_ENGINES)} (HF generate on the FSDP model, or vLLM)"),
-        "placement": Field(one_of(*ROLLOUT_PLACEMENTS), f"one of {list(ROLLOUT_PLACEMENTS)} (vllm: in the actor's processes, or its own pool)"),
-        "num_engines": Field(int_at_least(1), "an int >= 1 (vllm separate placement: engine replicas, each on tensor_model_parallel_size devices)"),
+        "name": Field(
+            one_of(*ROLLOUT_ENGINES), f"one of {list(ROLLOUT_ENGINES)} (HF generate on the FSDP model, or vLLM)"
+        ),
+        "placement": Field(
+            one_of(*ROLLOUT_PLACEMENTS),
+            f"one of {list(ROLLOUT_PLACEMENTS)} (vllm: in the actor's processes, or its own pool)",
+        ),
+        "num_engines": Field(
+            int_at_least(1), "an int >= 1 (vllm separate placement: engine replicas, each on "
+            "tensor_model_parallel_size devices)"
+        ),
         "tensor_model_parallel_size": Field(int_at_least(1), "an int >= 1 (vllm; > 1 needs placement=separate)"),
-        "gpus_per_engine": Field(optional(float_in(0.0, 1.0, low_open=True)), "None (tensor_model_parallel_size) or a fraction in (0, 1] (vllm separate, tensor_model_parallel_size 1)"),
+        "gpus_per_engine": Field(
+            optional(float_in(0.0, 1.0, low_open=True)), "None (tensor_model_parallel_size) or a fraction in (0, 1] "
+            "(vllm separate, tensor_model_parallel_size 1)"
+        ),
         "gpu_memory_utilization": Field(float_in(0.0, 1.0, low_open=True), "a float in (0, 1] (vllm on GPU)"),
         "cpu_kv_cache_mb": Field(int_at_least(1), "an int >= 1 (vllm on CPU: KV-cache size in MiB)"),
-        "kv_cache_gib": Field(optional(float_in(0.0, low_open=True)), "None (vLLM sizes its KV cache within gpu_memory_utilization) or a number > 0 (vllm on GPU: a fixed KV-cache size in GiB per GPU)"),
-        "enforce_eager": Field(optional(boolean), "None (CUDA graphs on a GPU, eager on CPU) or a bool (vllm: true = no CUDA graphs / torch.compile)"),
-        "cuda_graph_max_batch": Field(optional(int_at_least(1)), "None (the sequences one engine decodes at once, set by the trainer) or an int >= 1 (vllm on GPU: the largest decode batch captured as a CUDA graph)"),
-        "engine_process": Field(optional(boolean), "None (the worker's process; the trainer picks for its separate engines) or a bool (vllm, tensor_model_parallel_size 1: the engine's core in a process of its own)"),
-        "enable_sleep": Field(boolean, "a bool (vllm hybrid on GPU: release weights and KV cache while the actor trains)"),
+        "kv_cache_gib": Field(
+            optional(float_in(0.0, low_open=True)), "None (vLLM sizes its KV cache within gpu_memory_utilization) "
+            "or a number > 0 (vllm on GPU: a fixed KV-cache size in GiB per GPU)"
+        ),
+        "enforce_eager": Field(
+            optional(boolean), "None (CUDA graphs on a GPU, eager on CPU) "
+            "or a bool (vllm: true = no CUDA graphs / torch.compile)"
+        ),
+        "cuda_graph_max_batch": Field(
+            optional(int_at_least(1)), "None (the sequences one engine decodes at once, set by the trainer) "
+            "or an int >= 1 (vllm on GPU: the largest decode batch captured as a CUDA graph)"
+        ),
+        "engine_process": Field(
+            optional(boolean), "None (the worker's process; the trainer picks for its separate engines) or a bool "
+            "(vllm, tensor_model_parallel_size 1: the engine's core in a process of its own)"
+        ),
+        "enable_sleep": Field(
+            boolean, "a bool (vllm hybrid on GPU: release weights and KV cache while the actor trains)"
+        ),
         "free_cache_engine": Field(boolean, "a bool (vllm: actually sleep after each generate when enable_sleep)"),
         "enable_chunked_prefill": Field(
             optional(boolean), "None (on a GPU, off on CPU) or a bool (vllm: long prompts prefilled in "
@@ -223,14 +280,25 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "engine_kwargs": Field(
             engine_kwargs_mapping, "a mapping {vllm: {argument: value}} (extra arguments of vLLM's engine)"
         ),
-        "share_base_weights": Field(optional(boolean), "None (where possible) or a bool (LoRA with a hybrid vllm engine: the actor's frozen base weights are views of the engine's, one copy on the device)"),
-        "max_model_len": Field(optional(int_at_least(1)), "None (prompt + response length, set by the trainer) or an int >= 1"),
+        "share_base_weights": Field(
+            optional(boolean), "None (where possible) or a bool (LoRA with a hybrid vllm engine: the actor's frozen "
+            "base weights are views of the engine's, one copy on the device)"
+        ),
+        "max_model_len": Field(
+            optional(int_at_least(1)), "None (prompt + response length, set by the trainer) or an int >= 1"
+        ),
         "dtype": Field(one_of(*DTYPE_NAMES), f"one of {list(DTYPE_NAMES)} (vllm; auto: the actor's compute dtype)"),
         "weight_sync_bucket_mb": Field(int_at_least(1), "an int >= 1 (MiB per weight-sync bucket)"),
-        "verify_sync": Field(boolean, "a bool (after each sync, compare the engine's log-probs of a probe batch with the trainer's)"),
+        "verify_sync": Field(
+            boolean, "a bool (after each sync, compare the engine's log-probs of a probe batch with the trainer's)"
+        ),
         "verify_tolerance": Field(optional(float_in(0.0, low_open=True)), "None (1e-3 fp32, 0.25 bf16) or a float > 0"),
-        "staleness": Field(one_of(*STALENESS_VALUES), "0 or 1 (driver side: steps between generating and training on a batch)"),
-        "tis_imp_ratio_cap": Field(optional(float_in(1.0)), "None (off) or a float >= 1 (driver side: truncated IS cap)"),
+        "staleness": Field(
+            one_of(*STALENESS_VALUES), "0 or 1 (driver side: steps between generating and training on a batch)"
+        ),
+        "tis_imp_ratio_cap": Field(
+            optional(float_in(1.0)), "None (off) or a float >= 1 (driver side: truncated IS cap)"
+        ),
         "mode": Field(one_of(*ROLLOUT_MODES), f"one of {list(ROLLOUT_MODES)} (verl's; the same rollout here)"),
         "async_training": Field(
             boolean, "a bool (driver side, vllm separate: the engines stream finished prompt groups)"
@@ -252,7 +320,9 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "top_k": Field(int_at_least(-1), TOP_K_EXPECTED),
         "response_length": Field(int_at_least(1), "an int >= 1 (max new tokens)"),
         "do_sample": Field(boolean, "a bool"),
-        "ignore_eos": Field(boolean, "a bool (keep sampling past EOS: every response is response_length tokens, all trained on)"),
+        "ignore_eos": Field(
+            boolean, "a bool (keep sampling past EOS: every response is response_length tokens, all trained on)"
+        ),
         "eos_token_id": Field(optional(token_ids), "None (from the model) or an int / list of ints"),
         "pad_token_id": Field(optional(int_at_least(0)), "None (from the model) or an int"),
         "log_prob_micro_batch_size_per_gpu": Field(int_at_least(1), "an int >= 1"),
@@ -267,7 +337,9 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         ),
         **_dynamic_forward_spec("log_prob"),
         "fsdp_config": {
-            "param_offload": Field(boolean, "a bool (keep the reference's parameters on the host outside its log-prob pass; GPU only)"),
+            "param_offload": Field(
+                boolean, "a bool (keep the reference's parameters on the host outside its log-prob pass; GPU only)"
+            ),
         },
         "megatron": _ref_megatron_spec(),
     },
@@ -287,7 +359,9 @@ CRITIC_SPEC: dict[str, Any] = {
     "megatron": megatron_spec(),
     "rollout_n": Field(int_at_least(1), "an int >= 1 (responses per prompt: ppo_mini_batch_size x rollout_n rows)"),
     "forward_micro_batch_size_per_gpu": Field(int_at_least(1), "an int >= 1"),
-    "forward_max_token_len_per_gpu": Field(int_at_least(1), "an int >= 1 (tokens per compute_values micro-batch with use_dynamic_bsz)"),
+    "forward_max_token_len_per_gpu": Field(
+        int_at_least(1), "an int >= 1 (tokens per compute_values micro-batch with use_dynamic_bsz)"
+    ),
     "cliprange_value": Field(float_in(0.0), "a float >= 0"),
 }
 
@@ -297,9 +371,13 @@ REWARD_MODEL_SPEC: dict[str, Any] = {
     "model": MODEL_SPEC,
     "micro_batch_size_per_gpu": Field(int_at_least(1), "an int >= 1"),
     "use_dynamic_bsz": Field(boolean, "a bool (micro-batches filled up to forward_max_token_len_per_gpu tokens)"),
-    "forward_max_token_len_per_gpu": Field(int_at_least(1), "an int >= 1 (tokens per micro-batch with use_dynamic_bsz)"),
+    "forward_max_token_len_per_gpu": Field(
+        int_at_least(1), "an int >= 1 (tokens per micro-batch with use_dynamic_bsz)"
+    ),
 }
 
 
 # Where each worker section sits in the trainer's config.
-WORKER_SECTIONS = {"actor_rollout_ref": ACTOR_ROLLOUT_REF_SPEC, "critic": CRITIC_SPEC, "reward_model": REWARD_MODEL_SPEC}
+WORKER_SECTIONS = {
+    "actor_rollout_ref": ACTOR_ROLLOUT_REF_SPEC, "critic": CRITIC_SPEC, "reward_model": REWARD_MODEL_SPEC,
+}

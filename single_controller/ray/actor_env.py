@@ -74,7 +74,9 @@ def check_user_env(env: Mapping[str, Any] | None, where: str) -> dict[str, str]:
     return dict(env)
 
 
-def actor_runtime_env(runtime_env: Mapping[str, Any] | None, user_env: Mapping[str, str], system_env: Mapping[str, str]) -> dict[str, Any]:
+def actor_runtime_env(
+    runtime_env: Mapping[str, Any] | None, user_env: Mapping[str, str], system_env: Mapping[str, str]
+) -> dict[str, Any]:
     """The actor's runtime_env: the user's options with env_vars = user runtime_env vars + worker_env + group's."""
     merged = dict(runtime_env or {})
     merged["env_vars"] = {**merged.get("env_vars", {}), **user_env, **system_env}

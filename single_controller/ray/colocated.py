@@ -105,7 +105,9 @@ def create_colocated_worker_raw_cls(class_dict: Mapping[str, Any]) -> type:
             method = getattr(cia.cls, attr, None)
             spec = get_method_spec(method)
             if spec is not None:
-                namespace[role_method_name(role, attr)] = _forwarder(role, attr, spec, inspect.iscoroutinefunction(method))
+                namespace[role_method_name(role, attr)] = _forwarder(
+                    role, attr, spec, inspect.iscoroutinefunction(method)
+                )
         for query in _ROLE_QUERIES:
             namespace[role_method_name(role, query)] = _forwarder(role, query, None)
     return type("Colocated_" + "_".join(roles), (ColocatedWorker,), namespace)

@@ -47,7 +47,9 @@ class RayResourcePool:
         if not process_on_nodes or any(not isinstance(n, int) or n < 1 for n in process_on_nodes):
             raise ValueError(f"process_on_nodes must be a non-empty list of positive ints, got {process_on_nodes!r}")
         if not gpus_per_process > 0 or (gpus_per_process > 1 and gpus_per_process != int(gpus_per_process)):
-            raise ValueError(f"gpus_per_process must be a fraction in (0, 1] or a whole number of GPUs, got {gpus_per_process}")
+            raise ValueError(
+                f"gpus_per_process must be a fraction in (0, 1] or a whole number of GPUs, got {gpus_per_process}"
+            )
         several_gpus = use_gpu and gpus_per_process > 1
         if max_colocate_count is None:
             max_colocate_count = 1 if several_gpus else 10
@@ -55,9 +57,9 @@ class RayResourcePool:
             raise ValueError(f"max_colocate_count must be >= 1, got {max_colocate_count}")
         if several_gpus and max_colocate_count != 1:
             raise ValueError(
-                f"gpus_per_process={gpus_per_process} with max_colocate_count={max_colocate_count}: a process of several "
-                "GPUs takes its whole slot (Ray would show an actor asking a share of it only one GPU); leave "
-                "max_colocate_count unset (1) or give each colocated group a pool of its own"
+                f"gpus_per_process={gpus_per_process} with max_colocate_count={max_colocate_count}: a process "
+                "of several GPUs takes its whole slot (Ray would show an actor asking a share of it only one "
+                "GPU); leave max_colocate_count unset (1) or give each colocated group a pool of its own"
             )
         self.process_on_nodes = list(process_on_nodes)
         self.use_gpu = use_gpu
@@ -77,7 +79,10 @@ class RayResourcePool:
     def actor_resources(self) -> dict[str, float]:
         """Resources one actor of one colocated group takes from its slot."""
         share = 1.0 / self.max_colocate_count
-        return {"num_cpus": self.cpus_per_process * share, "num_gpus": self.gpus_per_process * share if self.use_gpu else 0.0}
+        return {
+            "num_cpus": self.cpus_per_process * share,
+            "num_gpus": self.gpus_per_process * share if self.use_gpu else 0.0,
+        }
 
     def _bundle(self) -> dict[str, float]:
         bundle = {"CPU": self.cpus_per_process}

@@ -179,7 +179,9 @@ class RayWorkerGroup:
         world_size = len(slots)
         master_host = preset_master_addr([slot.node_id for slot in slots])
         user_runtime_env = dict(cia.actor_options.get("runtime_env") or {})
-        check_user_env(user_runtime_env.get("env_vars"), "runtime_env['env_vars'] of RayClassWithInitArgs.update_options")
+        check_user_env(
+            user_runtime_env.get("env_vars"), "runtime_env['env_vars'] of RayClassWithInitArgs.update_options"
+        )
         for rank, slot in enumerate(slots):
             env = rank_env(rank, world_size, slot, self.name)
             env[ENV_MASTER_RENDEZVOUS] = rendezvous
@@ -292,7 +294,12 @@ class RayWorkerGroup:
 
         started = time.perf_counter()
         per_rank_args, per_rank_kwargs = per_rank_arguments(
-            entry.dispatch_fn(self, *args, **kwargs), self.world_size, f"{self.name}.{method}", entry.dispatch_fn, args, kwargs
+            entry.dispatch_fn(self, *args, **kwargs),
+            self.world_size,
+            f"{self.name}.{method}",
+            entry.dispatch_fn,
+            args,
+            kwargs,
         )
         ranks = list(range(self.world_size)) if execute == Execute.ALL else [0]
         refs = self._submit(method, ranks, per_rank_args, per_rank_kwargs)
@@ -306,7 +313,9 @@ class RayWorkerGroup:
         fetch: Callable[[list[ray.ObjectRef]], Any] = functools.partial(self._wait, ranks=ranks, method=method)
         if not blocking:
             fetch, collect = self._timed_async_get(method, ranks, time.perf_counter() - started, collect)
-        future = DataProtoFuture(refs, collect_fn=collect, fetch_fn=fetch, chunk_refs=chunk_refs, description=f"{self.name}.{method}")
+        future = DataProtoFuture(
+            refs, collect_fn=collect, fetch_fn=fetch, chunk_refs=chunk_refs, description=f"{self.name}.{method}"
+        )
         if not blocking:
             return future
         output = future.get()

@@ -91,7 +91,10 @@ class RLDataset(Dataset):
         extra_infos = table.column("extra_info").to_pylist() if "extra_info" in present else [None] * table.num_rows
         images = self._images(table, path)
 
-        texts = [self._render(self._with_vision_tokens(messages, images, path, row), path, row) for row, messages in enumerate(prompts)]
+        texts = [
+            self._render(self._with_vision_tokens(messages, images, path, row), path, row)
+            for row, messages in enumerate(prompts)
+        ]
         token_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]  # template already has specials
         for row, ids in enumerate(token_ids):
             ids = self._fit(list(ids), path, row, images[row] if images else None)
@@ -118,7 +121,9 @@ class RLDataset(Dataset):
         if not self.image_key or self.image_key not in table.column_names:
             return None if self.vision is None else [[] for _ in range(table.num_rows)]
         if self.vision is None:
-            raise ValueError(f"{path} has an image column {self.image_key!r} but the model is text-only (set data.image_key=null)")
+            raise ValueError(
+                f"{path} has an image column {self.image_key!r} but the model is text-only (set data.image_key=null)"
+            )
         return [row_image_bytes(cells) for cells in table.column(self.image_key).to_pylist()]
 
     def _with_vision_tokens(self, messages: Any, images: list[list[bytes]] | None, path: Path, row: int) -> Any:
@@ -126,7 +131,9 @@ class RLDataset(Dataset):
             return messages
         placeholders = placeholder_count(messages)
         if placeholders != len(images[row]):
-            raise ValueError(f"{path} row {row}: the prompt has {placeholders} <image> placeholders for {len(images[row])} images")
+            raise ValueError(
+                f"{path} row {row}: the prompt has {placeholders} <image> placeholders for {len(images[row])} images"
+            )
         return self.vision.expand(messages, [self.vision.tokens_of(encoded) for encoded in images[row]])
 
     def _render(self, messages: Any, path: Path, row: int) -> str:
@@ -147,8 +154,8 @@ class RLDataset(Dataset):
         if self.truncation == "error":
             raise ValueError(
                 f"{path} row {row}: prompt is {len(ids)} tokens, longer than max_prompt_length={limit} "
-                "(set data.truncation to 'left', 'right' or 'filter', drop such prompts with data.filter_overlong_prompts=true, "
-                "or raise data.max_prompt_length)"
+                "(set data.truncation to 'left', 'right' or 'filter', drop such prompts with "
+                "data.filter_overlong_prompts=true, or raise data.max_prompt_length)"
             )
         kept = ids[-limit:] if self.truncation == "left" else ids[:limit]
         if images and kept.count(self.vision.placeholder_id) != ids.count(self.vision.placeholder_id):

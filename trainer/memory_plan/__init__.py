@@ -10,13 +10,22 @@ from trainer.memory_plan.checks import plan_notes, startup_problems
 from trainer.memory_plan.gpu import GIB, detect_gpu_bytes
 from trainer.memory_plan.plan import COLUMNS, GpuGroup, MemoryPlan, Row, build_groups
 from trainer.memory_plan.report import (
-    CRITIC_OPTIMIZER_OFFLOAD, CRITIC_PARAM_OFFLOAD, LORA, LOWER_UTILIZATION, OPTIMIZER_OFFLOAD, PARAM_OFFLOAD, SMALLER_KV_CACHE,
-    misfit_message, render_plan, summary_line,
+    CRITIC_OPTIMIZER_OFFLOAD,
+    CRITIC_PARAM_OFFLOAD,
+    LORA,
+    LOWER_UTILIZATION,
+    OPTIMIZER_OFFLOAD,
+    PARAM_OFFLOAD,
+    SMALLER_KV_CACHE,
+    misfit_message,
+    render_plan,
+    summary_line,
 )
 from trainer.memory_plan.setup import PlanSetup, plan_setup
 
 __all__ = [
-    "COLUMNS", "GpuGroup", "MemoryPlan", "Row", "build_plan", "gpu_memory", "misfit_message", "render_plan", "summary_line",
+    "COLUMNS", "GpuGroup", "MemoryPlan", "Row", "build_plan", "gpu_memory", "misfit_message", "render_plan",
+    "summary_line",
 ]
 
 
@@ -41,7 +50,8 @@ def build_plan(cfg: DictConfig, gpu_bytes: int | None = None, gpu_source: str = 
     setup = plan_setup(cfg, on_gpu)
     return MemoryPlan(
         groups=build_groups(setup, gpu_bytes), gpu_bytes=gpu_bytes, gpu_source=gpu_source,
-        problems=startup_problems(setup, gpu_bytes), notes=plan_notes(setup, gpu_bytes), settings_on=_settings_on(setup),
+        problems=startup_problems(setup, gpu_bytes), notes=plan_notes(setup, gpu_bytes),
+        settings_on=_settings_on(setup),
     )
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 
 from trainer.memory_plan.gpu import GIB
-from trainer.memory_plan.plan import FIXED_KV_ALLOWANCE_BYTES, RUNTIME_BYTES, engine_gpus, engine_weight_bytes, utilization_bytes
+from trainer.memory_plan.plan import (
+    FIXED_KV_ALLOWANCE_BYTES,
+    RUNTIME_BYTES,
+    engine_gpus,
+    engine_weight_bytes,
+    utilization_bytes,
+)
 from trainer.memory_plan.residency import role_memory
 from trainer.memory_plan.setup import PlanSetup
 from trainer.memory_plan.terms import kv_cache_bytes
@@ -33,7 +39,9 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     if fixed_kv:
         # vLLM's own check (kv_cache_utils._check_enough_kv_cache_memory), whose message would ask for a
         # higher gpu_memory_utilization, which a fixed cache ignores. About: vLLM counts whole blocks.
-        one_sequence = kv_cache_bytes(setup.actor.shape, rollout.engine_e, 1, rollout.max_model_len) // engine_gpus(rollout)
+        one_sequence = (
+            kv_cache_bytes(setup.actor.shape, rollout.engine_e, 1, rollout.max_model_len) // engine_gpus(rollout)
+        )
         if rollout.kv_cache_bytes < one_sequence:
             least = math.ceil(one_sequence / GIB * 100) / 100
             problems.append(
@@ -48,8 +56,8 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     # With a fixed KV cache vLLM does not fit the engine into its budget: the budget only gates the start (below).
     if not fixed_kv and budget < weights + ENGINE_HEADROOM_BYTES:
         problems.append(
-            f"{UTILIZATION_KEY}={rollout.gpu_memory_utilization} gives the vLLM engine {gib(budget)} per GPU, less than its "
-            f"weights ({gib(weights)}) plus room for a KV cache; raise it"
+            f"{UTILIZATION_KEY}={rollout.gpu_memory_utilization} gives the vLLM engine {gib(budget)} per GPU, "
+            f"less than its weights ({gib(weights)}) plus room for a KV cache; raise it"
         )
     if rollout.placement == "hybrid":
         # The engine starts after the actor (and a separate reference) loaded, before anything is offloaded.
@@ -66,9 +74,9 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
                 f"{gib(FIXED_KV_ALLOWANCE_BYTES)})" if fixed_kv else ""
             )
             problems.append(
-                f"{UTILIZATION_KEY}={rollout.gpu_memory_utilization} asks {gib(budget)} when the hybrid vLLM engine starts, but only "
-                f"{gib(free)} are free then (the actor's and reference's weights are on the GPU); vLLM refuses to "
-                f"start: lower it to at most {most:.2f}{only_gate}"
+                f"{UTILIZATION_KEY}={rollout.gpu_memory_utilization} asks {gib(budget)} when the hybrid vLLM engine "
+                f"starts, but only {gib(free)} are free then (the actor's and reference's weights are on the GPU); "
+                f"vLLM refuses to start: lower it to at most {most:.2f}{only_gate}"
             )
     return problems
 
@@ -77,7 +85,11 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     notes = [
         f"sequences at their maximum: {setup.prompt} prompt + {setup.response} response tokens, every response full "
         f"length; micro-batches of {setup.update.tokens} tokens per GPU (update), "
-        + (f"{setup.old_log_prob.tokens} (old log-probs), " if setup.old_log_prob else "no old log-prob pass (the update gives them), ")
+        + (
+            f"{setup.old_log_prob.tokens} (old log-probs), "
+            if setup.old_log_prob
+            else "no old log-prob pass (the update gives them), "
+        )
         + ("packed" if setup.packed else "padded"),
         f"'other' holds {gib(RUNTIME_BYTES)} per GPU process for the CUDA context, cuBLAS/NCCL workspaces and "
         "allocator slack (an allowance), and weight-sync buffers",
@@ -99,15 +111,15 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
         if shares_base:
             whole = actor.e * actor.shape.total_params()
             engine_note = (
-                f"the base is shared with the hybrid vLLM engine (rollout.share_base_weights): one copy ({gib(whole)}), "
-                "the engine's, under weights while it sleeps (its sleep frees only the KV cache) and inside its share "
-                "while awake; the actor's own copy lives only until the engine has started, and only the adapters "
-                "move with param_offload"
+                "the base is shared with the hybrid vLLM engine (rollout.share_base_weights): "
+                f"one copy ({gib(whole)}), the engine's, under weights while it sleeps (its sleep frees only the KV "
+                "cache) and inside its share while awake; the actor's own copy lives only until the engine has "
+                "started, and only the adapters move with param_offload"
             )
         notes.append(
-            f"LoRA rank {actor.train.lora_rank} on {list(actor.train.lora_targets)}: base weights frozen in the compute "
-            f"dtype, float32 adapters with their gradients and AdamW state; the reference is the base model (adapters "
-            f"off); {engine_note}"
+            f"LoRA rank {actor.train.lora_rank} on {list(actor.train.lora_targets)}: base weights frozen in the "
+            "compute dtype, float32 adapters with their gradients and AdamW state; the reference is the base model "
+            f"(adapters off); {engine_note}"
         )
     rollout = setup.rollout
     if rollout.name == "vllm" and rollout.kv_cache_bytes is not None:
@@ -120,7 +132,12 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     elif rollout.name == "vllm" and not gpu_bytes:
         notes.append("the GPU's memory is unknown: the vLLM engine's share (gpu_memory_utilization x the GPU) is left "
                      "out; set trainer.gpu_memory_gib")
-    if setup.on_gpu and setup.rollout.name == "vllm" and setup.rollout.placement == "hybrid" and not setup.rollout.sleeps:
+    if (
+        setup.on_gpu
+        and setup.rollout.name == "vllm"
+        and setup.rollout.placement == "hybrid"
+        and not setup.rollout.sleeps
+    ):
         notes.append("the hybrid engine does not sleep (rollout.enable_sleep / free_cache_engine false): it keeps its "
                      "share of the GPU in every phase")
     host = 0

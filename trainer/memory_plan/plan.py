@@ -21,7 +21,12 @@ from trainer.memory_plan.residency import RoleMemory, role_memory
 from trainer.memory_plan.setup import Batching, ModelRole, PlanSetup, RolloutSetup
 from trainer.memory_plan.shape import lora_params
 from trainer.memory_plan.terms import (
-    Trainability, backward_peak_bytes, forward_peak_bytes, kv_cache_bytes, logits_bytes, model_saved_bytes,
+    Trainability,
+    backward_peak_bytes,
+    forward_peak_bytes,
+    kv_cache_bytes,
+    logits_bytes,
+    model_saved_bytes,
 )
 from workers.cached_blocks_limit import CACHED_BLOCKS_LIMIT
 from workers.lora.spec import VLLM_MAX_LORA_RANKS
@@ -352,7 +357,9 @@ def _trainer_rows(gpu: _TrainerGpu) -> list[Row]:
         rows.append(Row("actor", "old_log_prob", "log-probs + entropy", _add(gpu.during("old_log_prob"), forward)))
     if setup.lora_reference and gpu.has("actor"):
         forward = gpu.forward("actor", setup.ref_log_prob, "log_probs")
-        rows.append(Row("actor", "ref_log_prob", "base model (adapters off)", _add(gpu.during("ref_log_prob"), forward)))
+        rows.append(
+            Row("actor", "ref_log_prob", "base model (adapters off)", _add(gpu.during("ref_log_prob"), forward))
+        )
     elif gpu.has("ref"):
         resident = gpu.during("ref_log_prob", loaded=("ref",))
         slack = _load_slack(gpu, gpu.during("ref_log_prob"), resident)
@@ -372,8 +379,9 @@ def _trainer_rows(gpu: _TrainerGpu) -> list[Row]:
 
 def _update_rows(gpu: _TrainerGpu, name: str, phase: str, batch: Batching, logits: bool) -> list[Row]:
     """The end of a training forward (activations and logits kept for backward, gradients of
-    earlier micro-batches) and, where it is higher, the optimizer step (on CPU, foreach AdamW's temporary; fused AdamW on GPU makes none).
-    With optimizer_offload the model's optimizer state is on the GPU inside its step only."""
+    earlier micro-batches) and, where it is higher, the optimizer step (on CPU, foreach AdamW's temporary;
+    fused AdamW on GPU makes none). With optimizer_offload the model's optimizer state is on the GPU inside
+    its step only."""
     mem = gpu.memory[name]
     base = gpu.during(phase)
     stepping = gpu.during(phase, stepping=name)  # the model's optimizer state, for its own step
@@ -399,13 +407,21 @@ def build_groups(setup: PlanSetup, gpu_bytes: int | None) -> list[GpuGroup]:
     staging = 0
     if separate:  # the broadcast sender's two staging buffers (rank 0), kept between syncs
         actor_mem = role_memory(setup.actor, setup.gpus_per_pool)
-        staging = 2 * max(rollout.bucket_bytes, actor_mem.largest_tensor) if actor_mem.synced_params == setup.actor.shape.total_params() else 0
+        staging = (
+            2 * max(rollout.bucket_bytes, actor_mem.largest_tensor)
+            if actor_mem.synced_params == setup.actor.shape.total_params()
+            else 0
+        )
     actor_roles = [setup.actor] + ([setup.ref] if setup.ref else [])
     others = [r for r in (setup.critic, setup.reward_model) if r is not None]
     n = setup.gpus_per_pool
     groups: list[GpuGroup] = []
     if setup.placement == "separate":
-        groups.append(GpuGroup("actor GPUs", n, tuple(_trainer_rows(_TrainerGpu(setup, actor_roles, engine if hybrid else 0, staging)))))
+        groups.append(
+            GpuGroup(
+                "actor GPUs", n, tuple(_trainer_rows(_TrainerGpu(setup, actor_roles, engine if hybrid else 0, staging)))
+            )
+        )
         for role in others:
             groups.append(GpuGroup(f"{role.name} GPUs", n, tuple(_trainer_rows(_TrainerGpu(setup, [role], 0, 0)))))
     else:
@@ -413,6 +429,8 @@ def build_groups(setup: PlanSetup, gpu_bytes: int | None) -> list[GpuGroup]:
         groups.append(GpuGroup("trainer GPUs", n, tuple(_trainer_rows(gpu))))
     if separate and not rollout.shares_trainer_gpu:
         gpus = rollout.num_engines * rollout.tp
-        row = Row("rollout", "rollout_generate", "engine (weights + KV cache)", _parts(engine=engine, other=RUNTIME_BYTES))
+        row = Row(
+            "rollout", "rollout_generate", "engine (weights + KV cache)", _parts(engine=engine, other=RUNTIME_BYTES)
+        )
         groups.append(GpuGroup("rollout GPUs", gpus, (row,)))
     return groups

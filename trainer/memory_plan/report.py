@@ -17,7 +17,10 @@ CHUNKED_LOGITS = (
     "a smaller actor_rollout_ref.model.logits_chunk_tokens (log-probs from the LM head in chunks of tokens; "
     "0 computes the full logits)"
 )
-SMALLER_MICRO = "smaller micro-batches (actor.ppo_micro_batch_size_per_gpu, rollout/ref.log_prob_micro_batch_size_per_gpu, or the *_max_token_len_per_gpu budgets)"
+SMALLER_MICRO = (
+    "smaller micro-batches (actor.ppo_micro_batch_size_per_gpu, rollout/ref.log_prob_micro_batch_size_per_gpu, "
+    "or the *_max_token_len_per_gpu budgets)"
+)
 ULYSSES = (
     "Ulysses sequence parallelism (actor_rollout_ref.actor.ulysses_sequence_parallel_size: GPUs sharing each sequence)"
 )
@@ -59,7 +62,9 @@ def render_plan(plan: MemoryPlan) -> str:
         widths = [max(len(r[i]) for r in table) for i in range(len(header))]
         lines.append(f"\n{group.name} ({group.gpus}):")
         for i, cells in enumerate(table):
-            lines.append("  " + "  ".join(c.ljust(w) if j < 3 else c.rjust(w) for j, (c, w) in enumerate(zip(cells, widths))))
+            lines.append(
+                "  " + "  ".join(c.ljust(w) if j < 3 else c.rjust(w) for j, (c, w) in enumerate(zip(cells, widths)))
+            )
             if i == 0:
                 lines.append("  " + "  ".join("-" * w for w in widths))
     lines.append("")
@@ -77,13 +82,18 @@ def _where(plan: MemoryPlan) -> tuple[str, Row]:
 def verdict(plan: MemoryPlan) -> str:
     where, row = _where(plan)
     if plan.gpu_bytes is None:
-        return f"peak {gib(row.total)} per GPU ({where}); the GPU's memory is unknown: set trainer.gpu_memory_gib to check the fit"
+        return (
+            f"peak {gib(row.total)} per GPU ({where}); the GPU's memory is unknown: "
+            "set trainer.gpu_memory_gib to check the fit"
+        )
     spare = plan.gpu_bytes - row.total
     if plan.fits():
         return f"fits: peak {gib(row.total)} of {gib(plan.gpu_bytes)} per GPU ({where}), {gib(spare)} to spare"
     if spare < 0:
         return f"does not fit: peak {gib(row.total)} of {gib(plan.gpu_bytes)} per GPU ({where}), short by {gib(-spare)}"
-    return f"does not fit: peak {gib(row.total)} of {gib(plan.gpu_bytes)} per GPU ({where}), but vLLM cannot start (below)"
+    return (
+        f"does not fit: peak {gib(row.total)} of {gib(plan.gpu_bytes)} per GPU ({where}), but vLLM cannot start (below)"
+    )
 
 
 def summary_line(plan: MemoryPlan) -> str:

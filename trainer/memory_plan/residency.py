@@ -3,8 +3,9 @@ FSDP2 and Megatron workers hold them.
 
 FSDP2 (workers/fsdp/model_loading.py, optim.py): a trainable model keeps float32 master weights sharded over
 the pool, float32 gradients and AdamW's two float32 moments; on CPU `optimizer.step()` (foreach AdamW)
-makes one float32 temporary of the moments' size (on GPU the fused AdamW makes none). A frozen model (reference, reward model) is stored in the compute
-dtype. With LoRA the base is frozen in the compute dtype and only the float32 adapter factors train.
+makes one float32 temporary of the moments' size (on GPU the fused AdamW makes none). A frozen model
+(reference, reward model) is stored in the compute dtype. With LoRA the base is frozen in the compute dtype
+and only the float32 adapter factors train.
 In a forward/backward FSDP2 holds unsharded compute-dtype copies of the root unit (embedding, final norm,
 head) and of the layer being computed plus the one prefetched; backward reduces one layer's gradients at a
 time (its compute-dtype gradients, a float32 copy and the float32 shard).

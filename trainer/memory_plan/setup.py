@@ -195,7 +195,8 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     if strategy == "fsdp":
         chunk = int(_get(cfg, "actor_rollout_ref.model.logits_chunk_tokens", DEFAULT_LOGITS_CHUNK_TOKENS))
     actor = ModelRole(
-        "actor", actor_shape, "lm", e, strategy, train, bool(arr.model.enable_gradient_checkpointing) and strategy == "fsdp",
+        "actor", actor_shape, "lm", e, strategy, train,
+        bool(arr.model.enable_gradient_checkpointing) and strategy == "fsdp",
         bool(offload.get("param_offload", False)) and on_gpu, bool(offload.get("optimizer_offload", False)) and on_gpu,
         **parallel,
         logits_chunk_tokens=chunk, kept_layers=_kept_layers(arr.model, actor_shape),
@@ -223,7 +224,8 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
             Trainability(full=True), bool(section.model.enable_gradient_checkpointing) and critic_strategy == "fsdp",
             bool(critic_offload.get("param_offload", False)) and moves,
             bool(critic_offload.get("optimizer_offload", False)) and moves,
-            **(_megatron(section) if critic_strategy == "megatron" else {}), kept_layers=_kept_layers(section.model, critic_shape),
+            **(_megatron(section) if critic_strategy == "megatron" else {}),
+            kept_layers=_kept_layers(section.model, critic_shape),
         )
         dynamic = bool(section.use_dynamic_bsz)
         critic_sp = int(_get(cfg, "critic.ulysses_sequence_parallel_size", 1))
@@ -240,15 +242,20 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     if bool(rm.enable) and rm.model.path:
         reward_model = ModelRole("reward_model", read_shape(str(rm.model.path), "reward_model.model.path"), "score",
                                  dtype_bytes(str(rm.model.dtype), on_gpu), "fsdp", None)
-        reward_forward = Batching.of(rows, int(rm.micro_batch_size_per_gpu), bool(rm.use_dynamic_bsz), int(rm.forward_max_token_len_per_gpu), prompt, response)
+        reward_forward = Batching.of(rows, int(rm.micro_batch_size_per_gpu), bool(rm.use_dynamic_bsz),
+                                     int(rm.forward_max_token_len_per_gpu), prompt, response)
     ro = arr.rollout
-    shares = str(ro.placement) == "separate" and float(_get(cfg, "actor_rollout_ref.rollout.gpus_per_engine", None) or 1) < 1
+    shares = (
+        str(ro.placement) == "separate" and float(_get(cfg, "actor_rollout_ref.rollout.gpus_per_engine", None) or 1) < 1
+    )
     kv_cache_gib = _get(cfg, "actor_rollout_ref.rollout.kv_cache_gib", None)
     rollout = RolloutSetup(
         name=str(ro.name), placement=str(ro.placement), gpu_memory_utilization=float(ro.gpu_memory_utilization),
-        sleeps=bool(ro.enable_sleep) and bool(ro.free_cache_engine) and on_gpu and not shares, num_engines=int(ro.num_engines),
-        tp=int(ro.tensor_model_parallel_size), bucket_bytes=int(ro.weight_sync_bucket_mb) << 20, shares_trainer_gpu=shares,
-        shares_base=_shares_base(cfg, train, strategy, on_gpu), engine_e=dtype_bytes(_engine_dtype(cfg, on_gpu), on_gpu),
+        sleeps=bool(ro.enable_sleep) and bool(ro.free_cache_engine) and on_gpu and not shares,
+        num_engines=int(ro.num_engines), tp=int(ro.tensor_model_parallel_size),
+        bucket_bytes=int(ro.weight_sync_bucket_mb) << 20, shares_trainer_gpu=shares,
+        shares_base=_shares_base(cfg, train, strategy, on_gpu),
+        engine_e=dtype_bytes(_engine_dtype(cfg, on_gpu), on_gpu),
         kv_cache_bytes=int(float(kv_cache_gib) * GIB) if kv_cache_gib is not None and on_gpu else None,
         max_model_len=int(_get(cfg, "actor_rollout_ref.rollout.max_model_len", prompt + response)),
     )

@@ -49,9 +49,15 @@ class ModelShape:
     def from_config(cls, config: Mapping[str, Any]) -> "ModelShape":
         """From the dict of a `config.json` (a multimodal config's `text_config` when it has one)."""
         config = language_model_config(config)
-        missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in config]
+        missing = [
+            k
+            for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+            if k not in config
+        ]
         if missing:
-            raise ValueError(f"config.json has no {missing}; the memory plan needs a decoder-only language model's config")
+            raise ValueError(
+                f"config.json has no {missing}; the memory plan needs a decoder-only language model's config"
+            )
         model_type = str(config.get("model_type", "unknown"))
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
@@ -134,7 +140,11 @@ def lora_targets(target_modules: Any, exclude_modules: Any = None) -> tuple[str,
     else:
         names = [target_modules] if isinstance(target_modules, str) else list(target_modules)
         names = [n for n in LINEAR_NAMES if n in names]
-    excluded = [] if exclude_modules is None else ([exclude_modules] if isinstance(exclude_modules, str) else list(exclude_modules))
+    excluded = (
+        []
+        if exclude_modules is None
+        else ([exclude_modules] if isinstance(exclude_modules, str) else list(exclude_modules))
+    )
     return tuple(n for n in names if n not in excluded)
 
 

@@ -83,7 +83,12 @@ def layer_saved_bytes(shape: ModelShape, e: int, train: Trainability = FULL, kv_
 
 
 def model_saved_bytes(
-    shape: ModelShape, e: int, checkpointing: bool, train: Trainability = FULL, kv_repeated: bool = True, kept_layers: int = 0
+    shape: ModelShape,
+    e: int,
+    checkpointing: bool,
+    train: Trainability = FULL,
+    kv_repeated: bool = True,
+    kept_layers: int = 0,
 ) -> int:
     """Bytes per token the whole decoder keeps for backward (the LM head's side is in `logits_bytes`).
     With gradient checkpointing only each layer's input stays; its activations are recomputed in backward
@@ -98,7 +103,12 @@ def model_saved_bytes(
 
 
 def backward_peak_bytes(
-    shape: ModelShape, e: int, checkpointing: bool, train: Trainability = FULL, kv_repeated: bool = True, kept_layers: int = 0
+    shape: ModelShape,
+    e: int,
+    checkpointing: bool,
+    train: Trainability = FULL,
+    kv_repeated: bool = True,
+    kept_layers: int = 0,
 ) -> int:
     """Bytes per token that the backward of the layers allocates beyond the saved tensors (fitted to torch's
     allocations on CPU, tests/trainer/test_memory_plan_terms.py): without checkpointing the gradients of the

@@ -39,4 +39,6 @@ def open_backend(entry: str, run: RunInfo, print_fn: Callable[[str], Any] = prin
         raise
     except Exception as error:  # noqa: BLE001 - e.g. wandb without an account: one line naming the entry
         hint = " (WANDB_MODE=offline logs without an account or network)" if entry == "wandb" else ""
-        raise TrackerError(f"trainer.logger entry {entry!r} could not start: {type(error).__name__}: {error}{hint}") from error
+        raise TrackerError(
+            f"trainer.logger entry {entry!r} could not start: {type(error).__name__}: {error}{hint}"
+        ) from error

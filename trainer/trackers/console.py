@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-CONSOLE_KEYS = ("reward/mean", "val/reward_mean", "actor/pg_loss", "actor/kl_loss", "timing/step_s", "perf/tokens_per_s",
-                "perf/mfu/update_actor")
+CONSOLE_KEYS = ("reward/mean", "val/reward_mean", "actor/pg_loss", "actor/kl_loss", "timing/step_s",
+                "perf/tokens_per_s", "perf/mfu/update_actor")
 # (the config key that turns a feature on, the value that means on (None: any truthy value), its key metrics)
 FEATURE_KEYS: tuple[tuple[str, Any, tuple[str, ...]], ...] = (
     # DAPO's dynamic sampling: groups kept (mixed), dropped (uniform), generation batches drawn for the step

@@ -43,14 +43,21 @@ def _chunks(items: list, size: int) -> Iterator[list]:
 
 class MlflowTracker:
     def __init__(
-        self, project_name: str, experiment_name: str, config: dict[str, Any], log_dir: Path, resume_step: int | None = None
+        self,
+        project_name: str,
+        experiment_name: str,
+        config: dict[str, Any],
+        log_dir: Path,
+        resume_step: int | None = None,
     ) -> None:
         from mlflow.entities import Param
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
         local_store = not os.environ.get("MLFLOW_TRACKING_URI")
-        uri = f"sqlite:///{(Path(log_dir) / 'mlflow.db').resolve()}" if local_store else os.environ["MLFLOW_TRACKING_URI"]
+        uri = (
+            f"sqlite:///{(Path(log_dir) / 'mlflow.db').resolve()}" if local_store else os.environ["MLFLOW_TRACKING_URI"]
+        )
         self.client = MlflowClient(tracking_uri=uri)
         self.record = RunRecord(Path(log_dir) / "mlflow_run.json", resume_step, store=uri)
         params = {key: value for key, value in flatten(config) if len(key) <= MAX_KEY}
@@ -64,7 +71,9 @@ class MlflowTracker:
         if run is None:
             artifacts = (Path(log_dir) / "mlflow_artifacts").resolve().as_uri() if local_store else None
             experiment = self.client.get_experiment_by_name(project_name)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(project_name, artifacts)
+            experiment_id = (
+                experiment.experiment_id if experiment else self.client.create_experiment(project_name, artifacts)
+            )
             run = self.client.create_run(experiment_id, run_name=experiment_name)
             logged: dict[str, str] = {}
         else:
@@ -74,7 +83,10 @@ class MlflowTracker:
             self.client.log_batch(run.info.run_id, params=chunk)
         changed = sorted(key for key, value in params.items() if key in logged and logged[key] != value)
         if changed:
-            print(f"mlflow: run {run.info.run_id} keeps its first values of the params {changed} (mlflow params can not change)")
+            print(
+                f"mlflow: run {run.info.run_id} keeps its first values of the params {changed} "
+                "(mlflow params can not change)"
+            )
         self.record.start(run.info.run_id)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:

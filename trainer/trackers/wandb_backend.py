@@ -14,7 +14,12 @@ from trainer.trackers.run_record import RunRecord
 
 class WandbTracker:
     def __init__(
-        self, project_name: str, experiment_name: str, config: dict[str, Any], log_dir: Path, resume_step: int | None = None
+        self,
+        project_name: str,
+        experiment_name: str,
+        config: dict[str, Any],
+        log_dir: Path,
+        resume_step: int | None = None,
     ) -> None:
         import wandb
 

@@ -46,7 +46,10 @@ class InferenceEngine:
             from workers.engines.hf_inference_worker import HFInferenceWorker as worker_class
 
             if tensor_parallel_size != 1:
-                raise ValueError(f"executor 'hf' runs one whole model per engine; tensor_parallel_size must be 1, got {tensor_parallel_size}")
+                raise ValueError(
+                    "executor 'hf' runs one whole model per engine; "
+                    f"tensor_parallel_size must be 1, got {tensor_parallel_size}"
+                )
         else:
             from workers.rollout.vllm_worker import VLLMRolloutWorker as worker_class
         rollout = {"name": "vllm", "placement": "separate", "tensor_model_parallel_size": tensor_parallel_size,
@@ -99,7 +102,9 @@ class TrainEngine:
         from workers.engines.train_module import TrainModule
 
         if not isinstance(module, TrainModule):
-            raise TypeError(f"{type(module).__name__} must subclass workers.engines.TrainModule (next to its model class)")
+            raise TypeError(
+                f"{type(module).__name__} must subclass workers.engines.TrainModule (next to its model class)"
+            )
         from workers.engines.materialize import clear_stale_requires_grad
 
         clear_stale_requires_grad(module)  # what trains on the workers is what trains here
@@ -122,7 +127,9 @@ class TrainEngine:
         else:
             self.use_gpu = _default_use_gpu(use_gpu)
             self.pool, self._owns_pool = RayResourcePool([world_size], use_gpu=self.use_gpu, name_prefix="train_"), True
-        self.group = RayWorkerGroup(self.pool, RayClassWithInitArgs(ModuleWorker, **self.worker_args), name_prefix="train")
+        self.group = RayWorkerGroup(
+            self.pool, RayClassWithInitArgs(ModuleWorker, **self.worker_args), name_prefix="train"
+        )
         self._materialize()
         return self
 
@@ -141,8 +148,12 @@ class TrainEngine:
             raise AttributeError(name)
         method = getattr(type(self.module), name, None)
         if method is None or not inspect.isfunction(method):
-            public = sorted(n for n, v in vars(type(self.module)).items() if inspect.isfunction(v) and not n.startswith("_"))
-            raise AttributeError(f"{type(self.module).__name__} has no public method {name!r}; its own methods: {public}")
+            public = sorted(
+                n for n, v in vars(type(self.module)).items() if inspect.isfunction(v) and not n.startswith("_")
+            )
+            raise AttributeError(
+                f"{type(self.module).__name__} has no public method {name!r}; its own methods: {public}"
+            )
 
         def call(*args: Any, **kwargs: Any) -> list[Any]:
             if self.released:
@@ -176,7 +187,9 @@ class TrainEngine:
         return self._require_group().full_state(exported)[0]
 
     # ---- weights to an inference engine ---------------------------------------------------------------
-    def p2p_weight_sync(self, infer: InferenceEngine, verify: bool = True, tolerance: float | None = None) -> dict[str, float]:
+    def p2p_weight_sync(
+        self, infer: InferenceEngine, verify: bool = True, tolerance: float | None = None
+    ) -> dict[str, float]:
         """Send the exported weights (output hook applied) to every engine of `infer`, by the path their
         placement allows (`sync_path`): CUDA IPC when the engines share the train ranks' GPUs, a bucketed
         NCCL broadcast from rank 0 when they are on other GPUs, gloo on CPU. With `verify`, each engine's
@@ -206,7 +219,9 @@ class TrainEngine:
                    "verify_tolerance": tolerance}
         # The engine may have loaded other weights than the module holds: the first call always sends, and is
         # not checked for a change of weights (later ones are, against the module's fingerprint of what it sends).
-        return SeparateWeightSync(train, engines, options, infer.model_path, self.use_gpu, engines_start_from_trainer=False)
+        return SeparateWeightSync(
+            train, engines, options, infer.model_path, self.use_gpu, engines_start_from_trainer=False
+        )
 
     def shutdown(self) -> None:
         if self.group is not None:

@@ -37,5 +37,7 @@ class IpcEngineSync:
         if self.verify:
             trainer = self.train.probe_log_probs()[0]
             engines = self.infer.probe_log_probs(self.vocab_size)
-            metrics.update(verify_engines(trainer, engines, self.layouts[0].slots[0].dtype, self.tolerance, "CUDA IPC weight sync"))
+            metrics.update(
+                verify_engines(trainer, engines, self.layouts[0].slots[0].dtype, self.tolerance, "CUDA IPC weight sync")
+            )
         return metrics

@@ -32,7 +32,9 @@ def _allocate_meta_parameters(module: nn.Module, device: torch.device, dtype: to
     for sub in module.modules():
         for name, param in list(sub._parameters.items()):
             if param is not None and param.is_meta:
-                sub._parameters[name] = nn.Parameter(torch.empty(param.shape, dtype=dtype, device=device), param.requires_grad)
+                sub._parameters[name] = nn.Parameter(
+                    torch.empty(param.shape, dtype=dtype, device=device), param.requires_grad
+                )
         for name, buffer in list(sub._buffers.items()):
             if buffer is not None:
                 sub._buffers[name] = buffer.to(device)
@@ -45,7 +47,11 @@ def _source_tensors(module: Any, folder: Path) -> Iterator[tuple[str, torch.Tens
     from transformers import PreTrainedModel
 
     if isinstance(module, PreTrainedModel):
-        base_class = next(c for c in type(module).__mro__ if issubclass(c, PreTrainedModel) and c.__module__.startswith("transformers."))
+        base_class = next(
+            c
+            for c in type(module).__mro__
+            if issubclass(c, PreTrainedModel) and c.__module__.startswith("transformers.")
+        )
         yield from base_class.from_pretrained(str(folder), dtype=torch.float32).state_dict().items()
         return
     files = sorted(folder.glob("*.safetensors"))

@@ -116,7 +116,9 @@ class ModuleWorker(SyncGroupHostMixin, Worker):
     @register(Dispatch.RANK_ZERO)
     def weight_sync_layouts(self) -> list[BucketLayout]:
         dtype = self._sync_dtype()
-        return plan_buckets(((n, tuple(t.shape), dtype) for n, t in self._exported(meta=True).items()), self.bucket_bytes)
+        return plan_buckets(
+            ((n, tuple(t.shape), dtype) for n, t in self._exported(meta=True).items()), self.bucket_bytes
+        )
 
     @register(Dispatch.RANK_ZERO)
     def current_weights_version(self) -> int:
@@ -130,7 +132,10 @@ class ModuleWorker(SyncGroupHostMixin, Worker):
         start = time.perf_counter()
         taken = WeightFingerprint() if fingerprint and self.rank == 0 else None
         sent = send_broadcast(
-            self._exported_buckets(layouts), self._sync_group if self.rank == 0 else None, self.device, fingerprint=taken
+            self._exported_buckets(layouts),
+            self._sync_group if self.rank == 0 else None,
+            self.device,
+            fingerprint=taken,
         )
         metrics = {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
         return metrics if taken is None else {**metrics, TRAINER_FINGERPRINT: taken.value}

@@ -42,7 +42,8 @@ def choose_sync_path(train: list[NodeInfo], infer: list[NodeInfo], use_gpu: bool
     if not any(_overlap(rank_zero, info) for info in infer):  # the broadcast group is rank 0 plus the engines
         return SyncPath(NCCL)
     placement = ", ".join(
-        f"inference rank {info.rank} on GPU {list(info.gpu_ids)} ({'with' if rank is not None else 'without'} a train rank)"
+        f"inference rank {info.rank} on GPU {list(info.gpu_ids)} "
+        f"({'with' if rank is not None else 'without'} a train rank)"
         for info, rank in zip(infer, shared)
     )
     raise ValueError(

@@ -78,7 +78,9 @@ def _options(trainable_only: bool) -> StateDictOptions:
     return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
 
 
-def _state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer, trainable_only: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def _state_dicts(
+    model: nn.Module, optimizer: torch.optim.Optimizer, trainable_only: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
     if trainable_only:  # ignore_frozen_params keeps a frozen tied weight under its second name (lm_head)
         trainable = {name for name, param in model.named_parameters() if param.requires_grad}
@@ -87,7 +89,12 @@ def _state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer, trainable_o
 
 
 def save_sharded(
-    path: str, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any], rank: int, trainable_only: bool = False
+    path: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+    rank: int,
+    trainable_only: bool = False,
 ) -> None:
     """Collective: every rank writes its model/optimizer shard and its own extra state. With
     `trainable_only`, frozen parameters are left out (they are reloaded from the model folder)."""
@@ -117,13 +124,20 @@ def load_sharded(
     extra = torch.load(extra_file, weights_only=True)
     for key, expected in (must_match or {}).items():
         if extra.get(key) != expected:
-            raise ValueError(f"checkpoint {path!r} was saved with {key}={extra.get(key)!r}, this run has {key}={expected!r}; resume with the same settings")
+            raise ValueError(
+                f"checkpoint {path!r} was saved with {key}={extra.get(key)!r}, this run has {key}={expected!r}; "
+                "resume with the same settings"
+            )
     # The templates tell DCP which shard of each tensor this rank reads (the optimizer state is created).
     model_sd, optim_sd = _state_dicts(model, optimizer, trainable_only)
     state = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=os.path.join(path, DCP_SUBDIR))
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=_options(trainable_only)
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=_options(trainable_only),
     )
     set_rng_state(extra.pop("rng"))
     for key in must_match or {}:

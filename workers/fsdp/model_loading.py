@@ -42,7 +42,12 @@ def device_mesh(device: torch.device) -> DeviceMesh:
 
 def transformer_layers(model: nn.Module) -> list[nn.Module]:
     """Decoder layers of an HF model: the units sharded (and all-gathered) one at a time."""
-    bases = (getattr(model, getattr(model, "base_model_prefix", ""), None), getattr(model, "model", None), model, language_model(model))
+    bases = (
+        getattr(model, getattr(model, "base_model_prefix", ""), None),
+        getattr(model, "model", None),
+        model,
+        language_model(model),
+    )
     for base in bases:
         layers = getattr(base, "layers", None)
         if isinstance(layers, nn.ModuleList) and len(layers) > 0:

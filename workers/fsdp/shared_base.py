@@ -27,7 +27,9 @@ GIB = float(1 << 30)
 SETTING = "rollout.share_base_weights"
 
 
-def resolve_base_sharing(config: Mapping[str, Any], trainer_dtype: torch.dtype, engine_dtype: torch.dtype, where: str = "") -> bool:
+def resolve_base_sharing(
+    config: Mapping[str, Any], trainer_dtype: torch.dtype, engine_dtype: torch.dtype, where: str = ""
+) -> bool:
     """Whether this actor shares its base with its engine: `rollout.share_base_weights` null means where
     the config allows it; true where it does not is a ValueError (the config check catches most cases
     before Ray starts; the dtypes "auto" resolve only here)."""
@@ -37,9 +39,13 @@ def resolve_base_sharing(config: Mapping[str, Any], trainer_dtype: torch.dtype, 
     problems = base_sharing_problems(config, where)
     if trainer_dtype != engine_dtype:
         key = f"{where}." if where else ""
-        problems.append(f"the engine computes in {engine_dtype} ({key}rollout.dtype) and the actor's base is {trainer_dtype}")
+        problems.append(
+            f"the engine computes in {engine_dtype} ({key}rollout.dtype) and the actor's base is {trainer_dtype}"
+        )
     if problems and setting is True:
-        raise ValueError(f"{SETTING}=true cannot share the actor's base weights with the rollout engine: {'; '.join(problems)}")
+        raise ValueError(
+            f"{SETTING}=true cannot share the actor's base weights with the rollout engine: {'; '.join(problems)}"
+        )
     return not problems
 
 
@@ -69,7 +75,10 @@ class SharingReport:
         }
 
     def summary(self) -> str:
-        text = f"LoRA base shared with the vLLM engine: {_size(self.shared_bytes)} of {_size(self.base_bytes)} on this rank"
+        text = (
+            f"LoRA base shared with the vLLM engine: {_size(self.shared_bytes)} of {_size(self.base_bytes)} "
+            "on this rank"
+        )
         if self.unshared:
             listed = "; ".join(f"{name}: {why}" for name, why in list(self.unshared.items())[:5])
             more = f" (and {len(self.unshared) - 5} more)" if len(self.unshared) > 5 else ""

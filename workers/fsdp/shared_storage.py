@@ -98,7 +98,9 @@ def rows_of(param: Any, whole: torch.Tensor) -> torch.Tensor:
 def _over(storage: torch.UntypedStorage, like: torch.Tensor, offset: int, shape: tuple[int, ...]) -> torch.Tensor:
     """A tensor of `like`'s dtype over `storage` from element `offset`, contiguous, and not a view: a view
     would keep the tensor it was taken from (its `_base`) alive."""
-    return torch.empty(0, dtype=like.dtype, device=like.device).set_(storage, offset, shape, torch.empty(shape, device="meta").stride())
+    return torch.empty(0, dtype=like.dtype, device=like.device).set_(
+        storage, offset, shape, torch.empty(shape, device="meta").stride()
+    )
 
 
 @torch.no_grad()

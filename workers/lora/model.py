@@ -40,14 +40,16 @@ def add_lora_adapters(model: nn.Module, spec: LoraSpec, seed: int = 0) -> None:
             model.add_adapter(spec.peft_config(), adapter_name=ADAPTER_NAME)
     except ValueError as error:  # peft: no module matched target_modules (minus exclude_modules)
         raise ValueError(
-            f"actor_rollout_ref.model.target_modules={spec.target_modules!r} (exclude_modules={spec.exclude_modules!r}) "
-            f"selects no layer of {type(model).__name__} for LoRA: {error}"
+            f"actor_rollout_ref.model.target_modules={spec.target_modules!r} "
+            f"(exclude_modules={spec.exclude_modules!r}) selects no layer of {type(model).__name__} for LoRA: {error}"
         ) from None
     # Float32 adapter factors (the optimizer's master weights) under a half-precision frozen base.
     cast_adapter_dtype(model, ADAPTER_NAME)
     trained = [p for name, p in model.named_parameters() if is_adapter_parameter(name)]
     if not trained:
-        raise ValueError(f"LoRA added no adapter factors to {type(model).__name__} (target_modules={spec.target_modules!r})")
+        raise ValueError(
+            f"LoRA added no adapter factors to {type(model).__name__} (target_modules={spec.target_modules!r})"
+        )
     for name, param in model.named_parameters():
         param.requires_grad_(is_adapter_parameter(name))
 

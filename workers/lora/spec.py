@@ -115,12 +115,19 @@ def base_sharing_problems(config: Mapping[str, Any], where: str = "") -> list[st
         problems.append(f"{key}rollout.name={rollout['name']!r} (HF generate already runs on the actor's own weights)")
     elif rollout["placement"] != "hybrid":
         problems.append(
-            f"{key}rollout.placement={rollout['placement']!r} (the engine must live in the actor's process: placement=hybrid)"
+            f"{key}rollout.placement={rollout['placement']!r} "
+            "(the engine must live in the actor's process: placement=hybrid)"
         )
     if rollout["tensor_model_parallel_size"] != 1:
-        problems.append(f"{key}rollout.tensor_model_parallel_size={rollout['tensor_model_parallel_size']} (the engine must hold whole weights)")
+        problems.append(
+            f"{key}rollout.tensor_model_parallel_size={rollout['tensor_model_parallel_size']} "
+            "(the engine must hold whole weights)"
+        )
     if "auto" not in (rollout["dtype"], model["dtype"]) and rollout["dtype"] != model["dtype"]:
-        problems.append(f"{key}rollout.dtype={rollout['dtype']!r} differs from {key}model.dtype={model['dtype']!r} (one copy has one dtype)")
+        problems.append(
+            f"{key}rollout.dtype={rollout['dtype']!r} differs from {key}model.dtype={model['dtype']!r} "
+            "(one copy has one dtype)"
+        )
     return problems
 
 
@@ -138,7 +145,8 @@ def check_lora_settings(config: Mapping[str, Any], where: str = "") -> None:
         )
     if config["rollout"]["name"] == "vllm" and rank > VLLM_MAX_LORA_RANKS[-1]:
         raise ValueError(
-            f"{key}model.lora_rank={rank} is above vLLM's largest adapter rank {VLLM_MAX_LORA_RANKS[-1]} ({key}rollout.name=vllm)"
+            f"{key}model.lora_rank={rank} is above vLLM's largest adapter rank {VLLM_MAX_LORA_RANKS[-1]} "
+            f"({key}rollout.name=vllm)"
         )
 
 

@@ -56,7 +56,9 @@ def _check_modules(adapters: Any, lora: Any) -> None:
     supported = set()
     for module in adapters.supported_lora_modules:
         supported.update(adapters.packed_modules_mapping.get(module, [module]))
-    unsupported = sorted({name.rsplit(".", 1)[-1] for name in lora.loras} - supported - set(adapters.packed_modules_mapping))
+    unsupported = sorted(
+        {name.rsplit(".", 1)[-1] for name in lora.loras} - supported - set(adapters.packed_modules_mapping)
+    )
     if unsupported:
         raise ValueError(
             f"vLLM cannot apply LoRA to {unsupported} of this model (it supports {sorted(supported)}); leave them out "
@@ -64,7 +66,9 @@ def _check_modules(adapters: Any, lora: Any) -> None:
         )
 
 
-def register_adapter(model_runner: Any, named_tensors: Iterable[tuple[str, torch.Tensor]], adapter_config: dict[str, Any]) -> int:
+def register_adapter(
+    model_runner: Any, named_tensors: Iterable[tuple[str, torch.Tensor]], adapter_config: dict[str, Any]
+) -> int:
     """Inside a vLLM worker: make `named_tensors` (trainer names of the adapter factors) the adapter that
     requests with `adapter_request()` use from now on. Returns how many tensors it took."""
     from vllm.lora.lora_model import LoRAModel
@@ -75,7 +79,9 @@ def register_adapter(model_runner: Any, named_tensors: Iterable[tuple[str, torch
     helper.validate_legal(manager.lora_config)
     dtype = manager.lora_config.lora_dtype
     # Copies: vLLM scales lora_B in place when it packs the adapter, and these may be the trainer's tensors.
-    tensors = {peft_tensor_name(name): tensor.detach().to("cpu", dtype=dtype, copy=True) for name, tensor in named_tensors}
+    tensors = {
+        peft_tensor_name(name): tensor.detach().to("cpu", dtype=dtype, copy=True) for name, tensor in named_tensors
+    }
     adapters = manager._adapter_manager
     lora = LoRAModel.from_lora_tensors(
         lora_model_id=ADAPTER_ID,

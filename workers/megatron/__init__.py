@@ -1,1 +1,2 @@
-"""megatron-core backend (`actor.strategy=megatron`): Hugging Face <-> Megatron GPT weight layouts and their parallel splits."""
+"""megatron-core backend (`actor.strategy=megatron`): Hugging Face <-> Megatron GPT weight layouts and their
+parallel splits."""

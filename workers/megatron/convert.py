@@ -57,7 +57,9 @@ def hf_to_megatron(hf: State, layout: GPTLayout) -> State:
             )
         out[dst + "self_attention.linear_proj.weight"] = hf[src + "self_attn.o_proj.weight"]
         out[dst + "pre_mlp_layernorm.weight"] = hf[src + "post_attention_layernorm.weight"]
-        out[dst + "mlp.linear_fc1.weight"] = torch.cat([hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]])
+        out[dst + "mlp.linear_fc1.weight"] = torch.cat(
+            [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]]
+        )
         out[dst + "mlp.linear_fc2.weight"] = hf[src + "mlp.down_proj.weight"]
     if "model.norm.weight" in hf:
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
@@ -74,7 +76,9 @@ _LAYER_RENAMES = {
 }
 
 
-def megatron_tensor_to_hf(name: str, tensor: torch.Tensor, layout: GPTLayout, layer_offset: int = 0) -> list[tuple[str, torch.Tensor]]:
+def megatron_tensor_to_hf(
+    name: str, tensor: torch.Tensor, layout: GPTLayout, layer_offset: int = 0
+) -> list[tuple[str, torch.Tensor]]:
     """One whole (TP-gathered) Megatron tensor as its HF tensors; layer numbers are shifted by `layer_offset`
     (a pipeline stage's first layer). A tied model's output layer maps to nothing (HF ties it)."""
     vocab = layout.vocab_size
@@ -105,7 +109,12 @@ def megatron_to_hf(mc: State, layout: GPTLayout) -> State:
 
 
 # ---- tensor parallel --------------------------------------------------------------------------------------
-_COLUMN = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias", "embedding.word_embeddings.weight", "output_layer.weight")
+_COLUMN = (
+    "self_attention.linear_qkv.weight",
+    "self_attention.linear_qkv.bias",
+    "embedding.word_embeddings.weight",
+    "output_layer.weight",
+)
 _ROW = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
 _FC1 = "mlp.linear_fc1.weight"
 

@@ -19,7 +19,9 @@ class HFCheckpointReader:
     def __init__(self, folder: str) -> None:
         files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
         if not files:
-            raise FileNotFoundError(f"no *.safetensors files in {folder!r}: the Megatron backend loads HF weights from safetensors")
+            raise FileNotFoundError(
+                f"no *.safetensors files in {folder!r}: the Megatron backend loads HF weights from safetensors"
+            )
         self.files: dict[str, str] = {}
         for file in files:
             with safe_open(file, framework="pt") as handle:

@@ -35,7 +35,10 @@ def layout_from_hf_config(config: Any, tp: int = 1, pp: int = 1, make_vocab_size
     problem is listed in one error naming the sizes involved."""
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model_type {model_type!r} is not supported by the Megatron converter; supported: {list(SUPPORTED_MODEL_TYPES)}")
+        raise ValueError(
+            f"model_type {model_type!r} is not supported by the Megatron converter; "
+            f"supported: {list(SUPPORTED_MODEL_TYPES)}"
+        )
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -48,12 +51,15 @@ def layout_from_hf_config(config: Any, tp: int = 1, pp: int = 1, make_vocab_size
         if kv_heads % tp:
             problems.append(
                 f"tensor parallel size {tp} must divide the number of key/value heads ({kv_heads}); "
-                f"valid TP sizes for this model: {[t for t in range(1, kv_heads + 1) if kv_heads % t == 0 and heads % t == 0]}"
+                "valid TP sizes for this model: "
+                f"{[t for t in range(1, kv_heads + 1) if kv_heads % t == 0 and heads % t == 0]}"
             )
         if config.intermediate_size % tp:
             problems.append(f"tensor parallel size {tp} must divide the MLP size ({config.intermediate_size})")
         if config.num_hidden_layers % pp:
-            problems.append(f"pipeline parallel size {pp} must divide the number of layers ({config.num_hidden_layers})")
+            problems.append(
+                f"pipeline parallel size {pp} must divide the number of layers ({config.num_hidden_layers})"
+            )
     if heads % kv_heads:
         problems.append(f"attention heads ({heads}) must be a multiple of key/value heads ({kv_heads})")
     if problems:

@@ -80,7 +80,9 @@ def transformer_config(hf_config: Any, layout: GPTLayout, settings: ParallelSett
     )
 
 
-def build_gpt_model(config: Any, layout: GPTLayout, max_positions: int, rope_base: float, value_head: bool = False) -> nn.Module:
+def build_gpt_model(
+    config: Any, layout: GPTLayout, max_positions: int, rope_base: float, value_head: bool = False
+) -> nn.Module:
     """This rank's pipeline stage of the GPT model (float32, on the CPU; the caller moves it). With
     `value_head`, the vocabulary projection is replaced by one value per token (a critic)."""
     from megatron.core import parallel_state as ps
@@ -154,7 +156,9 @@ class ValueHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(1))
         nn.init.normal_(self.weight, std=0.02)
 
-    def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None) -> tuple[torch.Tensor, None]:
+    def forward(
+        self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None
+    ) -> tuple[torch.Tensor, None]:
         if self.sequence_parallel:
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
@@ -164,7 +168,13 @@ class ValueHead(nn.Module):
 
 
 def stage_state(
-    reader: HFCheckpointReader, layout: GPTLayout, tp: int, pp: int, tp_rank: int, pp_rank: int, value_head: bool = False
+    reader: HFCheckpointReader,
+    layout: GPTLayout,
+    tp: int,
+    pp: int,
+    tp_rank: int,
+    pp_rank: int,
+    value_head: bool = False,
 ) -> dict[str, torch.Tensor]:
     """This rank's tensors (Megatron names, layers numbered within the stage) read from an HF folder; with
     `value_head` the LM head is left out (a critic's head is new)."""
@@ -186,12 +196,19 @@ def load_stage_state(model: nn.Module, state: dict[str, torch.Tensor], value_hea
     own = model.state_dict()
     unknown = sorted(set(state) - set(own))
     missing = sorted(
-        name for name in own if name not in state and not name.endswith("_extra_state") and not (value_head and name.startswith("output_layer."))
+        name
+        for name in own
+        if name not in state
+        and not name.endswith("_extra_state")
+        and not (value_head and name.startswith("output_layer."))
     )
     if unknown or missing:
         raise RuntimeError(f"HF -> Megatron load: names not in the model {unknown}; model tensors not loaded {missing}")
     with torch.no_grad():
         for name, tensor in state.items():
             if own[name].shape != tensor.shape:
-                raise RuntimeError(f"HF -> Megatron load: {name} has shape {tuple(tensor.shape)}, the model wants {tuple(own[name].shape)}")
+                raise RuntimeError(
+                    f"HF -> Megatron load: {name} has shape {tuple(tensor.shape)}, "
+                    f"the model wants {tuple(own[name].shape)}"
+                )
             own[name].copy_(tensor)

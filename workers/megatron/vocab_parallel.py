@@ -17,7 +17,11 @@ _MASKED = -1e30
 def _tp() -> tuple[int, int, object]:
     from megatron.core import parallel_state as ps
 
-    return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_group()
+    return (
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_tensor_model_parallel_world_size(),
+        ps.get_tensor_model_parallel_group(),
+    )
 
 
 def log_probs_and_entropy(

@@ -37,7 +37,9 @@ def _repeat_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
-def per_sequence_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float) -> torch.Tensor:
+def per_sequence_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float
+) -> torch.Tensor:
     """q, k, v [T, H, D] (k/v already at H heads) -> [T, H, D]: one causal SDPA per sequence."""
     pieces = []
     for start, end in zip(bounds[:-1], bounds[1:]):
@@ -48,14 +50,22 @@ def per_sequence_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bo
     return torch.cat(pieces) if pieces else torch.zeros_like(q)
 
 
-def _flash_attn_package(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float, dropout: float) -> torch.Tensor:
+def _flash_attn_package(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float, dropout: float
+) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func
 
-    return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, dropout_p=dropout, softmax_scale=scale, causal=True)
+    return flash_attn_varlen_func(
+        q, k, v, cu, cu, max_len, max_len, dropout_p=dropout, softmax_scale=scale, causal=True
+    )
 
 
-def _torch_flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float, dropout: float) -> torch.Tensor:
-    return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, dropout, True, False, scale=scale)[0]
+def _torch_flash_varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float, dropout: float
+) -> torch.Tensor:
+    return torch.ops.aten._flash_attention_forward(
+        q, k, v, cu, cu, max_len, max_len, dropout, True, False, scale=scale
+    )[0]
 
 
 def _cuda_kernels() -> list[tuple[str, Callable[..., torch.Tensor]]]:
@@ -74,7 +84,9 @@ def _kernel_works(kernel: Callable[..., torch.Tensor], device: torch.device, dty
     """Run the kernel on a small packed batch (3 sequences, 2 query heads per key head) against the
     per-sequence path, forward and backward."""
     generator = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(11, 4, 64, device=device, dtype=dtype, generator=generator, requires_grad=True) for _ in range(3))
+    q, k, v = (
+        torch.randn(11, 4, 64, device=device, dtype=dtype, generator=generator, requires_grad=True) for _ in range(3)
+    )
     bounds = [0, 3, 4, 11]
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
     try:
@@ -85,7 +97,9 @@ def _kernel_works(kernel: Callable[..., torch.Tensor], device: torch.device, dty
         warnings.warn(f"packed attention: kernel unavailable on {device}/{dtype} ({error}); using per-sequence SDPA")
         return False
     expected = per_sequence_attention(q.detach(), k.detach(), v.detach(), bounds, 0.125)
-    return bool(torch.allclose(out.detach().float(), expected.float(), atol=2e-2, rtol=0) and torch.isfinite(q.grad).all())
+    return bool(
+        torch.allclose(out.detach().float(), expected.float(), atol=2e-2, rtol=0) and torch.isfinite(q.grad).all()
+    )
 
 
 def kernel_name(device: torch.device, dtype: torch.dtype) -> str:
@@ -101,7 +115,13 @@ def kernel_name(device: torch.device, dtype: torch.dtype) -> str:
 
 
 def varlen_causal_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int, scale: float, dropout: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    max_len: int,
+    scale: float,
+    dropout: float,
 ) -> torch.Tensor:
     """query [1, H, T, D], key/value [1, h, T, D] of one packed row -> [1, T, H, D]."""
     heads = query.shape[1]
@@ -111,7 +131,9 @@ def varlen_causal_attention(
     name = kernel_name(q.device, q.dtype)
     if name == "per_sequence_sdpa":
         if dropout:
-            raise ValueError("packed attention on the per-sequence path has no attention dropout; set attention_dropout=0")
+            raise ValueError(
+                "packed attention on the per-sequence path has no attention dropout; set attention_dropout=0"
+            )
         out = per_sequence_attention(q, k, v, cu_seq_lens.tolist(), scale)
     else:
         out = dict(_cuda_kernels())[name](q, k, v, cu_seq_lens, max_len, scale, dropout)
@@ -123,8 +145,12 @@ def _packed_attention(base: str) -> Callable[..., tuple[torch.Tensor, None]]:
         cu_seq_lens = kwargs.get("cu_seq_lens_q")
         if cu_seq_lens is None:
             if attention_mask is None:  # a plain causal call (the mask builder below returned None)
-                return sdpa_attention_forward(module, query, key, value, None, scaling=scaling, dropout=dropout, **kwargs)
-            return ALL_ATTENTION_FUNCTIONS[base](module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+                return sdpa_attention_forward(
+                    module, query, key, value, None, scaling=scaling, dropout=dropout, **kwargs
+                )
+            return ALL_ATTENTION_FUNCTIONS[base](
+                module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+            )
         if query.shape[0] != 1:
             raise ValueError(f"packed attention takes one packed row; got a batch of {query.shape[0]}")
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
@@ -157,7 +183,10 @@ def packed_implementation(base: str | None) -> str:
     if base.startswith(PACKED_PREFIX):
         return base
     if base != "eager" and base not in ALL_ATTENTION_FUNCTIONS.valid_keys():
-        raise ValueError(f"packed attention cannot wrap attn_implementation={base!r}; valid: eager, {ALL_ATTENTION_FUNCTIONS.valid_keys()}")
+        raise ValueError(
+            f"packed attention cannot wrap attn_implementation={base!r}; "
+            f"valid: eager, {ALL_ATTENTION_FUNCTIONS.valid_keys()}"
+        )
     name = PACKED_PREFIX + base
     if name not in ALL_ATTENTION_FUNCTIONS.valid_keys():
         AttentionInterface.register(name, _packed_attention(base))

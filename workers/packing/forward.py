@@ -75,7 +75,12 @@ def pack_micro_batch(micro: DataProto, device: torch.device) -> PackedRows:
 
 
 def packed_response_log_probs_and_entropy(
-    model: nn.Module, micro: DataProto, device: torch.device, temperature: float, with_entropy: bool, entropy_grad: bool = True
+    model: nn.Module,
+    micro: DataProto,
+    device: torch.device,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(response token) [b, R] and the entropy [b, R] (or None); 0 at padding."""
     rows = pack_micro_batch(micro, device)
@@ -108,7 +113,9 @@ def packed_response_log_probs_and_entropy(
     return scatter_slots(log_probs, slots), None if entropy is None else scatter_slots(entropy, slots)
 
 
-def packed_token_outputs(model: nn.Module, micro: DataProto, device: torch.device, **kwargs: Any) -> tuple[Any, PackedRows]:
+def packed_token_outputs(
+    model: nn.Module, micro: DataProto, device: torch.device, **kwargs: Any
+) -> tuple[Any, PackedRows]:
     """Run the model on the packed micro-batch; returns its output and the packing (to map positions back)."""
     rows = pack_micro_batch(micro, device)
     return model(**rows.model_inputs(), **kwargs), rows

@@ -25,11 +25,15 @@ class PackedRows:
     packed_index: torch.Tensor  # [b, S] long: where each padded position lies in the packed row (-1: padding)
 
     @classmethod
-    def from_padded(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> "PackedRows":
+    def from_padded(
+        cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> "PackedRows":
         valid = attention_mask.bool()
         lengths = valid.sum(dim=1)
         flat = valid.flatten()
-        packed_index = torch.where(valid, flat.long().cumsum(0).view_as(valid) - 1, torch.full_like(valid, -1, dtype=torch.long))
+        packed_index = torch.where(
+            valid, flat.long().cumsum(0).view_as(valid) - 1, torch.full_like(valid, -1, dtype=torch.long)
+        )
         non_empty = lengths[lengths > 0]
         cu_seq_lens = torch.zeros(len(non_empty) + 1, dtype=torch.int32, device=input_ids.device)
         cu_seq_lens[1:] = non_empty.cumsum(0)

@@ -23,5 +23,7 @@ def sequence_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor, respo
 
 def gspo_token_ratios(log_prob: torch.Tensor, old_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """[B, R]: s_i on every token of response i, with the gradient s_i * d log pi(y_t) (module docstring)."""
-    seq = torch.clamp(sequence_log_ratio(log_prob, old_log_prob, response_mask).detach(), -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    seq = torch.clamp(
+        sequence_log_ratio(log_prob, old_log_prob, response_mask).detach(), -LOG_RATIO_BOUND, LOG_RATIO_BOUND
+    )
     return torch.exp(seq.unsqueeze(-1) + log_prob - log_prob.detach())

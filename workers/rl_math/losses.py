@@ -84,7 +84,9 @@ def compute_policy_loss(
     if loss_mode not in POLICY_LOSS_MODES:
         raise ValueError(f"unknown policy loss_mode {loss_mode!r}; valid: {list(POLICY_LOSS_MODES)}")
     if loss_mode == "geo_mean":
-        return _geo_mean_policy_loss(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, token_weights)
+        return _geo_mean_policy_loss(
+            old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, token_weights
+        )
 
     log_ratio = log_prob - old_log_prob
     if loss_mode == "gspo":

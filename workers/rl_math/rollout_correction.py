@@ -22,11 +22,16 @@ OLD_LOG_PROBS = "old_log_probs"
 EXTREME_METRICS = {"rollout_is/ratio_max": "max", "rollout_is/ratio_min": "min", "rollout/logprob_gap_max": "max"}
 
 
-def logprob_gap_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
+def logprob_gap_metrics(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
     """How far the rollout engine's log-probs are from the trainer's for the same tokens (mean and max)."""
     mask = response_mask.to(old_log_probs.dtype)
     gap = (rollout_log_probs - old_log_probs).abs()
-    return {"rollout/logprob_gap_mean": float(masked_mean(gap, mask)), "rollout/logprob_gap_max": float((gap * mask).max())}
+    return {
+        "rollout/logprob_gap_mean": float(masked_mean(gap, mask)),
+        "rollout/logprob_gap_max": float((gap * mask).max()),
+    }
 
 
 def truncated_is_weights(

@@ -48,12 +48,17 @@ class BucketLayout:
     def to_wire(self) -> list[Any]:
         """Plain lists, strings and ints: what vLLM's worker calls carry across processes (its msgpack turns a
         dataclass into a dict and cannot encode a torch.dtype)."""
-        return [self.nbytes, [[s.name, list(s.shape), str(s.dtype).removeprefix("torch."), s.offset] for s in self.slots]]
+        return [
+            self.nbytes,
+            [[s.name, list(s.shape), str(s.dtype).removeprefix("torch."), s.offset] for s in self.slots],
+        ]
 
     @classmethod
     def from_wire(cls, wire: list[Any]) -> "BucketLayout":
         nbytes, slots = wire
-        return cls(tuple(TensorSlot(name, tuple(shape), _dtype(dtype), offset) for name, shape, dtype, offset in slots), nbytes)
+        return cls(
+            tuple(TensorSlot(name, tuple(shape), _dtype(dtype), offset) for name, shape, dtype, offset in slots), nbytes
+        )
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -106,7 +111,9 @@ def empty_bucket(layout: BucketLayout, device: torch.device | str) -> torch.Tens
 def bucket_views(buffer: torch.Tensor, layout: BucketLayout) -> Iterator[tuple[str, torch.Tensor]]:
     """`(name, tensor)` views into a flat uint8 `buffer` laid out as `layout` (no copies)."""
     if buffer.dtype != torch.uint8 or buffer.numel() < layout.nbytes:
-        raise ValueError(f"bucket buffer must be uint8 with >= {layout.nbytes} bytes, got {buffer.dtype} x {buffer.numel()}")
+        raise ValueError(
+            f"bucket buffer must be uint8 with >= {layout.nbytes} bytes, got {buffer.dtype} x {buffer.numel()}"
+        )
     for slot in layout.slots:
         flat = buffer[slot.offset : slot.offset + slot.nbytes].view(slot.dtype)
         yield slot.name, flat.view(slot.shape)

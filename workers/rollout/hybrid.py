@@ -18,11 +18,17 @@ from workers.fsdp.model_loading import compute_dtype
 from workers.lora.model import adapter_parameter_names
 from workers.lora.spec import LoraSpec
 from workers.rollout.buckets import BucketLayout, payload_bytes
+from workers.rollout.engine_group import EngineGroup, group_devices
 from workers.rollout.verify import (
-    DEFAULT_TOLERANCE, WeightFingerprint, compare_log_probs, fingerprinted, probe_sequences, require_changed, require_match,
+    DEFAULT_TOLERANCE,
+    WeightFingerprint,
+    compare_log_probs,
+    fingerprinted,
+    probe_sequences,
+    require_changed,
+    require_match,
     trainer_log_probs,
 )
-from workers.rollout.engine_group import EngineGroup, group_devices
 from workers.rollout.vllm_engine import VLLMEngine, sleeps_between_calls
 from workers.rollout.weight_sync import named_full_parameters, plan_model_buckets
 from workers.vision.models import probe_vocab_size
@@ -152,7 +158,9 @@ class HybridRollout:
         if verify:
             metrics.update(self.verify("in-process weight sync"))
             if engine is not None and before is not None and self.trainer_fingerprint is not None:
-                require_changed(before, engine.fingerprint(), self.trainer_fingerprint, sent.value, "in-process weight sync")
+                require_changed(
+                    before, engine.fingerprint(), self.trainer_fingerprint, sent.value, "in-process weight sync"
+                )
             self.trainer_fingerprint = sent.value
         self.synced_version = version
         return metrics
@@ -182,7 +190,9 @@ class HybridRollout:
         trainer = self.source.probe_log_probs(probe)
         metrics: dict[str, float] | None = None
         if self.engine is not None:
-            check = compare_log_probs(trainer, self.engine.prompt_log_probs(probe), sync_tolerance(self.cfg, self.dtype))
+            check = compare_log_probs(
+                trainer, self.engine.prompt_log_probs(probe), sync_tolerance(self.cfg, self.dtype)
+            )
             require_match(check, where)
             metrics = check.metrics()
         return metrics if self.group is None else self.group.from_leader(metrics)

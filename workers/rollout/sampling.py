@@ -55,7 +55,9 @@ def model_token_ids(generation_config: Any, config: Any) -> tuple[tuple[int, ...
     """EOS ids and pad id from a model's generation config (may be None), else its config."""
     sources = [generation_config, config]
     eos: Any = next((s.eos_token_id for s in sources if s is not None and s.eos_token_id is not None), None)
-    pad = next((s.pad_token_id for s in sources if s is not None and getattr(s, "pad_token_id", None) is not None), None)
+    pad = next(
+        (s.pad_token_id for s in sources if s is not None and getattr(s, "pad_token_id", None) is not None), None
+    )
     if eos is None:
         raise ValueError("the model config names no eos_token_id; set rollout.eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)

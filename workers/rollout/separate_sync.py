@@ -75,7 +75,9 @@ class SeparateWeightSync:
         if before is not None:
             after = self.rollout.weights_fingerprint()
             for engine, (old, new) in enumerate(zip(before, after)):
-                require_changed(old, new, self.trainer_fingerprint, trainer_after, f"broadcast weight sync to engine {engine}")
+                require_changed(
+                    old, new, self.trainer_fingerprint, trainer_after, f"broadcast weight sync to engine {engine}"
+                )
         self.trainer_fingerprint = trainer_after
         self.synced_version = version
         return metrics
@@ -83,7 +85,9 @@ class SeparateWeightSync:
     def verify(self) -> dict[str, float]:
         trainer = self.actor.probe_log_probs()[0]
         engines = self.rollout.probe_log_probs(self.vocab_size)
-        return verify_engines(trainer, engines, self.layouts[0].slots[0].dtype, self.cfg["verify_tolerance"], "broadcast weight sync")
+        return verify_engines(
+            trainer, engines, self.layouts[0].slots[0].dtype, self.cfg["verify_tolerance"], "broadcast weight sync"
+        )
 
 
 class IpcRolloutSync:
@@ -92,13 +96,20 @@ class IpcRolloutSync:
     (`workers/engines/ipc_sync.py`). Same interface and version stamping as `SeparateWeightSync`; the
     probe check runs when `verify_sync` is set."""
 
-    def __init__(self, actor: Any, rollout: Any, feeding_rank: tuple[int, ...], rollout_cfg: dict[str, Any], model_path: str) -> None:
+    def __init__(
+        self, actor: Any, rollout: Any, feeding_rank: tuple[int, ...], rollout_cfg: dict[str, Any], model_path: str
+    ) -> None:
         from workers.engines.ipc_sync import IpcEngineSync
 
         self.actor = actor
         self.vocab_size = probe_vocab_size(AutoConfig.from_pretrained(model_path))
         self.transfer = IpcEngineSync(
-            actor, rollout, feeding_rank, self.vocab_size, bool(rollout_cfg["verify_sync"]), rollout_cfg["verify_tolerance"]
+            actor,
+            rollout,
+            feeding_rank,
+            self.vocab_size,
+            bool(rollout_cfg["verify_sync"]),
+            rollout_cfg["verify_tolerance"],
         )
         self.synced_version = 0  # the engines loaded the folder the actor started from
         self.actor_version = 0
@@ -120,7 +131,12 @@ class IpcRolloutSync:
 
 
 def rollout_weight_sync(
-    actor: Any, rollout: Any, rollout_cfg: dict[str, Any], model_path: str, use_gpu: bool, engines_start_from_trainer: bool = True
+    actor: Any,
+    rollout: Any,
+    rollout_cfg: dict[str, Any],
+    model_path: str,
+    use_gpu: bool,
+    engines_start_from_trainer: bool = True,
 ) -> SeparateWeightSync | IpcRolloutSync:
     """The sync of a separate rollout group, by where its engines run: on GPUs of their own (broadcast, NCCL;
     gloo on CPU), or on the actor ranks' GPUs (CUDA IPC). `engines_start_from_trainer` as in `SeparateWeightSync`."""
@@ -132,7 +148,8 @@ def rollout_weight_sync(
     if not engines_start_from_trainer:
         raise ValueError(
             "the rollout engines share the actor's GPUs (CUDA IPC weight sync), which sends full weights only, not a "
-            "LoRA adapter: give the engines GPUs of their own (trainer.gpus_per_process=1, rollout.gpus_per_engine=null)"
+            "LoRA adapter: give the engines GPUs of their own "
+            "(trainer.gpus_per_process=1, rollout.gpus_per_engine=null)"
         )
     if not hasattr(actor, "send_ipc"):
         raise ValueError(

@@ -58,7 +58,9 @@ class WeightSyncMismatch(RuntimeError):
 
 def compare_log_probs(trainer: torch.Tensor, engine: torch.Tensor, tolerance: float) -> SyncCheck:
     if trainer.shape != engine.shape:
-        raise WeightSyncMismatch(f"probe log-prob shapes differ: trainer {tuple(trainer.shape)}, engine {tuple(engine.shape)}")
+        raise WeightSyncMismatch(
+            f"probe log-prob shapes differ: trainer {tuple(trainer.shape)}, engine {tuple(engine.shape)}"
+        )
     diff = (trainer.float() - engine.float()).abs()
     return SyncCheck(float(diff.max()), float(diff.mean()), tolerance)
 
@@ -95,14 +97,18 @@ class WeightFingerprint:
         return 0.0 if self._total is None else float(self._total.item())
 
 
-def fingerprinted(pairs: Iterable[tuple[str, torch.Tensor]], fingerprint: WeightFingerprint) -> Iterator[tuple[str, torch.Tensor]]:
+def fingerprinted(
+    pairs: Iterable[tuple[str, torch.Tensor]], fingerprint: WeightFingerprint
+) -> Iterator[tuple[str, torch.Tensor]]:
     """`pairs` unchanged, each tensor added to `fingerprint` on the way."""
     for name, tensor in pairs:
         fingerprint.add([tensor])
         yield name, tensor
 
 
-def require_changed(engine_before: float, engine_after: float, trainer_before: float, trainer_after: float, where: str) -> None:
+def require_changed(
+    engine_before: float, engine_after: float, trainer_before: float, trainer_after: float, where: str
+) -> None:
     """The engine's weights change in a sync exactly when the trainer's (in the engine's dtype) changed
     since the previous one: changed there and not here means the sync loaded nothing; unchanged there and
     changed here means the engine loaded something else. A step may leave the weights as they were (zero

@@ -41,7 +41,9 @@ def _vocabulary_rows(module: nn.Module) -> int | None:
     if not isinstance(module, VocabParallelEmbedding):
         return None
     if getattr(module, "tp_size", 1) != 1:
-        raise ValueError("the engine's embedding is split over tensor-parallel ranks; sharing needs tensor parallel size 1")
+        raise ValueError(
+            "the engine's embedding is split over tensor-parallel ranks; sharing needs tensor parallel size 1"
+        )
     return int(module.org_vocab_size)
 
 

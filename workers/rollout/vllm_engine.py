@@ -21,9 +21,9 @@ from workers.rollout.buckets import BucketLayout
 from workers.rollout.engine_kwargs import vllm_engine_kwargs
 from workers.rollout.engine_processes import devices_visible, transfer_chunks
 from workers.rollout.shaping import assemble_rollout, pad_token_lists
+from workers.rollout.sync_group import SyncGroupAddress
 from workers.rollout.vllm_base_views import keep_plain_cpu_weights
 from workers.vision.models import collapse_image_placeholders
-from workers.rollout.sync_group import SyncGroupAddress
 
 EXTENSION = "workers.rollout.vllm_extension.WeightSyncExtension"
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -36,7 +36,10 @@ def cpu_thread_binding(tp: int) -> str:
     by "|": "0,1,2,3|4,5,6,7")."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < tp:
-        raise ValueError(f"rollout.tensor_model_parallel_size={tp} on CPU needs a core per engine worker; this process may use {len(cores)}")
+        raise ValueError(
+            f"rollout.tensor_model_parallel_size={tp} on CPU needs a core per engine worker; "
+            f"this process may use {len(cores)}"
+        )
     share = len(cores) // tp
     groups = [cores[i * share : (i + 1) * share] for i in range(tp)]
     return "|".join(",".join(str(c) for c in group) for group in groups)
@@ -94,7 +97,10 @@ def device_options(rollout: dict[str, Any], device: torch.device, sleep: bool) -
         # Generator does not use offset"), so prompts are scheduled whole.
         return {"kv_cache_memory_bytes": int(rollout["cpu_kv_cache_mb"]) << 20, "enable_chunked_prefill": False}
     # vLLM still needs the fraction with a fixed KV cache: its start requires that much of the GPU free.
-    options: dict[str, Any] = {"gpu_memory_utilization": float(rollout["gpu_memory_utilization"]), "enable_sleep_mode": sleep}
+    options: dict[str, Any] = {
+        "gpu_memory_utilization": float(rollout["gpu_memory_utilization"]),
+        "enable_sleep_mode": sleep,
+    }
     if rollout.get("kv_cache_gib") is not None:
         # A fixed KV cache skips vLLM's start-up measurement of its own memory (free memory before and after a
         # profiling forward), which fails when processes sharing the GPU allocate or free meanwhile.
@@ -204,7 +210,10 @@ class VLLMEngine:
         kwargs.update(vllm_engine_kwargs(rollout.get("engine_kwargs")))
         kwargs.update(device_options(rollout, device, self.sleep_enabled))
         if device.type != "cuda" and rollout["enable_sleep"]:
-            print("note: rollout.enable_sleep has no effect on CPU (vLLM's CPU backend has no sleep mode)", file=sys.stderr)
+            print(
+                "note: rollout.enable_sleep has no effect on CPU (vLLM's CPU backend has no sleep mode)",
+                file=sys.stderr,
+            )
         if device.type != "cuda" and rollout.get("enable_chunked_prefill"):
             print("note: rollout.enable_chunked_prefill has no effect on CPU (prompts are prefilled whole there)",
                   file=sys.stderr)
@@ -216,8 +225,8 @@ class VLLMEngine:
 
     # ---- generation -----------------------------------------------------------------------------------
     def generate(
-        self, prompts: dict[str, torch.Tensor], params: Any, call_seed: int | None, rank: int, forced: list[int | None] | None = None,
-        images: list[list[Any]] | None = None,
+        self, prompts: dict[str, torch.Tensor], params: Any, call_seed: int | None, rank: int,
+        forced: list[int | None] | None = None, images: list[list[Any]] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Left-padded prompts -> the rollout batch of `assemble_rollout` plus `rollout_log_probs` [B, R]
         (the engine's log-probs of the sampled tokens, 0 after the response). `forced[i]`, when set, is row
@@ -226,8 +235,8 @@ class VLLMEngine:
         return self.generate_many([(prompts, rank, images)], params, call_seed, forced)[0]
 
     def generate_many(
-        self, batches: list[tuple[dict[str, torch.Tensor], int, list[list[Any]] | None]], params: Any, call_seed: int | None,
-        forced: list[int | None] | None = None,
+        self, batches: list[tuple[dict[str, torch.Tensor], int, list[list[Any]] | None]], params: Any,
+        call_seed: int | None, forced: list[int | None] | None = None,
     ) -> list[dict[str, torch.Tensor]]:
         """`generate` of several ranks' batches `(prompts, rank, images)` in one engine call (a hybrid group's
         engine serves the prompts of every trainer rank sharing it); each row keeps its rank's sampling seed.
@@ -240,12 +249,17 @@ class VLLMEngine:
             rows = [TokensPrompt(prompt_token_ids=row[m].tolist()) for row, m in zip(ids, mask)]
             for request, row_images in zip(rows, images or []):
                 if row_images:
-                    request["prompt_token_ids"] = collapse_image_placeholders(request["prompt_token_ids"], self.image_token_id)
+                    request["prompt_token_ids"] = collapse_image_placeholders(
+                        request["prompt_token_ids"], self.image_token_id
+                    )
                     request["multi_modal_data"] = {"image": row_images}
             lengths = forced or [None] * len(rows)
             sampling += [
                 vllm_sampling(
-                    params, length or params.response_length, None if call_seed is None else row_seed(call_seed, rank, i), length or 0
+                    params,
+                    length or params.response_length,
+                    None if call_seed is None else row_seed(call_seed, rank, i),
+                    length or 0,
                 )
                 for i, length in enumerate(lengths)
             ]
@@ -257,12 +271,16 @@ class VLLMEngine:
             start += len(prompts["input_ids"])
         return results
 
-    def _rollout_batch(self, prompts: dict[str, torch.Tensor], outputs: list[Any], params: Any) -> dict[str, torch.Tensor]:
+    def _rollout_batch(
+        self, prompts: dict[str, torch.Tensor], outputs: list[Any], params: Any
+    ) -> dict[str, torch.Tensor]:
         sampled = [sampled_tokens(o) for o in outputs]
         tokens, log_probs = [t for t, _ in sampled], [lp for _, lp in sampled]
         cpu_prompts = {k: v.cpu() for k, v in prompts.items()}
         lengths = torch.tensor([len(t) for t in tokens])
-        batch = assemble_rollout(cpu_prompts, pad_token_lists(tokens, params.response_length, params.pad_token_id), params, lengths)
+        batch = assemble_rollout(
+            cpu_prompts, pad_token_lists(tokens, params.response_length, params.pad_token_id), params, lengths
+        )
         rollout_lp = torch.zeros(len(tokens), params.response_length, dtype=torch.float32)
         for i, row in enumerate(log_probs):
             row = row[: params.response_length]
@@ -276,7 +294,9 @@ class VLLMEngine:
 
         rows = [row.tolist() for row in sequences]
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False, lora_request=self.lora_request)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False, lora_request=self.lora_request
+        )
         return torch.tensor(
             [[float(step[t].logprob) for step, t in zip(o.prompt_logprobs[1:], r[1:])] for o, r in zip(outputs, rows)]
         )
@@ -288,7 +308,10 @@ class VLLMEngine:
 
         params = SamplingParams(**{"max_tokens": 16, "logprobs": 0, "detokenize": False, **sampling})
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False, lora_request=self.lora_request
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            params,
+            use_tqdm=False,
+            lora_request=self.lora_request,
         )
         return [dict(zip(("token_ids", "log_probs"), sampled_tokens(output))) for output in outputs]
 
@@ -318,7 +341,9 @@ class VLLMEngine:
 
     def receive_adapter(self, layouts: list[BucketLayout]) -> None:
         """Broadcast path: receive the adapter factors laid out as `layouts` and make them the adapter."""
-        self.llm.collective_rpc("sc_receive_lora_broadcast", args=([l.to_wire() for l in layouts], self._adapter_config()))
+        self.llm.collective_rpc(
+            "sc_receive_lora_broadcast", args=([layout.to_wire() for layout in layouts], self._adapter_config())
+        )
         self._adapter_updated()
 
     def _adapter_config(self) -> dict[str, Any]:
@@ -334,7 +359,7 @@ class VLLMEngine:
         self.llm.collective_rpc("sc_join_weight_sync_group", args=(address.to_wire(), first_rank))
 
     def receive_broadcast(self, layouts: list[BucketLayout]) -> None:
-        self.llm.collective_rpc("sc_receive_broadcast", args=([l.to_wire() for l in layouts],))
+        self.llm.collective_rpc("sc_receive_broadcast", args=([layout.to_wire() for layout in layouts],))
         self.after_weight_update()
 
     def open_ipc_buffers(self, handles: list[Any]) -> None:
@@ -384,7 +409,10 @@ class VLLMEngine:
         """Free the weights and the KV cache: sleep (GPU, sleep mode) or shut the engine down (it is rebuilt
         from the model folder by `restore`, then needs a weight sync for trained weights)."""
         if self.shares_weights:
-            raise RuntimeError("this engine's weights are shared with the trainer's base (rollout.share_base_weights); they cannot be released")
+            raise RuntimeError(
+                "this engine's weights are shared with the trainer's base (rollout.share_base_weights); "
+                "they cannot be released"
+            )
         if self.sleep_enabled:
             if not self.asleep:
                 self.llm.sleep(level=2)

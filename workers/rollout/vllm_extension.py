@@ -14,8 +14,8 @@ import torch
 from workers.lora.vllm_adapter import adapter_fingerprint, register_adapter
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.kv_sleep import KV_CACHE_TAG, release_kv_cache
-from workers.rollout.vllm_base_views import checkpoint_views
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
+from workers.rollout.vllm_base_views import checkpoint_views
 from workers.rollout.weight_sync import IpcReceiver, receive_broadcast_buckets
 
 
@@ -80,7 +80,9 @@ class WeightSyncExtension:
         """`layouts` in their wire form (`BucketLayout.to_wire`): with tensor parallel > 1 this runs in vLLM's
         worker processes, and so do the broadcast methods below."""
         buckets = [BucketLayout.from_wire(layout) for layout in layouts]
-        return register_adapter(self.model_runner, receive_broadcast_buckets(buckets, self._sync_group, self.device), adapter_config)
+        return register_adapter(
+            self.model_runner, receive_broadcast_buckets(buckets, self._sync_group, self.device), adapter_config
+        )
 
     # ---- base weights shared with the trainer (LoRA, in-process: workers/fsdp/shared_base.py) -----------
     def sc_checkpoint_views(self) -> dict[str, torch.Tensor]:

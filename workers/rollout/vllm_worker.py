@@ -60,7 +60,8 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
             config_overrides=model.get("override_config"),
         )
         self.token_ids = folder_token_ids(model["path"])
-        self.suppressed = vision_token_ids(AutoConfig.from_pretrained(model["path"]))  # never sampled: image placeholders
+        # never sampled: image placeholders
+        self.suppressed = vision_token_ids(AutoConfig.from_pretrained(model["path"]))
         self.agent = build_agent(rollout, model["path"], self.token_ids[0])
         self.memory = MemoryLog(device)
         self.memory.record("rollout_init")
@@ -86,7 +87,9 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
                 result = vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)
             else:
                 forced = forced_lengths(prompts.non_tensor_batch, len(prompts), params.response_length)
-                result = engine.generate(inputs, params, prompts.meta_info.get("seed"), self.rank, forced, images=images)
+                result = engine.generate(
+                    inputs, params, prompts.meta_info.get("seed"), self.rank, forced, images=images
+                )
         self.memory.record("rollout_generate")
         output = rollout_output(prompts, result)
         output.meta_info[ROLLOUT_WEIGHTS_VERSION] = self.weights_version
@@ -156,7 +159,9 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
 
     # ---- engine API (plain lists, residency) -----------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)
-    def generate_tokens(self, prompts: list[list[int]], sampling: dict[str, Any] | None = None) -> list[dict[str, list]]:
+    def generate_tokens(
+        self, prompts: list[list[int]], sampling: dict[str, Any] | None = None
+    ) -> list[dict[str, list]]:
         engine = self._require_engine("generate")
         with self._engine_idle():
             return engine.generate_token_lists(prompts, sampling or {})

@@ -23,7 +23,9 @@ def _shared(value: Any) -> Any:
     return box[0]
 
 
-def save(root: str, step: int, client_state: dict[str, Any], keep: int | None, write_shards: Callable[[str], None]) -> str:
+def save(
+    root: str, step: int, client_state: dict[str, Any], keep: int | None, write_shards: Callable[[str], None]
+) -> str:
     def write_everyone(tmp: Path) -> None:
         write_shards(str(_shared(str(tmp))))  # the other ranks join here, once the folder exists
 

@@ -76,7 +76,10 @@ class MegatronSettings:
     use_distributed_optimizer: bool = False
 
     def __post_init__(self) -> None:
-        _require(self.tensor_model_parallel_size >= 1, f"megatron.tensor_model_parallel_size must be >= 1, got {self.tensor_model_parallel_size}")
+        _require(
+            self.tensor_model_parallel_size >= 1,
+            f"megatron.tensor_model_parallel_size must be >= 1, got {self.tensor_model_parallel_size}",
+        )
         # The strategy runs the user's forward and backward directly; pipeline stages need Megatron's schedules.
         _require(
             self.pipeline_model_parallel_size == 1,
@@ -98,7 +101,9 @@ class StrategyConfig:
     megatron: MegatronSettings = field(default_factory=MegatronSettings)
 
     def __post_init__(self) -> None:
-        _require(self.backend in BACKENDS, f"strategy backend {self.backend!r} is not available; valid: {list(BACKENDS)}")
+        _require(
+            self.backend in BACKENDS, f"strategy backend {self.backend!r} is not available; valid: {list(BACKENDS)}"
+        )
         _require(self.dtype in DTYPE_NAMES, f"strategy dtype {self.dtype!r} is not valid; valid: {list(DTYPE_NAMES)}")
         _require(self.grad_clip > 0, f"strategy grad_clip must be > 0, got {self.grad_clip}")
         chunk = self.logits_chunk_tokens
@@ -134,11 +139,15 @@ class InferenceConfig:
         _require(bool(self.model_path), "inference config needs model_path (the HF folder the engine loads first)")
         _require(self.group_size >= 1, f"inference group_size must be >= 1, got {self.group_size}")
         _require(self.dtype in DTYPE_NAMES, f"inference dtype {self.dtype!r} is not valid; valid: {list(DTYPE_NAMES)}")
-        _require(0 < self.gpu_memory_utilization <= 1, f"inference gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        _require(
+            0 < self.gpu_memory_utilization <= 1,
+            f"inference gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
+        )
         kv = self.kv_cache_gib
         _require(
             kv is None or (is_number(kv) and kv > 0),
-            f"inference kv_cache_gib must be None (sized within gpu_memory_utilization) or a number > 0 (GiB), got {kv!r}",
+            "inference kv_cache_gib must be None (sized within gpu_memory_utilization) "
+            f"or a number > 0 (GiB), got {kv!r}",
         )
         _require(self.bucket_mb >= 1, f"inference bucket_mb must be >= 1, got {self.bucket_mb}")
 

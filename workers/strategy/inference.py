@@ -37,8 +37,10 @@ def build_engine(engine_type: str, cfg: InferenceConfig, dtype: torch.dtype, dev
         if cfg.group_size != 1:
             # An in-process vLLM engine builds its groups over the default process group: every rank has to
             # take part, so every rank holds an engine.
-            raise ValueError(f"engine_type 'vllm' needs inference group_size=1 (one engine per rank), got {cfg.group_size}; "
-                             "group_size > 1 is available with engine_type 'hf'")
+            raise ValueError(
+                f"engine_type 'vllm' needs inference group_size=1 (one engine per rank), got {cfg.group_size}; "
+                "group_size > 1 is available with engine_type 'hf'"
+            )
         from workers.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(cfg.model_path, cfg.vllm_rollout_options(), dtype, device, seed)
@@ -50,7 +52,9 @@ def build_engine(engine_type: str, cfg: InferenceConfig, dtype: torch.dtype, dev
 
 
 class GroupedInferenceEngine:
-    def __init__(self, cfg: InferenceConfig, engine_type: str, dtype: torch.dtype, device: torch.device, seed: int) -> None:
+    def __init__(
+        self, cfg: InferenceConfig, engine_type: str, dtype: torch.dtype, device: torch.device, seed: int
+    ) -> None:
         self.cfg, self.dtype = cfg, dtype
         rank, world = dist.get_rank(), dist.get_world_size()
         self.members: list[int] = []
@@ -105,7 +109,9 @@ class GroupedInferenceEngine:
     def update(self, source: WeightSource, version: int) -> dict[str, float]:
         """Load `source`'s current weights into the engine and verify them. Collective over all ranks."""
         if self.owns_engine and self.engine.asleep:
-            raise RuntimeError("update_engine_weights: the inference engine is asleep; call wakeup_inference_engine() first")
+            raise RuntimeError(
+                "update_engine_weights: the inference engine is asleep; call wakeup_inference_engine() first"
+            )
         if self.layouts is None:
             self.layouts = source.sync_layouts(self.dtype, self.cfg.bucket_mb << 20)
         check_changed = self.cfg.verify and version != self.synced_version and not self.needs_weights
@@ -142,9 +148,9 @@ class GroupedInferenceEngine:
         if max_diff > tolerance:
             raise WeightSyncMismatch(
                 f"update_engine_weights: the inference engine's log-probs of the probe batch differ from the model's "
-                f"by up to {max_diff:.3g} (mean over engines up to {mean_diff:.3g}), above the tolerance {tolerance:g}; "
-                "weights were lost or mis-mapped (names, dtype, tied embeddings). The inference config's "
-                "verify_tolerance sets the bound"
+                f"by up to {max_diff:.3g} (mean over engines up to {mean_diff:.3g}), above the tolerance "
+                f"{tolerance:g}; weights were lost or mis-mapped (names, dtype, tied embeddings). The inference "
+                "config's verify_tolerance sets the bound"
             )
         if any_unchanged:
             raise WeightSyncMismatch(

@@ -22,7 +22,9 @@ from workers.vision.images import MULTI_MODAL_INPUTS
 def _rope_owner(model: nn.Module) -> Any:
     owner = getattr(model, "model", model)
     if not hasattr(owner, "get_rope_index"):
-        raise TypeError(f"{type(model).__name__} has no get_rope_index: its image inputs are not supported (Qwen2-VL family)")
+        raise TypeError(
+            f"{type(model).__name__} has no get_rope_index: its image inputs are not supported (Qwen2-VL family)"
+        )
     return owner
 
 
@@ -31,10 +33,15 @@ def image_token_types(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor
     return (input_ids == model.config.image_token_id).int()
 
 
-def rope_positions(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+def rope_positions(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, grids: torch.Tensor
+) -> torch.Tensor:
     """[3, b, S] multimodal rope positions of left-padded rows (0 at padding)."""
     positions, _ = _rope_owner(model).get_rope_index(
-        input_ids, image_token_types(model, input_ids), image_grid_thw=grids if len(grids) else None, attention_mask=attention_mask
+        input_ids,
+        image_token_types(model, input_ids),
+        image_grid_thw=grids if len(grids) else None,
+        attention_mask=attention_mask,
     )
     return positions
 

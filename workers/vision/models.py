@@ -84,7 +84,11 @@ def with_vision_lora_default(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """`model_cfg` with LoRA's exclude_modules set to the vision tower when it is a vision-language model's and
     the user left it unset (verl's recommended setting); otherwise unchanged."""
     cfg = dict(model_cfg)
-    if int(cfg.get("lora_rank") or 0) > 0 and cfg.get("exclude_modules") is None and folder_is_vision_language(cfg["path"]):
+    if (
+        int(cfg.get("lora_rank") or 0) > 0
+        and cfg.get("exclude_modules") is None
+        and folder_is_vision_language(cfg["path"])
+    ):
         cfg["exclude_modules"] = VISION_TOWER_EXCLUDE
     return cfg
 

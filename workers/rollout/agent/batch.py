@@ -14,7 +14,15 @@ import torch
 
 from workers.rollout.agent.loop import Conversation
 
-COUNT_KEYS = ("num_turns", "num_tool_calls", "num_tool_errors", "num_tool_timeouts", "num_outputs_cut", "truncated", "hit_max_turns")
+COUNT_KEYS = (
+    "num_turns",
+    "num_tool_calls",
+    "num_tool_errors",
+    "num_tool_timeouts",
+    "num_outputs_cut",
+    "truncated",
+    "hit_max_turns",
+)
 
 
 def conversation_batch(

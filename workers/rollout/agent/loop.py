@@ -101,7 +101,9 @@ class Conversation:
     ended_with_eos: bool = False
     final_text: str = ""  # the text of the model's last turn
 
-    def append(self, tokens: list[int], model: bool, log_probs: list[float] | None = None, versions: list[int] | None = None) -> None:
+    def append(
+        self, tokens: list[int], model: bool, log_probs: list[float] | None = None, versions: list[int] | None = None
+    ) -> None:
         self.response.extend(tokens)
         self.mask.extend([int(model)] * len(tokens))
         self.log_probs.extend(log_probs if log_probs is not None else [0.0] * len(tokens))
@@ -110,7 +112,11 @@ class Conversation:
 
 class AgentLoop:
     def __init__(
-        self, generator: TurnGenerator | StreamingTurnGenerator, parser: ToolCallParser, bridge: ChatBridge, settings: AgentSettings
+        self,
+        generator: TurnGenerator | StreamingTurnGenerator,
+        parser: ToolCallParser,
+        bridge: ChatBridge,
+        settings: AgentSettings,
     ) -> None:
         self.generator, self.parser, self.bridge, self.settings = generator, parser, bridge, settings
 
@@ -142,7 +148,9 @@ class AgentLoop:
                     for request, output in generator.step():
                         self.after_turn(conversations[request.row], output)
                 # While the engine works, finished tool calls are picked up without waiting for more.
-                for conversation in self.ready_after_tools(conversations, None if busy else concurrent.futures.FIRST_COMPLETED):
+                for conversation in self.ready_after_tools(
+                    conversations, None if busy else concurrent.futures.FIRST_COMPLETED
+                ):
                     generator.submit(self.next_request(conversation))
         except BaseException:
             generator.cancel_all()

@@ -42,20 +42,28 @@ def absolute_specs(multi_turn: dict[str, Any]) -> dict[str, Any]:
 
 def environment_factory(multi_turn: dict[str, Any]) -> Callable[[], Environment]:
     if multi_turn["environment"] and multi_turn["tools"]:
-        raise ValueError("rollout.multi_turn: set either `environment` or `tools`, not both (an environment serves its own tools)")
+        raise ValueError(
+            "rollout.multi_turn: set either `environment` or `tools`, not both (an environment serves its own tools)"
+        )
     if multi_turn["environment"]:
         env_class = load_object(multi_turn["environment"], "environment")
         if not (isinstance(env_class, type) and issubclass(env_class, Environment)):
-            raise TypeError(f"environment {multi_turn['environment']!r} must be a subclass of workers.rollout.agent.Environment")
+            raise TypeError(
+                f"environment {multi_turn['environment']!r} must be a subclass of workers.rollout.agent.Environment"
+            )
         return env_class
     if not multi_turn["tools"]:
-        raise ValueError("rollout.multi_turn.enable=true needs `tools` (['path/to/file.py:function', ...]) or `environment`")
+        raise ValueError(
+            "rollout.multi_turn.enable=true needs `tools` (['path/to/file.py:function', ...]) or `environment`"
+        )
     tools = load_tools(multi_turn["tools"])
     return lambda: ToolEnvironment(tools)
 
 
 class AgentRollout:
-    def __init__(self, multi_turn: dict[str, Any], tokenizer: Any, response_length: int, eos_token_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self, multi_turn: dict[str, Any], tokenizer: Any, response_length: int, eos_token_ids: tuple[int, ...]
+    ) -> None:
         self.cfg = multi_turn
         self.new_environment = environment_factory(multi_turn)
         self.parser = make_parser(multi_turn["format"])
@@ -84,7 +92,9 @@ class AgentRollout:
             env.reset(sample, seed=turn_seed(call_seed or 0, rank, row, turn=0))
             envs.append(env)
         conversations = AgentLoop(generator, self.parser, self.bridge, self.settings).run(contexts, envs)
-        return conversation_batch({k: v.cpu() for k, v in prompts.items()}, conversations, self.settings.response_length, params.pad_token_id)
+        return conversation_batch(
+            {k: v.cpu() for k, v in prompts.items()}, conversations, self.settings.response_length, params.pad_token_id
+        )
 
 
 def sample_fields(non_tensor_batch: dict[str, np.ndarray], rows: int) -> list[dict[str, Any]]:

@@ -68,7 +68,9 @@ class ContinuousEngine:
         from vllm.sampling_params import RequestOutputKind
 
         remaining = job.max_tokens - len(job.tokens)
-        sampling = vllm_sampling(self.params, remaining, job.submission_seed(), max(0, job.min_tokens - len(job.tokens)))
+        sampling = vllm_sampling(
+            self.params, remaining, job.submission_seed(), max(0, job.min_tokens - len(job.tokens))
+        )
         sampling.output_kind = RequestOutputKind.DELTA  # each step hands back only its new tokens
         request_id = f"stream-{next(_REQUEST_IDS)}"
         prompt = TokensPrompt(prompt_token_ids=job.context + job.tokens)

@@ -41,7 +41,9 @@ class StreamWorkerMixin:
         if self.stream is None:
             rollout = self.config["rollout"]
             params = sampling_params(rollout, {}, *self.token_ids)
-            settings = StreamSettings(int(rollout["max_staleness"]), rollout["stale_groups"], rollout["partial_rollout"])
+            settings = StreamSettings(
+                int(rollout["max_staleness"]), rollout["stale_groups"], rollout["partial_rollout"]
+            )
             engine = ContinuousEngine(self.engine, params, self.weights_version)
             self.stream = GenerationStream(engine, GroupFactory(params, self.agent), settings)
         return self.stream
