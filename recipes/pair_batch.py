@@ -6,8 +6,8 @@ import numpy as np
 import torch
 
 from protocol import DataProto
-from workers.training.dpo_update import SIDE_KEYS
 from workers.rl_math.masked import masked_sum
+from workers.training.dpo_update import SIDE_KEYS
 
 
 def pack_pairs(rollout: DataProto, chosen: np.ndarray, rejected: np.ndarray) -> DataProto:

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
-from trainer.data_names import TRUNCATION_MODES
 from trainer.data.images import VisionTokens, placeholder_count, row_image_bytes  # noqa: E402
+from trainer.data_names import TRUNCATION_MODES
 from trainer.preflight import REQUIRED_COLUMNS  # noqa: F401,E402 - the prompt column (`prompt_key`) is required too
 from workers.vision.images import MULTI_MODAL_DATA  # noqa: E402 - per row {"image": [encoded bytes, ...]}
 

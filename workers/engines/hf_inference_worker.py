@@ -29,7 +29,9 @@ class HFInferenceWorker(Worker):
         self.device = worker_device()
         self.dtype = compute_dtype("auto", self.device)
         # A vision-language folder loads as image-text-to-text (Qwen2-VL is no causal LM in transformers).
-        self.model = auto_model_class(self.model_path).from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
+        self.model = (
+            auto_model_class(self.model_path).from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
+        )
 
     def _require_model(self, what: str) -> Any:
         if self.model is None:
@@ -41,7 +43,9 @@ class HFInferenceWorker(Worker):
         self._load()
 
     @register(Dispatch.ONE_TO_ALL)
-    def generate_tokens(self, prompts: list[list[int]], sampling: dict[str, Any] | None = None) -> list[dict[str, list]]:
+    def generate_tokens(
+        self, prompts: list[list[int]], sampling: dict[str, Any] | None = None
+    ) -> list[dict[str, list]]:
         """Per prompt: generated `token_ids` and their `log_probs`, all prompts in one batch. `sampling` holds
         vLLM's field names: temperature (0 = greedy), top_k, top_p, max_tokens, stop_token_ids, seed."""
         return engine_generate(self._require_model("generate"), prompts, sampling or {}, self.device, self.rank)

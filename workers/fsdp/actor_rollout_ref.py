@@ -110,7 +110,12 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         if self.role != "ref":
             mini_batch_per_rank(cfg["actor"], cfg["rollout"]["n"], self.layout.dp_size, self.layout.where("actor"))
             self.actor = FSDPEngine(
-                auto_class, cfg["model"], self.rank, optim_cfg=cfg["actor"]["optim"], seed=cfg["seed"], **sequence_parallel,
+                auto_class,
+                cfg["model"],
+                self.rank,
+                optim_cfg=cfg["actor"]["optim"],
+                seed=cfg["seed"],
+                **sequence_parallel,
             )
         if self.role == "ref" or (self.role == "actor_rollout_ref" and self.actor.lora is None):
             # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.
@@ -134,13 +139,20 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             from workers.rollout.engine_group import engine_group
 
             self.hybrid_rollout = HybridRollout(
-                FSDPWeightSource(self.actor), rollout, seed=cfg["seed"] + self.rank, shares_weights=self.shared_base is not None,
+                FSDPWeightSource(self.actor),
+                rollout,
+                seed=cfg["seed"] + self.rank,
+                shares_weights=self.shared_base is not None,
                 group=engine_group(rollout["tensor_model_parallel_size"], self.actor.device),
             )
             if self.shared_base is not None:
-                self.step_metrics.update(self.shared_base.attach(self.hybrid_rollout.engine.checkpoint_views()).metrics())
+                self.step_metrics.update(
+                    self.shared_base.attach(self.hybrid_rollout.engine.checkpoint_views()).metrics()
+                )
         if self.actor is not None:
-            eos, _ = model_token_ids(getattr(self.actor.module, "generation_config", None), self.actor.module.config.get_text_config())
+            eos, _ = model_token_ids(
+                getattr(self.actor.module, "generation_config", None), self.actor.module.config.get_text_config()
+            )
             self.agent = build_agent(rollout, cfg["model"]["path"], eos)
         device = (self.actor or self.ref).device
         self.memory = MemoryLog(device)
@@ -164,8 +176,14 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         if self.actor is not None:
             offload = self.config["actor"]["fsdp_config"]
             stays = self.shared_base.stays if self.shared_base is not None else None
-            actor = Offloader(self.actor.module, self.actor.optimizer, self.actor.device,
-                              offload["param_offload"], offload["optimizer_offload"], params_stay=stays)
+            actor = Offloader(
+                self.actor.module,
+                self.actor.optimizer,
+                self.actor.device,
+                offload["param_offload"],
+                offload["optimizer_offload"],
+                params_stay=stays,
+            )
         if self.ref is not None:
             ref_offload = self.config["ref"]["fsdp_config"]["param_offload"]
             ref = Offloader(self.ref.module, None, self.ref.device, ref_offload, False, frozen=True)
@@ -208,7 +226,10 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         if self.images is not None:
             return self.images.attach(data)
         if MULTI_MODAL_DATA in data.non_tensor_batch:
-            raise ValueError(f"{method}: the batch carries images ({MULTI_MODAL_DATA!r}) but {self.config['model']['path']!r} is a text-only model")
+            raise ValueError(
+                f"{method}: the batch carries images ({MULTI_MODAL_DATA!r}) but {self.config['model']['path']!r} "
+                "is a text-only model"
+            )
         return data
 
     @register(Dispatch.DP_COMPUTE_PROTO)
@@ -216,7 +237,9 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         """Left-padded prompts [B, P] -> prompts, responses [B, R], input_ids / attention_mask /
         position_ids [B, P+R], response_mask [B, R]; other keys and meta_info of the input carried over."""
         if self.config["rollout"]["placement"] == "separate":
-            raise RuntimeError("rollout.placement='separate': generate_sequences runs on the rollout worker group, not the actor")
+            raise RuntimeError(
+                "rollout.placement='separate': generate_sequences runs on the rollout worker group, not the actor"
+            )
         if self.hybrid_rollout is not None:  # the actor's weights come to the GPU only if a sync sends them
             engine = self._engine("actor", "generate_sequences")
         else:
@@ -229,23 +252,37 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
             run = images = None
             if self.agent is not None:
-                run = lambda engine: vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)  # noqa: E731
+
+                def run(engine: Any) -> Any:  # the multi-turn agent loop on this rank's engine
+                    return vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)
+
             elif MULTI_MODAL_DATA in prompts.non_tensor_batch:  # vLLM decodes and processes the images itself
                 images = [[decode_image(encoded) for encoded in row] for row in row_images(prompts)]
             result, metrics = self.hybrid_rollout.generate(
-                inputs, params, seed, self.rank, self.weights_version,
-                before_sync=self.residency.actor_needed, after_sync=self.residency.rollout_needs_device, run=run, images=images,
+                inputs,
+                params,
+                seed,
+                self.rank,
+                self.weights_version,
+                before_sync=self.residency.actor_needed,
+                after_sync=self.residency.rollout_needs_device,
+                run=run,
+                images=images,
             )
             self.step_metrics.update(metrics)
         elif self.agent is not None:
             engine.module.eval()
-            result = hf_agent_generate(self.agent, engine.module, prompts, params, engine.device, self.rank, self.world_size > 1)
+            result = hf_agent_generate(
+                self.agent, engine.module, prompts, params, engine.device, self.rank, self.world_size > 1
+            )
         else:
             engine.module.eval()
             inputs = {k: prompts.batch[k].to(engine.device) for k in PROMPT_KEYS}
             vision = generate_inputs(engine.module, self._with_images(prompts, "generate_sequences"), engine.device)
             with seeded_sampling(seed, self.rank, engine.device):
-                result = generate_responses(engine.module, inputs, params, synced=self.world_size > 1, model_kwargs=vision)
+                result = generate_responses(
+                    engine.module, inputs, params, synced=self.world_size > 1, model_kwargs=vision
+                )
         self._end_phase("generate")
         return rollout_output(prompts, result)
 
@@ -261,7 +298,9 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         return metrics
 
     # ---- log-probs ------------------------------------------------------------------------------------
-    def _log_probs(self, engine: FSDPEngine, data: DataProto, section: str, with_entropy: bool, method: str) -> dict[str, torch.Tensor]:
+    def _log_probs(
+        self, engine: FSDPEngine, data: DataProto, section: str, with_entropy: bool, method: str
+    ) -> dict[str, torch.Tensor]:
         """{"log_probs", "entropy" (with_entropy)} [B, R], micro-batched as config section `section` says."""
         require_batch_keys(data, LOG_PROB_KEYS, method)
         check_same_length(len(data), engine.device, method)
@@ -269,8 +308,12 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         temperature = float(data.meta_info.get("temperature", self.config["rollout"]["temperature"]))
         cfg = self.config[section]
         batching = MicroBatching.for_call(
-            data.meta_info, cfg["log_prob_micro_batch_size_per_gpu"], cfg["log_prob_use_dynamic_bsz"],
-            cfg["log_prob_max_token_len_per_gpu"], f"{section}.log_prob_max_token_len_per_gpu", self.layout.size,
+            data.meta_info,
+            cfg["log_prob_micro_batch_size_per_gpu"],
+            cfg["log_prob_use_dynamic_bsz"],
+            cfg["log_prob_max_token_len_per_gpu"],
+            f"{section}.log_prob_max_token_len_per_gpu",
+            self.layout.size,
         )
 
         forward = ResponseForward("log_probs", temperature, with_entropy)
@@ -327,7 +370,9 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         def loss_fn(outputs: ResponseOutputs, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
             return actor_loss(outputs, micro, actor_cfg, is_cap)
 
-        metrics = run_ppo_updates(engine, data, actor_forward(actor_cfg, temperature), loss_fn, schedule, "update_actor")
+        metrics = run_ppo_updates(
+            engine, data, actor_forward(actor_cfg, temperature), loss_fn, schedule, "update_actor"
+        )
         self.update_calls += 1
         self.weights_version += 1
         if self.images is not None:
@@ -339,7 +384,8 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
     def update_actor_sft(self, data: DataProto) -> dict[str, float]:
         """Supervised step on the responses (token NLL under `response_mask` x optional `loss_mask`; layout
         in `workers/training/sft_update.py`) with the PPO update's schedule; log-probs at temperature 1 unless
-        `meta_info["temperature"]` says otherwise. Returns `sft_loss`, `grad_norm`, `lr` over micro-batches and ranks."""
+        `meta_info["temperature"]` says otherwise. Returns `sft_loss`, `grad_norm`, `lr` over micro-batches and
+        ranks."""
         engine = self._resident_actor("update_actor_sft")  # the optimizer state comes for each step only
         require_batch_keys(data, SFT_KEYS, "update_actor_sft")
         actor_cfg = self.config["actor"]
@@ -369,7 +415,9 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             engine,
             pairs,
             DPOSettings.from_meta(pairs.meta_info.get("dpo")),
-            micro_batch_size=int(pairs.meta_info.get("micro_batch_size", self.config["actor"]["ppo_micro_batch_size_per_gpu"])),
+            micro_batch_size=int(
+                pairs.meta_info.get("micro_batch_size", self.config["actor"]["ppo_micro_batch_size_per_gpu"])
+            ),
             grad_clip=self.config["actor"]["grad_clip"],
             temperature=temperature,
         )

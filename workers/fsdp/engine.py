@@ -64,7 +64,9 @@ class FSDPEngine:
         self.trainable = optim_cfg is not None
         # LoRA (model_cfg["lora_rank"] > 0) applies to trainable models; a frozen one is the plain base model. A
         # vision-language model's vision tower is left out unless model.exclude_modules says otherwise.
-        self.lora: LoraSpec | None = LoraSpec.from_model_config(with_vision_lora_default(model_cfg)) if self.trainable else None
+        self.lora: LoraSpec | None = (
+            LoraSpec.from_model_config(with_vision_lora_default(model_cfg)) if self.trainable else None
+        )
         self.module: nn.Module = load_sharded_model(
             auto_class, model_cfg, self.device, self.trainable, config_overrides, seed, self.lora
         )
@@ -107,7 +109,9 @@ class FSDPEngine:
             results.kept.append(kept)
         return results
 
-    def forward_only(self, micros: list[DataProto], forward: ResponseForward, keep: MicroKeep) -> list[dict[str, torch.Tensor]]:
+    def forward_only(
+        self, micros: list[DataProto], forward: ResponseForward, keep: MicroKeep
+    ) -> list[dict[str, torch.Tensor]]:
         self.module.eval()
         kept = []
         with torch.no_grad():
@@ -155,13 +159,20 @@ class FSDPEngine:
         """Model (with LoRA: the adapter only) and optimizer shards, LR schedule, RNG and the caller's `extra`."""
         self._require_trainable("save_checkpoint")
         state = {"lr_scheduler": self.lr_scheduler.state_dict(), **self._lora_state(), **(extra or {})}
-        checkpoint.save_sharded(path, self.module, self.optimizer, state, self.rank, trainable_only=self.lora is not None)
+        checkpoint.save_sharded(
+            path, self.module, self.optimizer, state, self.rank, trainable_only=self.lora is not None
+        )
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Restore everything `save_checkpoint` wrote; returns the caller's `extra` entries."""
         self._require_trainable("load_checkpoint")
         extra = checkpoint.load_sharded(
-            path, self.module, self.optimizer, self.rank, trainable_only=self.lora is not None, must_match=self._lora_state()
+            path,
+            self.module,
+            self.optimizer,
+            self.rank,
+            trainable_only=self.lora is not None,
+            must_match=self._lora_state(),
         )
         self.lr_scheduler.load_state_dict(extra.pop("lr_scheduler"))
         return extra

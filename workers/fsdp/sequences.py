@@ -44,7 +44,11 @@ def response_log_probs_and_entropy(
     # The outputs at positions P-1 .. P+R-2 predict the R response tokens; the head runs there only.
     predictors = torch.arange(width - length - 1, width - 1, device=device)
     # Rows with images add their pixels, image grids and multimodal rope positions (workers/vision).
-    inputs = {**_sequence_inputs(micro, device), **(vision_forward_inputs(model, micro, device) or {}), "use_cache": False}
+    inputs = {
+        **_sequence_inputs(micro, device),
+        **(vision_forward_inputs(model, micro, device) or {}),
+        "use_cache": False,
+    }
     return token_log_probs_and_entropy(model, inputs, predictors, responses, temperature, with_entropy, entropy_grad)
 
 

@@ -74,16 +74,22 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
         max_positions = max(4096, cfg["rollout"]["max_model_len"] or 0)
         if self.role != "ref":
             mini_batch_per_rank(cfg["actor"], cfg["rollout"]["n"], self.dp_size, "actor (over data-parallel ranks)")
-            self.actor = MegatronEngine(cfg["model"], self.settings, cfg["actor"]["optim"], seed=cfg["seed"], max_positions=max_positions)
+            self.actor = MegatronEngine(
+                cfg["model"], self.settings, cfg["actor"]["optim"], seed=cfg["seed"], max_positions=max_positions
+            )
             if cfg["rollout"]["name"] == "vllm":
                 from workers.megatron.rollout_source import MegatronWeightSource
                 from workers.rollout.engine_group import engine_group
                 from workers.rollout.hybrid import HybridRollout
 
                 group = engine_group(cfg["rollout"]["tensor_model_parallel_size"], self.actor.device)
-                self.hybrid_rollout = HybridRollout(MegatronWeightSource(self.actor), cfg["rollout"], seed=cfg["seed"] + self.rank, group=group)
+                self.hybrid_rollout = HybridRollout(
+                    MegatronWeightSource(self.actor), cfg["rollout"], seed=cfg["seed"] + self.rank, group=group
+                )
             else:
-                self.rollout_model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=self.actor.dtype).to(self.actor.device)
+                self.rollout_model = AutoModelForCausalLM.from_pretrained(
+                    cfg["model"]["path"], dtype=self.actor.dtype
+                ).to(self.actor.device)
                 self.rollout_model.eval()
         if self.role in ("actor_rollout_ref", "ref"):
             self.ref = MegatronEngine(cfg["model"], self.settings, seed=cfg["seed"], max_positions=max_positions)
@@ -164,7 +170,11 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
         micro = self.config["rollout"]["log_prob_micro_batch_size_per_gpu"]
         out = self._log_probs(self._engine("actor", "compute_log_prob"), data, micro, True, "compute_log_prob")
         self.memory.record("old_log_prob")
-        return None if out is None else DataProto.from_dict({"old_log_probs": out["log_probs"], "entropys": out["entropy"]})
+        return (
+            None
+            if out is None
+            else DataProto.from_dict({"old_log_probs": out["log_probs"], "entropys": out["entropy"]})
+        )
 
     @register(dispatch_mode=OVER_DP)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto | None:
@@ -194,7 +204,9 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
             return actor_loss(outputs, micro, actor_cfg)
 
         schedule = self._update_schedule()
-        metrics = run_ppo_updates(engine, data, actor_forward(actor_cfg, temperature), loss_fn, schedule, "update_actor")
+        metrics = run_ppo_updates(
+            engine, data, actor_forward(actor_cfg, temperature), loss_fn, schedule, "update_actor"
+        )
         self.update_calls += 1
         self.weights_version += 1
         self.memory.record("update_actor")
@@ -230,7 +242,9 @@ class MegatronActorRolloutRefWorker(ActorStateMixin, Worker):
             engine,
             pairs,
             DPOSettings.from_meta(pairs.meta_info.get("dpo")),
-            micro_batch_size=int(pairs.meta_info.get("micro_batch_size", self.config["actor"]["ppo_micro_batch_size_per_gpu"])),
+            micro_batch_size=int(
+                pairs.meta_info.get("micro_batch_size", self.config["actor"]["ppo_micro_batch_size_per_gpu"])
+            ),
             grad_clip=self.config["actor"]["grad_clip"],
             temperature=float(pairs.meta_info.get("temperature", self.config["rollout"]["temperature"])),
         )

@@ -233,7 +233,9 @@ class MegatronEngine:
 
         return MicroResults(self.run_micro_batches(micros, stage_loss, forward_only=False))
 
-    def forward_only(self, micros: list[DataProto], forward: ResponseForward, keep: MicroKeep) -> list[dict[str, torch.Tensor]]:
+    def forward_only(
+        self, micros: list[DataProto], forward: ResponseForward, keep: MicroKeep
+    ) -> list[dict[str, torch.Tensor]]:
         def stage_keep(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
             return output.new_zeros(()), keep(self.response_outputs(output, micro, forward), micro)
 

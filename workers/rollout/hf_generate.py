@@ -49,8 +49,14 @@ def seeded_sampling(seed: int | None, rank: int, device: torch.device) -> Iterat
 
 
 def generate_tokens(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, synced: bool = False,
-    model_kwargs: dict[str, torch.Tensor] | None = None, max_new_tokens: int | None = None, with_log_probs: bool = False,
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    params: SamplingParams,
+    synced: bool = False,
+    model_kwargs: dict[str, torch.Tensor] | None = None,
+    max_new_tokens: int | None = None,
+    with_log_probs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One `generate` over left-padded prompts: the new tokens [B, N] (a row that stopped early is padded with
     `params.pad_token_id`) and, with `with_log_probs`, each token's log-prob under the distribution it was
@@ -65,27 +71,39 @@ def generate_tokens(
     config.output_scores = config.return_dict_in_generate = with_log_probs
     with torch.no_grad():
         # HF derives the position ids from the attention mask (cumsum), like the prompts' own.
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                             synced_gpus=synced, **(model_kwargs or {}))
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=config,
+            synced_gpus=synced,
+            **(model_kwargs or {}),
+        )
     if not with_log_probs:
-        return out[:, input_ids.shape[1]:], None
-    new = out.sequences[:, input_ids.shape[1]:]
+        return out[:, input_ids.shape[1] :], None
+    new = out.sequences[:, input_ids.shape[1] :]
     scores = torch.stack(out.scores, dim=1)[:, : new.shape[1]].float()
     return new, torch.log_softmax(scores, dim=-1).gather(-1, new[..., None]).squeeze(-1)
 
 
 def generate_responses(
-    model: nn.Module, prompts: dict[str, torch.Tensor], params: SamplingParams, synced: bool,
+    model: nn.Module,
+    prompts: dict[str, torch.Tensor],
+    params: SamplingParams,
+    synced: bool,
     model_kwargs: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Generate one response per left-padded prompt; returns the rollout batch tensors. `model_kwargs`: extra
     inputs of the prompts' forward (a vision-language model's images, workers/vision/forward_inputs.py)."""
     with gathered_parameters(model):
-        generated, _ = generate_tokens(model, prompts["input_ids"], prompts["attention_mask"], params, synced, model_kwargs)
+        generated, _ = generate_tokens(
+            model, prompts["input_ids"], prompts["attention_mask"], params, synced, model_kwargs
+        )
     return assemble_rollout(prompts, generated, params)
 
 
-def left_padded(prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(
+    prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists -> left-padded input_ids and attention_mask [B, longest prompt]."""
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_token_id] * (width - len(p)) + list(p) for p in prompts], device=device)
@@ -94,8 +112,12 @@ def left_padded(prompts: Sequence[Sequence[int]], pad_token_id: int, device: tor
 
 
 def generate_token_lists(
-    model: nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, device: torch.device,
-    synced: bool = False, limits: Sequence[int] | None = None,
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    device: torch.device,
+    synced: bool = False,
+    limits: Sequence[int] | None = None,
 ) -> list[tuple[list[int], list[float]]]:
     """Per prompt, in one batch: the generated tokens up to and including the first of `params.eos_token_ids`
     and at most its limit (`limits[i]`, default `params.response_length`), with their log-probs."""
@@ -122,9 +144,13 @@ def request_sampling(model: nn.Module, sampling: Mapping[str, Any]) -> SamplingP
     pad = next((s.pad_token_id for s in sources if getattr(s, "pad_token_id", None) is not None), None)
     temperature = float(sampling.get("temperature", 1.0))
     return SamplingParams(
-        do_sample=temperature > 0, temperature=temperature, top_p=float(sampling.get("top_p", 1.0)),
-        top_k=max(int(sampling.get("top_k", 0)), 0), response_length=int(sampling.get("max_tokens", 16)),
-        eos_token_ids=stop, pad_token_id=int(pad) if pad is not None else (stop[0] if stop else 0),
+        do_sample=temperature > 0,
+        temperature=temperature,
+        top_p=float(sampling.get("top_p", 1.0)),
+        top_k=max(int(sampling.get("top_k", 0)), 0),
+        response_length=int(sampling.get("max_tokens", 16)),
+        eos_token_ids=stop,
+        pad_token_id=int(pad) if pad is not None else (stop[0] if stop else 0),
     )
 
 

@@ -71,7 +71,11 @@ class Strategy:
         is_tensor = isinstance(value, torch.Tensor)
         if not is_tensor and not isinstance(value, (int, float)):
             raise TypeError(f"all_reduce takes a number, a tensor or a dict of them, got {type(value).__name__}")
-        tensor = value.detach().clone().to(self.device) if is_tensor else torch.tensor(float(value), dtype=torch.float64, device=self.device)
+        tensor = (
+            value.detach().clone().to(self.device)
+            if is_tensor
+            else torch.tensor(float(value), dtype=torch.float64, device=self.device)
+        )
         if op == "mean" and not tensor.is_floating_point():
             tensor = tensor.double()
         dist.all_reduce(tensor, op=REDUCE_OPS[op])
@@ -88,7 +92,9 @@ class Strategy:
             local = value.detach().to(self.device).contiguous()
             pieces = [torch.empty_like(local) for _ in range(self.world_size)]
             dist.all_gather(pieces, local)
-            return torch.cat([p.reshape(-1, *local.shape[1:]) if local.dim() else p.reshape(1) for p in pieces]).to(value.device)
+            return torch.cat([p.reshape(-1, *local.shape[1:]) if local.dim() else p.reshape(1) for p in pieces]).to(
+                value.device
+            )
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, value)
         return gathered
@@ -103,7 +109,9 @@ class Strategy:
     def optimizer_step(self, optimizer: Any, model: nn.Module, scheduler: Any = None, name: str = "model") -> float:
         raise NotImplementedError
 
-    def sequence_log_probs(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def sequence_log_probs(
+        self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
         """log p(token_t | tokens_<t) [B, L-1] of left- or right-padded rows, with the graph for backward."""
         raise NotImplementedError
 
@@ -118,7 +126,9 @@ class Strategy:
 
     def _require_loaded(self, optimizer: Any, name: str) -> None:
         if id(optimizer) in self._offloaded:
-            raise RuntimeError(f"optimizer_step({name!r}): the optimizer state is offloaded; call maybe_load_optimizer first")
+            raise RuntimeError(
+                f"optimizer_step({name!r}): the optimizer state is offloaded; call maybe_load_optimizer first"
+            )
 
     def _finish_step(self, scheduler: Any, name: str, grad_norm: float) -> float:
         """After a backend's step: the scheduler steps, the weights get a new version, the norm is kept."""
@@ -165,7 +175,9 @@ class Strategy:
             raise RuntimeError(f"{method}: call setup_inference_engine(config, engine_type) first")
         return self.inference
 
-    def gather_and_generate(self, prompts: list[list[int]], sampling: dict[str, Any] | None = None) -> list[dict[str, list]]:
+    def gather_and_generate(
+        self, prompts: list[list[int]], sampling: dict[str, Any] | None = None
+    ) -> list[dict[str, list]]:
         """This rank's prompts (token-id lists) -> per prompt `token_ids` and `log_probs`, in order. `sampling`:
         vLLM `SamplingParams` fields (temperature, top_p, top_k, max_tokens, stop_token_ids, ...). Collective
         over the engine group."""
@@ -184,15 +196,30 @@ class Strategy:
         self._require_inference("maybe_sleep_inference_engine").sleep()
 
     # ---- checkpoints ----------------------------------------------------------------------------------
-    def save_checkpoint(self, root: str, step: int, model: nn.Module, optimizer: Any, scheduler: Any = None,
-                        client_state: dict[str, Any] | None = None, keep: int | None = None) -> str:
+    def save_checkpoint(
+        self,
+        root: str,
+        step: int,
+        model: nn.Module,
+        optimizer: Any,
+        scheduler: Any = None,
+        client_state: dict[str, Any] | None = None,
+        keep: int | None = None,
+    ) -> str:
         """Write `root/global_step_<step>/` atomically (the toolkit's format: a temporary folder, a manifest,
         a rename): model and optimizer shards, the scheduler, RNG states and `client_state` (JSON). With `keep`,
         only the newest `keep` checkpoints stay. Collective; returns the folder."""
-        return checkpoint_folders.save(root, step, client_state or {}, keep,
-                                       lambda path: self._save_with_optimizer_loaded(path, model, optimizer, scheduler))
+        return checkpoint_folders.save(
+            root,
+            step,
+            client_state or {},
+            keep,
+            lambda path: self._save_with_optimizer_loaded(path, model, optimizer, scheduler),
+        )
 
-    def load_checkpoint(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any = None) -> dict[str, Any] | None:
+    def load_checkpoint(
+        self, path: str, model: nn.Module, optimizer: Any, scheduler: Any = None
+    ) -> dict[str, Any] | None:
         """Restore from a step folder, or from the newest whole one under a root; returns its `client_state`,
         or None when the root holds no checkpoint. Collective."""
         folder = checkpoint_folders.resolve(Path(path))

@@ -19,7 +19,6 @@ from workers.strategy.base import Strategy
 from workers.strategy.config import optimizer_settings, scheduler_settings
 
 
-
 @dataclass
 class PreparedModel:
     """What the weight source of a hybrid engine reads from a prepared model (see `FSDPWeightSource`)."""
@@ -33,17 +32,23 @@ class PreparedModel:
     config_overrides: dict[str, Any] = field(default_factory=dict)
 
 
-def repoint_optimizer(optimizer: torch.optim.Optimizer, names: dict[int, str], sharded: dict[str, nn.Parameter]) -> None:
+def repoint_optimizer(
+    optimizer: torch.optim.Optimizer, names: dict[int, str], sharded: dict[str, nn.Parameter]
+) -> None:
     """FSDP2 replaces each parameter by a sharded one: the optimizer's groups (and any scheduler holding the
     optimizer) keep working once the groups list the new parameters, matched by name."""
     if optimizer.state:
-        raise ValueError("prepare: the optimizer already holds state (it stepped); build it fresh over model.parameters()")
+        raise ValueError(
+            "prepare: the optimizer already holds state (it stepped); build it fresh over model.parameters()"
+        )
     for group in optimizer.param_groups:
         try:
             group["params"] = [sharded[names[id(p)]] for p in group["params"]]
         except KeyError:
-            raise ValueError("prepare: the optimizer holds parameters that are not the model's; build it over "
-                             "model.parameters() of the model passed to prepare") from None
+            raise ValueError(
+                "prepare: the optimizer holds parameters that are not the model's; build it over "
+                "model.parameters() of the model passed to prepare"
+            ) from None
 
 
 class FSDPStrategy(Strategy):
@@ -88,7 +93,10 @@ class FSDPStrategy(Strategy):
         elif isinstance(optimizer, torch.optim.Optimizer):
             repoint_optimizer(optimizer, names, sharded)
         else:
-            raise TypeError(f"prepare: optimizer must be a torch optimizer or a dict of AdamW settings, got {type(optimizer).__name__}")
+            raise TypeError(
+                "prepare: optimizer must be a torch optimizer or a dict of AdamW settings, "
+                f"got {type(optimizer).__name__}"
+            )
         if isinstance(scheduler, dict):
             scheduler = build_lr_scheduler(optimizer, scheduler_settings(scheduler))
         return model, optimizer, scheduler
@@ -96,10 +104,14 @@ class FSDPStrategy(Strategy):
     def _record(self, model: nn.Module, method: str) -> PreparedModel:
         record = self._prepared.get(id(model))
         if record is None:
-            raise ValueError(f"{method}: this model was not prepared by the strategy; call strategy.prepare(model, ...) first")
+            raise ValueError(
+                f"{method}: this model was not prepared by the strategy; call strategy.prepare(model, ...) first"
+            )
         return record
 
-    def sequence_log_probs(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def sequence_log_probs(
+        self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
         mask = attention_mask.to(self.device)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         ids = input_ids.to(self.device)

@@ -65,8 +65,12 @@ class MegatronStrategy(Strategy):
         if optimizer is not None:
             optim_cfg = {**optimizer_settings(optimizer), **scheduler_settings(scheduler or {})}
         mc = self.config.megatron
-        settings = ParallelSettings(mc.tensor_model_parallel_size, 1,
-                                    mc.sequence_parallel and mc.tensor_model_parallel_size > 1, mc.use_distributed_optimizer)
+        settings = ParallelSettings(
+            mc.tensor_model_parallel_size,
+            1,
+            mc.sequence_parallel and mc.tensor_model_parallel_size > 1,
+            mc.use_distributed_optimizer,
+        )
         engine = MegatronEngine({"path": path, "dtype": self.config.dtype}, settings, optim_cfg, seed=self.config.seed)
         self._engines[id(engine.model)] = engine
         if optim_cfg is None:
@@ -76,10 +80,14 @@ class MegatronStrategy(Strategy):
     def _engine(self, model: nn.Module, method: str) -> Any:
         engine = self._engines.get(id(model))
         if engine is None:
-            raise ValueError(f"{method}: this model was not prepared by the strategy; call strategy.prepare(path, ...) first")
+            raise ValueError(
+                f"{method}: this model was not prepared by the strategy; call strategy.prepare(path, ...) first"
+            )
         return engine
 
-    def sequence_log_probs(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def sequence_log_probs(
+        self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
         from workers.megatron.engine import attention_mask_4d
         from workers.megatron.vocab_parallel import log_probs_and_entropy
 
@@ -92,7 +100,9 @@ class MegatronStrategy(Strategy):
             ids, mask = nn.functional.pad(ids, (0, padded - length)), nn.functional.pad(mask, (0, padded - length))
         positions = torch.arange(padded, device=self.device).expand_as(ids)
         logits = model(ids, positions, attention_mask_4d(mask))[:, :length]
-        log_probs, _ = log_probs_and_entropy(logits[:, :-1], ids[:, 1:length], engine.layout.vocab_size, with_entropy=False)
+        log_probs, _ = log_probs_and_entropy(
+            logits[:, :-1], ids[:, 1:length], engine.layout.vocab_size, with_entropy=False
+        )
         return log_probs
 
     def backward(self, loss: torch.Tensor, model: nn.Module, optimizer: Any) -> None:

@@ -41,7 +41,12 @@ def actor_loss(
 
 
 def _rollout_correction(
-    old_log_probs: torch.Tensor, micro: DataProto, mask: torch.Tensor, device: torch.device, from_update: bool, is_cap: float | None
+    old_log_probs: torch.Tensor,
+    micro: DataProto,
+    mask: torch.Tensor,
+    device: torch.device,
+    from_update: bool,
+    is_cap: float | None,
 ) -> tuple[torch.Tensor | None, dict[str, float]]:
     """The truncated importance weights of the policy loss (None: none) and, when this update stands in for
     the old log-prob pass, the metrics the driver would have computed from that pass."""
@@ -58,7 +63,11 @@ def _rollout_correction(
 
 
 def actor_loss_from_log_probs(
-    log_probs: torch.Tensor, entropy: torch.Tensor, micro: DataProto, device: torch.device, actor_cfg: dict[str, Any],
+    log_probs: torch.Tensor,
+    entropy: torch.Tensor,
+    micro: DataProto,
+    device: torch.device,
+    actor_cfg: dict[str, Any],
     is_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The same loss from the response tokens' log-probs and entropies [b, R] (any backend computes those).

@@ -97,7 +97,9 @@ class TrainBackend(Protocol):
         """Forward every micro-batch, backward `loss_fn`'s loss (gradients accumulate; the caller weights)."""
         ...
 
-    def forward_only(self, micros: list[DataProto], forward: ResponseForward, keep: MicroKeep) -> list[dict[str, torch.Tensor]]:
+    def forward_only(
+        self, micros: list[DataProto], forward: ResponseForward, keep: MicroKeep
+    ) -> list[dict[str, torch.Tensor]]:
         """No-grad forward of every micro-batch; what `keep` returned per micro-batch ([] on non-reporting ranks)."""
         ...
 

@@ -64,7 +64,9 @@ class MicroBatching:
         budget = int(meta_info.get("max_token_len", max_tokens)) * sequence_parallel
         if sequence_parallel > 1:
             setting = f"{setting} x {sequence_parallel} sequence-parallel ranks"
-        return cls(rows=int(meta_info.get("micro_batch_size", rows)), max_tokens=budget if dynamic else None, setting=setting)
+        return cls(
+            rows=int(meta_info.get("micro_batch_size", rows)), max_tokens=budget if dynamic else None, setting=setting
+        )
 
     def split(self, data: DataProto, device: torch.device) -> tuple[list[DataProto], list[int]]:
         """(micro-batches, the row order they follow). Collective in dynamic mode: call on every rank."""
@@ -82,7 +84,10 @@ class MicroBatching:
 
 
 def forward_in_micro_batches(
-    data: DataProto, batching: MicroBatching, device: torch.device, forward: Callable[[DataProto], dict[str, torch.Tensor]]
+    data: DataProto,
+    batching: MicroBatching,
+    device: torch.device,
+    forward: Callable[[DataProto], dict[str, torch.Tensor]],
 ) -> dict[str, torch.Tensor]:
     """Run `forward` (micro-batch -> per-row tensors) over the micro-batches; outputs in the input's row order."""
     micros, order = batching.split(data, device)

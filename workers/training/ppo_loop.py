@@ -91,7 +91,8 @@ def check_one_optimizer_step(schedule: PPOSchedule, rows: int) -> None:
         return
     raise ValueError(
         f"update_actor got a batch without old_log_probs, but it makes {schedule.epochs} epoch(s) over "
-        f"{-(-rows // schedule.mini_batch_size)} mini-batch(es) of {schedule.mini_batch_size} rows per rank ({rows} rows "
+        f"{-(-rows // schedule.mini_batch_size)} mini-batch(es) of {schedule.mini_batch_size} rows per rank "
+        f"({rows} rows "
         "here): after the first optimizer step its own forward no longer gives pi_old. Add the actor's "
         "compute_log_prob output to the batch first, or make one optimizer step per batch (ppo_epochs=1 and "
         "ppo_mini_batch_size = data.train_batch_size)"
@@ -120,7 +121,12 @@ def shuffled(data: DataProto, shuffle: bool, seed: int) -> DataProto:
 
 
 def run_ppo_updates(
-    backend: TrainBackend, data: DataProto, forward: ResponseForward, loss_fn: MicroLoss, schedule: PPOSchedule, method: str
+    backend: TrainBackend,
+    data: DataProto,
+    forward: ResponseForward,
+    loss_fn: MicroLoss,
+    schedule: PPOSchedule,
+    method: str,
 ) -> dict[str, float]:
     """Run the updates and return metrics averaged over micro-batches (grad_norm over steps) and data-parallel
     ranks ({} on a rank that holds no outputs: Megatron's earlier pipeline stages).

@@ -2,8 +2,8 @@
 
 The batch is rollout-shaped (`input_ids`, `attention_mask`, `position_ids`, `responses`, `response_mask`)
 plus an optional `loss_mask` [B, R] (or [B], one value per row): only response tokens with both masks set
-are trained on, so a driver can pad the batch for the ranks with rows of `loss_mask` 0. It runs through the same epochs x mini-batches
-x micro-batches schedule as the PPO update (`actor.ppo_epochs`, `ppo_mini_batch_size`,
+are trained on, so a driver can pad the batch for the ranks with rows of `loss_mask` 0. It runs through the
+same epochs x mini-batches x micro-batches schedule as the PPO update (`actor.ppo_epochs`, `ppo_mini_batch_size`,
 `ppo_micro_batch_size_per_gpu`, `grad_clip`, `loss_agg_mode`) and reports `sft_loss` (the NLL per
 `loss_agg_mode` unit), `grad_norm` and `lr`, averaged like the PPO metrics.
 """
@@ -25,7 +25,9 @@ def with_loss_mask(data: DataProto) -> DataProto:
         return data
     mask, loss_mask = data.batch["response_mask"], data.batch["loss_mask"]
     trained = mask * (loss_mask[:, None] if loss_mask.ndim == 1 else loss_mask).to(mask.dtype)
-    out = DataProto.from_dict({k: data.batch[k] for k in SFT_KEYS if k != "response_mask"}, meta_info=dict(data.meta_info))
+    out = DataProto.from_dict(
+        {k: data.batch[k] for k in SFT_KEYS if k != "response_mask"}, meta_info=dict(data.meta_info)
+    )
     out.batch["response_mask"] = trained
     return out
 

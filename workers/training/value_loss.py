@@ -23,7 +23,9 @@ def masked_values(outputs: ResponseOutputs, micro: DataProto) -> dict[str, torch
     return {"values": values * response_mask(micro).to(values.dtype)}
 
 
-def value_loss(outputs: ResponseOutputs, micro: DataProto, critic_cfg: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+def value_loss(
+    outputs: ResponseOutputs, micro: DataProto, critic_cfg: dict[str, Any]
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped value loss toward `returns` (critic.cliprange_value, loss_agg_mode) and its metrics."""
     device = outputs.device
     mask = response_mask(micro).to(device)

@@ -57,7 +57,9 @@ class VLLMTurns:
     is ready, and handed back at the engine step that finishes it; conversations join and leave the running
     batch independently (a `StreamingTurnGenerator`)."""
 
-    def __init__(self, llm: Any, params: SamplingParams, call_seed: int | None, rank: int, lora_request: Any = None) -> None:
+    def __init__(
+        self, llm: Any, params: SamplingParams, call_seed: int | None, rank: int, lora_request: Any = None
+    ) -> None:
         self.engine = llm.llm_engine
         self.params, self.call_seed, self.rank = params, call_seed, rank
         self.lora_request = lora_request  # the synced LoRA adapter every turn uses (None: the plain model)
@@ -76,7 +78,10 @@ class VLLMTurns:
 
         request_id = f"agent-{self.rank}-{next(_REQUEST_IDS)}"
         self.engine.add_request(
-            request_id, TokensPrompt(prompt_token_ids=request.context), self._sampling(request), lora_request=self.lora_request
+            request_id,
+            TokensPrompt(prompt_token_ids=request.context),
+            self._sampling(request),
+            lora_request=self.lora_request,
         )
         self.submitted[request_id] = request
 

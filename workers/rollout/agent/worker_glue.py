@@ -28,7 +28,13 @@ def build_agent(rollout_cfg: dict[str, Any], model_path: str, eos_token_ids: tup
 
 
 def hf_agent_generate(
-    agent: AgentRollout, model: nn.Module, prompts: DataProto, params: SamplingParams, device: torch.device, rank: int, synced: bool
+    agent: AgentRollout,
+    model: nn.Module,
+    prompts: DataProto,
+    params: SamplingParams,
+    device: torch.device,
+    rank: int,
+    synced: bool,
 ) -> dict[str, torch.Tensor]:
     """Turn-batched HF generate on the (FSDP) model; all ranks take part in every round."""
     seed = prompts.meta_info.get("seed")
