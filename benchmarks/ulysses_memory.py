@@ -118,7 +118,7 @@ def run_size(args: argparse.Namespace, model_dir: Path, size: int) -> dict[str, 
     from trainer.config_loader import load_config
     from trainer.role_groups import actor_worker_config, use_gpu
     from trainer.run_setup import init_ray
-    from workers.fsdp.actor_rollout_ref import ActorRolloutRefWorker
+    from workers.actor import ActorRolloutRefWorker
 
     cfg = load_config(trainer_overrides(args, model_dir, size))
     init_ray(cfg)

@@ -92,10 +92,8 @@ def reward_model_worker_config(cfg: DictConfig) -> dict[str, Any]:
 
 def worker_classes(cfg: DictConfig) -> tuple[type, type]:
     """The actor/rollout/ref and critic worker classes of the configured training backends."""
-    if cfg.actor_rollout_ref.actor.strategy == "megatron":
-        from workers.megatron.actor import MegatronActorRolloutRefWorker as actor
-    else:
-        from workers.fsdp.actor_rollout_ref import ActorRolloutRefWorker as actor
+    from workers.actor import ActorRolloutRefWorker as actor  # one class: actor.strategy picks its backend
+
     if cfg.critic.get("strategy", "fsdp") == "megatron":
         from workers.megatron.critic import MegatronCriticWorker as critic
     else:

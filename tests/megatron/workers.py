@@ -6,7 +6,8 @@ import torch.distributed as dist
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
 from single_controller.mesh import MeshDispatch
-from workers.megatron.parallel import MEGATRON_MESH, init_megatron_parallel
+from workers.megatron.parallel import init_megatron_parallel
+from workers.training.mesh import TRAIN_MESH
 
 
 class MegatronMeshWorker(Worker):
@@ -25,7 +26,7 @@ class MegatronMeshWorker(Worker):
             "collector": placement.is_collector,
         }
 
-    @register(dispatch_mode=MeshDispatch(MEGATRON_MESH))
+    @register(dispatch_mode=MeshDispatch(TRAIN_MESH))
     def compute(self, data: DataProto) -> DataProto:
         from megatron.core import parallel_state as ps
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from single_controller import Dispatch, register
-from workers.fsdp.actor_rollout_ref import ActorRolloutRefWorker
+from workers.actor import ActorRolloutRefWorker
 from workers.fsdp.offload import module_state_tensors
 from workers.fsdp.shared_storage import local_shard
 from workers.fsdp.storage_offload import device_storages
@@ -41,7 +41,7 @@ class SharedBaseProbe(ActorRolloutRefWorker):
         the shard's byte offset in it, its bytes and its values; plus the sharing report."""
         storages = self._engine_call(_engine_storages)
         placement = {}
-        for name, param in self.shared_base.params.items():
+        for name, param in self.side.shared_base.params.items():
             local = local_shard(param)
             start, end = local.data_ptr(), local.data_ptr() + local.numel() * local.element_size()
             owner = next((engine for engine, (lo, hi) in storages.items() if lo <= start and end <= hi), None)
@@ -49,7 +49,7 @@ class SharedBaseProbe(ActorRolloutRefWorker):
                 "engine_param": owner, "offset": start - storages[owner][0] if owner else None,
                 "bytes": end - start, "values": local.detach().clone(),
             }
-        report = self.shared_base.report
+        report = self.side.shared_base.report
         return {"placement": placement, "metrics": report.metrics(), "unshared": dict(report.unshared), "rank": self.rank}
 
     @register(Dispatch.ONE_TO_ALL)
@@ -59,7 +59,7 @@ class SharedBaseProbe(ActorRolloutRefWorker):
         where the shard should be (`first_row + rank * rows_per_rank` on), and read the trainer's shard."""
         engine = self.hybrid_rollout.engine
         probe = probe_sequences(self.actor.module.config.vocab_size)
-        local = local_shard(self.shared_base.params[trainer_name])
+        local = local_shard(self.side.shared_base.params[trainer_name])
         original = local.detach().clone()
         before = engine.prompt_log_probs(probe)
         engine_param = self._engine_call(lambda worker: _engine_model(worker).get_parameter(engine_name))
@@ -78,18 +78,18 @@ class SharedBaseProbe(ActorRolloutRefWorker):
     @register(Dispatch.ONE_TO_ALL)
     def offload_round_trip(self) -> dict[str, Any]:
         """The actor's own offloader, with its moves made real on CPU: offload, read, load."""
-        offloader = self.residency.actor
+        offloader = self.side.residency.actor
         offloader.moves_bytes = True
         module = self.actor.module
         every = len(device_storages(module_state_tensors(module), self.actor.device))
-        movable = len(device_storages(module_state_tensors(module), self.actor.device, self.shared_base.stays))
+        movable = len(device_storages(module_state_tensors(module), self.actor.device, self.side.shared_base.stays))
         engine_before = {name: p.detach().clone() for name, p in self._engine_call(
             lambda worker: dict(_engine_model(worker).named_parameters())).items()}
         adapter_bytes = sum(local_shard_bytes(p) for n, p in module.named_parameters() if is_adapter_parameter(n))
         buffer_bytes = sum(b.numel() * b.element_size() for b in module.buffers())  # the rotary frequencies
         offloader.offload()
         offloaded = offloader.params.offloaded_bytes
-        base_sizes = {n: local_shard(p).untyped_storage().nbytes() for n, p in self.shared_base.params.items()}
+        base_sizes = {n: local_shard(p).untyped_storage().nbytes() for n, p in self.side.shared_base.params.items()}
         adapter_sizes = [p.to_local().untyped_storage().nbytes() for n, p in module.named_parameters() if is_adapter_parameter(n)]
         engine_during = self._engine_call(lambda worker: {n: p.detach().clone() for n, p in _engine_model(worker).named_parameters()})
         offloader.load()

@@ -7,7 +7,8 @@ import torch.distributed as dist
 
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
-from workers.fsdp.ulysses import METRICS_OVER_DATA_PARALLEL, OVER_DATA_PARALLEL, init_sequence_layout
+from workers.fsdp.ulysses import init_sequence_layout
+from workers.training.mesh import METRICS_OVER_DATA_PARALLEL, OVER_DATA_PARALLEL
 
 
 class LayoutProbe(Worker):

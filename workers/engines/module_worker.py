@@ -16,9 +16,9 @@ from single_controller import Dispatch, Worker, register
 from workers.engines.materialize import materialize
 from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.fsdp.offload import Offloader
-from workers.fsdp.weight_sender import SyncGroupHostMixin
 from workers.rollout.buckets import BucketLayout, plan_buckets
 from workers.rollout.verify import TRAINER_FINGERPRINT, WeightFingerprint, probe_sequences, trainer_log_probs
+from workers.rollout.weight_sender import SyncGroupHostMixin
 from workers.rollout.weight_sync import IpcStagingBuffers, send_broadcast, send_ipc_to_engines
 from workers.vision.models import probe_vocab_size
 

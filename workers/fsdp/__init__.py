@@ -1,6 +1,7 @@
-"""FSDP2 workers: actor / rollout / reference policy, critic and reward model on torch.distributed."""
+"""FSDP2 workers: actor / rollout / reference policy, critic and reward model on torch.distributed. The actor
+worker serves every backend (workers/actor/); it is exported here too, where verl's users look for it."""
 
-from workers.fsdp.actor_rollout_ref import ActorRolloutRefWorker
+from workers.actor.worker import ActorRolloutRefWorker
 from workers.fsdp.critic import CriticWorker
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.reward_model import RewardModelWorker

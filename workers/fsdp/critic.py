@@ -19,16 +19,12 @@ from workers.config import critic_config, mini_batch_per_rank
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.offload import GIB, Offloader
 from workers.fsdp.residency import CriticResidency, process_tenants
-from workers.fsdp.ulysses import (
-    METRICS_OVER_DATA_PARALLEL,
-    OVER_DATA_PARALLEL,
-    SequenceLayout,
-    init_sequence_layout,
-)
+from workers.fsdp.ulysses import SequenceLayout, init_sequence_layout
 from workers.training.backend import ResponseOutputs
 from workers.training.batch_keys import require_batch_keys
 from workers.training.dist_utils import check_same_length
 from workers.training.forward_pass import forward_rows
+from workers.training.mesh import METRICS_OVER_DATA_PARALLEL, OVER_DATA_PARALLEL
 from workers.training.micro_batching import MicroBatching
 from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.training.value_loss import (

@@ -12,13 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from single_controller.mesh import MeshDispatch
 from workers.packing.ulysses import SequenceParallel, sequence_parallel_group
-
-ULYSSES_MESH = "ulysses"
-# Worker methods on rows: the batch split over the data-parallel groups, one output per group.
-OVER_DATA_PARALLEL = MeshDispatch(ULYSSES_MESH)
-METRICS_OVER_DATA_PARALLEL = MeshDispatch(ULYSSES_MESH, outputs="list")
+from workers.training.mesh import TRAIN_MESH
 
 
 @dataclass(frozen=True)
@@ -49,5 +44,5 @@ def init_sequence_layout(worker: Any, size: int, setting: str) -> SequenceLayout
             f"{setting}={size} must divide the worker group's {worker.world_size} ranks (each data-parallel group "
             f"is {size} ranks sharing its sequences)"
         )
-    placement = worker.declare_mesh(ULYSSES_MESH, {"dp": worker.world_size // size, "sp": size})
+    placement = worker.declare_mesh(TRAIN_MESH, {"dp": worker.world_size // size, "sp": size})
     return SequenceLayout(size, placement.dp_size, sequence_parallel_group(size), setting)

@@ -8,14 +8,14 @@ import torch
 
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
-from single_controller.mesh import MeshDispatch
 from workers.config import critic_config, mini_batch_per_rank
 from workers.megatron.engine import MegatronEngine
 from workers.megatron.model import ParallelSettings
-from workers.megatron.parallel import MEGATRON_MESH, init_megatron_parallel
+from workers.megatron.parallel import init_megatron_parallel
 from workers.training.backend import ResponseOutputs
 from workers.training.batch_keys import require_batch_keys
 from workers.training.forward_pass import forward_rows
+from workers.training.mesh import METRICS_OVER_DATA_PARALLEL, OVER_DATA_PARALLEL
 from workers.training.micro_batching import MicroBatching
 from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.training.value_loss import (
@@ -49,7 +49,7 @@ class MegatronCriticWorker(Worker):
             raise RuntimeError(f"{method}: call init_model() first")
         return self.critic
 
-    @register(dispatch_mode=MeshDispatch(MEGATRON_MESH))
+    @register(OVER_DATA_PARALLEL)
     def compute_values(self, data: DataProto) -> DataProto | None:
         """`values` [B, R]: the value of the state before each response token, 0 outside the response."""
         engine = self._engine("compute_values")
@@ -58,7 +58,7 @@ class MegatronCriticWorker(Worker):
         values = forward_rows(engine, data, MicroBatching(micro_size), VALUE_FORWARD, masked_values)
         return None if values is None else DataProto.from_dict(values)
 
-    @register(dispatch_mode=MeshDispatch(MEGATRON_MESH, outputs="list"))
+    @register(METRICS_OVER_DATA_PARALLEL)
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Clipped value-loss updates toward `returns`; metrics on the last stage, reduced over data-parallel ranks."""
         engine = self._engine("update_critic")

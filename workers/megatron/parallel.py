@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from single_controller.mesh import MeshPlacement
-
-MEGATRON_MESH = "megatron"
+from workers.training.mesh import TRAIN_MESH
 
 
 def megatron_mesh_shape(world_size: int, tp: int, pp: int) -> dict[str, int]:
@@ -21,7 +20,7 @@ def megatron_mesh_shape(world_size: int, tp: int, pp: int) -> dict[str, int]:
 
 def init_megatron_parallel(worker: Any, tp: int, pp: int) -> MeshPlacement:
     """Create Megatron's TP/PP/DP groups over the worker group's default process group and declare the same
-    layout as the worker's mesh `MEGATRON_MESH`, so `MeshDispatch(MEGATRON_MESH)` methods get their data
+    layout as the worker's mesh `TRAIN_MESH`, so `MeshDispatch(TRAIN_MESH)` methods get their data
     split over DP only and are collected from TP rank 0 of the last PP stage. Returns this rank's placement."""
     from megatron.core import parallel_state
 
@@ -29,7 +28,7 @@ def init_megatron_parallel(worker: Any, tp: int, pp: int) -> MeshPlacement:
     worker.init_process_group()
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    placement = worker.declare_mesh(MEGATRON_MESH, shape)
+    placement = worker.declare_mesh(TRAIN_MESH, shape)
     ours = (worker.rank // (shape["dp"] * tp), placement.dp_rank, worker.rank % tp)
     megatron = (
         parallel_state.get_pipeline_model_parallel_rank(),

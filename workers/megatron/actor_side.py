@@ -1,0 +1,130 @@
+"""`MegatronActorSide`: the actor worker's megatron-core models and rollout (workers/actor/side.py).
+
+The actor and the reference are `MegatronEngine`s over TP x PP x DP; their state stays on the device. Every
+rank generates its share with a vLLM engine in its process (`rollout.name=vllm`) or an HF replica of the
+policy, either refreshed from the Megatron weights (TP-gathered, PP-broadcast as whole HF tensors) whenever
+they changed. Text-only models.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from protocol import DataProto
+from workers.config import mini_batch_per_rank
+from workers.megatron.engine import MegatronEngine
+from workers.megatron.model import ParallelSettings
+from workers.megatron.parallel import init_megatron_parallel
+from workers.rollout.hf_generate import generate_responses, seeded_sampling
+from workers.rollout.sampling import folder_token_ids, model_token_ids, sampling_params
+from workers.vision.images import MULTI_MODAL_DATA
+
+PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+class MegatronActorSide:
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        cfg = self.config = worker.config
+        settings = ParallelSettings.from_config(cfg["actor"]["megatron"])
+        self.data_parallel_size = init_megatron_parallel(worker, settings.tp, settings.pp).dp_size
+        self.sequence_parallel = 1
+        self.start_metrics: dict[str, float] = {}
+        max_positions = max(4096, cfg["rollout"]["max_model_len"] or 0)
+        self.actor: MegatronEngine | None = None
+        self.ref: MegatronEngine | None = None
+        self.hybrid_rollout = None
+        self.rollout_model: torch.nn.Module | None = None  # HF generate (rollout.name=hf)
+        self.rollout_version = 0  # the weights version the HF replica holds
+        if worker.role != "ref":
+            mini_batch_per_rank(cfg["actor"], cfg["rollout"]["n"], self.data_parallel_size, self.where("actor"))
+            self.actor = MegatronEngine(
+                cfg["model"], settings, cfg["actor"]["optim"], seed=cfg["seed"], max_positions=max_positions
+            )
+            if cfg["rollout"]["name"] == "vllm":
+                self.hybrid_rollout = self._hybrid_rollout()
+            else:
+                self.rollout_model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=self.actor.dtype)
+                self.rollout_model.to(self.actor.device).eval()
+        if worker.role in ("actor_rollout_ref", "ref"):
+            self.ref = MegatronEngine(cfg["model"], settings, seed=cfg["seed"], max_positions=max_positions)
+
+    def _hybrid_rollout(self) -> Any:
+        from workers.megatron.rollout_source import MegatronWeightSource
+        from workers.rollout.engine_group import engine_group
+        from workers.rollout.hybrid import HybridRollout
+
+        rollout = self.config["rollout"]
+        group = engine_group(rollout["tensor_model_parallel_size"], self.actor.device)
+        seed = self.config["seed"] + self.worker.rank
+        return HybridRollout(MegatronWeightSource(self.actor), rollout, seed=seed, group=group)
+
+    def where(self, role: str) -> str:
+        return f"{role} (over data-parallel ranks)"
+
+    # ---- residency: Megatron's state stays on the device --------------------------------------------------
+    def actor_needed(self, with_optimizer: bool = False) -> None:
+        pass
+
+    @contextmanager
+    def reference(self, method: str) -> Iterator[MegatronEngine]:
+        yield self.worker._engine("ref", method)
+
+    def optimizer_held(self) -> Any:
+        return nullcontext()
+
+    def end_phase(self, phase: str) -> dict[str, float]:
+        return {}
+
+    def with_images(self, data: DataProto, method: str) -> DataProto:
+        if MULTI_MODAL_DATA in data.non_tensor_batch:
+            raise ValueError(
+                f"{method}: the batch carries images ({MULTI_MODAL_DATA!r}); the Megatron backend trains text-only "
+                "models (actor.strategy=fsdp trains vision-language models)"
+            )
+        return data
+
+    def after_update(self) -> None:
+        pass
+
+    # ---- generation -----------------------------------------------------------------------------------
+    def _refresh_rollout_model(self, weights_version: int) -> dict[str, float]:
+        """Copy the actor's current weights into the HF replica (collective) unless it has them."""
+        if self.rollout_version == weights_version:
+            return {}
+        start = time.perf_counter()
+        params = dict(self.rollout_model.named_parameters())
+        count = 0
+        with torch.no_grad():
+            for name, tensor in self.actor.hf_weights():
+                params[name].copy_(tensor)
+                count += 1
+        self.rollout_version = weights_version
+        return {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_tensors": float(count)}
+
+    def generate(self, prompts: DataProto, weights_version: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        self.with_images(prompts, "generate_sequences")
+        seed, rank = prompts.meta_info.get("seed"), self.worker.rank
+        if self.hybrid_rollout is not None:
+            eos, pad = folder_token_ids(self.actor.model_path)
+            params = sampling_params(self.config["rollout"], prompts.meta_info, eos, pad)
+            inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
+            return self.hybrid_rollout.generate(inputs, params, seed, rank, weights_version)
+        metrics = self._refresh_rollout_model(weights_version)
+        model = self.rollout_model
+        eos, pad = model_token_ids(getattr(model, "generation_config", None), model.config)
+        params = sampling_params(self.config["rollout"], prompts.meta_info, eos, pad)
+        inputs = {k: prompts.batch[k].to(self.actor.device) for k in PROMPT_KEYS}
+        with seeded_sampling(seed, rank, self.actor.device):
+            return generate_responses(model, inputs, params, synced=False), metrics
+
+    def sync_rollout_weights(self, weights_version: int) -> dict[str, float] | None:
+        if self.hybrid_rollout is not None:
+            return self.hybrid_rollout.sync_now(weights_version)
+        return self._refresh_rollout_model(weights_version)
