@@ -215,7 +215,8 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         def loss_fn(outputs: ResponseOutputs, micro: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
             return actor_loss(outputs, micro, actor_cfg, is_cap)
 
-        metrics = run_ppo_updates(engine, data, actor_forward(actor_cfg, temperature), loss_fn, schedule, "update_actor")
+        forward = actor_forward(actor_cfg, temperature)
+        metrics = run_ppo_updates(engine, data, forward, loss_fn, schedule, "update_actor")
         self.update_calls += 1
         self.side.after_update()
         self._updated()

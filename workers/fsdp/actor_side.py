@@ -39,7 +39,9 @@ class FSDPActorSide:
         cfg = self.config = worker.config
         # The reference's size equals the actor's (workers/config.py): one layout for the whole worker.
         setting = "actor.ulysses_sequence_parallel_size"
-        self.layout: SequenceLayout = init_sequence_layout(worker, cfg["actor"]["ulysses_sequence_parallel_size"], setting)
+        self.layout: SequenceLayout = init_sequence_layout(
+            worker, cfg["actor"]["ulysses_sequence_parallel_size"], setting
+        )
         self.sequence_parallel = self.layout.size
         self.data_parallel_size = self.layout.dp_size
         self.start_metrics: dict[str, float] = {}
@@ -56,7 +58,8 @@ class FSDPActorSide:
         if worker.role == "ref" or (worker.role == "actor_rollout_ref" and self.actor.lora is None):
             # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.
             self.ref = FSDPEngine(auto_class, cfg["model"], worker.rank, **sequence_parallel)
-        self.images = ImageInputs(cfg["model"]["path"]) if is_vision_language((self.actor or self.ref).module.config) else None
+        vision = is_vision_language((self.actor or self.ref).module.config)
+        self.images = ImageInputs(cfg["model"]["path"]) if vision else None  # the image processor (workers/vision)
         rollout = cfg["rollout"]
         hybrid_vllm = self.actor is not None and rollout["name"] == "vllm" and rollout["placement"] == "hybrid"
         # A LoRA actor's frozen base becomes views of its engine's weights (rollout.share_base_weights).
