@@ -82,7 +82,7 @@ def run(model_path: str, steps: int = 25, engine_type: str = "hf", world_size: i
             metrics = actor.ppo_train(NeedParallel(experience))[0]
             history.append({"step": step, "reward": sum(rewards) / len(rewards), **metrics})
             print(f"step {step:3d}  reward {history[-1]['reward']:.3f}  loss {metrics['actor/loss']:+.4f}  "
-                  f"grad_norm {metrics['actor/grad_norm']:.3f}  sync_diff {metrics.get('engine/sync_logprob_max_diff', 0):.2e}  "
+                  f"grad_norm {metrics['actor/grad_norm']:.3f}  sync_diff {metrics.get('rollout/sync_logprob_max_diff', 0):.2e}  "
                   f"sample {responses[0]!r}{memory_note(metrics)}", flush=True)
     finally:
         actor.kill()

@@ -24,5 +24,5 @@ def test_strategy_ppo_example_learns_to_write_digits(ray_cluster, tiny_model, ba
     assert rewards[0] < 0.3  # the random tiny model
     assert sum(rewards[-3:]) / 3 >= 0.8, rewards
     for h in history:  # every update reached the engine and passed its check
-        assert h["engine/sync_logprob_max_diff"] <= 1e-3
-        assert h["engine/sync_tensors"] > 0
+        assert h["rollout/sync_logprob_max_diff"] <= 1e-3
+        assert h["rollout/sync_tensors"] > 0

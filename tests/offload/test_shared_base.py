@@ -14,7 +14,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.offload.tiny import local, train_step
 from workers.training.dist_utils import single_process_group
-from workers.fsdp.model_loading import device_mesh, transformer_layers
+from workers.fsdp.model_loading import transformer_layers
+from workers.fsdp.wrap import device_mesh
 from workers.fsdp.offload import Offloader, module_state_tensors
 from workers.fsdp.shared_storage import shard_window
 from workers.fsdp.storage_offload import device_storages

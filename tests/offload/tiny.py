@@ -7,7 +7,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from workers.fsdp.model_loading import device_mesh, transformer_layers
+from workers.fsdp.model_loading import transformer_layers
+from workers.fsdp.wrap import device_mesh
 
 # Odd vocabulary and MLP widths: over 2 ranks the embedding, head and MLP shards are uneven (padded).
 UNEVEN = dict(vocab_size=67, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -70,11 +70,14 @@ def test_vllm_engine_gathers_generates_in_order_and_receives_verified_weights(pr
     for out in outs:
         # Every result is scored by the model like the engine scored it: right prompt, right order.
         assert out["before"] <= 1e-3 and out["after"] <= 1e-3
-        assert out["sync"]["engine/sync_logprob_max_diff"] <= 1e-3
-        assert out["sync"]["engine/sync_tensors"] > 0
-        assert out["repeat_sync"]["engine/sync_logprob_max_diff"] <= 1e-3
+        assert out["sync"]["rollout/sync_logprob_max_diff"] <= 1e-3
+        assert out["sync"]["rollout/sync_tensors"] > 0
+        assert out["repeat_sync"]["rollout/sync_logprob_max_diff"] <= 1e-3
     for message in probe.update_with_lost_tensor():
-        assert message.startswith("WeightSyncMismatch: update_engine_weights: the inference engine's log-probs")
+        assert message.startswith(
+            "WeightSyncMismatch: update_engine_weights: after the weight sync the rollout engine's log-probs"
+        ), message
+        assert message.endswith("the inference config's verify_tolerance sets the bound"), message
 
 
 def test_hf_engine_shared_by_two_ranks_gathers_and_scatters_in_order(probe, tiny_assets):
@@ -82,4 +85,4 @@ def test_hf_engine_shared_by_two_ranks_gathers_and_scatters_in_order(probe, tiny
     assert [o["owns_engine"] for o in outs] == [True, False]  # one engine, on rank 0, serves both ranks
     for out in outs:
         assert out["before"] <= 1e-3 and out["after"] <= 1e-3
-        assert out["sync"]["engine/sync_logprob_max_diff"] <= 1e-3
+        assert out["sync"]["rollout/sync_logprob_max_diff"] <= 1e-3

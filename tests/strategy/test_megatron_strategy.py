@@ -52,7 +52,7 @@ def test_megatron_strategy_step_checkpoint_and_engine_update(ray_cluster, tmp_pa
         for out in group.checkpoint_and_engine(str(tmp_path / "ckpt"), folder, ids, mask):
             assert out["client_state"] == {"k": 1}
             assert out["changed"] > 1e-4 and out["restored_diff"] == 0.0
-            assert out["sync"]["engine/sync_logprob_max_diff"] <= 1e-3
+            assert out["sync"]["rollout/sync_logprob_max_diff"] <= 1e-3
     finally:
         group.kill()
         pool.release()

@@ -9,9 +9,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from workers.fsdp.model_loading import device_mesh
+from workers.fsdp.wrap import shard_in_units, units_by_class
 
 
 def clear_stale_requires_grad(module: nn.Module) -> None:
@@ -76,17 +75,6 @@ def load_source_weights(module: Any, device: torch.device) -> list[str]:
     return sorted(set(own) - loaded)
 
 
-def shard(module: nn.Module, device: torch.device, compute_dtype: torch.dtype, unit_names: tuple[str, ...]) -> None:
-    names = set(unit_names or getattr(module, "_no_split_modules", None) or ())
-    kwargs: dict[str, Any] = {"mesh": device_mesh(device)}
-    if compute_dtype != torch.float32:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    for sub in module.modules():
-        if type(sub).__name__ in names:
-            fully_shard(sub, **kwargs)
-    fully_shard(module, **kwargs)
-
-
 def fill_from_full(param: torch.Tensor, full: torch.Tensor) -> None:
     """Set a (possibly FSDP2-sharded) parameter from its full value, e.g. in `on_weights_materialized`. Every
     rank passes the same `full` (drawn from a seeded generator, say) and keeps its own shard of it, so the
@@ -108,5 +96,5 @@ def materialize(module: Any, device: torch.device, compute_dtype: torch.dtype) -
     if hasattr(module, "tie_weights"):
         module.tie_weights()  # pickling dropped the embedding / LM-head tie
     missing = load_source_weights(module, device)
-    shard(module, device, compute_dtype, tuple(module.non_split_modules))
+    shard_in_units(module, units_by_class(module, module.non_split_modules), device, compute_dtype)
     return missing

@@ -1,4 +1,4 @@
-"""Device and dtype choice, and loading an HF model sharded with FSDP2 (`fully_shard`)."""
+"""Device and dtype choice, and loading an HF model sharded with FSDP2 (per decoder layer, workers/fsdp/wrap.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig
 
 from workers.checkpointed_layers import kept_layers
 from workers.dtypes import COMPUTE_DTYPES
+from workers.fsdp.wrap import shard_in_units
 from workers.head_log_probs import set_logits_chunk_tokens
 from workers.lora.model import add_lora_adapters
 from workers.lora.spec import LoraSpec
@@ -33,11 +32,6 @@ def compute_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in COMPUTE_DTYPES:
         raise ValueError(f"dtype {name!r} is not valid; valid: {['auto', *COMPUTE_DTYPES]}")
     return getattr(torch, name)
-
-
-def device_mesh(device: torch.device) -> DeviceMesh:
-    """1-D mesh over every rank of the default process group (pure data parallel / ZeRO-3)."""
-    return init_device_mesh(device.type, (torch.distributed.get_world_size(),))
 
 
 def transformer_layers(model: nn.Module) -> list[nn.Module]:
@@ -110,14 +104,8 @@ def load_sharded_model(
     if "logits_chunk_tokens" in model_cfg:  # the actor's and reference's setting (an LM head)
         set_logits_chunk_tokens(model, model_cfg["logits_chunk_tokens"])
 
-    mesh = device_mesh(device)
-    shard_kwargs: dict[str, Any] = {"mesh": mesh}
-    if trainable and dtype != torch.float32:
-        shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    vision = vision_units(model)
-    for layer in transformer_layers(model) + vision:
-        fully_shard(layer, **shard_kwargs)
-    fully_shard(model, **shard_kwargs)  # also moves parameters and buffers to the mesh's device
+    # A frozen model was loaded in the compute dtype: no cast on gather.
+    shard_in_units(model, transformer_layers(model) + vision_units(model), device, dtype if trainable else None)
     # FSDP2's lazy init, which its first forward would run, is run now, for two reasons:
     # - it fixes each unit's gradient dtypes from the parameters that require grad at that moment, and peft's
     #   disable_adapters clears requires_grad: a first forward with the adapters off (a LoRA actor's reference

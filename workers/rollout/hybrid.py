@@ -9,52 +9,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from workers.fsdp.engine import FSDPEngine
 from workers.fsdp.model_loading import compute_dtype
 from workers.lora.model import adapter_parameter_names
-from workers.lora.spec import LoraSpec
-from workers.rollout.buckets import BucketLayout, payload_bytes
+from workers.rollout.buckets import BucketLayout
 from workers.rollout.engine_group import EngineGroup, group_devices
-from workers.rollout.verify import (
-    DEFAULT_TOLERANCE,
-    WeightFingerprint,
-    compare_log_probs,
-    fingerprinted,
-    probe_sequences,
-    require_changed,
-    require_match,
-    trainer_log_probs,
-)
+from workers.rollout.in_process_sync import InProcessSync, WeightSource
+from workers.rollout.verify import trainer_log_probs
 from workers.rollout.vllm_engine import VLLMEngine, sleeps_between_calls
 from workers.rollout.weight_sync import named_full_parameters, plan_model_buckets
 from workers.vision.models import probe_vocab_size
-
-GIB = float(1 << 30)
-
-
-class WeightSource(Protocol):
-    """What a hybrid engine needs from the trainer it shares a process with (FSDP or Megatron)."""
-
-    model_path: str
-    config_overrides: dict[str, Any]  # config.json fields the trainer's model was built with (model.override_config)
-    device: torch.device
-    dtype: torch.dtype
-    vocab_size: int
-    lora: LoraSpec | None  # a LoRA trainer sends only its adapter; the engine keeps the folder's base weights
-
-    def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]: ...
-
-    def named_weights(self, layouts: list[BucketLayout]) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, whole tensor) pairs of the current weights; a collective over the trainer's ranks."""
-        ...
-
-    def probe_log_probs(self, probe: torch.Tensor) -> torch.Tensor:
-        """log p(token_t | tokens_<t) [rows, length - 1] on every rank; a collective."""
-        ...
 
 
 class FSDPWeightSource:
@@ -82,10 +50,6 @@ def engine_dtype(rollout_cfg: dict[str, Any], source: WeightSource) -> torch.dty
     return source.dtype if rollout_cfg["dtype"] == "auto" else compute_dtype(rollout_cfg["dtype"], source.device)
 
 
-def sync_tolerance(rollout_cfg: dict[str, Any], dtype: torch.dtype) -> float:
-    return rollout_cfg["verify_tolerance"] or DEFAULT_TOLERANCE[dtype]
-
-
 class HybridRollout:
     def __init__(
         self, source: WeightSource, rollout_cfg: dict[str, Any], seed: int, shares_weights: bool = False,
@@ -109,17 +73,14 @@ class HybridRollout:
         # The engine loaded the same folder the actor started from; a LoRA engine has no adapter yet, so its
         # first sync (before the first generate) always runs.
         self.synced_version = 0 if source.lora is None else -1
-        # The trainer-side fingerprint of what the engine holds (the model folder, as the trainer would send
-        # it); unknown for a LoRA engine before its first adapter, so that first sync checks the probe only.
-        self.trainer_fingerprint: float | None = None
+        self.weights = InProcessSync(
+            self.engine, self.layouts, self.dtype, rollout_cfg["verify_sync"], rollout_cfg["verify_tolerance"],
+            "in-process weight sync", group=group,
+        )
+        # The folder's weights as the trainer would send them: the first sync's change check compares with them
+        # (a LoRA engine has no adapter before its first sync: that sync checks the probe only).
         if rollout_cfg["verify_sync"] and source.lora is None:
-            self.trainer_fingerprint = self._trainer_fingerprint()
-
-    def _trainer_fingerprint(self) -> float:
-        taken = WeightFingerprint()
-        for _ in fingerprinted(self.source.named_weights(self.layouts), taken):
-            pass
-        return taken.value
+            self.weights.take_trainer_fingerprint(source)
 
     def _wake(self) -> bool:
         """Wake the engine; whether its weights were released (then a sync must send them), on every rank. In a
@@ -131,37 +92,11 @@ class HybridRollout:
         return released if self.group is None else bool(self.group.from_leader(released))
 
     def sync(self, version: int, force: bool = False) -> dict[str, float]:
-        """Load the actor's weights into the engine unless it already has `version`. Collective (in a group every
-        rank produces the weights, the leader loads them)."""
+        """Load the actor's weights into the engine unless it already has `version` (`force`: its weights were
+        released, load them anyway). Collective (in a group every rank produces the weights, the leader loads them)."""
         if version == self.synced_version and not force:
             return {}
-        verify = self.cfg["verify_sync"]
-        engine = self.engine
-        before = engine.fingerprint() if verify and not force and engine is not None else None
-        sent = WeightFingerprint()
-        pairs = self.source.named_weights(self.layouts)
-        start = time.perf_counter()
-        if engine is None:  # a group member: its part of the gathers, nothing to load
-            for _ in pairs:
-                pass
-            loaded = 0
-        else:
-            load = engine.load_weights if self.source.lora is None else engine.load_adapter
-            loaded = load(fingerprinted(pairs, sent) if verify else pairs)
-        seconds = time.perf_counter() - start
-        metrics = {
-            "rollout/sync_s": seconds,
-            "rollout/sync_gib": sum(b.nbytes for b in self.layouts) / GIB,
-            "rollout/sync_bytes": float(payload_bytes(self.layouts)),
-            "rollout/sync_tensors": float(loaded),
-        }
-        if verify:
-            metrics.update(self.verify("in-process weight sync"))
-            if engine is not None and before is not None and self.trainer_fingerprint is not None:
-                require_changed(
-                    before, engine.fingerprint(), self.trainer_fingerprint, sent.value, "in-process weight sync"
-                )
-            self.trainer_fingerprint = sent.value
+        metrics = self.weights.load(self.source, compare=not force)
         self.synced_version = version
         return metrics
 
@@ -185,17 +120,8 @@ class HybridRollout:
 
     def verify(self, where: str) -> dict[str, float]:
         """Probe log-probs of engine vs trainer (a collective: every trainer rank runs the trainer's forward; in
-        a group the leader compares, and every rank returns its result)."""
-        probe = probe_sequences(self.source.vocab_size)
-        trainer = self.source.probe_log_probs(probe)
-        metrics: dict[str, float] | None = None
-        if self.engine is not None:
-            check = compare_log_probs(
-                trainer, self.engine.prompt_log_probs(probe), sync_tolerance(self.cfg, self.dtype)
-            )
-            require_match(check, where)
-            metrics = check.metrics()
-        return metrics if self.group is None else self.group.from_leader(metrics)
+        a group the leader compares, and every rank returns its result or raises its error)."""
+        return self.weights.check_probe(self.source, where)
 
     def generate(
         self,

@@ -65,13 +65,14 @@ def compare_log_probs(trainer: torch.Tensor, engine: torch.Tensor, tolerance: fl
     return SyncCheck(float(diff.max()), float(diff.mean()), tolerance)
 
 
-def require_match(check: SyncCheck, where: str) -> None:
+def require_match(check: SyncCheck, where: str, setting: str = "rollout.verify_tolerance") -> None:
+    """`setting` names where the user sets the tolerance."""
     if not check.ok:
         raise WeightSyncMismatch(
             f"{where}: after the weight sync the rollout engine's log-probs of the probe batch differ from the "
             f"trainer's by up to {check.max_abs_diff:.3g} (mean {check.mean_abs_diff:.3g}), above the tolerance "
             f"{check.tolerance:g}. Weights were lost or mis-mapped on the way (names, dtype, tied embeddings); "
-            "rollout.verify_tolerance sets the bound"
+            f"{setting} sets the bound"
         )
 
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from workers.fsdp.model_loading import compute_dtype, worker_device
-from workers.rollout.hybrid import WeightSource
+from workers.rollout.in_process_sync import WeightSource
 from workers.strategy import checkpoint_folders
 from workers.strategy.config import ENGINE_TYPES, InferenceConfig, StrategyConfig
 from workers.strategy.inference import GroupedInferenceEngine
@@ -35,7 +35,6 @@ class Strategy:
         self.device = worker_device()
         self.dtype = compute_dtype(config.dtype, self.device)
         self.inference: GroupedInferenceEngine | None = None
-        self.weights_version = 0  # optimizer steps taken: an engine update must then change its weights
         self.grad_norms: dict[str, float] = {}  # the last grad norm per optimizer_step name
         self._offloaded: set[int] = set()
         self._optimizer_offloads: dict[int, OptimizerStateOffload] = {}  # per optimizer, its host buffers kept
@@ -131,10 +130,9 @@ class Strategy:
             )
 
     def _finish_step(self, scheduler: Any, name: str, grad_norm: float) -> float:
-        """After a backend's step: the scheduler steps, the weights get a new version, the norm is kept."""
+        """After a backend's step: the scheduler steps, the norm is kept."""
         if scheduler is not None:
             scheduler.step()
-        self.weights_version += 1
         self.grad_norms[name] = grad_norm
         return grad_norm
 
@@ -185,7 +183,7 @@ class Strategy:
 
     def update_engine_weights(self, model: nn.Module) -> dict[str, float]:
         """Stream `model`'s weights into the engines and verify them; returns sync metrics. Collective."""
-        return self._require_inference("update_engine_weights").update(self.weight_source(model), self.weights_version)
+        return self._require_inference("update_engine_weights").update(self.weight_source(model))
 
     def wakeup_inference_engine(self) -> None:
         self._require_inference("wakeup_inference_engine").wake_up()

@@ -10,11 +10,12 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from workers.engines.materialize import shard
 from workers.fsdp import checkpoint
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clip_gradients
+from workers.fsdp.wrap import shard_in_units, units_by_class
 from workers.head_log_probs import set_logits_chunk_tokens, token_log_probs_and_entropy
-from workers.rollout.hybrid import FSDPWeightSource, WeightSource
+from workers.rollout.hybrid import FSDPWeightSource
+from workers.rollout.in_process_sync import WeightSource
 from workers.strategy.base import Strategy
 from workers.strategy.config import optimizer_settings, scheduler_settings
 
@@ -80,7 +81,8 @@ class FSDPStrategy(Strategy):
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.to(self.dtype).requires_grad_(False)
-        shard(model, self.device, self.dtype if trainable else torch.float32, ())
+        # Units: the model's `_no_split_modules` blocks; a frozen model is already in the compute dtype.
+        shard_in_units(model, units_by_class(model), self.device, self.dtype if trainable else None)
         set_logits_chunk_tokens(model, self.config.logits_chunk_tokens)
         model.train(trainable)
         path = getattr(getattr(model, "config", None), "_name_or_path", "")
@@ -150,4 +152,3 @@ class FSDPStrategy(Strategy):
         extra = checkpoint.load_sharded(path, model, optimizer, self.rank)
         if scheduler is not None:
             scheduler.load_state_dict(extra["lr_scheduler"])
-        self.weights_version += 1  # the weights changed: the next engine update must change the engine's

@@ -2,25 +2,21 @@
 
 The engine lives on the first rank of its group. `gather_and_generate` gathers every group member's
 prompts to that rank, generates them in one call and hands each member its own results back in order.
-`update` streams the trained weights into the engine (every rank takes part in the gathers; the engine
-rank loads them) and checks them: the engine must score a fixed probe batch as the trained model does,
-and its weights must have changed when the model was stepped since the last update.
+`update` streams the trained weights into the engine and checks them, through the hybrid rollout's
+in-process sync (workers/rollout/in_process_sync.py): every rank takes part in the gathers, the engine rank
+loads them, and every rank raises the same error when a check fails.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from workers.rollout.buckets import BucketLayout
-from workers.rollout.hybrid import WeightSource
-from workers.rollout.verify import DEFAULT_TOLERANCE, WeightSyncMismatch, probe_sequences
+from workers.rollout.engine_group import EngineGroup
+from workers.rollout.in_process_sync import InProcessSync, WeightSource
 from workers.strategy.config import ENGINE_TYPES, InferenceConfig
-
-GIB = float(1 << 30)
 
 
 def engine_groups(world_size: int, group_size: int) -> list[list[int]]:
@@ -56,18 +52,18 @@ class GroupedInferenceEngine:
         self, cfg: InferenceConfig, engine_type: str, dtype: torch.dtype, device: torch.device, seed: int
     ) -> None:
         self.cfg, self.dtype = cfg, dtype
-        rank, world = dist.get_rank(), dist.get_world_size()
-        self.members: list[int] = []
-        self.group: Any = None
-        for members in engine_groups(world, cfg.group_size):
-            group = dist.new_group(members) if cfg.group_size > 1 else None  # every rank creates every group
-            if rank in members:
-                self.members, self.group = members, group
-        self.owner = self.members[0]
+        rank = dist.get_rank()
+        self.group: EngineGroup | None = None  # None: an engine of its own (group_size 1)
+        self.owner = rank
+        for members in engine_groups(dist.get_world_size(), cfg.group_size):
+            if cfg.group_size > 1:
+                process_group = dist.new_group(members, backend="gloo")  # every rank creates every group
+                if rank in members:
+                    self.group = EngineGroup(cfg.group_size, tuple(members), rank, process_group)
+                    self.owner = self.group.leader
         self.engine = build_engine(engine_type, cfg, dtype, device, seed + rank) if rank == self.owner else None
-        self.layouts: list[BucketLayout] | None = None
+        self.sync: InProcessSync | None = None  # made at the first update, from the model's weight layout
         self.needs_weights = False  # set when a wake-up finds the weights were discarded by sleep
-        self.synced_version = 0  # the engine starts from the folder the model was loaded from
 
     @property
     def owns_engine(self) -> bool:
@@ -84,17 +80,15 @@ class GroupedInferenceEngine:
         prompts = [list(map(int, p)) for p in prompts]
         if self.group is None:
             return self.engine.generate_token_lists(prompts, sampling)
-        gathered: list[Any] = [None] * len(self.members)
-        dist.all_gather_object(gathered, prompts, group=self.group)
-        parts: list[Any] = [None]
+        gathered = self.group.gather(prompts)
+        parts = None
         if self.owns_engine:
             results = self.engine.generate_token_lists([p for member in gathered for p in member], sampling)
             bounds = [0]
             for member in gathered:
                 bounds.append(bounds[-1] + len(member))
-            parts = [[results[bounds[i]:bounds[i + 1]] for i in range(len(gathered))]]
-        dist.broadcast_object_list(parts, src=self.owner, group=self.group)
-        return parts[0][self.members.index(dist.get_rank())]
+            parts = [results[bounds[i]:bounds[i + 1]] for i in range(len(gathered))]
+        return self.group.scatter(parts)
 
     # ---- residency ------------------------------------------------------------------------------------
     def wake_up(self) -> None:
@@ -106,55 +100,20 @@ class GroupedInferenceEngine:
             self.engine.sleep()
 
     # ---- weights --------------------------------------------------------------------------------------
-    def update(self, source: WeightSource, version: int) -> dict[str, float]:
-        """Load `source`'s current weights into the engine and verify them. Collective over all ranks."""
+    def update(self, source: WeightSource) -> dict[str, float]:
+        """Load `source`'s current weights into the engine and verify them (with `verify`: the probe batch, and
+        the engine's weights change exactly when the model's did since the last update). Collective over all
+        ranks; returns `rollout/sync_*` metrics."""
         if self.owns_engine and self.engine.asleep:
             raise RuntimeError(
                 "update_engine_weights: the inference engine is asleep; call wakeup_inference_engine() first"
             )
-        if self.layouts is None:
-            self.layouts = source.sync_layouts(self.dtype, self.cfg.bucket_mb << 20)
-        check_changed = self.cfg.verify and version != self.synced_version and not self.needs_weights
-        before = self.engine.fingerprint() if check_changed and self.owns_engine else None
-        start = time.perf_counter()
-        pairs = source.named_weights(self.layouts)
-        if self.owns_engine:
-            loaded = self.engine.load_weights(pairs)
-        else:
-            loaded = sum(1 for _ in pairs)  # the gathers are collectives: every rank walks the stream
-        metrics = {
-            "engine/sync_s": time.perf_counter() - start,
-            "engine/sync_gib": sum(b.nbytes for b in self.layouts) / GIB,
-            "engine/sync_tensors": float(loaded),
-        }
-        if self.cfg.verify:
-            unchanged = before is not None and self.engine.fingerprint() == before
-            metrics.update(self._verify(source, unchanged))
-        self.synced_version, self.needs_weights = version, False
+        if self.sync is None:
+            self.sync = InProcessSync(
+                self.engine, source.sync_layouts(self.dtype, self.cfg.bucket_mb << 20), self.dtype, self.cfg.verify,
+                self.cfg.verify_tolerance, "update_engine_weights", group=self.group, every_rank=True,
+                tolerance_setting="the inference config's verify_tolerance",
+            )
+        metrics = self.sync.load(source, compare=not self.needs_weights)
+        self.needs_weights = False
         return metrics
-
-    def _verify(self, source: WeightSource, unchanged: bool) -> dict[str, float]:
-        """Every rank raises the same error (a rank failing alone would leave the others in a collective)."""
-        probe = probe_sequences(source.vocab_size)
-        trainer = source.probe_log_probs(probe)  # a collective: every rank runs it
-        report = torch.zeros(3, dtype=torch.float64)  # max diff, mean diff, engine weights unchanged
-        if self.owns_engine:
-            diff = (trainer.float() - self.engine.prompt_log_probs(probe).float()).abs()
-            report = torch.tensor([diff.max().item(), diff.mean().item(), float(unchanged)], dtype=torch.float64)
-        report = report.to(source.device)
-        dist.all_reduce(report, op=dist.ReduceOp.MAX)
-        max_diff, mean_diff, any_unchanged = report.tolist()
-        tolerance = self.cfg.verify_tolerance or DEFAULT_TOLERANCE[self.dtype]
-        if max_diff > tolerance:
-            raise WeightSyncMismatch(
-                f"update_engine_weights: the inference engine's log-probs of the probe batch differ from the model's "
-                f"by up to {max_diff:.3g} (mean over engines up to {mean_diff:.3g}), above the tolerance "
-                f"{tolerance:g}; weights were lost or mis-mapped (names, dtype, tied embeddings). The inference "
-                "config's verify_tolerance sets the bound"
-            )
-        if any_unchanged:
-            raise WeightSyncMismatch(
-                "update_engine_weights: the model was stepped since the last update but the engine's weights did "
-                "not change; the update loaded nothing"
-            )
-        return {"engine/sync_logprob_max_diff": max_diff, "engine/sync_logprob_mean_diff": mean_diff}

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workers.rollout.hybrid import WeightSource
+from workers.rollout.in_process_sync import WeightSource
 from workers.strategy.base import Strategy
 from workers.strategy.config import optimizer_settings, scheduler_settings
 
@@ -130,4 +130,3 @@ class MegatronStrategy(Strategy):
     def _load_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
         self.maybe_load_optimizer(optimizer)
         self._engine(model, "load_checkpoint").load_checkpoint(path)  # restores the LR position too
-        self.weights_version += 1

@@ -1,0 +1,42 @@
+"""FSDP2 wrapping: the mesh, the mixed-precision policy and the per-unit `fully_shard` every sharded model gets
+(the trainer's models, the engine API's modules, the strategy API's models)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def device_mesh(device: torch.device) -> DeviceMesh:
+    """1-D mesh over every rank of the default process group (pure data parallel / ZeRO-3)."""
+    return init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+
+
+def units_by_class(module: nn.Module, class_names: Iterable[str] = ()) -> list[nn.Module]:
+    """The submodules whose class is named in `class_names`, or, when none are given, in the module's
+    `_no_split_modules` (Hugging Face's blocks that stay whole: decoder layers, vision blocks)."""
+    names = set(class_names) or set(getattr(module, "_no_split_modules", None) or ())
+    return [sub for sub in module.modules() if type(sub).__name__ in names]
+
+
+def shard_in_units(
+    module: nn.Module, units: Sequence[nn.Module], device: torch.device, compute_dtype: torch.dtype | None
+) -> None:
+    """`fully_shard` each of `units`, then `module` itself (which keeps the rest: embeddings, final norm, head)
+    over all ranks; the root's wrap also moves parameters and buffers to the mesh's device. Units are gathered one
+    at a time in forward and backward, so peak memory holds one unit's full weights, not the model's.
+
+    `compute_dtype` other than float32: the (float32 master) parameters are gathered in it for forward and
+    backward and gradients are reduced in float32. None or float32: no cast (a frozen model already loaded in
+    its compute dtype, or a float32 run)."""
+    kwargs: dict[str, Any] = {"mesh": device_mesh(device)}
+    if compute_dtype is not None and compute_dtype != torch.float32:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for unit in units:
+        fully_shard(unit, **kwargs)
+    fully_shard(module, **kwargs)
