@@ -28,9 +28,9 @@ from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_1_5B, QWEN2_7B
 from benchmarks.random_model import write_model_folder
 from benchmarks.steady_state import steady
 from trainer.config_loader import load_config
-from trainer.memory_plan.shape import ModelShape
 from trainer.datasets.synthetic import write_synthetic_dataset
 from trainer.main import run
+from trainer.memory_plan.shape import ModelShape
 
 SHAPES = {
     "0.5B": QWEN2_0_5B,

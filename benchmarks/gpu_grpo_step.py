@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from trainer.config_loader import load_config
 from benchmarks.model_shapes import QWEN2_0_5B
+from trainer.config_loader import load_config
 from trainer.datasets.synthetic import write_synthetic_dataset
 from trainer.main import run
 from trainer.tiny_model import build_char_tokenizer

@@ -10,7 +10,6 @@ or not; the validation reward is the greedy task score without the penalty.
 
 from __future__ import annotations
 
-
 from benchmarks.learning import run_learning_benchmark
 from benchmarks.learning_dpo import window_mean
 from trainer.config_loader import load_config

@@ -9,7 +9,6 @@ of the first steps (at step 1 the policy equals the reference, so its accuracy i
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from benchmarks.learning import run_learning_benchmark

@@ -8,7 +8,6 @@ greedy validation reward of the initial model (step 0) and the sampled reward an
 
 from __future__ import annotations
 
-
 from benchmarks.learning import run_learning_benchmark
 from benchmarks.learning_dpo import window_mean
 from recipes import raft

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
+from benchmarks.model_shapes import QWEN2_0_5B
 from benchmarks.random_model import write_model_folder
 from benchmarks.scale_step import SHAPES as SCALE_SHAPES
-from benchmarks.model_shapes import QWEN2_0_5B
 
 GIB = float(1 << 30)
 SHAPES = {"0.5B": QWEN2_0_5B, **SCALE_SHAPES}
@@ -92,7 +92,7 @@ def run_mode(mode: str, model: str, lora_rank: int, utilization: float) -> dict[
     from transformers import AutoModelForCausalLM
 
     from workers.config import actor_rollout_ref_config
-    from workers.fsdp.engine import FSDPEngine
+    from workers.fsdp.backend import FSDPBackend
     from workers.fsdp.shared_base import SharedBase
     from workers.rollout.hybrid import FSDPWeightSource, HybridRollout
     from workers.rollout.sampling import folder_token_ids, sampling_params
@@ -107,7 +107,7 @@ def run_mode(mode: str, model: str, lora_rank: int, utilization: float) -> dict[
         "rollout": {"name": "vllm", "gpu_memory_utilization": utilization, "enable_sleep": True, "max_model_len": 512,
                     "verify_sync": True, "share_base_weights": mode == "shared", "cpu_kv_cache_mb": 64},
     })
-    actor = FSDPEngine(AutoModelForCausalLM, cfg["model"], 0, optim_cfg=cfg["actor"]["optim"])
+    actor = FSDPBackend(AutoModelForCausalLM, cfg["model"], 0, optim_cfg=cfg["actor"]["optim"])
     device = actor.device
     out: dict[str, Any] = {"mode": mode, "device": torch.cuda.get_device_name() if on_gpu else "cpu"}
     out["actor_loaded_gib"] = used_gib(device)

@@ -19,7 +19,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from benchmarks.weight_sync import QWEN2
-from workers.lora.model import add_lora_adapters, adapter_parameter_names
+from workers.lora.model import adapter_parameter_names, add_lora_adapters
 from workers.lora.spec import LoraSpec
 from workers.rollout.buckets import payload_bytes
 from workers.rollout.weight_sync import plan_model_buckets

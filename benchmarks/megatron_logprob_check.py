@@ -3,7 +3,7 @@
     python -m benchmarks.megatron_logprob_check --workdir /tmp/mcheck [--out results/megatron_logprob_check.json]
     torchrun --nproc-per-node 2 -m benchmarks.megatron_logprob_check --tp 2        # (or --pp 2) on 2 GPUs
 
-Builds a random-init Qwen2 of the Qwen2.5-0.5B shape, loads it into `MegatronEngine` (megatron-core
+Builds a random-init Qwen2 of the Qwen2.5-0.5B shape, loads it into `MegatronBackend` (megatron-core
 GPTModel, TP x PP from the flags), and scores 16 left-padded prompts + 256 response tokens. The reference
 is the HF model in float32; the HF model in bf16 on the same inputs shows what bf16 alone costs. Then
 times forward+backward+Adam on the same batch for both (the HF one unsharded, plain torch AdamW).
@@ -102,13 +102,13 @@ def main() -> None:
 
     from megatron.core import parallel_state as ps
 
-    from workers.megatron.engine import MegatronEngine
+    from workers.megatron.backend import MegatronBackend
     from workers.megatron.model import ParallelSettings
     from workers.training.backend import ResponseForward
 
     ps.initialize_model_parallel(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp)
     settings = ParallelSettings(args.tp, args.pp, sequence_parallel=args.tp > 1)
-    engine = MegatronEngine({"path": str(work / "model"), "dtype": "bfloat16"}, settings, OPTIM)
+    engine = MegatronBackend({"path": str(work / "model"), "dtype": "bfloat16"}, settings, OPTIM)
     data = batch(engine.layout.vocab_size)
     micros = list(data.split(4))
     forward = ResponseForward("log_probs", 1.0)

@@ -6,7 +6,7 @@ packed (padding-free) forwards with token-budget micro-batches, measured in the 
 The batch: prompts of 64..1024 tokens (uniform) and responses from a log-normal (long tail) with mean
 about 25% of the 3072-token maximum, 4096 tokens at most per sequence, laid out as the rollout does (left-
 padded prompts, right-padded responses). Random Qwen2 weights of the given shape (built here, no download),
-one rank (`FSDPEngine` in this process), bf16 compute with fp32 master weights on GPU.
+one rank (`FSDPBackend` in this process), bf16 compute with fp32 master weights on GPU.
 - padded: `use_remove_padding=false`, micro-batches of `max_tokens // padded_width` rows (the same number
   of token slots per micro-batch as the packed budget);
 - packed: `use_remove_padding=true`, `use_dynamic_bsz=true` with `--max-tokens` per micro-batch
@@ -35,14 +35,14 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from protocol import DataProto
 from workers.config import actor_rollout_ref_config
-from workers.training.actor_loss import actor_forward, actor_loss
-from workers.training.dist_utils import single_process_group
-from workers.fsdp.engine import FSDPEngine
-from workers.training.micro_batching import MicroBatching, forward_in_micro_batches
+from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.model_loading import worker_device
-from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 from workers.fsdp.sequences import response_log_probs_and_entropy
 from workers.packing.attention import kernel_name
+from workers.training.actor_loss import actor_forward, actor_loss
+from workers.training.dist_utils import single_process_group
+from workers.training.micro_batching import MicroBatching, forward_in_micro_batches
+from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 
 # (hidden, intermediate, layers, heads, kv heads, vocab)
 SHAPES = {
@@ -135,7 +135,7 @@ class Phase:
         self.peak_gib = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
 
 
-def old_log_probs(engine: FSDPEngine, data: DataProto, config: dict[str, Any]) -> torch.Tensor:
+def old_log_probs(engine: FSDPBackend, data: DataProto, config: dict[str, Any]) -> torch.Tensor:
     rollout = config["rollout"]
     batching = MicroBatching.for_call(
         {}, rollout["log_prob_micro_batch_size_per_gpu"], rollout["log_prob_use_dynamic_bsz"], rollout["log_prob_max_token_len_per_gpu"], "log_prob_max_token_len_per_gpu"
@@ -150,7 +150,7 @@ def old_log_probs(engine: FSDPEngine, data: DataProto, config: dict[str, Any]) -
         return forward_in_micro_batches(data, batching, engine.device, forward)["log_probs"]
 
 
-def update(engine: FSDPEngine, data: DataProto, config: dict[str, Any]) -> dict[str, float]:
+def update(engine: FSDPBackend, data: DataProto, config: dict[str, Any]) -> dict[str, float]:
     actor_cfg = config["actor"]
     schedule = PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0)
     loss_fn = lambda outputs, micro: actor_loss(outputs, micro, actor_cfg)  # noqa: E731
@@ -161,7 +161,7 @@ def run_mode(model_dir: str, mode: str, data: DataProto, warmup: DataProto, args
     device = worker_device()
     micro_rows = max(1, args.max_tokens // width)
     config = actor_settings(model_dir, mode, len(data), micro_rows, args.max_tokens, args.gradient_checkpointing)
-    engine = FSDPEngine(AutoModelForCausalLM, config["model"], 0, optim_cfg=config["actor"]["optim"])
+    engine = FSDPBackend(AutoModelForCausalLM, config["model"], 0, optim_cfg=config["actor"]["optim"])
     result: dict[str, Any] = {"mode": mode, "micro_rows": micro_rows if mode == "padded" else None}
     try:
         warm_config = actor_settings(model_dir, mode, len(warmup), micro_rows, args.max_tokens, args.gradient_checkpointing)

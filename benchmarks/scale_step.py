@@ -33,11 +33,11 @@ from typing import Any
 import torch
 
 from benchmarks.e2e_step import phase_summary, write
-from benchmarks.steady_state import steady
 from benchmarks.gpu_grpo_step import grpo_overrides
 from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_3B, QWEN2_7B
 from benchmarks.offload import Bandwidth, offload_table, print_offload_table, probe_in_subprocess
 from benchmarks.random_model import write_config, write_model_folder
+from benchmarks.steady_state import steady
 from trainer.config_loader import load_config
 from trainer.datasets.synthetic import write_synthetic_dataset
 from trainer.main import run

@@ -47,7 +47,7 @@ def residency(model_path: str) -> dict[str, Any]:
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from workers.fsdp.engine import FSDPEngine
+    from workers.fsdp.backend import FSDPBackend
     from workers.fsdp.offload import Offloader
     from workers.rollout.hybrid import FSDPWeightSource, HybridRollout
     from workers.rollout.sampling import folder_token_ids, sampling_params
@@ -57,7 +57,7 @@ def residency(model_path: str) -> dict[str, Any]:
     dist.init_process_group("nccl", rank=0, world_size=1)
     cfg = rollout_config(model_path)
     readings: dict[str, Any] = {"empty_gib": used_gib()}
-    actor = FSDPEngine(AutoModelForCausalLM, cfg["model"], 0, optim_cfg=cfg["actor"]["optim"])
+    actor = FSDPBackend(AutoModelForCausalLM, cfg["model"], 0, optim_cfg=cfg["actor"]["optim"])
 
     def train_step() -> float:
         start = time.perf_counter()

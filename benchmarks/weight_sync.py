@@ -38,7 +38,13 @@ from single_controller.ray.local_cluster import init_local_ray  # noqa: E402
 from workers.rollout.buckets import pack_bucket, plan_buckets  # noqa: E402
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup  # noqa: E402
 from workers.rollout.weight_sync import (  # noqa: E402
-    BroadcastSender, IpcReceiver, IpcStagingBuffers, broadcast_buckets, gathered_buckets, ipc_handle, open_ipc_handle,
+    BroadcastSender,
+    IpcReceiver,
+    IpcStagingBuffers,
+    broadcast_buckets,
+    gathered_buckets,
+    ipc_handle,
+    open_ipc_handle,
     receive_broadcast_buckets,
 )
 

@@ -2,9 +2,8 @@
 
 import pytest
 
-from tests.workers.conftest import tiny_model_dir  # noqa: F401
-
 from single_controller.worker import NodeInfo
+from tests.workers.conftest import tiny_model_dir  # noqa: F401
 from workers.engines.sync_path import CUDA_IPC, GLOO, NCCL, choose_sync_path
 
 

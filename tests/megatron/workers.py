@@ -46,21 +46,21 @@ ADAM_EPS = 1e-4
 
 
 class MegatronEngineProbe(Worker):
-    """Builds a trainable `MegatronEngine` and reports, from TP rank 0 of the last stage, the response
+    """Builds a trainable `MegatronBackend` and reports, from TP rank 0 of the last stage, the response
     log-probs and entropies of a fixed batch, a training step's gradient norm and the exported weights."""
 
     @register(Dispatch.ONE_TO_ALL)
     def run(self, model_path: str, tp: int, pp: int, sp: bool, dist_opt: bool, batch: dict, lr: float) -> dict | None:
         from megatron.core import parallel_state as ps
 
-        from workers.megatron.engine import MegatronEngine
+        from workers.megatron.backend import MegatronBackend
         from workers.megatron.model import ParallelSettings
         from workers.training.backend import ResponseForward
 
         init_megatron_parallel(self, tp, pp)
         optim = {"lr": lr, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": ADAM_EPS, "lr_warmup_steps": 0,
                  "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
-        engine = MegatronEngine({"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, sp, dist_opt), optim)
+        engine = MegatronBackend({"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, sp, dist_opt), optim)
         micros = list(DataProto.from_dict(batch).split(2))
 
         def keep(outputs, micro):

@@ -11,11 +11,18 @@ import pytest
 import torch
 
 from tests.offload.tiny import (
-    LEAK_CHECK, UNEVEN, device_bytes, identical, sharded_model, snapshot, tensor_objects, train_step,
+    LEAK_CHECK,
+    UNEVEN,
+    device_bytes,
+    identical,
+    sharded_model,
+    snapshot,
+    tensor_objects,
+    train_step,
 )
-from workers.training.dist_utils import single_process_group
 from workers.fsdp.offload import Offloader
 from workers.fsdp.storage_offload import MOVES_KEPT
+from workers.training.dist_utils import single_process_group
 
 CPU = torch.device("cpu")
 

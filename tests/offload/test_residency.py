@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.offload.tiny import UNEVEN, device_bytes, identical, sharded_model, snapshot, train_step
 from tests.model_folders import write_random_qwen2
+from tests.offload.tiny import UNEVEN, device_bytes, identical, sharded_model, snapshot, train_step
 from tests.workers.conftest import TINY_CONFIG
 from tests.workers.helpers import actor_config, random_prompts
 from workers.fsdp import ActorRolloutRefWorker
-from workers.training.dist_utils import single_process_group
 from workers.fsdp.offload import Offloader
 from workers.fsdp.residency import CRITIC, ActorResidency, CriticResidency, DeviceTenants
+from workers.training.dist_utils import single_process_group
 
 CPU = torch.device("cpu")
 OFFLOAD_ALL = {"actor": {"fsdp_config": {"param_offload": True, "optimizer_offload": True}, "use_kl_loss": True},

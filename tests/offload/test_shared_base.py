@@ -13,15 +13,15 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.offload.tiny import local, train_step
-from workers.training.dist_utils import single_process_group
 from workers.fsdp.model_loading import transformer_layers
-from workers.fsdp.wrap import device_mesh
 from workers.fsdp.offload import Offloader, module_state_tensors
+from workers.fsdp.shared_base import SharedBase, checkpoint_name
 from workers.fsdp.shared_storage import shard_window
 from workers.fsdp.storage_offload import device_storages
+from workers.fsdp.wrap import device_mesh
 from workers.lora.model import add_lora_adapters
-from workers.fsdp.shared_base import SharedBase, checkpoint_name
 from workers.lora.spec import LoraSpec, is_adapter_parameter
+from workers.training.dist_utils import single_process_group
 
 CPU = torch.device("cpu")
 CONFIG = dict(vocab_size=67, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

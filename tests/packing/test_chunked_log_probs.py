@@ -12,16 +12,19 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForC
 from protocol import DataProto
 from tests.packing.test_packed_forward import BATCH, CONFIG, DEVICE
 from workers.config import actor_rollout_ref_config
-from workers.training.actor_loss import actor_loss_from_log_probs
 from workers.fsdp.sequences import response_log_probs_and_entropy
 from workers.head_log_probs import (
-    LabelScoringHead, logits_chunk_tokens, set_logits_chunk_tokens, token_log_probs_and_entropy,
+    LabelScoringHead,
+    logits_chunk_tokens,
+    set_logits_chunk_tokens,
+    token_log_probs_and_entropy,
 )
 from workers.lora.model import add_lora_adapters
 from workers.lora.spec import LoraSpec
 from workers.packing.forward import enable_packing
 from workers.rl_math.chunked_logits import chunked_log_probs_and_entropy
 from workers.rl_math.logits import entropy_from_logits, log_probs_from_logits
+from workers.training.actor_loss import actor_loss_from_log_probs
 
 TOKENS = (3, 37)  # 111 tokens: chunks of 7 leave 6 over, 111 is one exact chunk, 500 is more than all of them
 CHUNKS = (1, 7, 111, 500)

@@ -13,25 +13,25 @@ from tests.packing.test_packed_forward import rollout_batch
 from trainer.config_loader import ConfigError, load_config
 from trainer.old_log_prob_pass import old_log_prob_pass_needed
 from workers.config import actor_rollout_ref_config
-from workers.training.actor_loss import actor_forward, actor_loss
-from workers.fsdp.engine import FSDPEngine
-from workers.training.ppo_loop import PPOSchedule, check_one_optimizer_step, run_ppo_updates
+from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.sequences import response_log_probs_and_entropy
 from workers.rl_math.rollout_correction import ROLLOUT_IS_WEIGHTS, logprob_gap_metrics, truncated_is_weights
+from workers.training.actor_loss import actor_forward, actor_loss
+from workers.training.ppo_loop import PPOSchedule, check_one_optimizer_step, run_ppo_updates
 
 PROMPTS = [9, 3, 6, 2, 7, 4]
 RESPONSES = [12, 2, 5, 9, 1, 12]
 CAP = 1.5
 
 
-def make_engine(model_dir: str, mini_batch: int) -> tuple[FSDPEngine, dict]:
+def make_engine(model_dir: str, mini_batch: int) -> tuple[FSDPBackend, dict]:
     config = actor_rollout_ref_config({
         "model": {"path": model_dir},
         "actor": {"optim": {"lr": 1e-2, "weight_decay": 0.0}, "ppo_mini_batch_size": mini_batch,
                   "ppo_micro_batch_size_per_gpu": 2, "use_kl_loss": False},
     })
     actor_cfg = config["actor"]
-    return FSDPEngine(AutoModelForCausalLM, config["model"], 0, optim_cfg=actor_cfg["optim"]), actor_cfg
+    return FSDPBackend(AutoModelForCausalLM, config["model"], 0, optim_cfg=actor_cfg["optim"]), actor_cfg
 
 
 def update_batch() -> DataProto:

@@ -15,8 +15,8 @@ import workers.training.ppo_loop as ppo_loop
 from tests.packing.test_update_equivalence import BUDGET, PROMPTS, update_batch
 from workers.cached_blocks_limit import AFTER_MICRO_BATCH, AFTER_PHASE
 from workers.config import actor_rollout_ref_config
+from workers.fsdp.backend import FSDPBackend
 from workers.training.actor_loss import actor_forward, actor_loss
-from workers.fsdp.engine import FSDPEngine
 from workers.training.micro_batching import MicroBatching, forward_in_micro_batches
 from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 
@@ -42,7 +42,7 @@ def _update(model_dir: str) -> tuple[dict[str, float], int]:
         "actor": {"optim": {"lr": 1e-3}, "ppo_mini_batch_size": len(PROMPTS), "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": BUDGET},
     })
     actor_cfg = config["actor"]
-    engine = FSDPEngine(AutoModelForCausalLM, config["model"], 0, optim_cfg=actor_cfg["optim"])
+    engine = FSDPBackend(AutoModelForCausalLM, config["model"], 0, optim_cfg=actor_cfg["optim"])
     schedule = PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0)
     micros, _ = schedule.micro_batching().split(update_batch(), engine.device)
 

@@ -9,10 +9,10 @@ from transformers import AutoModelForCausalLM
 
 from tests.packing.test_packed_forward import rollout_batch
 from workers.config import actor_rollout_ref_config
-from workers.training.actor_loss import actor_forward, actor_loss
-from workers.fsdp.engine import FSDPEngine
-from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.fsdp.backend import FSDPBackend
 from workers.rl_math.names import LOSS_AGG_MODES
+from workers.training.actor_loss import actor_forward, actor_loss
+from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 
 PROMPTS = [9, 3, 6, 2, 7, 4, 9, 5]
 RESPONSES = [12, 2, 5, 9, 1, 12, 3, 7]
@@ -44,7 +44,7 @@ def updated_weights(model_dir: str, mode: str, packed: bool, dynamic: bool) -> d
         },
     })
     actor_cfg = config["actor"]
-    engine = FSDPEngine(AutoModelForCausalLM, config["model"], 0, optim_cfg=actor_cfg["optim"])
+    engine = FSDPBackend(AutoModelForCausalLM, config["model"], 0, optim_cfg=actor_cfg["optim"])
     schedule = PPOSchedule.from_config(actor_cfg, 1, 1, "actor", 0, 0)
 
     def loss_fn(outputs, micro):

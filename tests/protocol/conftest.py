@@ -7,9 +7,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from protocol.data_proto import DataProto
 from protocol.arrays import to_object_array
-
+from protocol.data_proto import DataProto
 
 # ray_cluster: the shared session fixture in tests/conftest.py (one local Ray cluster per run).
 

@@ -7,7 +7,6 @@ import torch
 from protocol.data_proto import DataProto
 from protocol.testing import assert_dataproto_equal, shares_memory
 
-
 # ---------------------------------------------------------------- select
 
 

@@ -22,8 +22,8 @@ def test_help_prints_the_usage(capsys):
 def test_help_lists_the_config_groups_recipes_and_docs_from_their_files(capsys):
     """Every choice file of trainer.yaml's groups (with its first comment line), the built-in recipes and every
     docs page (with its title) are listed; the default choice is marked."""
-    from trainer.recipe_runner import BUILT_IN_RECIPES
     from trainer.cli_help import CONFIG_DIR, DOCS_DIR, WIDTH
+    from trainer.recipe_runner import BUILT_IN_RECIPES
 
     assert main(["--help"]) == 0
     lines = capsys.readouterr().out.splitlines()

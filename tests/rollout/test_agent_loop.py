@@ -15,7 +15,6 @@ from trainer.rewards.env_reward import EnvRewardManager
 from trainer.tiny_model import build_char_tokenizer
 from workers.agent_tasks.vault import CODE_CHARS, VaultEnvironment
 from workers.config import multi_turn_config
-from workers.training.actor_loss import actor_loss_from_log_probs
 from workers.rl_math.masked import last_valid_positions
 from workers.rollout.agent import ParsedTurn, ToolCall, make_parser
 from workers.rollout.agent.batch import conversation_batch
@@ -23,6 +22,7 @@ from workers.rollout.agent.loop import AgentLoop, TurnOutput
 from workers.rollout.agent.rollout import AgentRollout
 from workers.rollout.agent.scripted import ScriptedStream, ScriptedTurns
 from workers.rollout.sampling import SamplingParams
+from workers.training.actor_loss import actor_loss_from_log_probs
 
 TOOLS_FILE = Path(__file__).with_name("agent_tools.py")
 TOKENIZER = build_char_tokenizer()

@@ -9,7 +9,12 @@ from torch import nn
 
 from workers.rollout.buckets import ALIGN_BYTES, bucket_views, pack_bucket, plan_buckets
 from workers.rollout.sync_group import WeightSyncGroup
-from workers.rollout.weight_sync import broadcast_buckets, named_full_parameters, plan_model_buckets, receive_broadcast_buckets
+from workers.rollout.weight_sync import (
+    broadcast_buckets,
+    named_full_parameters,
+    plan_model_buckets,
+    receive_broadcast_buckets,
+)
 
 
 def _specs():

@@ -6,7 +6,14 @@ import torch
 from torch import nn
 
 from workers.rollout.verify import (
-    DEFAULT_TOLERANCE, WeightFingerprint, WeightSyncMismatch, compare_log_probs, probe_sequences, require_changed, require_match, trainer_log_probs,
+    DEFAULT_TOLERANCE,
+    WeightFingerprint,
+    WeightSyncMismatch,
+    compare_log_probs,
+    probe_sequences,
+    require_changed,
+    require_match,
+    trainer_log_probs,
 )
 
 

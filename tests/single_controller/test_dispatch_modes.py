@@ -4,10 +4,9 @@ import pytest
 import torch
 
 from protocol import DataProto
+from single_controller import NeedParallel
 from single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
 from tests.single_controller.workers import CustomDispatchWorker, EchoWorker, make_batch
-
-from single_controller import NeedParallel
 
 
 @pytest.fixture(scope="module")

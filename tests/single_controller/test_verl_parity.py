@@ -136,12 +136,11 @@ def test_parallel_put_keeps_order(ray_cluster):
 
 
 def test_verl_import_paths_resolve_to_the_project_classes():
+    from single_controller import Worker
     from single_controller.base import Worker as BaseWorker
     from single_controller.base.worker import Worker as ModuleWorker
     from single_controller.base.worker_group import WorkerGroup as ModuleWorkerGroup
     from single_controller.ray.base import RayWorkerGroup as BaseRayWorkerGroup
-
-    from single_controller import Worker
 
     assert BaseWorker is ModuleWorker is Worker
     assert WorkerGroup is ModuleWorkerGroup is BaseRayWorkerGroup is RayWorkerGroup

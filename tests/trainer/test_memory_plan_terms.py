@@ -12,8 +12,13 @@ from peft import LoraConfig, get_peft_model
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import (
-    AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification, LlamaConfig, MistralConfig,
-    Qwen2Config, Qwen3Config,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
 )
 
 from protocol import DataProto

@@ -15,7 +15,11 @@ from omegaconf import OmegaConf, open_dict
 from protocol import DataProto
 from trainer.config_loader import ConfigError, load_config
 from trainer.reward_settings import (
-    REWARD_MANAGERS, OverlongBuffer, check_reward_settings, declared_reward_kwarg, overlong_buffer,
+    REWARD_MANAGERS,
+    OverlongBuffer,
+    check_reward_settings,
+    declared_reward_kwarg,
+    overlong_buffer,
 )
 from trainer.rewards import RuleRewardManager
 from trainer.rewards.dapo import DAPORewardManager

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from protocol import DataProto
-from trainer.data import RLDataset, ResumableBatchSampler, collate_to_dataproto, make_dataloader
+from trainer.data import ResumableBatchSampler, RLDataset, collate_to_dataproto, make_dataloader
 from trainer.datasets.synthetic import write_synthetic_dataset
 from trainer.tiny_model import build_char_tokenizer
 

@@ -26,8 +26,9 @@ def dataset(model_dir: str, files: str, max_prompt_length: int = 64, truncation:
 
 @pytest.mark.parametrize("size", [(56, 56), (100, 70), (30, 200)])
 def test_vision_token_count_is_the_processors(tiny_vlm_dir, size):
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     buffer = io.BytesIO()
     Image.new("RGB", size, (10, 200, 30)).save(buffer, format="JPEG")

@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModelForImageTextToText
 
 from tests.vision.images import BLUE, RED, image_batch, png
 from workers.fsdp.sequences import response_log_probs_and_entropy
-from workers.lora.model import add_lora_adapters, adapter_parameter_names
+from workers.lora.model import adapter_parameter_names, add_lora_adapters
 from workers.lora.spec import LoraSpec
 from workers.packing.forward import enable_packing, is_packed
 from workers.rollout.hf_generate import generate_responses

@@ -7,7 +7,13 @@ import os
 import pytest
 import torch
 
-from tests.workers.helpers import actor_config, assert_resume_round_trip, hf_response_log_probs, make_group, random_prompts
+from tests.workers.helpers import (
+    actor_config,
+    assert_resume_round_trip,
+    hf_response_log_probs,
+    make_group,
+    random_prompts,
+)
 from workers.fsdp import ActorRolloutRefWorker
 
 

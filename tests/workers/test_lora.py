@@ -12,7 +12,13 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 
-from tests.workers.helpers import actor_config, assert_resume_round_trip, hf_response_log_probs, make_group, random_prompts
+from tests.workers.helpers import (
+    actor_config,
+    assert_resume_round_trip,
+    hf_response_log_probs,
+    make_group,
+    random_prompts,
+)
 from workers.fsdp import ActorRolloutRefWorker
 
 LORA = {"lora_rank": 8, "lora_alpha": 16}

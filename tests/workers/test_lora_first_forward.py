@@ -12,13 +12,13 @@ from transformers import AutoModelForCausalLM
 
 from tests.packing.test_packed_forward import rollout_batch
 from workers.config import actor_rollout_ref_config
-from workers.training.actor_loss import actor_forward, actor_loss
-from workers.training.dist_utils import single_process_group
-from workers.fsdp.engine import FSDPEngine
-from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.sequences import response_log_probs_and_entropy
 from workers.lora.model import adapters_disabled
 from workers.lora.spec import is_adapter_parameter
+from workers.training.actor_loss import actor_forward, actor_loss
+from workers.training.dist_utils import single_process_group
+from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 
 PROMPTS = [9, 3, 6, 2, 7, 4]
 RESPONSES = [12, 2, 5, 9, 1, 12]
@@ -43,7 +43,7 @@ def _update(model_dir: str, reference_first: bool) -> tuple[float, dict[str, tor
         }
     )
     actor_cfg = config["actor"]
-    engine = FSDPEngine(AutoModelForCausalLM, config["model"], 0, optim_cfg=actor_cfg["optim"])
+    engine = FSDPBackend(AutoModelForCausalLM, config["model"], 0, optim_cfg=actor_cfg["optim"])
     data = rollout_batch(PROMPTS, RESPONSES, seed=5)
     data.batch["advantages"] = torch.randn(data.batch["responses"].shape, generator=torch.Generator().manual_seed(6))
     if reference_first:

@@ -14,8 +14,8 @@ from trainer.input_errors import InputError
 from trainer.memory_plan.shape import read_shape
 from trainer.preflight import check_lengths_fit_model
 from workers.config import actor_rollout_ref_config
+from workers.fsdp.backend import FSDPBackend
 from workers.training.dist_utils import single_process_group
-from workers.fsdp.engine import FSDPEngine
 
 
 def test_verls_plus_spelling_adds_fields():
@@ -28,7 +28,7 @@ def test_verls_plus_spelling_adds_fields():
 def test_the_trainers_model_is_built_with_the_overrides(tiny_model_dir):
     config = actor_rollout_ref_config({"model": {"path": tiny_model_dir, "override_config": {"attention_dropout": 0.25}}})
     with single_process_group(torch.device("cpu")):
-        engine = FSDPEngine(AutoModelForCausalLM, config["model"], 0)
+        engine = FSDPBackend(AutoModelForCausalLM, config["model"], 0)
         assert engine.module.config.attention_dropout == 0.25
         assert engine.config_overrides == {"attention_dropout": 0.25}  # what a hybrid engine is built with too
 

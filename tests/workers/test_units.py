@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from workers.fsdp.checkpoint import rng_state, set_rng_state
+from workers.fsdp.optim import lr_factor_fn
 from workers.rollout.sampling import forced_lengths, sampling_params
 from workers.rollout.shaping import assemble_rollout, response_mask_from_eos
-from workers.fsdp.optim import lr_factor_fn
 from workers.training.ppo_loop import loss_units
 
 

@@ -9,7 +9,7 @@ and only the float32 adapter factors train.
 In a forward/backward FSDP2 holds unsharded compute-dtype copies of the root unit (embedding, final norm,
 head) and of the layer being computed plus the one prefetched; backward reduces one layer's gradients at a
 time (its compute-dtype gradients, a float32 copy and the float32 shard).
-Megatron (workers/megatron/engine.py): compute-dtype weights (Float16Module), a float32 gradient buffer and
+Megatron (workers/megatron/backend.py): compute-dtype weights (Float16Module), a float32 gradient buffer and
 float32 main weights + moments (sharded over data-parallel ranks with the distributed optimizer), per
 tensor x pipeline parallel slice.
 """

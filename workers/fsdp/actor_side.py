@@ -1,6 +1,6 @@
 """`FSDPActorSide`: the actor worker's FSDP2 models, rollout and residency (workers/actor/side.py).
 
-The actor and the reference are `FSDPEngine`s over the same (dp, sp) layout; with LoRA the reference is the
+The actor and the reference are `FSDPBackend`s over the same (dp, sp) layout; with LoRA the reference is the
 actor's base (adapters off) and, beside a hybrid vLLM engine, that base can be views of the engine's weights
 (rollout.share_base_weights). Offloaded state moves phase by phase (workers/fsdp/residency.py). Generation:
 the hybrid vLLM engine, the multi-turn agent loop, or HF generate on the actor itself (images included).
@@ -17,7 +17,7 @@ import torch
 
 from protocol import DataProto
 from workers.config import mini_batch_per_rank
-from workers.fsdp.engine import FSDPEngine
+from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.offload import GIB, Offloader
 from workers.fsdp.residency import ActorResidency, process_tenants
 from workers.fsdp.shared_base import SharedBase, resolve_base_sharing
@@ -47,17 +47,17 @@ class FSDPActorSide:
         self.start_metrics: dict[str, float] = {}
         sequence_parallel = {"sequence_parallel": self.layout.group, "sequence_parallel_setting": setting}
         auto_class = auto_model_class(cfg["model"]["path"])  # a causal LM, or a vision-language model
-        self.actor: FSDPEngine | None = None
-        self.ref: FSDPEngine | None = None
+        self.actor: FSDPBackend | None = None
+        self.ref: FSDPBackend | None = None
         if worker.role != "ref":
             mini_batch_per_rank(cfg["actor"], cfg["rollout"]["n"], self.layout.dp_size, self.layout.where("actor"))
-            self.actor = FSDPEngine(
+            self.actor = FSDPBackend(
                 auto_class, cfg["model"], worker.rank, optim_cfg=cfg["actor"]["optim"], seed=cfg["seed"],
                 **sequence_parallel,
             )
         if worker.role == "ref" or (worker.role == "actor_rollout_ref" and self.actor.lora is None):
             # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.
-            self.ref = FSDPEngine(auto_class, cfg["model"], worker.rank, **sequence_parallel)
+            self.ref = FSDPBackend(auto_class, cfg["model"], worker.rank, **sequence_parallel)
         vision = is_vision_language((self.actor or self.ref).module.config)
         self.images = ImageInputs(cfg["model"]["path"]) if vision else None  # the image processor (workers/vision)
         rollout = cfg["rollout"]
@@ -125,7 +125,7 @@ class FSDPActorSide:
         self.residency.actor_needed(with_optimizer)
 
     @contextmanager
-    def reference(self, method: str) -> Iterator[FSDPEngine]:
+    def reference(self, method: str) -> Iterator[FSDPBackend]:
         if self.actor is not None and self.actor.lora is not None:
             self.residency.actor_needed()
             with adapters_disabled(self.actor.module):

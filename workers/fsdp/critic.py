@@ -16,7 +16,7 @@ from protocol import DataProto
 from single_controller import Dispatch, Worker, register
 from workers.cached_blocks import set_release_point
 from workers.config import critic_config, mini_batch_per_rank
-from workers.fsdp.engine import FSDPEngine
+from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.offload import GIB, Offloader
 from workers.fsdp.residency import CriticResidency, process_tenants
 from workers.fsdp.ulysses import SequenceLayout, init_sequence_layout
@@ -40,7 +40,7 @@ class CriticWorker(Worker):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
         self.config = critic_config(config)
-        self.critic: FSDPEngine | None = None
+        self.critic: FSDPBackend | None = None
         self.layout: SequenceLayout | None = None
         self.residency: CriticResidency | None = None
         self.update_calls = 0
@@ -57,7 +57,7 @@ class CriticWorker(Worker):
         mini_batch_per_rank(cfg, cfg["rollout_n"], self.layout.dp_size, self.layout.where("critic"))
         # num_labels=1: one value per token. The head is new (seeded, so equal on all ranks); no dropout
         # on it, or values in training would not match the values the advantages were computed from.
-        self.critic = FSDPEngine(
+        self.critic = FSDPBackend(
             AutoModelForTokenClassification,
             cfg["model"],
             self.rank,
@@ -76,7 +76,7 @@ class CriticWorker(Worker):
         self.residency.after_start()
         self._end_phase("critic_init")
 
-    def _engine(self, method: str, with_optimizer: bool = False) -> FSDPEngine:
+    def _engine(self, method: str, with_optimizer: bool = False) -> FSDPBackend:
         """The critic, about to compute: a colocated actor's offloadable state leaves the GPU first, the
         critic's own comes in (its optimizer state only if asked: else for each optimizer step)."""
         if self.critic is None:

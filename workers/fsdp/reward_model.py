@@ -12,7 +12,7 @@ from protocol import DataProto
 from single_controller import Dispatch, Worker, register
 from workers.cached_blocks import set_release_point
 from workers.config import reward_model_config
-from workers.fsdp.engine import FSDPEngine
+from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.residency import REWARD_MODEL, process_tenants
 from workers.fsdp.sequences import SEQUENCE_KEYS
 from workers.packing.forward import is_packed, packed_token_outputs
@@ -55,13 +55,13 @@ class RewardModelWorker(Worker):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
         self.config = reward_model_config(config)
-        self.reward_model: FSDPEngine | None = None
+        self.reward_model: FSDPBackend | None = None
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         self.init_process_group()
         set_release_point(self.config["release_cached_blocks"])
-        self.reward_model = FSDPEngine(
+        self.reward_model = FSDPBackend(
             AutoModelForSequenceClassification,
             self.config["model"],
             self.rank,

@@ -1,6 +1,6 @@
 """`MegatronActorSide`: the actor worker's megatron-core models and rollout (workers/actor/side.py).
 
-The actor and the reference are `MegatronEngine`s over TP x PP x DP; their state stays on the device. Every
+The actor and the reference are `MegatronBackend`s over TP x PP x DP; their state stays on the device. Every
 rank generates its share with a vLLM engine in its process (`rollout.name=vllm`) or an HF replica of the
 policy, either refreshed from the Megatron weights (TP-gathered, PP-broadcast as whole HF tensors) whenever
 they changed. Text-only models.
@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from protocol import DataProto
 from workers.config import mini_batch_per_rank
-from workers.megatron.engine import MegatronEngine
+from workers.megatron.backend import MegatronBackend
 from workers.megatron.model import ParallelSettings
 from workers.megatron.parallel import init_megatron_parallel
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
@@ -37,14 +37,14 @@ class MegatronActorSide:
         self.sequence_parallel = 1
         self.start_metrics: dict[str, float] = {}
         max_positions = max(4096, cfg["rollout"]["max_model_len"] or 0)
-        self.actor: MegatronEngine | None = None
-        self.ref: MegatronEngine | None = None
+        self.actor: MegatronBackend | None = None
+        self.ref: MegatronBackend | None = None
         self.hybrid_rollout = None
         self.rollout_model: torch.nn.Module | None = None  # HF generate (rollout.name=hf)
         self.rollout_version = 0  # the weights version the HF replica holds
         if worker.role != "ref":
             mini_batch_per_rank(cfg["actor"], cfg["rollout"]["n"], self.data_parallel_size, self.where("actor"))
-            self.actor = MegatronEngine(
+            self.actor = MegatronBackend(
                 cfg["model"], settings, cfg["actor"]["optim"], seed=cfg["seed"], max_positions=max_positions
             )
             if cfg["rollout"]["name"] == "vllm":
@@ -53,7 +53,7 @@ class MegatronActorSide:
                 self.rollout_model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=self.actor.dtype)
                 self.rollout_model.to(self.actor.device).eval()
         if worker.role in ("actor_rollout_ref", "ref"):
-            self.ref = MegatronEngine(cfg["model"], settings, seed=cfg["seed"], max_positions=max_positions)
+            self.ref = MegatronBackend(cfg["model"], settings, seed=cfg["seed"], max_positions=max_positions)
 
     def _hybrid_rollout(self) -> Any:
         from workers.megatron.rollout_source import MegatronWeightSource
@@ -73,7 +73,7 @@ class MegatronActorSide:
         pass
 
     @contextmanager
-    def reference(self, method: str) -> Iterator[MegatronEngine]:
+    def reference(self, method: str) -> Iterator[MegatronBackend]:
         yield self.worker._engine("ref", method)
 
     def optimizer_held(self) -> Any:

@@ -9,7 +9,7 @@ import torch
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
 from workers.config import critic_config, mini_batch_per_rank
-from workers.megatron.engine import MegatronEngine
+from workers.megatron.backend import MegatronBackend
 from workers.megatron.model import ParallelSettings
 from workers.megatron.parallel import init_megatron_parallel
 from workers.training.backend import ResponseOutputs
@@ -32,7 +32,7 @@ class MegatronCriticWorker(Worker):
         super().__init__()
         self.config = critic_config(config)
         self.settings = ParallelSettings.from_config(self.config["megatron"])
-        self.critic: MegatronEngine | None = None
+        self.critic: MegatronBackend | None = None
         self.update_calls = 0
 
     @register(Dispatch.ONE_TO_ALL)
@@ -42,9 +42,9 @@ class MegatronCriticWorker(Worker):
         self.dp_size = init_megatron_parallel(self, self.settings.tp, self.settings.pp).dp_size
         mini_batch_per_rank(cfg, cfg["rollout_n"], self.dp_size, "critic (over data-parallel ranks)")
         # The value head is new: seeded, so it starts equal on every rank.
-        self.critic = MegatronEngine(cfg["model"], self.settings, cfg["optim"], value_head=True, seed=cfg["seed"])
+        self.critic = MegatronBackend(cfg["model"], self.settings, cfg["optim"], value_head=True, seed=cfg["seed"])
 
-    def _engine(self, method: str) -> MegatronEngine:
+    def _engine(self, method: str) -> MegatronBackend:
         if self.critic is None:
             raise RuntimeError(f"{method}: call init_model() first")
         return self.critic

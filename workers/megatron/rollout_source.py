@@ -1,4 +1,4 @@
-"""A `MegatronEngine` as the weight source of a hybrid vLLM engine (see workers/rollout/hybrid.py)."""
+"""A `MegatronBackend` as the weight source of a hybrid vLLM engine (see workers/rollout/hybrid.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from protocol import DataProto
-from workers.megatron.engine import MegatronEngine
+from workers.megatron.backend import MegatronBackend
 from workers.megatron.vocab_parallel import log_probs_and_entropy
 from workers.rollout.buckets import BucketLayout, plan_buckets
 
@@ -16,7 +16,7 @@ from workers.rollout.buckets import BucketLayout, plan_buckets
 class MegatronWeightSource:
     """Weights leave as whole HF tensors (TP-gathered, PP-broadcast), so every rank's engine gets them all."""
 
-    def __init__(self, engine: MegatronEngine) -> None:
+    def __init__(self, engine: MegatronBackend) -> None:
         self.engine = engine
         self.model_path, self.device, self.dtype = engine.model_path, engine.device, engine.dtype
         self.config_overrides = engine.config_overrides

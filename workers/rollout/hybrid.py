@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from workers.fsdp.engine import FSDPEngine
+from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.model_loading import compute_dtype
 from workers.lora.model import adapter_parameter_names
 from workers.rollout.buckets import BucketLayout
@@ -28,7 +28,7 @@ from workers.vision.models import probe_vocab_size
 class FSDPWeightSource:
     """An FSDP2 engine as a weight source: parameters all-gathered bucket by bucket."""
 
-    def __init__(self, actor: FSDPEngine) -> None:
+    def __init__(self, actor: FSDPBackend) -> None:
         self.actor = actor
         self.model_path, self.device, self.dtype = actor.model_path, actor.device, actor.dtype
         self.config_overrides = actor.config_overrides

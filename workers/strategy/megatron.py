@@ -52,7 +52,7 @@ class MegatronStrategy(Strategy):
         main weights); `scheduler`: {"lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type",
         "total_training_steps", "min_lr_ratio", "num_cycles"}.
         Returns `(model, optimizer, schedule)`, or the frozen model without an optimizer."""
-        from workers.megatron.engine import MegatronEngine
+        from workers.megatron.backend import MegatronBackend
         from workers.megatron.model import ParallelSettings
 
         path = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
@@ -71,7 +71,7 @@ class MegatronStrategy(Strategy):
             mc.sequence_parallel and mc.tensor_model_parallel_size > 1,
             mc.use_distributed_optimizer,
         )
-        engine = MegatronEngine({"path": path, "dtype": self.config.dtype}, settings, optim_cfg, seed=self.config.seed)
+        engine = MegatronBackend({"path": path, "dtype": self.config.dtype}, settings, optim_cfg, seed=self.config.seed)
         self._engines[id(engine.model)] = engine
         if optim_cfg is None:
             return engine.model
@@ -88,7 +88,7 @@ class MegatronStrategy(Strategy):
     def sequence_log_probs(
         self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
-        from workers.megatron.engine import attention_mask_4d
+        from workers.megatron.backend import attention_mask_4d
         from workers.megatron.vocab_parallel import log_probs_and_entropy
 
         engine = self._engine(model, "sequence_log_probs")

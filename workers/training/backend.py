@@ -75,7 +75,7 @@ class MicroResults:
 
 
 class TrainBackend(Protocol):
-    """Implemented by `FSDPEngine` and `MegatronEngine`; built after the process group exists."""
+    """Implemented by `FSDPBackend` and `MegatronBackend`; built after the process group exists."""
 
     device: torch.device
     dtype: torch.dtype

@@ -65,7 +65,7 @@ def reduce_over_ranks(
 
 @contextmanager
 def single_process_group(device: torch.device) -> Iterator[None]:
-    """A one-rank default process group, so an `FSDPEngine` runs inside this process (benchmarks, tests)."""
+    """A one-rank default process group, so an `FSDPBackend` runs inside this process (benchmarks, tests)."""
     if dist.is_initialized():
         yield
         return

@@ -1,7 +1,7 @@
-"""`FSDPEngine`: one FSDP2-sharded HF model with (optionally) its optimizer, LR schedule and checkpoints; the
+"""`FSDPBackend`: one FSDP2-sharded HF model with (optionally) its optimizer, LR schedule and checkpoints; the
 FSDP2 `TrainBackend` (workers/training/backend.py).
 
-The actor, the reference policy, the critic and the reward model are each one engine; the training logic
+The actor, the reference policy, the critic and the reward model are each one backend; the training logic
 (workers/training/) and the workers add what is specific to their role (losses, generation, output keys).
 """
 
@@ -37,8 +37,8 @@ from workers.training.micro_batching import MicroBatching
 from workers.vision.models import with_vision_lora_default
 
 
-class FSDPEngine:
-    """Build after the process group exists, e.g. `FSDPEngine(AutoModelForCausalLM, cfg["model"], rank,
+class FSDPBackend:
+    """Build after the process group exists, e.g. `FSDPBackend(AutoModelForCausalLM, cfg["model"], rank,
     optim_cfg=cfg["actor"]["optim"])`. With `optim_cfg=None` the model is frozen: no optimizer, loaded
     directly in the compute dtype. With a `sequence_parallel` group its packed forwards are split over that
     group (Ulysses; `sequence_parallel_setting` names the config key in errors).
@@ -123,7 +123,7 @@ class FSDPEngine:
     # ---- training -------------------------------------------------------------------------------------
     def _require_trainable(self, what: str) -> None:
         if self.optimizer is None:
-            raise RuntimeError(f"{what} needs a trainable model; this engine was built frozen (no optimizer)")
+            raise RuntimeError(f"{what} needs a trainable model; this model was built frozen (no optimizer)")
 
     def zero_grad(self) -> None:
         self._require_trainable("zero_grad")

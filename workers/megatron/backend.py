@@ -1,4 +1,4 @@
-"""`MegatronEngine`: one GPT model split over TP x PP x DP with megatron-core, optionally trainable; the
+"""`MegatronBackend`: one GPT model split over TP x PP x DP with megatron-core, optionally trainable; the
 megatron-core `TrainBackend` (workers/training/backend.py).
 
 The model is built from an HF config, loaded from the HF folder's safetensors (each rank reads only its
@@ -59,7 +59,7 @@ def attention_mask_4d(attention_mask: torch.Tensor) -> torch.Tensor:
     return causal[None, None] | ~attention_mask.bool()[:, None, None, :]
 
 
-class MegatronEngine:
+class MegatronBackend:
     def __init__(
         self,
         model_cfg: dict[str, Any],
@@ -244,7 +244,7 @@ class MegatronEngine:
     # ---- optimizer ------------------------------------------------------------------------------------
     def _require_trainable(self, what: str) -> None:
         if self.optimizer is None:
-            raise RuntimeError(f"{what} needs a trainable model; this engine was built frozen (no optimizer)")
+            raise RuntimeError(f"{what} needs a trainable model; this model was built frozen (no optimizer)")
 
     def zero_grad(self) -> None:
         self._require_trainable("zero_grad")

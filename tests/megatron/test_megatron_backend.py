@@ -1,4 +1,4 @@
-"""`MegatronEngine` against the HF model it was loaded from (fp32, megatron-core on CPU over gloo, real
+"""`MegatronBackend` against the HF model it was loaded from (fp32, megatron-core on CPU over gloo, real
 Ray workers): response log-probs and entropies, a training step's gradient norm and the weights after one
 Adam step (streamed back out through the TP gather and PP broadcast) agree across TP / PP / SP / DP splits."""
 
