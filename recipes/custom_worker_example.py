@@ -70,6 +70,7 @@ def run(overrides: list[str], steps: int = 4) -> list[dict[str, float]]:
     from trainer.config_loader import load_config
     from trainer.data import RLDataset, make_dataloader
     from trainer.role_groups import actor_worker_config
+    from trainer.rollout_source import RolloutSource
     from trainer.run_setup import ensure_default_assets, init_ray
     from workers.fsdp import ActorRolloutRefWorker
 
@@ -93,6 +94,7 @@ def run(overrides: list[str], steps: int = 4) -> list[dict[str, float]]:
     views = RayWorkerGroup(pool, roles).spawn()
     actor, judge = views["actor"], views["judge"]
     actor.init_model()
+    source = RolloutSource(actor)  # the actor's weights synced into its engine, then generated, as in every loop
     dataset = RLDataset(cfg.data.train_files, AutoTokenizer.from_pretrained(model_path), cfg.data.max_prompt_length)
     loader = make_dataloader(dataset, cfg.data.train_batch_size, seed=0)
     history = []
@@ -100,7 +102,7 @@ def run(overrides: list[str], steps: int = 4) -> list[dict[str, float]]:
         for step in range(steps):
             batch = loader.next_batch()
             uids = np.array([f"{step}-{i}" for i in range(len(batch))], dtype=object)
-            rollout = actor.generate_sequences(batch.union(DataProto.from_dict(non_tensors={"uid": uids})).repeat(n))
+            rollout = source.generate_sequences(batch.union(DataProto.from_dict(non_tensors={"uid": uids})).repeat(n))
             rollout.batch["score"] = judge.score(rollout).batch["score"]
             advantage = judge.group_advantage(rollout).batch["advantage"]
             rollout.batch["advantages"] = advantage[:, None] * rollout.batch["response_mask"]

@@ -9,7 +9,7 @@ Each step:
   4. the frozen reference policy gives the log-probs of the chosen and the rejected responses;
   5. the actor takes a DPO step (dpo.loss_type sigmoid | ipo | hinge, dpo.beta, dpo.label_smoothing).
 With the default HF engine the generator IS the actor worker, so the new weights reach it with no copy;
-with `rollout.name=vllm`, `roles.generate_sequences` syncs them into the engine first. Config:
+with `rollout.name=vllm`, the run's rollout source (`step_rollout`) syncs them into the engine first. Config:
 trainer/config/recipe/online_dpo.yaml.
 """
 

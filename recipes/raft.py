@@ -44,8 +44,8 @@ class RAFT(StepLoop):
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
         timer, actor = PhaseTimer(), self.roles.actor
-        with timer("generate"):  # 1. sample with the actor's current weights (uids, n copies, seed: generation_input)
-            rollout = self.roles.generate_sequences(self.generation_input(batch))
+        # 1. sample with the actor's current weights (the step's weight sync, then generate: as every loop)
+        rollout = self.step_rollout(batch, timer)
         with timer("reward"):  # 2. score
             scores, reward_metrics = self.data.reward_fn(rollout)
             scores = scores.sum(-1)

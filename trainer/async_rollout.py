@@ -2,8 +2,9 @@
 finished prompt groups as soon as it is ready.
 
 Per step (`next()`, called by the step loop before `train_step`):
-1. sync the engines to the actor's newest weights: they pause between two engine steps, load them, and go on
-   with the responses in flight (partial rollouts) or restart them (`rollout.partial_rollout`);
+1. sync the engines to the actor's newest weights (the rollout source's sync, trainer/rollout_source.py, which
+   also hands the prompts out): they pause between two engine steps, load them, and go on with the responses
+   in flight (partial rollouts) or restart them (`rollout.partial_rollout`);
 2. poll the engines, one call each that hands out new prompts while fewer than (max_staleness + 1) x
    train_batch_size are out (in progress, or finished and waiting: the bound of the stream) and collects the
    finished groups (all `rollout.n` responses of a prompt) into the buffer, and take `data.train_batch_size`
@@ -30,6 +31,7 @@ from omegaconf import DictConfig
 from protocol import DataProto
 from trainer.async_buffer import FinishedGroup, GroupBuffer
 from trainer.prompt_feed import PromptFeed, PromptRef
+from trainer.rollout_source import RolloutSource
 from trainer.timing import PhaseTimer
 from workers.rollout.stream.episodes import VERSION_MAX, VERSION_MIN
 
@@ -37,13 +39,13 @@ POLL_S = 0.05  # how long one collect call waits at most for a finished group
 
 
 class AsyncRollout:
-    def __init__(self, roles: Any, cfg: DictConfig) -> None:
+    def __init__(self, source: RolloutSource, cfg: DictConfig) -> None:
         rollout = cfg.actor_rollout_ref.rollout
-        if roles.rollout is None:
+        if source.engines is None:
             raise RuntimeError(
                 "rollout.async_training=true needs the separate rollout engines (rollout.placement=separate)"
             )
-        self.roles, self.n = roles, int(rollout.n)
+        self.source, self.n = source, int(rollout.n)
         self.batch_size = int(cfg.data.train_batch_size)
         self.max_staleness = int(rollout.max_staleness)
         self.buffer = GroupBuffer(self.batch_size, int(rollout.max_staleness), rollout.stale_groups)
@@ -76,9 +78,8 @@ class AsyncRollout:
     def next(self) -> DataProto:
         """The prompts of this step's batch (one row per group, with `uid`); `rollout()` gives the responses."""
         timer, started = PhaseTimer(), {**self.counts, **self.exchange}
-        with timer("sync_weights"):
-            self.roles.sync_rollout_weights()  # the engines pause around it (RoleGroups.streaming)
-        version = self.roles.actor_weights_version()
+        self.source.sync_weights(timer)  # the stream's one sync per step; the engines pause around it
+        version = self.source.weights_version()
         # The driver's CPU time in the wait, its main thread's and the whole process's: a process figure far
         # above the wait's wall time means threads spinning beside it (see trainer.driver_threads).
         thread_cpu, process_cpu = time.thread_time(), time.process_time()
@@ -120,7 +121,7 @@ class AsyncRollout:
 
     def close(self) -> None:
         """Stop the engines' streams (what they were generating belongs to no step)."""
-        self.roles.stop_streaming()
+        self.source.stop_stream()
 
     # ---- the stream ---------------------------------------------------------------------------------------
     def _wait_for_batch(self, version: int) -> list[FinishedGroup]:
@@ -145,7 +146,7 @@ class AsyncRollout:
         self.counts["stream_calls"] += 1
         self.in_progress = {}
         call_started = time.perf_counter()
-        reports = self.roles.rollout.stream_exchange(per_engine, [wait_s] * len(per_engine))
+        reports = self.source.stream_exchange(per_engine, [wait_s] * len(per_engine))
         self.exchange["round_trip"] += time.perf_counter() - call_started
         self.exchange["in_worker"] += max(report["worker_s"] for report in reports)
         filing_started = time.perf_counter()
@@ -178,16 +179,16 @@ class AsyncRollout:
         per_engine = self._share_out(bound)
         if any(part is not None for part in per_engine):
             self.counts["stream_calls"] += 1
-            self.roles.rollout.stream_submit(per_engine)
+            self.source.stream_submit(per_engine)
 
     def _share_out(self, bound: int) -> list[DataProto | None]:
         """Each engine's new prompts (None: none), to the engines with the fewest groups, while fewer than
         `bound` are out (generating, or finished and not trained yet)."""
         free = bound - self.feed.outstanding()
         if free <= 0:
-            return [None] * self.roles.rollout.world_size
+            return [None] * self.source.num_engines
         refs = self.feed.take(free)
-        load = [0] * self.roles.rollout.world_size
+        load = [0] * self.source.num_engines
         for rank in self.engine_of.values():
             load[rank] += 1
         share: list[list[PromptRef]] = [[] for _ in load]
@@ -196,7 +197,6 @@ class AsyncRollout:
             share[rank].append(ref)
             load[rank] += 1
             self.engine_of[ref.uid] = rank
-        self.roles.start_streaming()
         return [self.feed.rows(part).repeat(self.n, interleave=True) if part else None for part in share]
 
     def _metrics(self, rollout: DataProto, version: int, started: dict[str, float]) -> dict[str, float]:

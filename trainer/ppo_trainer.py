@@ -137,8 +137,7 @@ class PPOTrainer(StepLoop):
 
         def draw() -> ScoredRollout:
             prompts = self.draw_prompts()
-            with timer("generate"):
-                rollout = self.roles.generate_sequences(prompts)
+            rollout = self.rollout_source.generate_sequences(prompts, timer)  # synced this step: a version check
             return self._score(rows_per_prompt(prompts, n), rollout, timer)
 
         target = self.cfg.data.train_batch_size
@@ -179,7 +178,7 @@ class PPOTrainer(StepLoop):
             non_tensor_batch_keys=list(prompts.non_tensor_batch),
         )
         greedy.meta_info.update(do_sample=False)
-        greedy = self.roles.generate_sequences(greedy)
+        greedy = self.rollout_source.generate_sequences(greedy)  # timed as the caller's generate_baseline
         baseline, _ = self.reward_fn(greedy)
         rollout.batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
         return rollout

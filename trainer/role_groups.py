@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,10 +10,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from protocol import DataProto, DataProtoFuture
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from trainer.algorithm_settings import gen_batch_size
 from trainer.cuda_alloc import gpu_worker_env
+from trainer.rollout_source import RolloutSource
+from trainer.worker_metrics import mean_over_workers
 from trainer.worker_sections import actor_section, critic_section, reward_model_section
 from workers.rollout.agent.rollout import absolute_specs
 from workers.rollout.separate_sync import IpcRolloutSync, SeparateWeightSync, rollout_weight_sync
@@ -117,18 +116,9 @@ class RoleGroups:
     critic: RayWorkerGroup | None
     uses_reference: bool
     pools: list[RayResourcePool]
+    rollout_source: RolloutSource  # sync + generate for every caller (the separate engines' group inside)
     reward_model: RayWorkerGroup | None = None
     groups: list[RayWorkerGroup] = field(default_factory=list)  # the groups owning actors (not role views)
-    rollout: RayWorkerGroup | None = None  # vLLM engines with their own pool (rollout.placement=separate)
-    weight_sync: SeparateWeightSync | IpcRolloutSync | None = None
-    driver_metrics: dict[str, float] = field(default_factory=dict)  # weight-sync results not yet reported
-    # A generation started with `start_generation` and not fetched yet; while it runs the rollout group is
-    # not called for its logs (its calls would wait behind the generation), which are taken just before.
-    generation: DataProtoFuture | None = None
-    parked_rollout_exec: list[list[tuple[str, float]]] = field(default_factory=list)
-    parked_rollout_metrics: dict[str, float] = field(default_factory=dict)
-    # rollout.async_training=true: the engines generate in the background; a weight sync pauses them around it.
-    streaming: bool = False
     # verl's checkpoint.save_contents with `hf_model`: each checkpoint also holds that role's Hugging Face model.
     hf_in_checkpoint: frozenset[str] = frozenset()
 
@@ -193,26 +183,34 @@ class RoleGroups:
             started()
             if cfg.trainer.placement == "colocated":
                 by_role = fused.spawn()  # per-role views of the fused actors
-            built = cls(
-                by_role["actor"], by_role.get("critic"), uses_reference, pools, by_role.get("reward_model"),
-                groups=groups, rollout=rollout, hf_in_checkpoint=hf_checkpoint_roles(cfg),
-            )
-            for group in (built.actor, built.critic, built.reward_model, built.rollout):
+            actor = by_role["actor"]
+            for group in (actor, by_role.get("critic"), by_role.get("reward_model"), rollout):
                 if group is not None:
                     group.init_model()
-            if built.rollout is not None:
-                built.weight_sync = rollout_weight_sync(
-                    built.actor, built.rollout, actor_worker_config(cfg)["rollout"], cfg.actor_rollout_ref.model.path,
-                    use_gpu(cfg),
-                    # A LoRA engine starts without the adapter: the first sync sends it (checked by the probe).
-                    engines_start_from_trainer=cfg.actor_rollout_ref.model.lora_rank == 0,
-                )
-                built.weight_sync.connect()
+            source = RolloutSource(actor, rollout, cls._weight_sync(cfg, actor, rollout))
         except BaseException:
             # Whatever was reserved before the failure (or Ctrl-C) is given back before the error propagates.
             release(groups, pools)
             raise
-        return built
+        return cls(
+            actor, by_role.get("critic"), uses_reference, pools, source, by_role.get("reward_model"),
+            groups=groups, hf_in_checkpoint=hf_checkpoint_roles(cfg),
+        )
+
+    @staticmethod
+    def _weight_sync(
+        cfg: DictConfig, actor: RayWorkerGroup, rollout: RayWorkerGroup | None
+    ) -> SeparateWeightSync | IpcRolloutSync | None:
+        """The connected weight sync into the separate engines (none without them: the actor's own engine)."""
+        if rollout is None:
+            return None
+        sync = rollout_weight_sync(
+            actor, rollout, actor_worker_config(cfg)["rollout"], cfg.actor_rollout_ref.model.path, use_gpu(cfg),
+            # A LoRA engine starts without the adapter: the first sync sends it (checked by the probe).
+            engines_start_from_trainer=cfg.actor_rollout_ref.model.lora_rank == 0,
+        )
+        sync.connect()
+        return sync
 
     @staticmethod
     def _separate_rollout(cfg: DictConfig, new_group: Any, pools: list[RayResourcePool]) -> RayWorkerGroup | None:
@@ -228,101 +226,18 @@ class RoleGroups:
         )
         return new_group(pools[-1], RayClassWithInitArgs(VLLMRolloutWorker, config=actor_worker_config(cfg)), "rollout")
 
-    # ---- rollout ----------------------------------------------------------------------------------------
-    def sync_rollout_weights(self) -> dict[str, float]:
-        """Bring the rollout engines up to the actor's current weights (a no-op when they already are, and
-        for the HF engine, which generates with the actor's own model)."""
-        if self.weight_sync is not None:
-            # Streaming engines are paused only where a sync needs it (see the sync's `engines_idle`): not for
-            # a sync that finds nothing to send, nor around a broadcast, whose receive pauses each engine.
-            metrics = self.weight_sync.sync(self._engines_paused if self.streaming else nullcontext)
-        else:
-            metrics = mean_over_workers(self.actor.sync_rollout_weights())
-        self.driver_metrics.update(metrics)
-        return metrics
-
-    @contextmanager
-    def _engines_paused(self) -> Iterator[None]:
-        """The streaming engines parked between two engine steps; after, their in-flight responses go on
-        with the new weights (or restart)."""
-        self.rollout.pause_generation()
-        try:
-            yield
-        finally:
-            self.rollout.resume_generation()
-
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate with the current weights on whichever group holds the rollout engine."""
-        self.sync_rollout_weights()
-        return (self.rollout or self.actor).generate_sequences(prompts)
-
-    def start_generation(self, prompts: DataProto) -> None:
-        """Start generating on the separate engines with the weights they hold now; `finish_generation`
-        returns the batch. The actor is free meanwhile (rollout.staleness=1)."""
-        if self.rollout is None:
-            raise RuntimeError(
-                "start_generation needs rollout.name=vllm with rollout.placement=separate (engines of their own)"
-            )
-        if self.generation is not None:
-            raise RuntimeError("a generation is already in flight; call finish_generation() first")
-        self._park_rollout_logs()
-        self.generation = self.rollout.generate_sequences_async(prompts)
-
-    def finish_generation(self) -> DataProto:
-        """The batch of the generation started last (waits for it)."""
-        if self.generation is None:
-            raise RuntimeError("no generation in flight; call start_generation(prompts) first")
-        future, self.generation = self.generation, None
-        return future.get()
-
-    def start_streaming(self) -> None:
-        """From now on the engines may be generating at any time (rollout.async_training=true)."""
-        self.streaming = True
-
-    def stop_streaming(self) -> None:
-        """Stop the engines' background generation (what is in flight is dropped)."""
-        if self.streaming:
-            self.rollout.stop_stream()
-            self.streaming = False
-
-    def actor_weights_version(self) -> int | None:
-        """The actor's weights version at the last sync check (separate engines only)."""
-        return self.weight_sync.actor_version if self.weight_sync is not None else None
-
-    def _park_rollout_logs(self) -> None:
-        """Take the rollout group's metrics and call records now, while it is idle."""
-        self.parked_rollout_metrics.update(mean_over_workers(self.rollout.pop_step_metrics()))
-        self._park_rollout_exec()
-
-    def _park_rollout_exec(self) -> None:
-        if not self.parked_rollout_exec:
-            self.parked_rollout_exec = [[] for _ in range(self.rollout.world_size)]
-        for parked, new in zip(self.parked_rollout_exec, self.rollout.execute_all("sc_pop_exec_seconds")):
-            parked.extend(new)
-
-    def _rollout_idle(self) -> bool:
-        return self.rollout is not None and self.generation is None
-
+    # ---- the step's logs ------------------------------------------------------------------------------------
     def pop_worker_metrics(self) -> dict[str, float]:
         """Weight-sync, engine and per-phase memory metrics the workers gathered since the last call."""
         metrics = mean_over_workers(self.actor.pop_step_metrics())
-        metrics.update(self.driver_metrics)
-        self.driver_metrics = {}
-        if self._rollout_idle():
-            metrics.update(mean_over_workers(self.rollout.pop_step_metrics()))
-        metrics.update(self.parked_rollout_metrics)
-        self.parked_rollout_metrics = {}
+        metrics.update(self.rollout_source.pop_metrics())
         return metrics
 
     def pop_exec_seconds(self) -> dict[str, list[list[tuple[str, float]]]]:
         """Per group, each rank's `(method, seconds inside it)` since the last pop (see trainer/overhead.py)."""
         groups = [g for g in (self.actor, self.critic, self.reward_model) if g is not None]
         records = {group.name: group.execute_all("sc_pop_exec_seconds") for group in groups}
-        if self.rollout is not None:
-            if self._rollout_idle():
-                self._park_rollout_exec()
-            records[self.rollout.name] = self.parked_rollout_exec or [[] for _ in range(self.rollout.world_size)]
-            self.parked_rollout_exec = []
+        records.update(self.rollout_source.pop_exec_seconds())
         return records
 
     def save(self, folder: Path) -> None:
@@ -343,12 +258,6 @@ class RoleGroups:
         """Kill the workers and give their placement groups back; safe to call twice."""
         release(self.groups, self.pools)
         self.groups, self.pools = [], []
-
-
-def mean_over_workers(per_worker: list[dict[str, float]]) -> dict[str, float]:
-    """Each key averaged over the workers that reported it."""
-    keys = sorted({k for metrics in per_worker for k in metrics})
-    return {k: sum(m[k] for m in per_worker if k in m) / sum(1 for m in per_worker if k in m) for k in keys}
 
 
 def release(groups: list[RayWorkerGroup], pools: list[RayResourcePool]) -> None:

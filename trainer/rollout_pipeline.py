@@ -1,9 +1,11 @@
 """Where a step's rollout comes from: generated at the start of the step (staleness 0), or one step ahead
 while the actor trains (staleness 1, separate placement only).
 
-With staleness 1, step k takes the batch the engines generated during step k-1, syncs them to the
-actor's newest weights (those of step k-1: the engines are idle then, between two generations), starts
-generating batch k+1 and returns batch k; the actor then trains on batch k while batch k+1 is sampled.
+Both go through the run's rollout source (trainer/rollout_source.py), which syncs the engines to the actor's
+newest weights before it generates: the pipeline only says when. With staleness 1, step k takes the batch the
+engines generated during step k-1, starts generating batch k+1 (after the sync to the weights of step k-1:
+the engines are idle then, between two generations) and returns batch k; the actor then trains on batch k
+while batch k+1 is sampled.
 So batch k+1 comes from the weights of step k-1. The first step (and the first after a resume) has no
 batch in flight and generates its own, on-policy.
 
@@ -21,6 +23,7 @@ import numpy as np
 
 from protocol import DataProto
 from protocol.meta_merge import ROLLOUT_WEIGHTS_VERSION, SEED_KEY
+from trainer.rollout_source import RolloutSource
 from trainer.timing import PhaseTimer
 from workers.rollout_choices import STALENESS_VALUES
 
@@ -70,11 +73,10 @@ class LookaheadBatches:
 class RolloutPipeline:
     """`rollout(prompts, upcoming, timer)` per step; see the module docstring."""
 
-    def __init__(self, roles: Any, staleness: int) -> None:
+    def __init__(self, source: RolloutSource, staleness: int) -> None:
         if staleness not in STALENESS_VALUES:
             raise ValueError(f"staleness={staleness!r}; valid: {list(STALENESS_VALUES)}")
-        self.roles, self.staleness = roles, staleness
-        self.in_flight = False
+        self.source, self.staleness = source, staleness
 
     # ---- the step loop's batch source and checkpoint state -----------------------------------------------
     def batches(self, loader: Any) -> LookaheadBatches:
@@ -100,30 +102,19 @@ class RolloutPipeline:
         """This step's rollout. `upcoming()` gives the next step's prompts (None on the last step); with
         staleness 1 their generation starts here."""
         if self.staleness == 0:
-            with timer("sync_weights"):
-                self.roles.sync_rollout_weights()  # the engines get the weights of the last update
-            with timer("generate"):
-                return self.roles.generate_sequences(prompts)
-        if not self.in_flight:  # first step, or first after a resume
-            with timer("sync_weights"):
-                self.roles.sync_rollout_weights()
-            self.roles.start_generation(prompts)
-        with timer("wait_rollout"):
-            rollout = self.roles.finish_generation()
-        self.in_flight = False
-        with timer("sync_weights"):
-            self.roles.sync_rollout_weights()  # between steps: the weights of the update that just finished
-        following = upcoming()
-        if following is not None:
-            with timer("start_generate"):
-                self.roles.start_generation(following)
-            self.in_flight = True
+            return self.source.generate_sequences(prompts, timer)  # the weights of the last update
+        if not self.source.generating:  # first step, or first after a resume
+            self.source.start_generation(prompts, timer)
+        rollout = self.source.finish_generation(timer)
+        # Between steps: the weights of the update that just finished, then the next batch (on the last step
+        # the sync alone, so every step's sync is made and checked as before).
+        self.source.start_generation(upcoming(), timer)
         return rollout
 
     def metrics(self, rollout: DataProto) -> dict[str, float]:
         """Which weights generated `rollout` and how many updates behind the actor's they are."""
         generated_by = rollout.meta_info.get(ROLLOUT_WEIGHTS_VERSION)
-        actor = self.roles.actor_weights_version()
+        actor = self.source.weights_version()
         if generated_by is None or actor is None:
             return {}
         return {"rollout/weights_version": float(generated_by), "rollout/staleness": float(actor - generated_by)}

@@ -2,8 +2,10 @@
 
 A recipe subclasses `StepLoop` and writes only `train_step` (its algorithm, one line per phase); the rest
 (the trainer's checkpoint layout, `trainer.*` schedule keys, metrics to the tracker) is the same for all.
-`generation_input(batch)` readies the step's batch for generation; `draw_prompts()` takes more prompts from
-the dataloader within a step (DAPO's dynamic sampling does), and checkpoints count them.
+`step_rollout(batch, timer)` gives the step's responses (trainer loop and recipes alike) and
+`rollout_source.generate_sequences(prompts, timer)` generates any other batch: both sync the engines first
+(trainer/rollout_source.py). `generation_input(batch)` readies the step's batch for generation; `draw_prompts()`
+takes more prompts from the dataloader within a step (DAPO's dynamic sampling does), and checkpoints count them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from trainer import checkpointing
 from trainer.async_rollout import AsyncRollout
 from trainer.resume_checks import RECORD_KEY, resume_record
 from trainer.rollout_pipeline import LookaheadBatches, RolloutPipeline, prompts_for_step
+from trainer.rollout_source import RolloutSource
 from trainer.run_data import RunData
 from trainer.step_count import resolve_training_steps
 from trainer.timing import PhaseTimer
@@ -42,9 +45,11 @@ class StepLoop:
         self.batches: LookaheadBatches | AsyncRollout | None = None  # the batch source, while fit() runs
         rollout = cfg.actor_rollout_ref.rollout
         self.draws_in_step = 0  # batches taken from the dataloader in this step (its own batch included)
+        # Every generation of the run goes through it: the step's, any drawn on top, validation's.
+        self.rollout_source: RolloutSource = roles.rollout_source
         self.rollouts: RolloutPipeline | AsyncRollout = (
-            AsyncRollout(roles, cfg) if rollout.get("async_training", False)
-            else RolloutPipeline(roles, rollout.get("staleness", 0))
+            AsyncRollout(self.rollout_source, cfg) if rollout.get("async_training", False)
+            else RolloutPipeline(self.rollout_source, rollout.get("staleness", 0))
         )
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
@@ -55,7 +60,7 @@ class StepLoop:
         scored by the run's reward manager; `trainer.log_val_generations` samples go to the trackers."""
         shown = int(self.cfg.trainer.get("log_val_generations", 0) or 0)
         result = validate(
-            self.roles, self.data.val_batches, self.data.reward_fn,
+            self.rollout_source, self.data.val_batches, self.data.reward_fn,
             ValSampling.from_config(self.cfg.actor_rollout_ref.rollout.get("val_kwargs")),
             tokenizer=self.data.tokenizer, log_generations=shown, seed=self.cfg.trainer.seed, step=self.global_step,
         )
@@ -102,10 +107,11 @@ class StepLoop:
         return self.generation_input(batch, draw=self.draws_in_step - 1)
 
     def step_rollout(self, batch: DataProto, timer: PhaseTimer) -> DataProto:
-        """This step's responses to `batch` (`rollout.n` per prompt, a uid per prompt): generated now, or
-        with rollout.staleness=1 during the previous step (see trainer/rollout_pipeline.py), or with
-        rollout.async_training=true taken from the engines' stream, `batch` being their prompts
-        (trainer/async_rollout.py)."""
+        """This step's responses to `batch` (`rollout.n` per prompt, a uid per prompt) after the step's weight
+        sync: generated now, or with rollout.staleness=1 during the previous step (see
+        trainer/rollout_pipeline.py), or with rollout.async_training=true taken from the engines' stream,
+        `batch` being their prompts (trainer/async_rollout.py). Phases: `sync_weights`, then `generate` (or
+        `wait_rollout`, `start_generate`)."""
         if isinstance(self.rollouts, AsyncRollout):
             return self.rollouts.rollout(timer)
         n, seed = self.cfg.actor_rollout_ref.rollout.n, self.cfg.trainer.seed

@@ -62,7 +62,8 @@ def validate(
     """Generate `sampling.n` responses per validation prompt and score them. Metrics: `val/reward_mean` and
     `val/<data_source>/reward_mean` (each response's task score: before the dapo manager's overlong penalty, as
     verl's acc), and with n > 1 verl's per-prompt `val/<data_source>/reward/mean@n` and `std@n`; none without
-    batches. `generator` has `generate_sequences(DataProto)` (the run's `RoleGroups`, or a worker group).
+    batches. `generator` has `generate_sequences(DataProto)` (the run's rollout source, which syncs the engines
+    first, or a worker group).
     `log_generations` > 0 also returns that many decoded samples (needs `tokenizer`)."""
     scores, totals, sources, shown = [], [], [], []
     for index, batch in enumerate(val_batches):

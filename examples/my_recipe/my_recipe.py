@@ -41,8 +41,8 @@ class FilteredPolicyGradient(StepLoop):
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
         timer, actor, n, settings = PhaseTimer(), self.roles.actor, self.cfg.actor_rollout_ref.rollout.n, self.cfg.group_filter
-        with timer("generate"):  # generation_input: a uid per prompt, n copies of each, a sampling seed
-            rollout = self.roles.generate_sequences(self.generation_input(batch))
+        # Synced to the actor's weights, then generated: a uid per prompt, n copies of each, a sampling seed
+        rollout = self.step_rollout(batch, timer)
         with timer("reward"):
             scores = self.data.reward_fn(rollout)[0].sum(-1)
         advantages, kept = group_advantages(scores, rollout.non_tensor_batch["uid"], settings.min_spread, settings.scale_by_std)

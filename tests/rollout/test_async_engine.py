@@ -50,13 +50,14 @@ def _collect_until(roles, groups, deadline_s=240):
     parts, deadline = [], time.monotonic() + deadline_s
     while sum(len(p) for p in parts) < groups * N:
         assert time.monotonic() < deadline, "the stream did not finish its groups"
-        parts += [r["rollout"] for r in roles.rollout.stream_collect(0.2) if r["rollout"] is not None]
+        parts += [r["rollout"] for r in roles.rollout_source.engines.stream_collect(0.2) if r["rollout"] is not None]
     return DataProto.concat(parts)
 
 
 def _update_actor(roles):
     """One large optimizer step of the actor (version 0 -> 1) on a batch it generated itself."""
-    batch = roles.generate_sequences(_prompts(4, seed=99))  # synchronous generate: pauses the stream around it
+    # A synchronous generate: the engine pauses the stream around it.
+    batch = roles.rollout_source.generate_sequences(_prompts(4, seed=99))
     batch = batch.union(roles.actor.compute_log_prob(batch))
     signs = torch.tensor([1.0, -1.0] * (len(batch) // 2))[:, None]
     batch.batch["advantages"] = signs * batch.batch["response_mask"]
@@ -66,31 +67,31 @@ def _update_actor(roles):
 def _start_and_update_mid_generation(roles):
     """Submit the groups, park them once every group has sampled tokens but some are unfinished, update
     the actor and sync the engine while they are parked, then let them go on."""
-    roles.start_streaming()
-    roles.rollout.stream_submit([_prompts(GROUPS, seed=1)])
+    roles.rollout_source.stream_submit([_prompts(GROUPS, seed=1)])
     finished, deadline = [], time.monotonic() + 120
     while True:
         assert time.monotonic() < deadline, "no moment with every group started and some in flight"
-        report = roles.rollout.stream_collect(0.0)[0]
+        report = roles.rollout_source.engines.stream_collect(0.0)[0]
         if report["rollout"] is not None:
             finished.append(report["rollout"])
         started = [v for v in report["in_progress"].values() if v is not None]
         if started and len(started) == len(report["in_progress"]):
             break
-    roles.rollout.pause_generation()
+    roles.rollout_source.engines.pause_generation()
     try:
-        report = roles.rollout.stream_collect(0.0)[0]  # exactly the groups parked (and any finished meanwhile)
+        # Exactly the groups parked (and any finished meanwhile).
+        report = roles.rollout_source.engines.stream_collect(0.0)[0]
         finished += [report["rollout"]] if report["rollout"] is not None else []
         in_flight = len(report["in_progress"])
         assert in_flight > 0
         _update_actor(roles)
-        metrics = roles.sync_rollout_weights()
+        metrics = roles.rollout_source.sync_weights()
         assert metrics["rollout/sync_logprob_max_diff"] <= 1e-3
     finally:
-        roles.rollout.resume_generation()
+        roles.rollout_source.engines.resume_generation()
     done = sum(len(p) for p in finished) // N
     rows = DataProto.concat(finished + [_collect_until(roles, GROUPS - done)])
-    roles.stop_streaming()
+    roles.rollout_source.stop_stream()
     return rows, in_flight
 
 
@@ -140,16 +141,15 @@ def test_abort_restarts_responses_in_flight(ray_cluster, tiny_assets, tmp_path):
 def test_a_broadcast_sync_into_the_running_stream_makes_no_pause_calls(ray_cluster, tiny_assets, tmp_path):
     roles = _roles(tiny_assets, tmp_path, "continue", verify=False)
     try:
-        roles.start_streaming()
         _update_actor(roles)  # its generate finds the engine at version 0 already: a sync with nothing to send
-        roles.rollout.stream_submit([_prompts(GROUPS, seed=1)])
+        roles.rollout_source.stream_submit([_prompts(GROUPS, seed=1)])
         pop_driver_calls()
-        roles.sync_rollout_weights()  # version 0 -> 1 while the stream generates
-        synced = [c.method for c in pop_driver_calls() if c.group == roles.rollout.name]
-        roles.sync_rollout_weights()  # nothing changed since
-        unchanged = [c.method for c in pop_driver_calls() if c.group == roles.rollout.name]
+        roles.rollout_source.sync_weights()  # version 0 -> 1 while the stream generates
+        synced = [c.method for c in pop_driver_calls() if c.group == roles.rollout_source.engines.name]
+        roles.rollout_source.sync_weights()  # nothing changed since
+        unchanged = [c.method for c in pop_driver_calls() if c.group == roles.rollout_source.engines.name]
         rows = _collect_until(roles, GROUPS)
-        roles.stop_streaming()
+        roles.rollout_source.stop_stream()
     finally:
         roles.shutdown()
     assert synced == ["receive_weights"], synced  # no pause_generation / resume_generation round trips

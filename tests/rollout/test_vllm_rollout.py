@@ -97,37 +97,39 @@ def test_sync_after_an_optimizer_step_changes_the_engine(ray_cluster, tiny_asset
         "actor_rollout_ref.actor.optim.weight_decay=0.0",  # a zero-gradient step then leaves every weight as it was
     ])
     roles = RoleGroups.build(cfg, reference=False, critic=False)
+    source = roles.rollout_source
+    engines = source.engines
     try:
-        vocab = roles.weight_sync.vocab_size
-        engine_before = roles.rollout.probe_log_probs(vocab)[0]
-        fingerprint_before = roles.rollout.weights_fingerprint()[0]
-        assert roles.sync_rollout_weights() == {}  # nothing changed yet: no sync
-        rollout = roles.generate_sequences(_prompts())
+        vocab = source.weight_sync.vocab_size
+        engine_before = engines.probe_log_probs(vocab)[0]
+        fingerprint_before = engines.weights_fingerprint()[0]
+        assert source.sync_weights() == {}  # nothing changed yet: no sync
+        rollout = source.generate_sequences(_prompts())
         rollout = rollout.union(roles.actor.compute_log_prob(rollout))
         # All advantages 0 (every response scored alike): the step leaves the weights as they were, yet the
         # actor's version moves, so a sync runs, and the engine must stay as it was. (This raised "the sync
         # loaded nothing" when every step was assumed to change the weights.)
         rollout.batch["advantages"] = torch.zeros_like(rollout.batch["old_log_probs"])
         roles.actor.update_actor(rollout)
-        metrics = roles.sync_rollout_weights()
+        metrics = source.sync_weights()
         assert metrics["rollout/sync_s"] > 0 and metrics["rollout/sync_logprob_max_diff"] <= 1e-3
-        assert roles.rollout.weights_fingerprint()[0] == fingerprint_before
-        assert roles.rollout.probe_log_probs(vocab)[0].equal(engine_before)
+        assert engines.weights_fingerprint()[0] == fingerprint_before
+        assert engines.probe_log_probs(vocab)[0].equal(engine_before)
         signs = torch.tensor([1.0, -1.0] * 4)[:, None]
         rollout.batch["advantages"] = signs * rollout.batch["response_mask"]
         roles.actor.update_actor(rollout)  # a real optimizer step with a large learning rate
-        assert roles.rollout.probe_log_probs(vocab)[0].equal(engine_before)  # engine untouched until the sync
-        metrics = roles.sync_rollout_weights()
-        engine_after = roles.rollout.probe_log_probs(vocab)[0]
+        assert engines.probe_log_probs(vocab)[0].equal(engine_before)  # engine untouched until the sync
+        metrics = source.sync_weights()
+        engine_after = engines.probe_log_probs(vocab)[0]
         trainer_after = roles.actor.probe_log_probs()[0]
         assert metrics["rollout/sync_logprob_max_diff"] <= 1e-3
         assert (engine_after - engine_before).abs().max() > 1e-2  # the step changed what the engine computes
         torch.testing.assert_close(engine_after, trainer_after, atol=1e-3, rtol=0)
-        assert roles.rollout.weights_fingerprint()[0] != fingerprint_before
+        assert engines.weights_fingerprint()[0] != fingerprint_before
         # Greedy outputs follow the trainer's new weights.
         greedy = _prompts(seed=3)
         greedy.meta_info.update(do_sample=False)
-        out = roles.generate_sequences(greedy)
+        out = source.generate_sequences(greedy)
         recomputed = roles.actor.compute_log_prob(out).batch["old_log_probs"]
         mask = out.batch["response_mask"].bool()
         assert (out.batch["rollout_log_probs"][mask] - recomputed[mask]).abs().max() < 1e-3
@@ -146,7 +148,7 @@ def test_ignore_eos_runs_vllm_responses_to_full_length(ray_cluster, tiny_assets)
     ])
     roles = RoleGroups.build(cfg, reference=False, critic=False)
     try:
-        out = roles.generate_sequences(_prompts(rows=16))
+        out = roles.rollout_source.generate_sequences(_prompts(rows=16))
         recomputed = roles.actor.compute_log_prob(out).batch["old_log_probs"]
     finally:
         roles.shutdown()

@@ -14,7 +14,9 @@ from trainer.tracking import Tracker
 
 
 class DriverOnlyRoles:
-    """What StepLoop needs of the roles when train_step calls no worker: checkpoint hooks."""
+    """What StepLoop needs of the roles when train_step calls no worker: checkpoint hooks (no rollout source)."""
+
+    rollout_source = None
 
     def save(self, folder) -> None:
         return None

@@ -110,7 +110,7 @@ def _loop(cfg, tokenizer, generator, tracker) -> StepLoop:
     """A StepLoop with only what validate() reads (no workers, no dataloader)."""
     loop = StepLoop.__new__(StepLoop)
     batches = [_prompts(tokenizer, ["a", "bb", "ccc", "dddd"]), _prompts(tokenizer, ["e"])]
-    loop.cfg, loop.roles, loop.tracker, loop.global_step = cfg, generator, tracker, 20
+    loop.cfg, loop.rollout_source, loop.tracker, loop.global_step = cfg, generator, tracker, 20
     loop.data = RunData(tokenizer, None, batches, RuleRewardManager(tokenizer), {})
     return loop
 
