@@ -7,7 +7,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.megatron.workers import ADAM_EPS, MegatronEngineProbe
+from tests.megatron.workers import ADAM_EPS, MegatronBackendProbe
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 
@@ -69,7 +69,7 @@ def test_engine_matches_the_hf_model(ray_cluster, tmp_path, tp, pp, sp, dp, tied
     hf = _hf_reference(_model(tmp_path, tied), _batch())
     world = tp * pp * dp
     pool = RayResourcePool([world], use_gpu=False, name_prefix=f"mengine_{tp}{pp}{dp}_")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(MegatronEngineProbe), name_prefix=f"mengine_{tp}{pp}{dp}")
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(MegatronBackendProbe), name_prefix=f"mengine_{tp}{pp}{dp}")
     try:
         outputs = group.run(str(tmp_path), tp, pp, sp, dp > 1, _batch(), LR)
     finally:

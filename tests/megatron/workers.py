@@ -45,7 +45,7 @@ class MegatronMeshWorker(Worker):
 ADAM_EPS = 1e-4
 
 
-class MegatronEngineProbe(Worker):
+class MegatronBackendProbe(Worker):
     """Builds a trainable `MegatronBackend` and reports, from TP rank 0 of the last stage, the response
     log-probs and entropies of a fixed batch, a training step's gradient norm and the exported weights."""
 
