@@ -91,13 +91,11 @@ def reward_model_worker_config(cfg: DictConfig) -> dict[str, Any]:
 
 def worker_classes(cfg: DictConfig) -> tuple[type, type]:
     """The actor/rollout/ref and critic worker classes of the configured training backends."""
-    from workers.actor import ActorRolloutRefWorker as actor  # one class: actor.strategy picks its backend
+    # One class each: actor.strategy / critic.strategy pick the backend inside.
+    from workers.actor import ActorRolloutRefWorker
+    from workers.critic import CriticWorker
 
-    if cfg.critic.get("strategy", "fsdp") == "megatron":
-        from workers.megatron.critic import MegatronCriticWorker as critic
-    else:
-        from workers.fsdp.critic import CriticWorker as critic
-    return actor, critic
+    return ActorRolloutRefWorker, CriticWorker
 
 
 HF_MODEL_DIR = "huggingface"  # verl's folder name for the Hugging Face model inside a role's checkpoint
