@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from benchmarks.gpu_grpo_step import build_model, grpo_overrides
-from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_1_5B, QWEN2_7B
+from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_14B, QWEN2_1_5B, QWEN2_32B, QWEN2_7B
 from benchmarks.random_model import write_model_folder
 from benchmarks.steady_state import steady
 from trainer.config_loader import load_config
@@ -40,6 +40,9 @@ SHAPES = {
                  intermediate_size=256, vocab_size=128, max_position_embeddings=512),
     # Qwen2.5-7B: ~15 GB of bf16 weights; one H200 fits it with LoRA or with the actor offloaded (docs/lora.md).
     "7B": QWEN2_7B,
+    # Qwen2.5-14B / -32B: the four-GPU runs (docs/benchmarks.md); their folders are written by one process per GPU.
+    "14B": QWEN2_14B,
+    "32B": QWEN2_32B,
 }
 PHASES = ("sync_weights", "generate", "reward", "old_log_prob", "ref_log_prob", "advantage", "update_actor")
 # Above this many parameters a model folder is written by benchmarks/random_model.py (bf16 shards drawn on the

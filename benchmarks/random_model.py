@@ -1,11 +1,15 @@
 """A random-init Qwen2 model folder of any size, written fast and without the model in host memory.
 
     python -m benchmarks.random_model OUT_DIR --shape '{"hidden_size": 3584, ...}' [--seed 0] [--shard-gib 4]
+        [--writers N]
 
 The parameters' names and shapes come from the model built on the meta device (no memory); each tensor is
 drawn (normal(0, initializer_range) for matrices, ones for norms, zeros for biases) in bf16 on the GPU when
 there is one (a 7B model in seconds; on the host a single-threaded generator would take minutes) and written
-shard by shard as safetensors with an index, so at most one shard is in host memory. The tokenizer is the
+shard by shard as safetensors with an index, so at most one shard per writer is in host memory. A 14B or 32B
+folder (28 / 61 GiB) is bound by the copy to the host and the disk: `--writers N` (default: one per visible
+GPU) writes the shards from N processes, each on its own GPU. Every shard draws from a generator seeded by
+(seed, shard index), so the folder is the same for any number of writers. The tokenizer is the
 project's character tokenizer (its vocabulary is smaller than any model vocabulary used here). Run it as a
 subprocess (`write_model_folder`) so the GPU memory and CUDA context it used are gone before a benchmark
 starts measuring.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -66,26 +71,73 @@ def write_config(out_dir: str | Path, shape: dict) -> Any:
     return config
 
 
-def write_random_qwen2(out_dir: str | Path, shape: dict, seed: int = 0, shard_gib: float = 4.0) -> int:
-    """Write config, tokenizer and sharded bf16 safetensors + index; returns the parameter count."""
+def _shard_file(index: int, count: int) -> str:
+    return f"model-{index:05d}-of-{count:05d}.safetensors"
+
+
+def _model_specs(config: Any) -> list[tuple[str, torch.Size]]:
     from transformers import Qwen2ForCausalLM
 
-    out = Path(out_dir)
-    config = write_config(out, shape)
     with torch.device("meta"):
         meta = Qwen2ForCausalLM(config)
-    specs = [(name, p.shape) for name, p in meta.named_parameters()]  # tied weights appear once
+    return [(name, p.shape) for name, p in meta.named_parameters()]  # tied weights appear once
+
+
+def write_shards(out_dir: str | Path, config: Any, seed: int, shard_gib: float, writer: int, writers: int) -> None:
+    """Write the shards `writer`, `writer + writers`, ... of the folder (1-based file numbers)."""
+    out = Path(out_dir)
+    shards = _shard_plan(_model_specs(config), int(shard_gib * (1 << 30)))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    generator = torch.Generator(device=device).manual_seed(seed)
+    for i in range(writer, len(shards), writers):
+        generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + i)
+        tensors = {name: _draw(name, shape, config.initializer_range, device, generator) for name, shape in shards[i]}
+        save_file(tensors, str(out / _shard_file(i + 1, len(shards))), metadata={"format": "pt"})
+
+
+def _saved_config(out_dir: str | Path) -> Any:
+    from transformers import Qwen2Config
+
+    return Qwen2Config.from_pretrained(out_dir)
+
+
+def _writer_env(writer: int) -> dict[str, str]:
+    env = dict(os.environ)
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    if visible:
+        env["CUDA_VISIBLE_DEVICES"] = visible[writer % len(visible)]
+    elif torch.cuda.is_available():
+        env["CUDA_VISIBLE_DEVICES"] = str(writer % torch.cuda.device_count())
+    return env
+
+
+def write_random_qwen2(
+    out_dir: str | Path, shape: dict, seed: int = 0, shard_gib: float = 4.0, writers: int | None = None
+) -> int:
+    """Write config, tokenizer and sharded bf16 safetensors + index; returns the parameter count.
+    `writers` processes (default: one per visible GPU, at least one) write the shards, each on its own GPU."""
+    out = Path(out_dir)
+    config = write_config(out, shape)
+    specs = _model_specs(config)
     shards = _shard_plan(specs, int(shard_gib * (1 << 30)))
-    weight_map: dict[str, str] = {}
-    total_bytes = 0
-    for i, shard in enumerate(shards, start=1):
-        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {name: _draw(name, shape, config.initializer_range, device, generator) for name, shape in shard}
-        save_file(tensors, str(out / file), metadata={"format": "pt"})
-        total_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
-        weight_map.update((name, file) for name in tensors)
+    writers = max(1, min(writers or torch.cuda.device_count(), len(shards)))
+    if writers == 1:
+        write_shards(out, config, seed, shard_gib, 0, 1)
+    else:
+        # Each writer rebuilds the same plan from the folder's config.json, so only numbers cross to it.
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.random_model", str(out), "--shape", json.dumps(shape),
+                 "--seed", str(seed), "--shard-gib", str(shard_gib), "--writer", f"{w}/{writers}"],
+                env=_writer_env(w), cwd=Path(__file__).resolve().parents[1], stderr=subprocess.PIPE, text=True,
+            )
+            for w in range(writers)
+        ]
+        failed = [(w, child.communicate()[1]) for w, child in enumerate(children)]
+        failed = [(w, err) for (w, err), child in zip(failed, children) if child.returncode != 0]
+        if failed:
+            raise RuntimeError(f"shard writer {failed[0][0]} of {writers} failed:\n{failed[0][1][-4000:]}")
+    weight_map = {name: _shard_file(i + 1, len(shards)) for i, shard in enumerate(shards) for name, _ in shard}
+    total_bytes = sum(shape.numel() * DTYPE.itemsize for _, shape in specs)
     index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     return sum(shape.numel() for _, shape in specs)
@@ -108,8 +160,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", required=True, help="Qwen2Config fields as JSON")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shard-gib", type=float, default=4.0)
+    parser.add_argument("--writers", type=int, default=None, help="processes writing shards (default: one per GPU)")
+    parser.add_argument("--writer", default=None, help=argparse.SUPPRESS)  # "i/n": one writer's share (internal)
     args = parser.parse_args(argv)
-    print(write_random_qwen2(args.out_dir, json.loads(args.shape), args.seed, args.shard_gib))
+    if args.writer:
+        writer, writers = (int(part) for part in args.writer.split("/"))
+        write_shards(args.out_dir, _saved_config(args.out_dir), args.seed, args.shard_gib, writer, writers)
+        return
+    print(write_random_qwen2(args.out_dir, json.loads(args.shape), args.seed, args.shard_gib, args.writers))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import torch
 
 from benchmarks.e2e_step import phase_summary, write
 from benchmarks.gpu_grpo_step import grpo_overrides
-from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_3B, QWEN2_7B
+from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_3B, QWEN2_7B, QWEN2_14B, QWEN2_32B
 from benchmarks.offload import Bandwidth, offload_table, print_offload_table, probe_in_subprocess
 from benchmarks.random_model import write_config, write_model_folder
 from benchmarks.steady_state import steady
@@ -45,6 +45,8 @@ from trainer.memory_plan import GIB, build_plan, gpu_memory, render_plan
 
 SHAPES = {
     "7B": QWEN2_7B,
+    "14B": QWEN2_14B,
+    "32B": QWEN2_32B,
     "3B": QWEN2_3B,
     # head_dim 64: the CPU vLLM backend accepts it.
     "tiny": dict(QWEN2_0_5B, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,

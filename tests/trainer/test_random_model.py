@@ -1,0 +1,44 @@
+"""benchmarks/random_model.py: the folder is the same whatever number of processes wrote its shards, and it
+loads in transformers with every parameter of the shape."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from benchmarks.model_shapes import QWEN2_0_5B
+from benchmarks.random_model import write_random_qwen2
+
+SHAPE = dict(QWEN2_0_5B, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=128, vocab_size=512, tie_word_embeddings=False)
+
+
+def test_two_writers_write_the_folder_one_writer_writes(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    params = write_random_qwen2(one, SHAPE, seed=5, shard_gib=0.00005, writers=1)
+    assert write_random_qwen2(two, SHAPE, seed=5, shard_gib=0.00005, writers=2) == params
+    index = json.loads((one / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2  # several shards, so both writers wrote some
+    assert index == json.loads((two / "model.safetensors.index.json").read_text())
+    for file in files:
+        a, b = load_file(one / file), load_file(two / file)
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[name], b[name]) for name in a)
+    # a different seed draws different matrices
+    write_random_qwen2(tmp_path / "other", SHAPE, seed=6, shard_gib=0.00005, writers=1)
+    name = "model.layers.0.mlp.up_proj.weight"
+    file = index["weight_map"][name]
+    assert not torch.equal(load_file(one / file)[name], load_file(tmp_path / "other" / file)[name])
+
+
+def test_the_folder_loads_with_every_parameter(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    params = write_random_qwen2(tmp_path, SHAPE, seed=0, shard_gib=0.00005, writers=1)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert torch.all(model.model.norm.weight == 1)
+    assert model.model.layers[0].self_attn.q_proj.weight.std().item() > 0
