@@ -93,6 +93,23 @@ class NodeInfo:
     gpu_ids: tuple[str, ...]
 
 
+def init_default_process_group(backend: str | None = None, **kwargs: Any) -> None:
+    """Join the worker group's default process group, with the rank, world size and master address the group set in
+    the environment (also from code that has no `Worker` at hand: the strategy API); nccl when a GPU is visible,
+    gloo otherwise. A no-op when joined."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get(ENV_LOCAL_RANK, "0")) if torch.cuda.device_count() > 1 else 0)
+    rank, world_size = int(os.environ.get(ENV_RANK, "0")), int(os.environ.get(ENV_WORLD_SIZE, "1"))
+    dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **kwargs)
+
+
 class Worker:
     """Base class for worker-group members.
 
@@ -142,16 +159,7 @@ class Worker:
     # ---- torch.distributed ------------------------------------------------------------------------------
     def init_process_group(self, backend: str | None = None, **kwargs: Any) -> None:
         """Join the group's default process group: nccl when a GPU is visible, gloo otherwise."""
-        import torch
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            return
-        if backend is None:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(self.local_rank if torch.cuda.device_count() > 1 else 0)
-        dist.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size, **kwargs)
+        init_default_process_group(backend, **kwargs)
 
     # ---- meshes -----------------------------------------------------------------------------------------
     def declare_mesh(

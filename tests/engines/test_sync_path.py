@@ -4,7 +4,7 @@ import pytest
 
 from single_controller.worker import NodeInfo
 from tests.workers.conftest import tiny_model_dir  # noqa: F401
-from workers.engines.sync_path import CUDA_IPC, GLOO, NCCL, choose_sync_path
+from workers.rollout.sync_path import CUDA_IPC, GLOO, NCCL, choose_sync_path
 
 
 def _on(gpus_by_rank, node="n0"):

@@ -17,7 +17,7 @@ from trainer.memory_plan import GIB, build_plan
 from trainer.perf_metrics import GpuCounts
 from trainer.preflight import check_worker_settings
 from trainer.role_groups import engine_decode_batch
-from workers.engines.sync_path import CUDA_IPC, NCCL, choose_sync_path
+from workers.rollout.sync_path import CUDA_IPC, NCCL, choose_sync_path
 
 H100_GIB = 79.6
 

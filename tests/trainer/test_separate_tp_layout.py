@@ -16,7 +16,7 @@ from trainer.memory_plan import GIB, build_plan
 from trainer.perf_metrics import GpuCounts
 from trainer.preflight import check_worker_settings
 from trainer.role_groups import actor_worker_config, engine_decode_batch
-from workers.engines.sync_path import NCCL, choose_sync_path
+from workers.rollout.sync_path import NCCL, choose_sync_path
 
 LAYOUT = ["trainer.n_gpus_per_node=1", "trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm",
           "actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",

@@ -30,13 +30,31 @@ def _default_use_gpu(use_gpu: bool | None) -> bool:
     return torch.cuda.is_available() if use_gpu is None else use_gpu
 
 
-class InferenceEngine:
+class _GroupHandle:
+    """What both engines are on the driver: a worker group on a resource pool, made by `build()`."""
+
+    group: RayWorkerGroup | None = None
+    pool: RayResourcePool | None = None
+    _owns_pool = True  # a train engine built with colocate_with runs on the inference engine's pool
+
+    def _require_group(self) -> RayWorkerGroup:
+        if self.group is None:
+            raise RuntimeError("call build() first")
+        return self.group
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            self.group.kill()
+        if self.pool is not None and self._owns_pool:
+            self.pool.release()
+        self.group = self.pool = None
+
+
+class InferenceEngine(_GroupHandle):
     def __init__(self, model_path: str, executor: str = "vllm", **rollout_options: Any) -> None:
         if executor not in EXECUTORS_INFER:
             raise ValueError(f"InferenceEngine executor {executor!r} is not available; valid: {list(EXECUTORS_INFER)}")
         self.model_path, self.executor, self.options = model_path, executor, rollout_options
-        self.group: RayWorkerGroup | None = None
-        self.pool: RayResourcePool | None = None
         self.incarnation = 0  # bumped by meta(): a released engine may come back as a new vLLM instance
 
     def build(self, tensor_parallel_size: int = 1, num_engines: int = 1, colocate_with: Any = None,
@@ -63,11 +81,6 @@ class InferenceEngine:
         self.group.init_model()
         return self
 
-    def _require_group(self) -> RayWorkerGroup:
-        if self.group is None:
-            raise RuntimeError("call build() first")
-        return self.group
-
     def generate(self, prompts: Any, sampling: dict[str, Any] | None = None) -> list[Any]:
         """`prompts`: token-id lists (wrap in NeedParallel to split them over the engines); per-engine results."""
         return self._require_group().generate_tokens(prompts, sampling or {})
@@ -87,15 +100,8 @@ class InferenceEngine:
         self._require_group().restore(what)
         return self
 
-    def shutdown(self) -> None:
-        if self.group is not None:
-            self.group.kill()
-        if self.pool is not None:
-            self.pool.release()
-        self.group = self.pool = None
 
-
-class TrainEngine:
+class TrainEngine(_GroupHandle):
     def __init__(self, module: Any, executor: str = "fsdp2", sync_dtype: str = "auto", bucket_mb: int = 512) -> None:
         if executor not in EXECUTORS_TRAIN:
             raise ValueError(f"TrainEngine executor {executor!r} is not available; valid: {list(EXECUTORS_TRAIN)}")
@@ -110,8 +116,6 @@ class TrainEngine:
         clear_stale_requires_grad(module)  # what trains on the workers is what trains here
         self.module, self.executor = module, executor
         self.worker_args = {"sync_dtype": sync_dtype, "bucket_mb": bucket_mb}
-        self.group: RayWorkerGroup | None = None
-        self.pool: RayResourcePool | None = None
         self._owns_pool = False
         self.missing_parameters: list[str] = []
         self.released = False
@@ -136,11 +140,6 @@ class TrainEngine:
     def _materialize(self) -> None:
         self.missing_parameters = self.group.materialize(self.module)[0]
         self.released = False
-
-    def _require_group(self) -> RayWorkerGroup:
-        if self.group is None:
-            raise RuntimeError("call build() first")
-        return self.group
 
     def __getattr__(self, name: str) -> Callable[..., list[Any]]:
         # Only called for names not found normally: the user's module methods.
@@ -202,30 +201,20 @@ class TrainEngine:
         return sync.sync()
 
     def _connect_sync(self, infer: InferenceEngine, verify: bool, tolerance: float | None) -> Any:
-        from transformers import AutoConfig
-
-        from workers.engines.ipc_sync import IpcEngineSync
-        from workers.engines.sync_path import CUDA_IPC, choose_sync_path
-        from workers.rollout.separate_sync import SeparateWeightSync
-        from workers.vision.models import probe_vocab_size
+        from workers.rollout.separate_sync import IpcRolloutSync, SeparateWeightSync
+        from workers.rollout.sync_path import CUDA_IPC, choose_sync_path
 
         train, engines = self._require_group(), infer._require_group()
         path = choose_sync_path(train.node_info, engines.node_info, self.use_gpu, infer.tensor_parallel_size)
         self.sync_path = path.kind
-        if path.kind == CUDA_IPC:
-            vocab_size = probe_vocab_size(AutoConfig.from_pretrained(infer.model_path))
-            return IpcEngineSync(train, engines, path.feeding_rank, vocab_size, verify, tolerance)
         options = {"tensor_model_parallel_size": infer.tensor_parallel_size, "verify_sync": verify,
                    "verify_tolerance": tolerance}
         # The engine may have loaded other weights than the module holds: the first call always sends, and is
         # not checked for a change of weights (later ones are, against the module's fingerprint of what it sends).
+        if path.kind == CUDA_IPC:
+            return IpcRolloutSync(
+                train, engines, path.feeding_rank, options, infer.model_path, engines_start_from_trainer=False
+            )
         return SeparateWeightSync(
             train, engines, options, infer.model_path, self.use_gpu, engines_start_from_trainer=False
         )
-
-    def shutdown(self) -> None:
-        if self.group is not None:
-            self.group.kill()
-        if self.pool is not None and self._owns_pool:
-            self.pool.release()
-        self.group = None

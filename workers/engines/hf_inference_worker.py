@@ -1,6 +1,7 @@
 """`HFInferenceWorker`: an inference engine on plain Hugging Face `generate` (`InferenceEngine(executor="hf")`).
 
-Same methods as the vLLM rollout worker, so the engine API and the broadcast weight sync drive either.
+Same methods as the vLLM rollout worker, so the engine API and the broadcast weight sync drive either; the model,
+its generate, loads and checks are `HFGenerateEngine`'s (workers/rollout/hf_engine.py).
 """
 
 from __future__ import annotations
@@ -12,31 +13,30 @@ import torch
 from single_controller import Dispatch, Worker, register
 from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.rollout.buckets import BucketLayout
-from workers.rollout.hf_generate import engine_generate
+from workers.rollout.hf_engine import HFGenerateEngine
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
-from workers.rollout.verify import probe_sequences, trainer_log_probs
+from workers.rollout.verify import probe_sequences
 from workers.rollout.weight_sync import IpcReceiver, receive_broadcast_buckets
-from workers.vision.models import auto_model_class
 
 
 class HFInferenceWorker(Worker):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
         self.model_path = config["model"]["path"]
-        self.model: Any = None
+        self.engine: HFGenerateEngine | None = None
 
     def _load(self) -> None:
         self.device = worker_device()
-        self.dtype = compute_dtype("auto", self.device)
-        # A vision-language folder loads as image-text-to-text (Qwen2-VL is no causal LM in transformers).
-        self.model = (
-            auto_model_class(self.model_path).from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
-        )
+        self.engine = HFGenerateEngine(self.model_path, compute_dtype("auto", self.device), self.device, False)
 
-    def _require_model(self, what: str) -> Any:
-        if self.model is None:
+    def _require_engine(self, what: str) -> HFGenerateEngine:
+        if self.engine is None:
             raise RuntimeError(f"{what}: the engine was released with .meta(); call .cuda() first")
-        return self.model
+        return self.engine
+
+    @property
+    def model(self) -> Any:
+        return self._require_engine("model").model
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -48,18 +48,18 @@ class HFInferenceWorker(Worker):
     ) -> list[dict[str, list]]:
         """Per prompt: generated `token_ids` and their `log_probs`, all prompts in one batch. `sampling` holds
         vLLM's field names: temperature (0 = greedy), top_k, top_p, max_tokens, stop_token_ids, seed."""
-        return engine_generate(self._require_model("generate"), prompts, sampling or {}, self.device, self.rank)
+        return self._require_engine("generate").generate_token_lists(prompts, sampling or {}, self.rank)
 
     # ---- residency ------------------------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)
     def release(self) -> None:
-        self.model = None
+        self.engine = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
     @register(Dispatch.ONE_TO_ALL)
     def restore(self, what: str = "all") -> None:
-        if self.model is None:
+        if self.engine is None:
             self._load()  # from the folder; a weight sync brings trained weights
 
     # ---- weight sync (receiver side) ------------------------------------------------------------------
@@ -68,19 +68,11 @@ class HFInferenceWorker(Worker):
         self._sync_group = WeightSyncGroup()
         self._sync_group.connect(address, 1 + self.rank)
 
-    def _copy_in(self, pairs: Any, what: str) -> int:
-        params = dict(self._require_model(what).named_parameters())
-        count = 0
-        with torch.no_grad():
-            for name, tensor in pairs:
-                params[name].copy_(tensor)
-                count += 1
-        return count
-
     @register(Dispatch.ONE_TO_ALL, blocking=False)
     def receive_weights(self, layouts: list[BucketLayout], version: int | None = None) -> None:
         """`version` (the sender's weights version) is not needed here; the broadcast sync passes it to every engine."""
-        self._copy_in(receive_broadcast_buckets(layouts, self._sync_group, self.device), "receive_weights")
+        engine = self._require_engine("receive_weights")
+        engine.load_weights(receive_broadcast_buckets(layouts, self._sync_group, self.device))
 
     @register(Dispatch.ALL_TO_ALL)
     def open_ipc_buffers(self, handles: list[Any]) -> None:
@@ -88,7 +80,7 @@ class HFInferenceWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def load_ipc_bucket(self, index: int, layout: BucketLayout) -> int:
-        loaded = self._copy_in(self._ipc.bucket(index, layout), "load_ipc_bucket")
+        loaded = self._require_engine("load_ipc_bucket").load_weights(self._ipc.bucket(index, layout))
         torch.cuda.current_stream().synchronize()  # done reading: the trainer may refill the buffer
         return loaded
 
@@ -99,9 +91,8 @@ class HFInferenceWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def probe_log_probs(self, vocab_size: int) -> torch.Tensor:
-        return trainer_log_probs(self._require_model("probe_log_probs"), probe_sequences(vocab_size), self.device)
+        return self._require_engine("probe_log_probs").prompt_log_probs(probe_sequences(vocab_size))
 
     @register(Dispatch.ONE_TO_ALL)
     def weights_fingerprint(self) -> float:
-        model = self._require_model("weights_fingerprint")
-        return float(sum(p.detach().double().abs().sum().item() for p in model.parameters()))
+        return self._require_engine("weights_fingerprint").fingerprint()

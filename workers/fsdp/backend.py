@@ -19,7 +19,7 @@ from workers.cached_blocks import release_after_micro_batch
 from workers.fsdp import checkpoint
 from workers.fsdp.lora_export import export_lora_hf
 from workers.fsdp.model_loading import compute_dtype, load_sharded_model, worker_device
-from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clip_gradients
+from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clipped_step
 from workers.fsdp.sequences import response_log_probs_and_entropy, response_values
 from workers.lora.model import adapter_parameter_names
 from workers.lora.spec import LoraSpec
@@ -132,11 +132,7 @@ class FSDPBackend:
     def optimizer_step(self, grad_clip: float) -> float:
         """Clip and step; a non-finite gradient norm skips the step (same on every rank: the norm is global)."""
         self._require_trainable("optimizer_step")
-        grad_norm = clip_gradients(self.module, grad_clip)
-        if torch.isfinite(torch.tensor(grad_norm)):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm
+        return clipped_step(self.module, self.optimizer, grad_clip)
 
     def current_lr(self) -> float:
         self._require_trainable("current_lr")

@@ -37,9 +37,22 @@ def module_state_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
     yield from module.buffers()
 
 
-def optimizer_state_tensors(optimizers: list[torch.optim.Optimizer]) -> Iterator[torch.Tensor]:
-    """Every tensor in the optimizers' per-parameter state (AdamW: exp_avg, exp_avg_sq, step)."""
-    for optimizer in optimizers:
+def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """The torch optimizers holding `optimizer`'s state: itself, or those under Megatron's (chained) optimizers'
+    `.optimizer`."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return [optimizer]
+    chained = getattr(optimizer, "chained_optimizers", None)
+    inner = [getattr(part, "optimizer", None) for part in (chained if chained is not None else [optimizer])]
+    if not all(isinstance(opt, torch.optim.Optimizer) for opt in inner):
+        raise TypeError(f"cannot find the torch optimizer(s) holding the state of {type(optimizer).__name__}")
+    return inner
+
+
+def optimizer_state_tensors(optimizers: list[Any]) -> Iterator[torch.Tensor]:
+    """Every tensor in the optimizers' per-parameter state (AdamW: exp_avg, exp_avg_sq, step); torch optimizers or
+    Megatron's."""
+    for optimizer in (opt for outer in optimizers for opt in torch_optimizers(outer)):
         for state in optimizer.state.values():
             yield from (value for value in state.values() if isinstance(value, torch.Tensor))
 
@@ -49,12 +62,13 @@ class Offloader:
     `optimizer_on_device`), moved on request. `param_offload` / `optimizer_offload` say what may leave
     the device at all; `frozen` (a reference model) keeps the first host copy of the parameters, so later
     offloads only free the device memory; `params_stay` names parameter storages that never move (a LoRA
-    actor's base shared with its engine)."""
+    actor's base shared with its engine). Without a `module` only the optimizer's state moves (the strategy API's
+    offload: a torch optimizer, or Megatron's)."""
 
     def __init__(
         self,
-        module: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
+        module: nn.Module | None,
+        optimizer: Any,
         device: torch.device,
         param_offload: bool,
         optimizer_offload: bool,

@@ -81,3 +81,13 @@ def clip_gradients(model: nn.Module, max_norm: float) -> float:
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     return float(norm)
+
+
+def clipped_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> float:
+    """Clip the global gradient norm, step (skipped when the norm is not finite: the same on every rank, the norm
+    is global) and zero the gradients; returns the norm before clipping."""
+    grad_norm = clip_gradients(model, max_norm)
+    if torch.isfinite(torch.tensor(grad_norm)):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm

@@ -59,6 +59,28 @@ def attention_mask_4d(attention_mask: torch.Tensor) -> torch.Tensor:
     return causal[None, None] | ~attention_mask.bool()[:, None, None, :]
 
 
+def padded_length(length: int, settings: ParallelSettings) -> int:
+    """`length` rounded up to a multiple of the TP size under sequence parallelism (it splits the sequence over
+    the TP ranks)."""
+    multiple = settings.tp if settings.sequence_parallel else 1
+    return -(-length // multiple) * multiple
+
+
+def sequence_forward(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, settings: ParallelSettings,
+    device: torch.device,
+) -> torch.Tensor:
+    """The GPT model's forward over rows [b, S] (1 = token in `attention_mask`), padded on the right to
+    `padded_length` (the output keeps the padded positions; the caller cuts them off). Also the strategy API's."""
+    length = input_ids.shape[1]
+    padded = padded_length(length, settings)
+    ids, mask = input_ids.to(device), attention_mask.to(device)
+    if padded != length:
+        ids, mask = nn.functional.pad(ids, (0, padded - length)), nn.functional.pad(mask, (0, padded - length))
+    positions = torch.arange(padded, device=device).expand_as(ids)
+    return model(ids, positions, attention_mask_4d(mask))
+
+
 class MegatronBackend:
     def __init__(
         self,
@@ -163,8 +185,7 @@ class MegatronBackend:
 
         count = len(micros)
         length = micros[0].batch["input_ids"].shape[1]
-        multiple = self.settings.tp if self.settings.sequence_parallel else 1
-        padded = -(-length // multiple) * multiple  # sequence parallel splits the sequence over TP ranks
+        padded = padded_length(length, self.settings)
 
         def on_last_stage(micro: DataProto, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
             loss, kept = loss_fn(output[:, :length], micro)
@@ -172,13 +193,9 @@ class MegatronBackend:
 
         def forward_step(iterator: Iterator[DataProto], model: nn.Module) -> tuple[torch.Tensor, Any]:
             micro = next(iterator)
-            ids = micro.batch["input_ids"].to(self.device)
-            mask = micro.batch["attention_mask"].to(self.device)
-            if padded != length:
-                ids = nn.functional.pad(ids, (0, padded - length))
-                mask = nn.functional.pad(mask, (0, padded - length))
-            positions = torch.arange(padded, device=self.device).expand_as(ids)
-            output = model(ids, positions, attention_mask_4d(mask))
+            output = sequence_forward(
+                model, micro.batch["input_ids"], micro.batch["attention_mask"], self.settings, self.device
+            )
             return output, partial(on_last_stage, micro)
 
         self.model.train(not forward_only)

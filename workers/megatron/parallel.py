@@ -18,16 +18,25 @@ def megatron_mesh_shape(world_size: int, tp: int, pp: int) -> dict[str, int]:
     return {"pp": pp, "dp": world_size // (tp * pp), "tp": tp}
 
 
+def init_megatron_groups(world_size: int, tp: int, pp: int) -> dict[str, int]:
+    """Megatron's TP/PP/DP groups over the default process group (once per process; the strategy API's too);
+    returns the mesh shape."""
+    from megatron.core import parallel_state
+
+    shape = megatron_mesh_shape(world_size, tp, pp)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    return shape
+
+
 def init_megatron_parallel(worker: Any, tp: int, pp: int) -> MeshPlacement:
     """Create Megatron's TP/PP/DP groups over the worker group's default process group and declare the same
     layout as the worker's mesh `TRAIN_MESH`, so `MeshDispatch(TRAIN_MESH)` methods get their data
     split over DP only and are collected from TP rank 0 of the last PP stage. Returns this rank's placement."""
     from megatron.core import parallel_state
 
-    shape = megatron_mesh_shape(worker.world_size, tp, pp)
     worker.init_process_group()
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    shape = init_megatron_groups(worker.world_size, tp, pp)
     placement = worker.declare_mesh(TRAIN_MESH, shape)
     ours = (worker.rank // (shape["dp"] * tp), placement.dp_rank, worker.rank % tp)
     megatron = (

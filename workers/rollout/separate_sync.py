@@ -1,4 +1,5 @@
-"""Driver side of the broadcast weight sync between an actor group and a separate vLLM rollout group."""
+"""Driver side of the weight sync between a trainer group (the actor, or the engine API's train engine) and a
+separate group of engines: a broadcast (`SeparateWeightSync`) or CUDA IPC on shared GPUs (`IpcRolloutSync`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from transformers import AutoConfig
 
+from workers.rollout.sync_path import CUDA_IPC, choose_sync_path
 from workers.rollout.verify import TRAINER_FINGERPRINT, require_changed, verify_engines
 from workers.vision.models import probe_vocab_size
 
@@ -90,28 +92,56 @@ class SeparateWeightSync:
         )
 
 
+class IpcEngineSync:
+    """The CUDA IPC transfer. Each train rank sharing its GPU with engines allocates two staging buffers once and
+    hands their IPC handles to those engines, which map them once; a sync then has every train rank gather the
+    full weights (collective) while each feeding rank packs bucket after bucket into its buffers and has its
+    engines load each bucket in place: one device-local copy per byte, no NCCL group on one GPU."""
+
+    def __init__(self, train: Any, infer: Any, feeding_rank: tuple[int, ...], vocab_size: int, verify: bool,
+                 tolerance: float | None) -> None:
+        self.train, self.infer, self.feeding_rank = train, infer, feeding_rank
+        self.vocab_size, self.verify, self.tolerance = vocab_size, verify, tolerance
+        self.layouts: list | None = None
+
+    def sync(self, version: int | None = None) -> dict[str, float]:
+        """Send the weights; `version` (the trainer's weights version) goes to the engines."""
+        if self.layouts is None:  # the staging buffers are mapped at the first sync
+            self.layouts = self.train.weight_sync_layouts()
+            handles = self.train.open_ipc_staging(self.layouts, sorted(set(self.feeding_rank)))
+            self.infer.open_ipc_buffers([handles[rank] for rank in self.feeding_rank])
+        workers = self.infer.workers
+        targets = [[workers[i] for i, rank in enumerate(self.feeding_rank) if rank == train_rank]
+                   for train_rank in range(self.train.world_size)]
+        metrics = self.train.send_ipc(self.layouts, targets)[0]
+        self.infer.finish_weight_load(version)
+        if self.verify:
+            trainer, engines = self.train.probe_log_probs()[0], self.infer.probe_log_probs(self.vocab_size)
+            dtype = self.layouts[0].slots[0].dtype
+            metrics.update(verify_engines(trainer, engines, dtype, self.tolerance, "CUDA IPC weight sync"))
+        return metrics
+
+
 class IpcRolloutSync:
-    """The separate engines share the actor ranks' GPUs (fractional GPU shares: NCCL refuses two group ranks
-    on one device): each bucket goes by CUDA IPC from the actor rank on the engine's GPU
-    (`workers/engines/ipc_sync.py`). Same interface and version stamping as `SeparateWeightSync`; the
-    probe check runs when `verify_sync` is set."""
+    """The separate engines share the trainer ranks' GPUs (fractional GPU shares: NCCL refuses two group ranks
+    on one device): each bucket goes by CUDA IPC from the train rank on the engine's GPU (`IpcEngineSync`). Same
+    interface, version stamping and `engines_start_from_trainer` as `SeparateWeightSync`; the probe check runs
+    when `verify_sync` is set."""
 
     def __init__(
-        self, actor: Any, rollout: Any, feeding_rank: tuple[int, ...], rollout_cfg: dict[str, Any], model_path: str
+        self,
+        actor: Any,
+        rollout: Any,
+        feeding_rank: tuple[int, ...],
+        rollout_cfg: dict[str, Any],
+        model_path: str,
+        engines_start_from_trainer: bool = True,
     ) -> None:
-        from workers.engines.ipc_sync import IpcEngineSync
-
         self.actor = actor
         self.vocab_size = probe_vocab_size(AutoConfig.from_pretrained(model_path))
-        self.transfer = IpcEngineSync(
-            actor,
-            rollout,
-            feeding_rank,
-            self.vocab_size,
-            bool(rollout_cfg["verify_sync"]),
-            rollout_cfg["verify_tolerance"],
-        )
-        self.synced_version = 0  # the engines loaded the folder the actor started from
+        verify, tolerance = bool(rollout_cfg["verify_sync"]), rollout_cfg["verify_tolerance"]
+        self.transfer = IpcEngineSync(actor, rollout, feeding_rank, self.vocab_size, verify, tolerance)
+        self.synced_version = 0 if engines_start_from_trainer else -1  # 0: the engines loaded the actor's folder
         self.actor_version = 0
 
     def connect(self) -> None:
@@ -140,8 +170,6 @@ def rollout_weight_sync(
 ) -> SeparateWeightSync | IpcRolloutSync:
     """The sync of a separate rollout group, by where its engines run: on GPUs of their own (broadcast, NCCL;
     gloo on CPU), or on the actor ranks' GPUs (CUDA IPC). `engines_start_from_trainer` as in `SeparateWeightSync`."""
-    from workers.engines.sync_path import CUDA_IPC, choose_sync_path
-
     path = choose_sync_path(actor.node_info, rollout.node_info, use_gpu, rollout_cfg["tensor_model_parallel_size"])
     if path.kind != CUDA_IPC:
         return SeparateWeightSync(actor, rollout, rollout_cfg, model_path, use_gpu, engines_start_from_trainer)

@@ -19,9 +19,10 @@ from workers.rollout.verify import TRAINER_FINGERPRINT, WeightFingerprint, probe
 from workers.rollout.weight_sync import (
     BroadcastSender,
     IpcStagingBuffers,
-    broadcast_buckets,
+    WeightBuckets,
     gathered_buckets,
     plan_model_buckets,
+    send_broadcast,
     send_ipc_to_engines,
 )
 from workers.vision.models import probe_vocab_size
@@ -47,7 +48,8 @@ class SyncGroupHostMixin:
 
 class WeightSenderMixin(SyncGroupHostMixin):
     """Needs `self.rank`, `self.config` and `self._sync_source()`, which returns the FSDP engine to send
-    with its parameters on the device."""
+    with its parameters on the device (anything with `module` and `device`). A sender whose exported weights are
+    not its module's parameters (the engine API's module worker) overrides `_sync_buckets` and the layouts."""
 
     rank: int
     config: dict[str, Any]
@@ -74,9 +76,9 @@ class WeightSenderMixin(SyncGroupHostMixin):
         if self.rank == 0 and self._broadcast_sender is None:
             self._broadcast_sender = BroadcastSender(engine.device)
         taken = WeightFingerprint() if fingerprint and self.rank == 0 else None
-        sent = broadcast_buckets(
-            engine.module, layouts, self._sync_group if self.rank == 0 else None, engine.device,
-            sender=self._broadcast_sender, fingerprint=taken,
+        sent = send_broadcast(
+            self._sync_buckets(engine, layouts, cast=False), self._sync_group if self.rank == 0 else None,
+            engine.device, sender=self._broadcast_sender, fingerprint=taken,
         )
         metrics = {
             "rollout/sync_s": time.perf_counter() - start,
@@ -84,6 +86,10 @@ class WeightSenderMixin(SyncGroupHostMixin):
             "rollout/sync_bytes": float(payload_bytes(layouts)) if sent else 0.0,  # rank 0 sends, the others gather
         }
         return metrics if taken is None else {**metrics, TRAINER_FINGERPRINT: taken.value}
+
+    def _sync_buckets(self, source: Any, layouts: list[BucketLayout], cast: bool = True) -> WeightBuckets:
+        """The full weights a sync sends, bucket by bucket (a collective); `cast=False` keeps their own dtype."""
+        return gathered_buckets(source.module, layouts, cast=cast)
 
     # ---- CUDA IPC (separate engines on this rank's GPU: fractional GPU shares) ------------------------------
     _ipc_staging: IpcStagingBuffers | None = None
@@ -102,7 +108,7 @@ class WeightSenderMixin(SyncGroupHostMixin):
         packs each bucket and has them load it in place."""
         engine = self._sync_source()
         start = time.perf_counter()
-        buckets = gathered_buckets(engine.module, layouts, cast=False)
+        buckets = self._sync_buckets(engine, layouts, cast=False)
         sent = send_ipc_to_engines(self._ipc_staging, buckets, targets[self.rank])
         return {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
 
@@ -110,7 +116,7 @@ class WeightSenderMixin(SyncGroupHostMixin):
     def weights_fingerprint(self, layouts: list[BucketLayout]) -> float:
         """`WeightFingerprint` of the weights as a sync would send them (engine dtype); a collective."""
         taken = WeightFingerprint()
-        for _, tensors in gathered_buckets(self._sync_source().module, layouts):
+        for _, tensors in self._sync_buckets(self._sync_source(), layouts):
             taken.add(tensors)
         return taken.value
 

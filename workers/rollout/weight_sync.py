@@ -28,9 +28,11 @@ if TYPE_CHECKING:
 SYNC_METHODS = ("in_process", "cuda_ipc", "broadcast")
 # A hook turning the trainer's named parameters into the names/tensors the engine loads (e.g. a LoRA merge).
 ExportHook = Callable[[str, torch.Tensor], torch.Tensor]
+# What a sender sends: per bucket, its layout and the whole tensors of its slots, in order.
+WeightBuckets = Iterator[tuple[BucketLayout, list[torch.Tensor]]]
 
 
-def _full(param: torch.Tensor) -> torch.Tensor:
+def full_parameter(param: torch.Tensor) -> torch.Tensor:
     """The whole parameter on this rank: an FSDP2 DTensor is all-gathered, a plain tensor is returned."""
     full_tensor = getattr(param, "full_tensor", None)
     return full_tensor() if callable(full_tensor) else param
@@ -48,7 +50,7 @@ def plan_model_buckets(
 
 def gathered_buckets(
     module: nn.Module, layouts: list[BucketLayout], export_hook: ExportHook | None = None, cast: bool = True
-) -> Iterator[tuple[BucketLayout, list[torch.Tensor]]]:
+) -> WeightBuckets:
     """Per bucket, its full parameters cast to the layout's dtypes (collective: every trainer rank runs it).
     With `cast=False` they keep their own dtype (a packer casting while it copies saves one copy).
     Only one bucket's gathered tensors are alive at a time."""
@@ -57,7 +59,7 @@ def gathered_buckets(
         tensors = []
         with torch.no_grad():
             for slot in layout.slots:
-                full = _full(params[slot.name].detach())
+                full = full_parameter(params[slot.name].detach())
                 if export_hook is not None:
                     full = export_hook(slot.name, full)
                 tensors.append(full.to(slot.dtype) if cast else full)
@@ -104,7 +106,7 @@ class BroadcastSender:
 
     def send(
         self,
-        buckets: Iterator[tuple[BucketLayout, list[torch.Tensor]]],
+        buckets: WeightBuckets,
         group: WeightSyncGroup,
         fingerprint: "WeightFingerprint | None" = None,
     ) -> int:
@@ -131,7 +133,7 @@ class BroadcastSender:
 
 
 def send_broadcast(
-    buckets: Iterator[tuple[BucketLayout, list[torch.Tensor]]],
+    buckets: WeightBuckets,
     group: WeightSyncGroup | None,
     device: torch.device,
     sender: BroadcastSender | None = None,
@@ -212,7 +214,7 @@ class IpcStagingBuffers:
 
     def send(
         self,
-        buckets: Iterator[tuple[BucketLayout, list[torch.Tensor]]],
+        buckets: WeightBuckets,
         deliver: Callable[[int, BucketLayout], Callable[[], Any]],
     ) -> int:
         """Pack each bucket into a free buffer and `deliver(buffer_index, layout)`, which starts the
@@ -235,7 +237,7 @@ class IpcStagingBuffers:
 
 
 def send_ipc_to_engines(
-    staging: IpcStagingBuffers | None, buckets: Iterator[tuple[BucketLayout, list[torch.Tensor]]], engines: list[Any]
+    staging: IpcStagingBuffers | None, buckets: WeightBuckets, engines: list[Any]
 ) -> int:
     """One train rank's part of a CUDA IPC sync: pack each bucket into `staging` and have every engine actor
     in `engines` (on this rank's GPU) load it in place through its `load_ipc_bucket`. A rank feeding no

@@ -1,13 +1,13 @@
 """`Strategy`: what a user's own training loop inside a `Worker` calls, whatever the backend.
 
-The backend classes (`FSDPStrategy`, `MegatronStrategy`) add model preparation, backward, the optimizer
-step and the checkpoint shards; this base holds what both share: the process group, collectives, rank-0
-printing, optimizer-state offload, the inference engine and the atomic checkpoint folders.
+The backend classes (`FSDPStrategy`, `MegatronStrategy`) add model preparation, the log-probs, the optimizer
+step itself and the checkpoint shards; this base holds what both share: the process group, collectives, rank-0
+printing, backward and the step's bookkeeping, optimizer-state offload (the FSDP workers' `Offloader`), the
+inference engine and the atomic checkpoint folders.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +15,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from single_controller.worker import init_default_process_group
 from workers.fsdp.model_loading import compute_dtype, worker_device
+from workers.fsdp.offload import Offloader
 from workers.rollout.in_process_sync import WeightSource
 from workers.strategy import checkpoint_folders
 from workers.strategy.config import ENGINE_TYPES, InferenceConfig, StrategyConfig
 from workers.strategy.inference import GroupedInferenceEngine
-from workers.strategy.optimizer_offload import OptimizerStateOffload
 
 REDUCE_OPS = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
 class Strategy:
+    """Subclasses implement `prepare` (registering what they build per model in `_engines`), `sequence_log_probs`,
+    `weight_source`, `_step` (clip and step, returning the norm) and `_save_shards` / `_load_shards`."""
+
     backend = ""
 
     def __init__(self, config: StrategyConfig) -> None:
@@ -36,20 +40,15 @@ class Strategy:
         self.dtype = compute_dtype(config.dtype, self.device)
         self.inference: GroupedInferenceEngine | None = None
         self.grad_norms: dict[str, float] = {}  # the last grad norm per optimizer_step name
-        self._offloaded: set[int] = set()
-        self._optimizer_offloads: dict[int, OptimizerStateOffload] = {}  # per optimizer, its host buffers kept
+        self._engines: dict[int, Any] = {}  # per prepared model (by id): what the backend built for it
+        self._offloaders: dict[int, Offloader] = {}  # per optimizer (by id), with optimizer_offload: its host buffers
         torch.manual_seed(config.seed)
 
     # ---- distributed ----------------------------------------------------------------------------------
     def setup_distributed(self) -> None:
         """Join the worker group's process group (nccl with a GPU, gloo otherwise); a no-op when joined.
         The worker group sets RANK, WORLD_SIZE, LOCAL_RANK and the master address on every worker."""
-        if dist.is_initialized():
-            return
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) if torch.cuda.device_count() > 1 else 0)
-        dist.init_process_group(backend=backend)
+        init_default_process_group()
 
     def is_rank_0(self) -> bool:
         return self.rank == 0
@@ -98,14 +97,8 @@ class Strategy:
         dist.all_gather_object(gathered, value)
         return gathered
 
-    # ---- backend hooks --------------------------------------------------------------------------------
+    # ---- models and steps ------------------------------------------------------------------------------
     def prepare(self, model: Any, optimizer: Any = None, scheduler: Any = None) -> Any:
-        raise NotImplementedError
-
-    def backward(self, loss: torch.Tensor, model: nn.Module, optimizer: Any) -> None:
-        raise NotImplementedError
-
-    def optimizer_step(self, optimizer: Any, model: nn.Module, scheduler: Any = None, name: str = "model") -> float:
         raise NotImplementedError
 
     def sequence_log_probs(
@@ -117,47 +110,50 @@ class Strategy:
     def weight_source(self, model: nn.Module) -> WeightSource:
         raise NotImplementedError
 
-    def _save_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
-        raise NotImplementedError
+    def _engine(self, model: nn.Module, method: str) -> Any:
+        engine = self._engines.get(id(model))
+        if engine is None:
+            raise ValueError(
+                f"{method}: this model was not prepared by the strategy; call strategy.prepare(model, ...) first"
+            )
+        return engine
 
-    def _load_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
-        raise NotImplementedError
+    def backward(self, loss: torch.Tensor, model: nn.Module, optimizer: Any) -> None:
+        """Gradients of `loss`. FSDP2 reduce-scatters them over the ranks (averaged) as backward runs; Megatron
+        accumulates them into its fp32 buffers, which `optimizer_step` reduces over DP."""
+        loss.backward()
 
-    def _require_loaded(self, optimizer: Any, name: str) -> None:
-        if id(optimizer) in self._offloaded:
+    def optimizer_step(self, optimizer: Any, model: nn.Module, scheduler: Any = None, name: str = "model") -> float:
+        """Clip the global gradient norm to `grad_clip`, step (skipped when the norm is not finite, on every
+        rank alike), zero the gradients, step the scheduler; returns the norm before clipping."""
+        engine = self._engine(model, "optimizer_step")
+        if self._on_host(optimizer):
             raise RuntimeError(
                 f"optimizer_step({name!r}): the optimizer state is offloaded; call maybe_load_optimizer first"
             )
-
-    def _finish_step(self, scheduler: Any, name: str, grad_norm: float) -> float:
-        """After a backend's step: the scheduler steps, the norm is kept."""
+        grad_norm = self._step(engine, model, optimizer)
         if scheduler is not None:
             scheduler.step()
         self.grad_norms[name] = grad_norm
         return grad_norm
 
-    def _save_with_optimizer_loaded(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
-        """Shards are written from the device state: offloaded optimizer state comes back for the save only."""
-        offloaded = id(optimizer) in self._offloaded
-        self.maybe_load_optimizer(optimizer)
-        self._save_shards(path, model, optimizer, scheduler)
-        if offloaded:
-            self.maybe_offload_optimizer(optimizer)
-
     # ---- optimizer offload ----------------------------------------------------------------------------
+    def _on_host(self, optimizer: Any) -> bool:
+        offloader = self._offloaders.get(id(optimizer))
+        return offloader is not None and not offloader.optimizer_on_device
+
     def maybe_offload_optimizer(self, optimizer: Any) -> None:
-        """With `optimizer_offload`, move the optimizer's state (Adam moments, step counts) to host memory."""
-        if self.config.optimizer_offload and id(optimizer) not in self._offloaded:
-            if id(optimizer) not in self._optimizer_offloads:
-                self._optimizer_offloads[id(optimizer)] = OptimizerStateOffload(optimizer, self.device)
-            self._optimizer_offloads[id(optimizer)].offload()
-            self._offloaded.add(id(optimizer))
+        """With `optimizer_offload`, move the optimizer's state (Adam moments, step counts) to host memory: the
+        storages move, the tensors stay, so loading it back gives bit-identical state (on CPU too)."""
+        if self.config.optimizer_offload:
+            if id(optimizer) not in self._offloaders:
+                self._offloaders[id(optimizer)] = Offloader(None, optimizer, self.device, False, True, move_on_cpu=True)
+            self._offloaders[id(optimizer)].offload_optimizer()
 
     def maybe_load_optimizer(self, optimizer: Any) -> None:
         """Bring offloaded optimizer state back to the device before a step (a no-op when it is there)."""
-        if id(optimizer) in self._offloaded:
-            self._optimizer_offloads[id(optimizer)].load()
-            self._offloaded.discard(id(optimizer))
+        if id(optimizer) in self._offloaders:
+            self._offloaders[id(optimizer)].load_optimizer()
 
     # ---- inference engine -----------------------------------------------------------------------------
     def setup_inference_engine(self, config: Any, engine_type: str = "vllm") -> None:
@@ -215,6 +211,14 @@ class Strategy:
             lambda path: self._save_with_optimizer_loaded(path, model, optimizer, scheduler),
         )
 
+    def _save_with_optimizer_loaded(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
+        """Shards are written from the device state: offloaded optimizer state comes back for the save only."""
+        offloaded = self._on_host(optimizer)
+        self.maybe_load_optimizer(optimizer)
+        self._save_shards(path, model, optimizer, scheduler)
+        if offloaded:
+            self.maybe_offload_optimizer(optimizer)
+
     def load_checkpoint(
         self, path: str, model: nn.Module, optimizer: Any, scheduler: Any = None
     ) -> dict[str, Any] | None:
@@ -223,5 +227,6 @@ class Strategy:
         folder = checkpoint_folders.resolve(Path(path))
         if folder is None:
             return None
+        self.maybe_load_optimizer(optimizer)
         self._load_shards(str(folder), model, optimizer, scheduler)
         return checkpoint_folders.client_state(folder)

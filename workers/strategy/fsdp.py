@@ -11,7 +11,8 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from workers.fsdp import checkpoint
-from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clip_gradients
+from workers.fsdp.model_loading import enable_gradient_checkpointing
+from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clipped_step
 from workers.fsdp.wrap import shard_in_units, units_by_class
 from workers.head_log_probs import set_logits_chunk_tokens, token_log_probs_and_entropy
 from workers.rollout.hybrid import FSDPWeightSource
@@ -55,10 +56,6 @@ def repoint_optimizer(
 class FSDPStrategy(Strategy):
     backend = "fsdp2"
 
-    def __init__(self, config: Any) -> None:
-        super().__init__(config)
-        self._prepared: dict[int, PreparedModel] = {}
-
     # ---- models ---------------------------------------------------------------------------------------
     def prepare(self, model: nn.Module | str, optimizer: Any = None, scheduler: Any = None) -> Any:
         """Shard `model` (an HF model, or its folder) over all ranks. With `optimizer` (a torch optimizer
@@ -78,7 +75,7 @@ class FSDPStrategy(Strategy):
         if trainable:
             model.to(torch.float32)  # master weights; the mixed-precision policy casts for compute
             if self.config.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                enable_gradient_checkpointing(model, None)
         else:
             model.to(self.dtype).requires_grad_(False)
         # Units: the model's `_no_split_modules` blocks; a frozen model is already in the compute dtype.
@@ -86,7 +83,7 @@ class FSDPStrategy(Strategy):
         set_logits_chunk_tokens(model, self.config.logits_chunk_tokens)
         model.train(trainable)
         path = getattr(getattr(model, "config", None), "_name_or_path", "")
-        self._prepared[id(model)] = PreparedModel(model, path, self.device, self.dtype)
+        self._engines[id(model)] = PreparedModel(model, path, self.device, self.dtype)
         if not trainable:
             return model
         sharded = dict(model.named_parameters())
@@ -103,14 +100,6 @@ class FSDPStrategy(Strategy):
             scheduler = build_lr_scheduler(optimizer, scheduler_settings(scheduler))
         return model, optimizer, scheduler
 
-    def _record(self, model: nn.Module, method: str) -> PreparedModel:
-        record = self._prepared.get(id(model))
-        if record is None:
-            raise ValueError(
-                f"{method}: this model was not prepared by the strategy; call strategy.prepare(model, ...) first"
-            )
-        return record
-
     def sequence_log_probs(
         self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
@@ -123,24 +112,11 @@ class FSDPStrategy(Strategy):
         log_probs, _ = token_log_probs_and_entropy(model, inputs, predictors, ids[:, 1:], 1.0, with_entropy=False)
         return log_probs
 
-    # ---- training -------------------------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, model: nn.Module, optimizer: Any) -> None:
-        """Gradients of `loss`; FSDP2 reduce-scatters them over the ranks (averaged) as backward runs."""
-        loss.backward()
-
-    def optimizer_step(self, optimizer: Any, model: nn.Module, scheduler: Any = None, name: str = "model") -> float:
-        """Clip the global gradient norm to `grad_clip`, step (skipped when the norm is not finite, on every
-        rank alike), zero the gradients, step the scheduler; returns the norm before clipping."""
-        self._record(model, "optimizer_step")
-        self._require_loaded(optimizer, name)
-        grad_norm = clip_gradients(model, self.config.grad_clip)
-        if torch.isfinite(torch.tensor(grad_norm)):
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return self._finish_step(scheduler, name, grad_norm)
+    def _step(self, engine: PreparedModel, model: nn.Module, optimizer: Any) -> float:
+        return clipped_step(model, optimizer, self.config.grad_clip)
 
     def weight_source(self, model: nn.Module) -> WeightSource:
-        return FSDPWeightSource(self._record(model, "update_engine_weights"))
+        return FSDPWeightSource(self._engine(model, "update_engine_weights"))
 
     # ---- checkpoint shards ----------------------------------------------------------------------------
     def _save_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
@@ -148,7 +124,6 @@ class FSDPStrategy(Strategy):
         checkpoint.save_sharded(path, model, optimizer, extra, self.rank)
 
     def _load_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
-        self.maybe_load_optimizer(optimizer)
         extra = checkpoint.load_sharded(path, model, optimizer, self.rank)
         if scheduler is not None:
             scheduler.load_state_dict(extra["lr_scheduler"])

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers.rollout.engine_group import EngineGroup
+from workers.rollout.engine_group import engine_group
 from workers.rollout.in_process_sync import InProcessSync, WeightSource
 from workers.strategy.config import ENGINE_TYPES, InferenceConfig
 
@@ -41,7 +41,7 @@ def build_engine(engine_type: str, cfg: InferenceConfig, dtype: torch.dtype, dev
 
         return VLLMEngine(cfg.model_path, cfg.vllm_rollout_options(), dtype, device, seed)
     if engine_type == "hf":
-        from workers.strategy.hf_engine import HFGenerateEngine
+        from workers.rollout.hf_engine import HFGenerateEngine
 
         return HFGenerateEngine(cfg.model_path, dtype, device, cfg.enable_sleep)
     raise ValueError(f"engine_type {engine_type!r} is not available; valid: {list(ENGINE_TYPES)}")
@@ -53,15 +53,10 @@ class GroupedInferenceEngine:
     ) -> None:
         self.cfg, self.dtype = cfg, dtype
         rank = dist.get_rank()
-        self.group: EngineGroup | None = None  # None: an engine of its own (group_size 1)
-        self.owner = rank
-        for members in engine_groups(dist.get_world_size(), cfg.group_size):
-            if cfg.group_size > 1:
-                process_group = dist.new_group(members, backend="gloo")  # every rank creates every group
-                if rank in members:
-                    self.group = EngineGroup(cfg.group_size, tuple(members), rank, process_group)
-                    self.owner = self.group.leader
-        self.engine = build_engine(engine_type, cfg, dtype, device, seed + rank) if rank == self.owner else None
+        engine_groups(dist.get_world_size(), cfg.group_size)  # names the valid sizes when group_size does not divide
+        self.group = engine_group(cfg.group_size, device)  # the hybrid rollout's groups; None: an engine of its own
+        owns = self.group is None or self.group.is_leader
+        self.engine = build_engine(engine_type, cfg, dtype, device, seed + rank) if owns else None
         self.sync: InProcessSync | None = None  # made at the first update, from the model's weight layout
         self.needs_weights = False  # set when a wake-up finds the weights were discarded by sleep
 

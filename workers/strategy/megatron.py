@@ -8,6 +8,7 @@ a GPU the model runs on CPU over gloo through `workers/megatron/cpu_host.py`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -35,16 +36,10 @@ class MegatronStrategy(Strategy):
     backend = "megatron"
 
     def __init__(self, config: Any) -> None:
-        from megatron.core import parallel_state
-
-        from workers.megatron.parallel import megatron_mesh_shape
+        from workers.megatron.parallel import init_megatron_groups
 
         super().__init__(config)
-        tp = config.megatron.tensor_model_parallel_size
-        megatron_mesh_shape(self.world_size, tp, 1)  # names the sizes when tp does not divide the ranks
-        if not parallel_state.model_parallel_is_initialized():
-            parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
-        self._engines: dict[int, Any] = {}
+        init_megatron_groups(self.world_size, config.megatron.tensor_model_parallel_size, 1)
 
     def prepare(self, model: Any, optimizer: Any = None, scheduler: Any = None) -> Any:
         """`model`: an HF model folder (or an HF model loaded from one: its folder is read). `optimizer`:
@@ -64,60 +59,32 @@ class MegatronStrategy(Strategy):
         optim_cfg = None
         if optimizer is not None:
             optim_cfg = {**optimizer_settings(optimizer), **scheduler_settings(scheduler or {})}
-        mc = self.config.megatron
-        settings = ParallelSettings(
-            mc.tensor_model_parallel_size,
-            1,
-            mc.sequence_parallel and mc.tensor_model_parallel_size > 1,
-            mc.use_distributed_optimizer,
-        )
+        settings = ParallelSettings.from_config(dataclasses.asdict(self.config.megatron))
         engine = MegatronBackend({"path": path, "dtype": self.config.dtype}, settings, optim_cfg, seed=self.config.seed)
         self._engines[id(engine.model)] = engine
         if optim_cfg is None:
             return engine.model
         return engine.model, engine.optimizer, MegatronLRSchedule(engine)
 
-    def _engine(self, model: nn.Module, method: str) -> Any:
-        engine = self._engines.get(id(model))
-        if engine is None:
-            raise ValueError(
-                f"{method}: this model was not prepared by the strategy; call strategy.prepare(path, ...) first"
-            )
-        return engine
-
     def sequence_log_probs(
         self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
-        from workers.megatron.backend import attention_mask_4d
+        from workers.megatron.backend import sequence_forward
         from workers.megatron.vocab_parallel import log_probs_and_entropy
 
         engine = self._engine(model, "sequence_log_probs")
-        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
-        length = ids.shape[1]
-        multiple = engine.settings.tp if engine.settings.sequence_parallel else 1
-        padded = -(-length // multiple) * multiple  # sequence parallelism splits the sequence over TP ranks
-        if padded != length:
-            ids, mask = nn.functional.pad(ids, (0, padded - length)), nn.functional.pad(mask, (0, padded - length))
-        positions = torch.arange(padded, device=self.device).expand_as(ids)
-        logits = model(ids, positions, attention_mask_4d(mask))[:, :length]
-        log_probs, _ = log_probs_and_entropy(
-            logits[:, :-1], ids[:, 1:length], engine.layout.vocab_size, with_entropy=False
-        )
+        ids, length = input_ids.to(self.device), input_ids.shape[1]
+        logits = sequence_forward(model, ids, attention_mask, engine.settings, self.device)[:, :length]
+        log_probs, _ = log_probs_and_entropy(logits[:, :-1], ids[:, 1:], engine.layout.vocab_size, with_entropy=False)
         return log_probs
 
-    def backward(self, loss: torch.Tensor, model: nn.Module, optimizer: Any) -> None:
-        """Gradients accumulate into Megatron's fp32 buffers; `optimizer_step` reduces them over DP."""
-        loss.backward()
-
-    def optimizer_step(self, optimizer: Any, model: nn.Module, scheduler: Any = None, name: str = "model") -> float:
+    def _step(self, engine: Any, model: nn.Module, optimizer: Any) -> float:
         from megatron.core.distributed import finalize_model_grads
 
-        engine = self._engine(model, "optimizer_step")
-        self._require_loaded(optimizer, name)
         finalize_model_grads([model])  # DP all-reduce (averaged), sequence-parallel norm grads over TP
         grad_norm = engine.optimizer_step(self.config.grad_clip)
         engine.zero_grad()
-        return self._finish_step(scheduler, name, grad_norm)
+        return grad_norm
 
     def weight_source(self, model: nn.Module) -> WeightSource:
         from workers.megatron.rollout_source import MegatronWeightSource
@@ -128,5 +95,4 @@ class MegatronStrategy(Strategy):
         self._engine(model, "save_checkpoint").save_checkpoint(path)
 
     def _load_shards(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
-        self.maybe_load_optimizer(optimizer)
         self._engine(model, "load_checkpoint").load_checkpoint(path)  # restores the LR position too

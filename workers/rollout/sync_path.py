@@ -1,11 +1,13 @@
-"""Which weight-sync path a train engine uses to reach an inference engine, read from where their workers run.
+"""Which weight-sync path a trainer group uses to reach a separate group of inference engines (the trainer's
+separate rollout, the engine API), read from where their workers run.
 
 - same GPU (each engine shares its device with a train rank): CUDA IPC buckets, no copy between devices;
 - other GPUs: a bucketed NCCL broadcast from train rank 0 (NCCL refuses two group ranks on one device, so
   no engine may sit on train rank 0's GPU);
 - CPU: the same broadcast over gloo.
 The in-process path (the engine inside the trainer's process, no transfer) is the hybrid rollout's
-(`rollout.placement=hybrid`); the engine API always runs its two engines in separate worker groups.
+(`rollout.placement=hybrid`) and the strategy API's; the engine API always runs its two engines in separate
+worker groups.
 """
 
 from __future__ import annotations
