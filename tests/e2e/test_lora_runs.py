@@ -1,5 +1,5 @@
 """LoRA GRPO through `trainer.main` (HF rollout): it learns the default task, its export loads in
-transformers and peft alike, and a resumed run reproduces a straight one exactly."""
+transformers and peft alike, and a resumed run reproduces a straight one exactly (the learning run's first steps)."""
 
 import json
 from pathlib import Path
@@ -30,19 +30,28 @@ def _logits(model, ids):
         return model(input_ids=ids).logits
 
 
-def test_lora_grpo_learns_and_exports_merged_and_adapter(ray_cluster, tiny_assets, tmp_path):
+@pytest.fixture(scope="module")
+def learning_run(ray_cluster, tiny_assets, tmp_path_factory):
+    """One 14-step LoRA run, shared: the learning test checks its rewards and export; its first 4 steps are the
+    straight run the resume test compares with (a constant learning rate: the step count changes no step before it)."""
+    out = tmp_path_factory.mktemp("lora_learning")
+    cfg = load_config(run_overrides(
+        tiny_assets, out, *LEARNING_LORA, "trainer.total_training_steps=14", "trainer.test_freq=-1",
+        "trainer.val_before_train=false", "trainer.save_at_end=false", "trainer.export_hf_at_end=true",
+    ))
+    return run(cfg), out
+
+
+def test_lora_grpo_learns_and_exports_merged_and_adapter(learning_run, tiny_assets):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, *LEARNING_LORA, "trainer.total_training_steps=14", "trainer.test_freq=-1",
-        "trainer.val_before_train=false", "trainer.save_at_end=false", "trainer.export_hf_at_end=true",
-    ))
-    rewards = _train_rewards(run(cfg))
+    history, out = learning_run
+    rewards = _train_rewards(history)
     assert len(rewards) == 14
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.3, rewards
 
-    export = tmp_path / "hf_export"
+    export = out / "hf_export"
     merged = AutoModelForCausalLM.from_pretrained(str(export), dtype=torch.float32).eval()
     assert merged.config.tie_word_embeddings is False  # the adapted head differs from the input embedding now
     base = AutoModelForCausalLM.from_pretrained(tiny_assets["model"], dtype=torch.float32).eval()
@@ -53,9 +62,9 @@ def test_lora_grpo_learns_and_exports_merged_and_adapter(ray_cluster, tiny_asset
     assert float((_logits(merged, ids) - base_logits).abs().max()) > 0.1
 
 
-def test_lora_resume_reproduces_a_straight_run(ray_cluster, tiny_assets, tmp_path):
+def test_lora_resume_reproduces_a_straight_run(learning_run, tiny_assets, tmp_path):
     common = ("trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=2", *LEARNING_LORA)
-    straight = run(load_config(run_overrides(tiny_assets, tmp_path / "straight", "trainer.total_training_steps=4", *common)))
+    straight = learning_run[0][:4]  # the same settings run straight through (no saves, 14 steps)
     first = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=2", *common)))
     second = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=4", *common)))
     assert [r["step"] for r in second] == [3, 4]

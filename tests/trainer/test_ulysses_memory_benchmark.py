@@ -1,5 +1,7 @@
 """`benchmarks/ulysses_memory.py`: its default size is one the memory plan says needs Ulysses on 80 GiB GPUs,
-and the script runs end to end on CPU (gloo) at its toy size, both sizes in their own processes."""
+and the script runs end to end on CPU (gloo) at its toy size, both sizes in their own processes (attached to the
+session's Ray cluster through RAY_ADDRESS, as on a machine with a cluster running: a local cluster of their own
+would cost each child Ray's start)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ def test_the_default_size_needs_two_gpus_per_sequence(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_cpu_run(tmp_path):
+def test_tiny_cpu_run(ray_cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", ray_cluster.get_runtime_context().gcs_address)  # the children inherit it
     out = tmp_path / "out"
     results = main(["--tiny", "--workdir", str(tmp_path / "work"), "--out", str(out)])
     written = json.loads((out / "ulysses_memory.json").read_text())
