@@ -27,15 +27,6 @@ def _max_over_ranks(value: int, device: torch.device) -> int:
     return int(tensor)
 
 
-def sum_over_ranks(value: float, device: torch.device, group: dist.ProcessGroup | None = None) -> float:
-    """Sum over the ranks of `group` (default: all ranks)."""
-    if not dist.is_initialized() or dist.get_world_size(group) == 1:
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
-    return float(tensor)
-
-
 def row_lengths(data: DataProto) -> list[int]:
     """Real tokens (prompt + response) of each row."""
     return data.batch["attention_mask"].sum(dim=1).tolist()
