@@ -20,7 +20,7 @@ from workers.fsdp import checkpoint
 from workers.fsdp.lora_export import export_lora_hf
 from workers.fsdp.model_loading import compute_dtype, load_sharded_model, worker_device
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clipped_step
-from workers.fsdp.sequences import response_log_probs_and_entropy, response_values
+from workers.fsdp.sequences import response_log_probs_and_entropy, response_scores, response_values
 from workers.lora.model import adapter_parameter_names
 from workers.lora.spec import LoraSpec
 from workers.packing.forward import enable_sequence_parallel
@@ -93,6 +93,8 @@ class FSDPBackend:
         """The HF model's forward over one micro-batch (packed when the model is), at the response tokens."""
         if forward.kind == "values":
             return ResponseOutputs(self.device, values=response_values(self.module, micro, self.device))
+        if forward.kind == "scores":
+            return ResponseOutputs(self.device, scores=response_scores(self.module, micro, self.device))
         log_probs, entropy = response_log_probs_and_entropy(
             self.module, micro, self.device, forward.temperature, forward.with_entropy, forward.entropy_grad
         )
