@@ -19,6 +19,7 @@ from workers.cached_blocks import set_release_point
 from workers.config import critic_config
 from workers.training.backend import ResponseOutputs, TrainBackend
 from workers.training.batch_keys import require_batch_keys
+from workers.training.checkpoint_methods import CheckpointMethods
 from workers.training.dist_utils import check_same_length
 from workers.training.forward_pass import forward_rows
 from workers.training.mesh import METRICS_OVER_DATA_PARALLEL, OVER_DATA_PARALLEL
@@ -60,7 +61,9 @@ def _side_class(strategy: str) -> type:
     return FSDPCriticSide
 
 
-class CriticWorker(Worker):
+class CriticWorker(CheckpointMethods, Worker):
+    checkpoint_phase_prefix = "critic_"
+
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
         self.config = critic_config(config)
@@ -80,7 +83,7 @@ class CriticWorker(Worker):
         self.side = _side_class(self.config["strategy"])(self)
         self._end_phase("critic_init")
 
-    def _engine(self, method: str, with_optimizer: bool = False) -> TrainBackend:
+    def _resident(self, method: str, with_optimizer: bool = False) -> TrainBackend:
         """The critic, about to compute, its state on the device (its optimizer state only if asked: else for
         each optimizer step)."""
         if self.side is None:
@@ -97,7 +100,7 @@ class CriticWorker(Worker):
     def compute_values(self, data: DataProto) -> DataProto | None:
         """`values` [B, R]: the value of the state before each response token, 0 outside the response (None on
         a rank that holds no outputs: Megatron's earlier pipeline stages)."""
-        engine = self._engine("compute_values")
+        engine = self._resident("compute_values")
         require_batch_keys(data, VALUE_KEYS, "compute_values")
         check_same_length(len(data), engine.device, "compute_values")
         cfg = self.config
@@ -116,7 +119,7 @@ class CriticWorker(Worker):
     @register(METRICS_OVER_DATA_PARALLEL)
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Clipped value-loss updates toward `returns`; metrics averaged over micro-batches and ranks."""
-        engine = self._engine("update_critic")
+        engine = self._resident("update_critic")
         cfg = self.config
         require_batch_keys(data, UPDATE_KEYS, "update_critic")
 
@@ -137,23 +140,8 @@ class CriticWorker(Worker):
         return metrics
 
     @register(Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        engine = self._engine("save_checkpoint", with_optimizer=True)
-        with self.side.optimizer_held():
-            engine.save_checkpoint(path, {"update_calls": self.update_calls})
-        self._end_phase("critic_save_checkpoint")
-
-    @register(Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        engine = self._engine("load_checkpoint", with_optimizer=True)
-        with self.side.optimizer_held():  # the load may create the optimizer's state with a step
-            extra = engine.load_checkpoint(path)
-        self.update_calls = int(extra["update_calls"])
-        self._end_phase("critic_load_checkpoint")
-
-    @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
         """Write the value model as an HF checkpoint (rank 0 writes), where the backend has an HF form."""
-        self._engine("export_hf")
+        self._resident("export_hf")
         self.side.export_hf(path)
         self._end_phase("critic_export_hf")
