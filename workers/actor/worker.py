@@ -104,7 +104,7 @@ class ActorRolloutRefWorker(CheckpointMethods, ActorStateMixin, WeightSenderMixi
     def _resident(self, method: str, with_optimizer: bool = False) -> TrainBackend:
         """The actor with its parameters (and optimizer state if asked) on the device."""
         engine = self._engine("actor", method)
-        self.side.actor_needed(with_optimizer)
+        self.side.trained_needed(with_optimizer)
         return engine
 
     def _sync_source(self) -> TrainBackend:

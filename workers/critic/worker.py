@@ -25,27 +25,14 @@ from workers.training.forward_pass import forward_rows
 from workers.training.mesh import METRICS_OVER_DATA_PARALLEL, OVER_DATA_PARALLEL
 from workers.training.micro_batching import MicroBatching
 from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.training.side import TrainedSide
 from workers.training.value_loss import UPDATE_KEYS, VALUE_FORWARD, VALUE_KEYS, masked_values, value_loss
 
 
-class CriticSide(Protocol):
-    """What the critic worker asks of its backend's side."""
+class CriticSide(TrainedSide, Protocol):
+    """What the critic worker asks of its backend's side; the trained model is the critic."""
 
     critic: TrainBackend
-    sequence_parallel: int  # ranks sharing each row (Ulysses): token budgets are per GPU
-    data_parallel_size: int
-
-    def where(self, role: str) -> str: ...
-
-    def critic_needed(self, with_optimizer: bool = False) -> None:
-        """The critic's state on the device for the next phase (a colocated actor's offloadable state leaves)."""
-        ...
-
-    def optimizer_held(self) -> Any: ...
-
-    def end_phase(self, phase: str) -> dict[str, float]:
-        """The phase is over: its offload metrics ({} when nothing moves)."""
-        ...
 
     def export_hf(self, path: str) -> None: ...
 
@@ -88,7 +75,7 @@ class CriticWorker(CheckpointMethods, Worker):
         each optimizer step)."""
         if self.side is None:
             raise RuntimeError(f"{method}: call init_model() first")
-        self.side.critic_needed(with_optimizer)
+        self.side.trained_needed(with_optimizer)
         return self.side.critic
 
     def _end_phase(self, phase: str) -> None:

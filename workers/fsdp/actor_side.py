@@ -121,7 +121,7 @@ class FSDPActorSide:
         return self.layout.where(role)
 
     # ---- residency --------------------------------------------------------------------------------------
-    def actor_needed(self, with_optimizer: bool = False) -> None:
+    def trained_needed(self, with_optimizer: bool = False) -> None:
         self.residency.actor_needed(with_optimizer)
 
     @contextmanager

@@ -49,7 +49,7 @@ class FSDPCriticSide:
     def where(self, role: str) -> str:
         return self.layout.where(role)
 
-    def critic_needed(self, with_optimizer: bool = False) -> None:
+    def trained_needed(self, with_optimizer: bool = False) -> None:
         self.residency.critic_needed(with_optimizer)
 
     def optimizer_held(self) -> Any:
