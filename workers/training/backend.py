@@ -76,6 +76,12 @@ class MicroResults:
     cached_block_releases: int = 0
 
 
+def require_trainable(optimizer: object | None, what: str) -> None:
+    """A backend built frozen (no optimizer) refuses `what`, a training call."""
+    if optimizer is None:
+        raise RuntimeError(f"{what} needs a trainable model; this model was built frozen (no optimizer)")
+
+
 class TrainBackend(Protocol):
     """Implemented by `FSDPBackend` and `MegatronBackend`; built after the process group exists."""
 
