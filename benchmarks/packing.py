@@ -37,11 +37,12 @@ from protocol import DataProto
 from workers.config import actor_rollout_ref_config
 from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.model_loading import worker_device
-from workers.fsdp.sequences import response_log_probs_and_entropy
 from workers.packing.attention import kernel_name
 from workers.training.actor_loss import actor_forward, actor_loss
 from workers.training.dist_utils import single_process_group
-from workers.training.micro_batching import MicroBatching, forward_in_micro_batches
+from workers.training.backend import ResponseForward
+from workers.training.forward_pass import forward_rows, response_log_probs
+from workers.training.micro_batching import MicroBatching
 from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 
 # (hidden, intermediate, layers, heads, kv heads, vocab)
@@ -141,13 +142,8 @@ def old_log_probs(engine: FSDPBackend, data: DataProto, config: dict[str, Any]) 
         {}, rollout["log_prob_micro_batch_size_per_gpu"], rollout["log_prob_use_dynamic_bsz"], rollout["log_prob_max_token_len_per_gpu"], "log_prob_max_token_len_per_gpu"
     )
 
-    def forward(micro: DataProto) -> dict[str, torch.Tensor]:
-        lp, ent = response_log_probs_and_entropy(engine.module, micro, engine.device, 1.0, True)
-        return {"log_probs": lp.float().cpu(), "entropy": ent.float().cpu()}
-
-    engine.module.eval()
-    with torch.no_grad():
-        return forward_in_micro_batches(data, batching, engine.device, forward)["log_probs"]
+    forward = ResponseForward("log_probs", with_entropy=True)
+    return forward_rows(engine, data, batching, forward, response_log_probs)["log_probs"]
 
 
 def update(engine: FSDPBackend, data: DataProto, config: dict[str, Any]) -> dict[str, float]:

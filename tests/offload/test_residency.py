@@ -13,7 +13,7 @@ from tests.workers.conftest import TINY_CONFIG
 from tests.workers.helpers import actor_config, random_prompts
 from workers.fsdp import ActorRolloutRefWorker
 from workers.fsdp.offload import Offloader
-from workers.fsdp.residency import CRITIC, ActorResidency, CriticResidency, DeviceTenants
+from workers.fsdp.residency import ACTOR, CRITIC, DeviceTenants, Residency
 from workers.training.dist_utils import single_process_group
 
 CPU = torch.device("cpu")
@@ -43,21 +43,21 @@ def test_a_hybrid_step_moves_the_actor_out_for_generation_only(process_group):
     actor = Offloader(actor_model, optimizer, CPU, True, True, move_on_cpu=True)
     ref = Offloader(ref_model, None, CPU, True, False, frozen=True, move_on_cpu=True)
     tenants = DeviceTenants()
-    policy = ActorResidency(actor, ref, tenants)
-    policy.before_engine_start()
+    policy = Residency(ACTOR, actor, tenants, ref)
+    policy.offload()
     init = policy.end_phase("init")
     steps = []
     for step in range(2):
         metrics = {}
-        policy.actor_needed()  # generate: before the engine's weight sync
+        policy.trained_needed()  # generate: before the engine's weight sync
         policy.rollout_needs_device()  # after it, the engine generates
         metrics["generate"] = policy.end_phase("generate")
-        policy.actor_needed()
+        policy.trained_needed()
         metrics["old_log_prob"] = policy.end_phase("old_log_prob")
         policy.ref_needed()
         policy.ref_done()
         metrics["ref_log_prob"] = policy.end_phase("ref_log_prob")
-        policy.actor_needed()
+        policy.trained_needed()
         train_step(actor_model, optimizer, seed=step)
         metrics["update_actor"] = policy.end_phase("update_actor")
         steps.append(metrics)
@@ -94,17 +94,17 @@ def test_a_colocated_critic_and_actor_send_each_other_out_and_keep_adam_state_fo
     actor = Offloader(actor_model, actor_optimizer, CPU, True, True, move_on_cpu=True)
     critic = Offloader(critic_model, critic_optimizer, CPU, True, True, move_on_cpu=True)
     tenants = DeviceTenants()
-    actor_policy, policy = ActorResidency(actor, None, tenants), CriticResidency(critic, tenants)
-    policy.after_start()
+    actor_policy, policy = Residency(ACTOR, actor, tenants), Residency(CRITIC, critic, tenants)
+    policy.offload()
     assert policy.end_phase("critic_init")["offload/critic_init/critic_params_moves"] == 1
     assert device_bytes(critic_model, critic_optimizer) == 0
     for step in range(2):
-        actor_policy.actor_needed()  # generation and the actor's log-probs: the critic stays out
+        actor_policy.trained_needed()  # generation and the actor's log-probs: the critic stays out
         assert not critic.params_on_device
-        policy.critic_needed()  # values: the actor's parameters leave, the critic's come
+        policy.trained_needed()  # values: the actor's parameters leave, the critic's come
         assert critic.params_on_device and not actor.params_on_device
         values = policy.end_phase("values")
-        policy.critic_needed()  # update: nothing moves, the Adam state comes for the step only
+        policy.trained_needed()  # update: nothing moves, the Adam state comes for the step only
         loss = train_step(critic_model, critic_optimizer, seed=step)
         assert loss == train_step(expected_model, expected_optimizer, seed=step)
         update = policy.end_phase("update_critic")
@@ -114,7 +114,7 @@ def test_a_colocated_critic_and_actor_send_each_other_out_and_keep_adam_state_fo
         assert update["offload/update_critic/critic_params_moves"] == 0
         assert update["offload/update_critic/critic_optimizer_moves"] == 2  # in before the step, out after it
         assert critic.params_on_device and not critic.optimizer_on_device
-        actor_policy.actor_needed()  # the actor's update claims the GPU
+        actor_policy.trained_needed()  # the actor's update claims the GPU
         assert not critic.params_on_device and device_bytes(critic_model, critic_optimizer) == 0
     critic.load(with_optimizer=True)  # back from the host: bit for bit the critic that never moved
     assert identical(snapshot(critic_model, critic_optimizer), snapshot(expected_model, expected_optimizer)) == []

@@ -7,8 +7,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen2ForTokenClassification
 
 from protocol import DataProto
-from workers.fsdp.reward_model import per_token_scores
-from workers.fsdp.sequences import response_log_probs_and_entropy, response_values
+from workers.fsdp.sequences import response_log_probs_and_entropy, response_scores, response_values
 from workers.packing.attention import per_sequence_attention
 from workers.packing.forward import enable_packing, is_packed
 from workers.packing.layout import PackedRows
@@ -91,10 +90,9 @@ def test_packed_values_and_reward_scores_match_padded():
         values, packed_values = response_values(padded, BATCH, DEVICE), response_values(packed, BATCH, DEVICE)
     torch.testing.assert_close(packed_values[mask], values[mask], atol=1e-5, rtol=0)
     padded_rm, packed_rm = model_pair(Qwen2ForSequenceClassification, seed=3)
-    valid = BATCH.batch["attention_mask"].bool()
     with torch.no_grad():
-        scores, packed_scores = per_token_scores(padded_rm, BATCH, DEVICE), per_token_scores(packed_rm, BATCH, DEVICE)
-    torch.testing.assert_close(packed_scores[valid], scores[valid], atol=1e-5, rtol=0)
+        scores, packed_scores = response_scores(padded_rm, BATCH, DEVICE), response_scores(packed_rm, BATCH, DEVICE)
+    torch.testing.assert_close(packed_scores[mask], scores[mask], atol=1e-5, rtol=0)
 
 
 def test_generation_on_a_packed_model_is_unchanged():

@@ -10,14 +10,15 @@ from transformers import AutoModelForCausalLM
 
 import workers.cached_blocks as cached_blocks
 import workers.training.forward_pass as forward_pass
-import workers.training.micro_batching as micro_batching
 import workers.training.ppo_loop as ppo_loop
 from tests.packing.test_update_equivalence import BUDGET, PROMPTS, update_batch
 from workers.cached_blocks_limit import AFTER_MICRO_BATCH, AFTER_PHASE
 from workers.config import actor_rollout_ref_config
 from workers.fsdp.backend import FSDPBackend
 from workers.training.actor_loss import actor_forward, actor_loss
-from workers.training.micro_batching import MicroBatching, forward_in_micro_batches
+from workers.training.backend import ResponseForward
+from workers.training.forward_pass import forward_rows, response_log_probs
+from workers.training.micro_batching import MicroBatching
 from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 
 
@@ -30,13 +31,13 @@ def counted_releases(monkeypatch):
         calls.append(device.type)
         return True
 
-    for module in (cached_blocks, ppo_loop, micro_batching, forward_pass):
+    for module in (cached_blocks, ppo_loop, forward_pass):
         monkeypatch.setattr(module, "release_cached_blocks", release)
     yield calls
     cached_blocks.set_release_point(AFTER_MICRO_BATCH)
 
 
-def _update(model_dir: str) -> tuple[dict[str, float], int]:
+def _update(model_dir: str) -> tuple[dict[str, float], int, FSDPBackend]:
     config = actor_rollout_ref_config({
         "model": {"path": model_dir, "use_remove_padding": True},
         "actor": {"optim": {"lr": 1e-3}, "ppo_mini_batch_size": len(PROMPTS), "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": BUDGET},
@@ -49,21 +50,22 @@ def _update(model_dir: str) -> tuple[dict[str, float], int]:
     def loss_fn(outputs, micro):
         return actor_loss(outputs, micro, actor_cfg)
 
-    return run_ppo_updates(engine, update_batch(), actor_forward(actor_cfg, 1.0), loss_fn, schedule, "update_actor"), len(micros)
+    metrics = run_ppo_updates(engine, update_batch(), actor_forward(actor_cfg, 1.0), loss_fn, schedule, "update_actor")
+    return metrics, len(micros), engine
 
 
 def test_the_default_checks_after_every_micro_batch_and_after_the_phase(model_dir, process_group, counted_releases):
-    metrics, micros = _update(model_dir)
+    metrics, micros, _ = _update(model_dir)
     assert micros > 1
     assert metrics["cached_block_releases"] == micros + 1 == len(counted_releases)
 
 
 def test_after_phase_checks_once_per_update_and_once_per_forward_pass(model_dir, process_group, counted_releases):
     cached_blocks.set_release_point(AFTER_PHASE)
-    metrics, micros = _update(model_dir)
+    metrics, micros, engine = _update(model_dir)
     assert micros > 1 and metrics["cached_block_releases"] == 1 == len(counted_releases)
-    outputs = forward_in_micro_batches(update_batch(), MicroBatching(2, None), torch.device("cpu"), lambda m: {"n": m.batch["responses"][:, :1]})
-    assert len(outputs["n"]) == len(PROMPTS) and len(counted_releases) == 2  # four micro-batches, one check
+    outputs = forward_rows(engine, update_batch(), MicroBatching(2, None), ResponseForward("log_probs"), response_log_probs)
+    assert len(outputs["log_probs"]) == len(PROMPTS) and len(counted_releases) == 2  # four micro-batches, one check
 
 
 def test_a_release_point_outside_the_choices_is_refused_with_them():

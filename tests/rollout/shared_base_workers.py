@@ -78,7 +78,7 @@ class SharedBaseProbe(ActorRolloutRefWorker):
     @register(Dispatch.ONE_TO_ALL)
     def offload_round_trip(self) -> dict[str, Any]:
         """The actor's own offloader, with its moves made real on CPU: offload, read, load."""
-        offloader = self.side.residency.actor
+        offloader = self.side.residency.trained
         offloader.moves_bytes = True
         module = self.actor.module
         every = len(device_storages(module_state_tensors(module), self.actor.device))

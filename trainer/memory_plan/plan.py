@@ -174,7 +174,7 @@ def _carried(moves: dict[str, bool | None], resident: bool) -> dict[str, bool]:
 def critic_residency(setup: PlanSetup, on_this_gpu: set[str]) -> dict[str, bool]:
     """Whether the critic's parameters are on the GPU while each phase of `STEP_PHASES` computes (with its
     param_offload; without it they never leave), by the actor's rule (workers/fsdp/residency.py
-    `CriticResidency`): its own phases bring them and they stay until another tenant of the process claims the
+    `Residency`): its own phases bring them and they stay until another tenant of the process claims the
     GPU: the actor's generation and every phase computing with the actor, or a colocated reward model; a
     separate reference's pass claims nothing. A critic with GPUs of its own keeps them once loaded."""
     actor_here = "actor" in on_this_gpu

@@ -12,34 +12,19 @@ import torch
 
 from protocol import DataProto
 from workers.training.backend import TrainBackend
+from workers.training.side import TrainedSide
 
 
-class ActorSide(Protocol):
+class ActorSide(TrainedSide, Protocol):
+    """The trained model is the actor; the residency hooks (`TrainedSide`) move its state."""
+
     actor: TrainBackend | None  # None for role "ref"
     ref: TrainBackend | None  # a separate frozen copy of the initial policy, when the role has one
     hybrid_rollout: Any  # a vLLM engine in this process (workers/rollout/hybrid.py), or None
-    sequence_parallel: int  # ranks sharing each row (Ulysses): token budgets are per GPU
-    data_parallel_size: int
     start_metrics: dict[str, float]  # what init measured (a shared base's savings)
-
-    def where(self, role: str) -> str:
-        """How a batch-size error names the ranks a global mini-batch is split over."""
-        ...
-
-    def actor_needed(self, with_optimizer: bool = False) -> None:
-        """Bring the actor's parameters (and optimizer state if asked) to the device for the next phase."""
-        ...
 
     def reference(self, method: str) -> AbstractContextManager[TrainBackend]:
         """The model a reference forward runs on, resident for the block (LoRA: the actor, adapters off)."""
-        ...
-
-    def optimizer_held(self) -> AbstractContextManager[None]:
-        """Keep the optimizer state on the device for the block (a checkpoint reads or writes it)."""
-        ...
-
-    def end_phase(self, phase: str) -> dict[str, float]:
-        """The phase is over: its offload metrics ({} when nothing moves)."""
         ...
 
     def with_images(self, data: DataProto, method: str) -> DataProto:

@@ -32,6 +32,7 @@ from workers.rollout.weight_sender import WeightSenderMixin
 from workers.training.actor_loss import actor_forward, actor_loss, required_update_keys
 from workers.training.backend import ResponseForward, ResponseOutputs, TrainBackend
 from workers.training.batch_keys import require_batch_keys
+from workers.training.checkpoint_methods import CheckpointMethods
 from workers.training.dist_utils import check_same_length
 from workers.training.dpo_update import PAIR_KEYS, DPOSettings, run_dpo_update
 from workers.training.forward_pass import forward_rows, response_log_probs
@@ -56,7 +57,7 @@ def _side_class(strategy: str) -> type:
     return FSDPActorSide
 
 
-class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
+class ActorRolloutRefWorker(CheckpointMethods, ActorStateMixin, WeightSenderMixin, Worker):
     def __init__(self, config: dict[str, Any], role: str) -> None:
         super().__init__()
         if role not in ROLES:
@@ -100,14 +101,14 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
             raise RuntimeError(f"{method} needs the {which} model, which role {self.role!r} does not have")
         return engine
 
-    def _resident_actor(self, method: str, with_optimizer: bool = False) -> TrainBackend:
+    def _resident(self, method: str, with_optimizer: bool = False) -> TrainBackend:
         """The actor with its parameters (and optimizer state if asked) on the device."""
         engine = self._engine("actor", method)
-        self.side.actor_needed(with_optimizer)
+        self.side.trained_needed(with_optimizer)
         return engine
 
     def _sync_source(self) -> TrainBackend:
-        return self._resident_actor("broadcast_weights")
+        return self._resident("broadcast_weights")
 
     def _end_phase(self, phase: str) -> None:
         """The phase's offload traffic and memory reading."""
@@ -167,7 +168,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
     @register(OVER_DATA_PARALLEL)
     def compute_log_prob(self, data: DataProto) -> DataProto | None:
         """Actor log-probs of the responses: `old_log_probs` [B, R] and `entropys` [B, R]."""
-        engine = self._resident_actor("compute_log_prob")
+        engine = self._resident("compute_log_prob")
         out = self._log_probs(engine, data, "rollout", True, "compute_log_prob")
         self._end_phase("old_log_prob")
         if out is None:
@@ -199,10 +200,12 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         self.weights_version += 1
         self._end_phase(phase)
 
+    _checkpoint_loaded = _updated  # a loaded checkpoint's weights: a sync is due
+
     @register(METRICS_OVER_DATA_PARALLEL)
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """PPO update on this rank's share; returns metrics averaged over micro-batches and ranks."""
-        engine = self._resident_actor("update_actor")  # the optimizer state comes for each step only
+        engine = self._resident("update_actor")  # the optimizer state comes for each step only
         actor_cfg = self.config["actor"]
         require_batch_keys(data, required_update_keys(actor_cfg, with_old_log_probs=False), "update_actor")
         schedule = self._update_schedule()
@@ -228,7 +231,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         in `workers/training/sft_update.py`) with the PPO update's schedule; log-probs at temperature 1 unless
         `meta_info["temperature"]` says otherwise. Returns `sft_loss`, `grad_norm`, `lr` over micro-batches and
         ranks."""
-        engine = self._resident_actor("update_actor_sft")
+        engine = self._resident("update_actor_sft")
         require_batch_keys(data, SFT_KEYS, "update_actor_sft")
         loss_agg_mode = self.config["actor"]["loss_agg_mode"]
 
@@ -248,7 +251,7 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         loss settings come in `meta_info["dpo"]` ({beta, loss_type, label_smoothing, epochs}). Log-probs use
         the same temperature rule as `compute_ref_log_prob`, so policy and reference are comparable.
         Generation runs on this same model, so the next `generate_sequences` samples from the new weights."""
-        engine = self._resident_actor("update_actor_dpo")
+        engine = self._resident("update_actor_dpo")
         require_batch_keys(pairs, PAIR_KEYS, "update_actor_dpo")
         actor_cfg = self.config["actor"]
         metrics = run_dpo_update(
@@ -262,28 +265,12 @@ class ActorRolloutRefWorker(ActorStateMixin, WeightSenderMixin, Worker):
         self._updated()
         return metrics
 
-    # ---- checkpoints ----------------------------------------------------------------------------------
-    @register(Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        """Sharded actor model + optimizer, LR schedule, RNG states and update counter (the ref is frozen)."""
-        engine = self._resident_actor("save_checkpoint", with_optimizer=True)
-        with self.side.optimizer_held():
-            engine.save_checkpoint(path, {"update_calls": self.update_calls})
-        self._end_phase("save_checkpoint")
-
-    @register(Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        engine = self._resident_actor("load_checkpoint", with_optimizer=True)
-        with self.side.optimizer_held():  # the load may create the optimizer's state with a step
-            extra = engine.load_checkpoint(path)
-        self.update_calls = int(extra["update_calls"])
-        self._updated("load_checkpoint")
-
+    # ---- export (checkpoints: workers/training/checkpoint_methods.py) -----------------------------------
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
         """Write the actor (the ref for role "ref") as an HF checkpoint; rank 0 writes, all ranks gather."""
         if self.actor is not None:
-            self._resident_actor("export_hf").export_hf(path)
+            self._resident("export_hf").export_hf(path)
             self._end_phase("export_hf")
         else:
             with self.side.reference("export_hf") as engine:

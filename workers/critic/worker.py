@@ -19,32 +19,20 @@ from workers.cached_blocks import set_release_point
 from workers.config import critic_config
 from workers.training.backend import ResponseOutputs, TrainBackend
 from workers.training.batch_keys import require_batch_keys
+from workers.training.checkpoint_methods import CheckpointMethods
 from workers.training.dist_utils import check_same_length
 from workers.training.forward_pass import forward_rows
 from workers.training.mesh import METRICS_OVER_DATA_PARALLEL, OVER_DATA_PARALLEL
 from workers.training.micro_batching import MicroBatching
 from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
+from workers.training.side import TrainedSide
 from workers.training.value_loss import UPDATE_KEYS, VALUE_FORWARD, VALUE_KEYS, masked_values, value_loss
 
 
-class CriticSide(Protocol):
-    """What the critic worker asks of its backend's side."""
+class CriticSide(TrainedSide, Protocol):
+    """What the critic worker asks of its backend's side; the trained model is the critic."""
 
     critic: TrainBackend
-    sequence_parallel: int  # ranks sharing each row (Ulysses): token budgets are per GPU
-    data_parallel_size: int
-
-    def where(self, role: str) -> str: ...
-
-    def critic_needed(self, with_optimizer: bool = False) -> None:
-        """The critic's state on the device for the next phase (a colocated actor's offloadable state leaves)."""
-        ...
-
-    def optimizer_held(self) -> Any: ...
-
-    def end_phase(self, phase: str) -> dict[str, float]:
-        """The phase is over: its offload metrics ({} when nothing moves)."""
-        ...
 
     def export_hf(self, path: str) -> None: ...
 
@@ -60,7 +48,9 @@ def _side_class(strategy: str) -> type:
     return FSDPCriticSide
 
 
-class CriticWorker(Worker):
+class CriticWorker(CheckpointMethods, Worker):
+    checkpoint_phase_prefix = "critic_"
+
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
         self.config = critic_config(config)
@@ -80,12 +70,12 @@ class CriticWorker(Worker):
         self.side = _side_class(self.config["strategy"])(self)
         self._end_phase("critic_init")
 
-    def _engine(self, method: str, with_optimizer: bool = False) -> TrainBackend:
+    def _resident(self, method: str, with_optimizer: bool = False) -> TrainBackend:
         """The critic, about to compute, its state on the device (its optimizer state only if asked: else for
         each optimizer step)."""
         if self.side is None:
             raise RuntimeError(f"{method}: call init_model() first")
-        self.side.critic_needed(with_optimizer)
+        self.side.trained_needed(with_optimizer)
         return self.side.critic
 
     def _end_phase(self, phase: str) -> None:
@@ -97,7 +87,7 @@ class CriticWorker(Worker):
     def compute_values(self, data: DataProto) -> DataProto | None:
         """`values` [B, R]: the value of the state before each response token, 0 outside the response (None on
         a rank that holds no outputs: Megatron's earlier pipeline stages)."""
-        engine = self._engine("compute_values")
+        engine = self._resident("compute_values")
         require_batch_keys(data, VALUE_KEYS, "compute_values")
         check_same_length(len(data), engine.device, "compute_values")
         cfg = self.config
@@ -116,7 +106,7 @@ class CriticWorker(Worker):
     @register(METRICS_OVER_DATA_PARALLEL)
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Clipped value-loss updates toward `returns`; metrics averaged over micro-batches and ranks."""
-        engine = self._engine("update_critic")
+        engine = self._resident("update_critic")
         cfg = self.config
         require_batch_keys(data, UPDATE_KEYS, "update_critic")
 
@@ -137,23 +127,8 @@ class CriticWorker(Worker):
         return metrics
 
     @register(Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        engine = self._engine("save_checkpoint", with_optimizer=True)
-        with self.side.optimizer_held():
-            engine.save_checkpoint(path, {"update_calls": self.update_calls})
-        self._end_phase("critic_save_checkpoint")
-
-    @register(Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        engine = self._engine("load_checkpoint", with_optimizer=True)
-        with self.side.optimizer_held():  # the load may create the optimizer's state with a step
-            extra = engine.load_checkpoint(path)
-        self.update_calls = int(extra["update_calls"])
-        self._end_phase("critic_load_checkpoint")
-
-    @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
         """Write the value model as an HF checkpoint (rank 0 writes), where the backend has an HF form."""
-        self._engine("export_hf")
+        self._resident("export_hf")
         self.side.export_hf(path)
         self._end_phase("critic_export_hf")

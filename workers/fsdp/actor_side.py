@@ -18,10 +18,10 @@ import torch
 from protocol import DataProto
 from workers.config import mini_batch_per_rank
 from workers.fsdp.backend import FSDPBackend
-from workers.fsdp.offload import GIB, Offloader
-from workers.fsdp.residency import ActorResidency, process_tenants
+from workers.fsdp.offload import Offloader
+from workers.fsdp.residency import ACTOR, Residency, process_tenants
 from workers.fsdp.shared_base import SharedBase, resolve_base_sharing
-from workers.fsdp.ulysses import SequenceLayout, init_sequence_layout
+from workers.fsdp.side import FSDPSide
 from workers.lora.model import adapters_disabled
 from workers.rollout.agent.worker_glue import build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
@@ -33,17 +33,15 @@ from workers.vision.models import auto_model_class, is_vision_language, vision_t
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
-class FSDPActorSide:
+class FSDPActorSide(FSDPSide):
+    host_buffers_metric = "offload/host_buffers_gib"
+
     def __init__(self, worker: Any) -> None:
         self.worker = worker
         cfg = self.config = worker.config
         # The reference's size equals the actor's (workers/config.py): one layout for the whole worker.
         setting = "actor.ulysses_sequence_parallel_size"
-        self.layout: SequenceLayout = init_sequence_layout(
-            worker, cfg["actor"]["ulysses_sequence_parallel_size"], setting
-        )
-        self.sequence_parallel = self.layout.size
-        self.data_parallel_size = self.layout.dp_size
+        self.init_layout(worker, cfg["actor"]["ulysses_sequence_parallel_size"], setting)
         self.start_metrics: dict[str, float] = {}
         sequence_parallel = {"sequence_parallel": self.layout.group, "sequence_parallel_setting": setting}
         auto_class = auto_model_class(cfg["model"]["path"])  # a causal LM, or a vision-language model
@@ -68,7 +66,7 @@ class FSDPActorSide:
         # Offloaded models leave the GPU before the engine starts: it then finds its whole budget free, and
         # the start's peak is the engine's, not the engine's plus every model's (the memory plan's init row).
         # A base about to be shared stays: its values are compared with the engine's before it is freed.
-        self.residency.before_engine_start()
+        self.residency.offload()
         self.hybrid_rollout = self._hybrid_rollout() if hybrid_vllm else None
         self.agent = None  # the multi-turn tool-calling rollout (rollout.multi_turn.enable)
         if self.actor is not None:
@@ -85,7 +83,7 @@ class FSDPActorSide:
             return None
         return SharedBase(self.actor.module)
 
-    def _build_residency(self) -> ActorResidency:
+    def _build_residency(self) -> Residency:
         """Offloaders of the actor (parameters, optimizer state) and of the frozen reference (parameters).
         A base shared with the engine never moves: with param_offload only the adapters do."""
         actor = ref = None
@@ -99,7 +97,7 @@ class FSDPActorSide:
         if self.ref is not None:
             ref_offload = self.config["ref"]["fsdp_config"]["param_offload"]
             ref = Offloader(self.ref.module, None, self.ref.device, ref_offload, False, frozen=True)
-        return ActorResidency(actor, ref, process_tenants())
+        return Residency(ACTOR, actor, process_tenants(), ref)
 
     def _hybrid_rollout(self) -> Any:
         from workers.rollout.engine_group import engine_group
@@ -107,7 +105,7 @@ class FSDPActorSide:
 
         rollout = self.config["rollout"]
         if rollout["verify_sync"]:
-            self.residency.actor_needed()  # the engine's first check reads the actor's initial weights
+            self.residency.trained_needed()  # the engine's first check reads the actor's initial weights
         hybrid = HybridRollout(
             FSDPWeightSource(self.actor), rollout, seed=self.config["seed"] + self.worker.rank,
             shares_weights=self.shared_base is not None,
@@ -117,17 +115,11 @@ class FSDPActorSide:
             self.start_metrics.update(self.shared_base.attach(hybrid.engine.checkpoint_views()).metrics())
         return hybrid
 
-    def where(self, role: str) -> str:
-        return self.layout.where(role)
-
-    # ---- residency --------------------------------------------------------------------------------------
-    def actor_needed(self, with_optimizer: bool = False) -> None:
-        self.residency.actor_needed(with_optimizer)
-
+    # ---- residency (the trained actor's hooks: FSDPSide) ------------------------------------------------
     @contextmanager
     def reference(self, method: str) -> Iterator[FSDPBackend]:
         if self.actor is not None and self.actor.lora is not None:
-            self.residency.actor_needed()
+            self.residency.trained_needed()
             with adapters_disabled(self.actor.module):
                 yield self.actor
             return
@@ -135,17 +127,6 @@ class FSDPActorSide:
         self.residency.ref_needed()  # the actor stays: the update follows
         yield engine
         self.residency.ref_done()
-
-    def optimizer_held(self) -> Any:
-        return self.residency.optimizer_held()
-
-    def end_phase(self, phase: str) -> dict[str, float]:
-        """Nothing leaves the GPU here but optimizer state a checkpoint brought: the actor's parameters stay
-        until another tenant claims the device."""
-        metrics = self.residency.end_phase(phase)
-        if metrics:
-            metrics["offload/host_buffers_gib"] = self.residency.host_bytes / GIB
-        return metrics
 
     # ---- images ---------------------------------------------------------------------------------------
     def with_images(self, data: DataProto, method: str) -> DataProto:
@@ -171,7 +152,7 @@ class FSDPActorSide:
     def generate(self, prompts: DataProto, weights_version: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         engine, rank, synced = self.actor, self.worker.rank, self.worker.world_size > 1
         if self.hybrid_rollout is None:
-            self.residency.actor_needed()  # with an engine, the weights come to the GPU only if a sync sends them
+            self.residency.trained_needed()  # with an engine, the weights come to the GPU only if a sync sends them
         params = self._sampling_params(prompts.meta_info, engine.module)
         seed = prompts.meta_info.get("seed")
         if self.hybrid_rollout is not None:
@@ -185,7 +166,7 @@ class FSDPActorSide:
             elif MULTI_MODAL_DATA in prompts.non_tensor_batch:  # vLLM decodes and processes the images itself
                 images = [[decode_image(encoded) for encoded in row] for row in row_images(prompts)]
             return self.hybrid_rollout.generate(
-                inputs, params, seed, rank, weights_version, before_sync=self.residency.actor_needed,
+                inputs, params, seed, rank, weights_version, before_sync=self.residency.trained_needed,
                 after_sync=self.residency.rollout_needs_device, run=run, images=images,
             )
         engine.module.eval()
@@ -200,5 +181,5 @@ class FSDPActorSide:
         """Hybrid vLLM only; a sleeping engine takes the weights at its next generate: nothing to load here."""
         if self.hybrid_rollout is None or self.hybrid_rollout.syncs_at_generate:
             return None
-        self.residency.actor_needed()
+        self.residency.trained_needed()
         return self.hybrid_rollout.sync_now(weights_version)

@@ -20,7 +20,7 @@ from workers.fsdp import checkpoint
 from workers.fsdp.lora_export import export_lora_hf
 from workers.fsdp.model_loading import compute_dtype, load_sharded_model, worker_device
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clipped_step
-from workers.fsdp.sequences import response_log_probs_and_entropy, response_values
+from workers.fsdp.sequences import response_log_probs_and_entropy, response_scores, response_values
 from workers.lora.model import adapter_parameter_names
 from workers.lora.spec import LoraSpec
 from workers.packing.forward import enable_sequence_parallel
@@ -32,6 +32,7 @@ from workers.training.backend import (
     MicroResults,
     ResponseForward,
     ResponseOutputs,
+    require_trainable,
 )
 from workers.training.micro_batching import MicroBatching
 from workers.vision.models import with_vision_lora_default
@@ -93,13 +94,15 @@ class FSDPBackend:
         """The HF model's forward over one micro-batch (packed when the model is), at the response tokens."""
         if forward.kind == "values":
             return ResponseOutputs(self.device, values=response_values(self.module, micro, self.device))
+        if forward.kind == "scores":
+            return ResponseOutputs(self.device, scores=response_scores(self.module, micro, self.device))
         log_probs, entropy = response_log_probs_and_entropy(
             self.module, micro, self.device, forward.temperature, forward.with_entropy, forward.entropy_grad
         )
         return ResponseOutputs(self.device, log_probs=log_probs, entropy=entropy)
 
     def forward_backward(self, micros: list[DataProto], forward: ResponseForward, loss_fn: MicroLoss) -> MicroResults:
-        self._require_trainable("forward_backward")
+        require_trainable(self.optimizer, "forward_backward")
         self.module.train()
         results = MicroResults()
         for micro in micros:
@@ -121,25 +124,21 @@ class FSDPBackend:
         return kept
 
     # ---- training -------------------------------------------------------------------------------------
-    def _require_trainable(self, what: str) -> None:
-        if self.optimizer is None:
-            raise RuntimeError(f"{what} needs a trainable model; this model was built frozen (no optimizer)")
-
     def zero_grad(self) -> None:
-        self._require_trainable("zero_grad")
+        require_trainable(self.optimizer, "zero_grad")
         self.optimizer.zero_grad(set_to_none=True)
 
     def optimizer_step(self, grad_clip: float) -> float:
         """Clip and step; a non-finite gradient norm skips the step (same on every rank: the norm is global)."""
-        self._require_trainable("optimizer_step")
+        require_trainable(self.optimizer, "optimizer_step")
         return clipped_step(self.module, self.optimizer, grad_clip)
 
     def current_lr(self) -> float:
-        self._require_trainable("current_lr")
+        require_trainable(self.optimizer, "current_lr")
         return float(self.lr_scheduler.get_last_lr()[0])
 
     def lr_scheduler_step(self) -> None:
-        self._require_trainable("lr_scheduler_step")
+        require_trainable(self.optimizer, "lr_scheduler_step")
         self.lr_scheduler.step()
 
     def synced_parameter_names(self) -> list[str] | None:
@@ -153,7 +152,7 @@ class FSDPBackend:
 
     def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
         """Model (with LoRA: the adapter only) and optimizer shards, LR schedule, RNG and the caller's `extra`."""
-        self._require_trainable("save_checkpoint")
+        require_trainable(self.optimizer, "save_checkpoint")
         state = {"lr_scheduler": self.lr_scheduler.state_dict(), **self._lora_state(), **(extra or {})}
         checkpoint.save_sharded(
             path, self.module, self.optimizer, state, self.rank, trainable_only=self.lora is not None
@@ -161,7 +160,7 @@ class FSDPBackend:
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Restore everything `save_checkpoint` wrote; returns the caller's `extra` entries."""
-        self._require_trainable("load_checkpoint")
+        require_trainable(self.optimizer, "load_checkpoint")
         extra = checkpoint.load_sharded(
             path,
             self.module,

@@ -3,7 +3,7 @@ residency (workers/critic/worker.py).
 
 With `ulysses_sequence_parallel_size` k > 1 the W ranks form W/k data-parallel groups of k ranks sharing each
 packed sequence (workers/fsdp/ulysses.py). With `model.fsdp_config.param_offload` / `optimizer_offload` its
-state leaves the GPU as the actor's does (workers/fsdp/residency.py `CriticResidency`).
+state leaves the GPU as the actor's does (workers/fsdp/residency.py `Residency`).
 """
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from transformers import AutoModelForTokenClassification
 
 from workers.config import mini_batch_per_rank
 from workers.fsdp.backend import FSDPBackend
-from workers.fsdp.offload import GIB, Offloader
-from workers.fsdp.residency import CriticResidency, process_tenants
-from workers.fsdp.ulysses import init_sequence_layout
+from workers.fsdp.offload import Offloader
+from workers.fsdp.residency import CRITIC, Residency, process_tenants
+from workers.fsdp.side import FSDPSide
 
 
-class FSDPCriticSide:
+class FSDPCriticSide(FSDPSide):
+    host_buffers_metric = "offload/critic_host_buffers_gib"
+
     def __init__(self, worker: Any) -> None:
         cfg = worker.config
         setting = "critic.ulysses_sequence_parallel_size"
-        self.layout = init_sequence_layout(worker, cfg["ulysses_sequence_parallel_size"], setting)
-        self.sequence_parallel = self.layout.size
-        self.data_parallel_size = self.layout.dp_size
+        self.init_layout(worker, cfg["ulysses_sequence_parallel_size"], setting)
         mini_batch_per_rank(cfg, cfg["rollout_n"], self.layout.dp_size, self.layout.where("critic"))
         # num_labels=1: one value per token. The head is new (seeded, so equal on all ranks); no dropout
         # on it, or values in training would not match the values the advantages were computed from.
@@ -43,25 +43,8 @@ class FSDPCriticSide:
         offloader = Offloader(
             critic.module, critic.optimizer, critic.device, offload["param_offload"], offload["optimizer_offload"]
         )
-        self.residency = CriticResidency(offloader, process_tenants())
-        self.residency.after_start()
-
-    def where(self, role: str) -> str:
-        return self.layout.where(role)
-
-    def critic_needed(self, with_optimizer: bool = False) -> None:
-        self.residency.critic_needed(with_optimizer)
-
-    def optimizer_held(self) -> Any:
-        return self.residency.optimizer_held()
-
-    def end_phase(self, phase: str) -> dict[str, float]:
-        """Only optimizer state a checkpoint brought leaves here: the parameters stay until another tenant
-        claims the GPU."""
-        metrics = self.residency.end_phase(phase)
-        if metrics:
-            metrics["offload/critic_host_buffers_gib"] = self.residency.critic.host_bytes / GIB
-        return metrics
+        self.residency = Residency(CRITIC, offloader, process_tenants())
+        self.residency.offload()  # until the critic first computes
 
     def export_hf(self, path: str) -> None:
         """An HF token-classification folder (rank 0 writes)."""

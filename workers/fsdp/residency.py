@@ -4,8 +4,8 @@ Tenants of a trainer GPU, in one process: the actor, its reference, a hybrid vLL
 placement) a critic and a reward model. `DeviceTenants` is the process's register of who can give memory
 back: a tenant about to compute `claim`s the device and the others release what they hold.
 
-The actor worker's policy (`ActorResidency`), with `actor.fsdp_config.param_offload` / `optimizer_offload` and
-`ref.fsdp_config.param_offload`:
+The actor worker's policy (a `Residency` of the actor and its reference), with
+`actor.fsdp_config.param_offload` / `optimizer_offload` and `ref.fsdp_config.param_offload`:
 - configured models leave the GPU once before the rollout engine starts (its start then finds the memory);
 - the actor's parameters come to the GPU when a phase needs them and stay until another tenant claims it:
   the hybrid engine after its weight sync (for generation), or a colocated critic / reward model. Old
@@ -14,7 +14,7 @@ The actor worker's policy (`ActorResidency`), with `actor.fsdp_config.param_offl
 - the reference comes in for its log-probs and leaves right after; its host copy stays valid (frozen), so
   leaving only frees the device memory.
 
-The critic worker's policy (`CriticResidency`), with `critic.model.fsdp_config.param_offload` /
+The critic worker's policy (`Residency` of the critic), with `critic.model.fsdp_config.param_offload` /
 `optimizer_offload`, is the actor's: its parameters leave once at the end of its start, come back when it
 computes (values, update, checkpoints) and stay until another tenant claims the GPU; its optimizer state is
 on the GPU only inside each optimizer step.
@@ -58,30 +58,36 @@ def process_tenants() -> DeviceTenants:
     return _PROCESS_TENANTS
 
 
-class ActorResidency:
-    """The actor worker's placement policy (module docstring) over its offloaders."""
+class Residency:
+    """A worker's placement policy (module docstring) over the offloaders of the model it trains (`trained`, the
+    tenant `tenant`; None for role "ref") and of the actor's frozen reference (`ref`)."""
 
-    def __init__(self, actor: Offloader | None, ref: Offloader | None, tenants: DeviceTenants) -> None:
-        self.actor, self.ref, self.tenants = actor, ref, tenants
-        self.reports = any(o is not None and (o.param_offload or o.optimizer_offload) for o in (actor, ref))
+    def __init__(
+        self, tenant: str, trained: Offloader | None, tenants: DeviceTenants, ref: Offloader | None = None
+    ) -> None:
+        self.tenant, self.trained, self.ref, self.tenants = tenant, trained, ref, tenants
+        self.offloaders = [o for o in (trained, ref) if o is not None]
+        self.reports = any(o.param_offload or o.optimizer_offload for o in self.offloaders)
         self._counted: dict[str, int] = {}
-        if actor is not None:
-            actor.optimizer_only_in_steps()
-            tenants.register(ACTOR, actor.offload_params)
+        if trained is not None:
+            trained.optimizer_only_in_steps()
+            tenants.register(tenant, trained.offload_params)
 
-    def before_engine_start(self) -> None:
-        for offloader in (self.actor, self.ref):
-            if offloader is not None:
-                offloader.offload()
+    def offload(self) -> None:
+        """What is configured to leave goes to the host until first needed (the actor's models before the rollout
+        engine starts, the critic at the end of its start)."""
+        for offloader in self.offloaders:
+            offloader.offload()
 
-    def actor_needed(self, with_optimizer: bool = False) -> None:
-        self.tenants.claim(ACTOR)
-        self.actor.load(with_optimizer)
+    def trained_needed(self, with_optimizer: bool = False) -> None:
+        """The trained model computes next: the other tenants release the GPU, its own state comes in."""
+        self.tenants.claim(self.tenant)
+        self.trained.load(with_optimizer)
 
     def optimizer_held(self) -> ContextManager[None]:
-        """The actor's optimizer state stays on the device inside the block (a checkpoint's save or load); it
-        leaves at the phase's end."""
-        return self.actor.optimizer_held() if self.actor is not None else contextlib.nullcontext()
+        """The optimizer state stays on the device inside the block (a checkpoint's save or load); it leaves at
+        the phase's end."""
+        return self.trained.optimizer_held() if self.trained is not None else contextlib.nullcontext()
 
     def rollout_needs_device(self) -> None:
         """The hybrid engine generates next: the actor's parameters leave (after the sync that read them)."""
@@ -96,65 +102,27 @@ class ActorResidency:
     def end_phase(self, phase: str) -> dict[str, float]:
         """The optimizer's state leaves if a checkpoint brought it; returns the phase's `offload/<phase>/...`
         metrics (none when nothing is configured to offload)."""
-        if self.actor is not None:
-            self.actor.offload_optimizer()
+        if self.trained is not None:
+            self.trained.offload_optimizer()
         if not self.reports:
             return {}
         transfer = Transfer()
-        for offloader in (self.actor, self.ref):
-            if offloader is not None:
-                transfer.add(offloader.take_transfer())
-        return transfer_metrics(phase, transfer, self._new_moves())
+        for offloader in self.offloaders:
+            transfer.add(offloader.take_transfer())
+        counts = self.move_counts()
+        moves = {name: count - self._counted.get(name, 0) for name, count in counts.items()}
+        self._counted = counts
+        return transfer_metrics(phase, transfer, moves)
 
     def move_counts(self) -> dict[str, int]:
         counts = {}
-        if self.actor is not None:
-            counts["actor_params"] = self.actor.param_moves
-            counts["actor_optimizer"] = self.actor.optimizer_moves
+        if self.trained is not None:
+            counts[f"{self.tenant}_params"] = self.trained.param_moves
+            counts[f"{self.tenant}_optimizer"] = self.trained.optimizer_moves
         if self.ref is not None:
             counts["ref_params"] = self.ref.param_moves
         return counts
 
-    def _new_moves(self) -> dict[str, int]:
-        counts = self.move_counts()
-        new = {name: count - self._counted.get(name, 0) for name, count in counts.items()}
-        self._counted = counts
-        return new
-
     @property
     def host_bytes(self) -> int:
-        return sum(o.host_bytes for o in (self.actor, self.ref) if o is not None)
-
-
-class CriticResidency:
-    """The critic worker's placement policy (module docstring) over its offloader."""
-
-    def __init__(self, critic: Offloader, tenants: DeviceTenants) -> None:
-        self.critic, self.tenants = critic, tenants
-        self.reports = critic.param_offload or critic.optimizer_offload
-        self._counted: dict[str, int] = {}
-        critic.optimizer_only_in_steps()
-        tenants.register(CRITIC, critic.offload_params)
-
-    def after_start(self) -> None:
-        """What is configured to leave goes to the host until the critic first computes."""
-        self.critic.offload()
-
-    def critic_needed(self, with_optimizer: bool = False) -> None:
-        """The critic computes next: the other tenants release the GPU, its own state comes in."""
-        self.tenants.claim(CRITIC)
-        self.critic.load(with_optimizer)
-
-    def optimizer_held(self) -> ContextManager[None]:
-        return self.critic.optimizer_held()
-
-    def end_phase(self, phase: str) -> dict[str, float]:
-        """The optimizer's state leaves if a checkpoint brought it; returns the phase's `offload/<phase>/...`
-        metrics (none when nothing is configured to offload)."""
-        self.critic.offload_optimizer()
-        if not self.reports:
-            return {}
-        counts = {"critic_params": self.critic.param_moves, "critic_optimizer": self.critic.optimizer_moves}
-        moves = {name: count - self._counted.get(name, 0) for name, count in counts.items()}
-        self._counted = counts
-        return transfer_metrics(phase, self.critic.take_transfer(), moves)
+        return sum(o.host_bytes for o in self.offloaders)

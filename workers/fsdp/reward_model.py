@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 from transformers import AutoModelForSequenceClassification
 
 from protocol import DataProto
@@ -15,40 +14,14 @@ from workers.config import reward_model_config
 from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.residency import REWARD_MODEL, process_tenants
 from workers.fsdp.sequences import SEQUENCE_KEYS
-from workers.packing.forward import is_packed, packed_token_outputs
 from workers.rl_math.masked import last_valid_positions
+from workers.training.backend import ResponseForward, ResponseOutputs
 from workers.training.batch_keys import require_batch_keys, response_mask
 from workers.training.dist_utils import check_same_length
-from workers.training.micro_batching import MicroBatching, forward_in_micro_batches
+from workers.training.forward_pass import forward_rows
+from workers.training.micro_batching import MicroBatching
 
 SCORE_KEYS = (*SEQUENCE_KEYS, "responses")
-
-
-def score_head(model: nn.Module) -> nn.Module:
-    for name in ("score", "classifier"):
-        head = getattr(model, name, None)
-        if isinstance(head, nn.Module):
-            return head
-    raise ValueError(f"cannot find the score head (`score` or `classifier`) of {type(model).__name__}")
-
-
-def per_token_scores(model: nn.Module, micro: DataProto, device: torch.device) -> torch.Tensor:
-    """Score head output at every position [b, T].
-
-    HF pools at the rightmost token that differs from the pad id, which is wrong when a real token equals
-    the pad id; reading the head's per-token output (a hook inside the FSDP root forward, where the
-    parameters are gathered) lets us pick the position ourselves.
-    """
-    captured: list[torch.Tensor] = []
-    handle = score_head(model).register_forward_hook(lambda _m, _i, out: captured.append(out))
-    try:
-        if is_packed(model):
-            _, rows = packed_token_outputs(model, micro, device)
-            return rows.to_padded(captured[0][0, :, 0].float())
-        model(**{k: micro.batch[k].to(device) for k in SEQUENCE_KEYS}, use_cache=False)
-    finally:
-        handle.remove()
-    return captured[0][..., 0].float()
 
 
 class RewardModelWorker(Worker):
@@ -84,16 +57,12 @@ class RewardModelWorker(Worker):
             cfg["forward_max_token_len_per_gpu"], "reward_model.forward_max_token_len_per_gpu",
         )
 
-        def forward(micro: DataProto) -> dict[str, torch.Tensor]:
-            scores = per_token_scores(engine.module, micro, engine.device).cpu()
-            mask = response_mask(micro)
-            length = mask.shape[1]
-            last = last_valid_positions(mask).clamp(min=0)  # the mask may have holes (tool tokens)
+        def keep(outputs: ResponseOutputs, micro: DataProto) -> dict[str, torch.Tensor]:
+            scores = outputs.scores.cpu()
+            last = last_valid_positions(response_mask(micro)).clamp(min=0)  # the mask may have holes (tool tokens)
             rows = torch.arange(len(micro))
-            token_scores = torch.zeros(len(micro), length, dtype=torch.float32)
-            token_scores[rows, last] = scores[:, -length:][rows, last]
+            token_scores = torch.zeros_like(scores)
+            token_scores[rows, last] = scores[rows, last]
             return {"rm_scores": token_scores}
 
-        engine.module.eval()
-        with torch.no_grad():
-            return DataProto.from_dict(forward_in_micro_batches(data, batching, engine.device, forward))
+        return DataProto.from_dict(forward_rows(engine, data, batching, ResponseForward("scores"), keep))

@@ -2,7 +2,8 @@
 
 A row is `input_ids` = prompt (P, left-padded) + response (R, right-padded). The output at position t
 predicts token t+1, so the R response tokens are scored by the outputs at positions P-1 .. P+R-2, i.e.
-`out[:, -R-1:-1]`. Log-probs, entropies and values all use that alignment.
+`out[:, -R-1:-1]`. Log-probs, entropies and values all use that alignment; a reward model's scores are read
+at the response tokens themselves, `out[:, -R:]`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from workers.packing.forward import (
     is_packed,
     packed_response_log_probs_and_entropy,
     packed_response_values,
+    packed_token_outputs,
 )
 from workers.vision.forward_inputs import vision_forward_inputs
 
@@ -59,3 +61,32 @@ def response_values(model: nn.Module, micro: DataProto, device: torch.device) ->
     length = micro.batch["responses"].shape[1]
     out = model(**_sequence_inputs(micro, device), use_cache=False)
     return out.logits[:, -length - 1 : -1, 0].float()
+
+
+def score_head(model: nn.Module) -> nn.Module:
+    for name in ("score", "classifier"):
+        head = getattr(model, name, None)
+        if isinstance(head, nn.Module):
+            return head
+    raise ValueError(f"cannot find the score head (`score` or `classifier`) of {type(model).__name__}")
+
+
+def response_scores(model: nn.Module, micro: DataProto, device: torch.device) -> torch.Tensor:
+    """Score head output [b, R] at each response token (a sequence-classification model).
+
+    HF pools at the rightmost token that differs from the pad id, which is wrong when a real token equals
+    the pad id; reading the head's per-token output (a hook inside the FSDP root forward, where the
+    parameters are gathered) lets the caller pick the position.
+    """
+    captured: list[torch.Tensor] = []
+    handle = score_head(model).register_forward_hook(lambda _m, _i, out: captured.append(out))
+    try:
+        if is_packed(model):
+            _, rows = packed_token_outputs(model, micro, device)
+            scores = rows.to_padded(captured[0][0, :, 0].float())
+        else:
+            model(**_sequence_inputs(micro, device), use_cache=False)
+            scores = captured[0][..., 0].float()
+    finally:
+        handle.remove()
+    return scores[:, -micro.batch["responses"].shape[1] :]

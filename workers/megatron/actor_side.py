@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -19,8 +19,7 @@ from transformers import AutoModelForCausalLM
 from protocol import DataProto
 from workers.config import mini_batch_per_rank
 from workers.megatron.backend import MegatronBackend
-from workers.megatron.model import ParallelSettings
-from workers.megatron.parallel import init_megatron_parallel
+from workers.megatron.side import MegatronSide
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import folder_token_ids, model_token_ids, sampling_params
 from workers.vision.images import MULTI_MODAL_DATA
@@ -28,13 +27,11 @@ from workers.vision.images import MULTI_MODAL_DATA
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
-class MegatronActorSide:
+class MegatronActorSide(MegatronSide):
     def __init__(self, worker: Any) -> None:
         self.worker = worker
         cfg = self.config = worker.config
-        settings = ParallelSettings.from_config(cfg["actor"]["megatron"])
-        self.data_parallel_size = init_megatron_parallel(worker, settings.tp, settings.pp).dp_size
-        self.sequence_parallel = 1
+        settings = self.init_parallel(worker, cfg["actor"]["megatron"])
         self.start_metrics: dict[str, float] = {}
         max_positions = max(4096, cfg["rollout"]["max_model_len"] or 0)
         self.actor: MegatronBackend | None = None
@@ -65,22 +62,10 @@ class MegatronActorSide:
         seed = self.config["seed"] + self.worker.rank
         return HybridRollout(MegatronWeightSource(self.actor), rollout, seed=seed, group=group)
 
-    def where(self, role: str) -> str:
-        return f"{role} (over data-parallel ranks)"
-
-    # ---- residency: Megatron's state stays on the device --------------------------------------------------
-    def actor_needed(self, with_optimizer: bool = False) -> None:
-        pass
-
+    # ---- residency: Megatron's state stays on the device (MegatronSide) -------------------------------------
     @contextmanager
     def reference(self, method: str) -> Iterator[MegatronBackend]:
         yield self.worker._engine("ref", method)
-
-    def optimizer_held(self) -> Any:
-        return nullcontext()
-
-    def end_phase(self, phase: str) -> dict[str, float]:
-        return {}
 
     def with_images(self, data: DataProto, method: str) -> DataProto:
         if MULTI_MODAL_DATA in data.non_tensor_batch:

@@ -43,6 +43,7 @@ from workers.training.backend import (
     MicroResults,
     ResponseForward,
     ResponseOutputs,
+    require_trainable,
 )
 from workers.training.micro_batching import MicroBatching
 
@@ -243,7 +244,7 @@ class MegatronBackend:
         return ResponseOutputs(output.device, log_probs=log_probs, entropy=entropy)
 
     def forward_backward(self, micros: list[DataProto], forward: ResponseForward, loss_fn: MicroLoss) -> MicroResults:
-        self._require_trainable("forward_backward")
+        require_trainable(self.optimizer, "forward_backward")
 
         def stage_loss(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
             return loss_fn(self.response_outputs(output, micro, forward), micro)
@@ -259,19 +260,15 @@ class MegatronBackend:
         return self.run_micro_batches(micros, stage_keep, forward_only=True)
 
     # ---- optimizer ------------------------------------------------------------------------------------
-    def _require_trainable(self, what: str) -> None:
-        if self.optimizer is None:
-            raise RuntimeError(f"{what} needs a trainable model; this model was built frozen (no optimizer)")
-
     def zero_grad(self) -> None:
-        self._require_trainable("zero_grad")
+        require_trainable(self.optimizer, "zero_grad")
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
     def optimizer_step(self, grad_clip: float) -> float:
         """Clip to `grad_clip` and step; returns the global gradient norm before clipping (a non-finite
         norm skips the update, as Megatron's optimizer decides the same on every rank)."""
-        self._require_trainable("optimizer_step")
+        require_trainable(self.optimizer, "optimizer_step")
         for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
             opt.config.clip_grad = grad_clip
         _, grad_norm, _ = self.optimizer.step()
@@ -283,11 +280,11 @@ class MegatronBackend:
             group["lr"] = lr
 
     def current_lr(self) -> float:
-        self._require_trainable("current_lr")
+        require_trainable(self.optimizer, "current_lr")
         return float(self.optimizer.param_groups[0]["lr"])
 
     def lr_scheduler_step(self) -> None:
-        self._require_trainable("lr_scheduler_step")
+        require_trainable(self.optimizer, "lr_scheduler_step")
         self.steps += 1
         self._set_lr()
 
@@ -323,7 +320,7 @@ class MegatronBackend:
         the distributed optimizer's sharded state is gathered over DP into its own file per TP x PP rank."""
         from megatron.core import parallel_state as ps
 
-        self._require_trainable("save_checkpoint")
+        require_trainable(self.optimizer, "save_checkpoint")
         os.makedirs(path, exist_ok=True)
         if self.settings.use_distributed_optimizer:
             self.optimizer.save_parameter_state(self._shard_file(path, "optimizer_params"))
@@ -340,7 +337,7 @@ class MegatronBackend:
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Restore what `save_checkpoint` wrote (same TP/PP sizes); returns the caller's `extra` entries."""
-        self._require_trainable("load_checkpoint")
+        require_trainable(self.optimizer, "load_checkpoint")
         file = self._shard_file(path, "model_optim")
         if not os.path.exists(file):
             raise FileNotFoundError(

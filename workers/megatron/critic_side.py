@@ -3,36 +3,20 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any
 
 from workers.config import mini_batch_per_rank
 from workers.megatron.backend import MegatronBackend
-from workers.megatron.model import ParallelSettings
-from workers.megatron.parallel import init_megatron_parallel
+from workers.megatron.side import MegatronSide
 
 
-class MegatronCriticSide:
+class MegatronCriticSide(MegatronSide):
     def __init__(self, worker: Any) -> None:
         cfg = worker.config
-        settings = ParallelSettings.from_config(cfg["megatron"])
-        self.data_parallel_size = init_megatron_parallel(worker, settings.tp, settings.pp).dp_size
-        self.sequence_parallel = 1
+        settings = self.init_parallel(worker, cfg["megatron"])
         mini_batch_per_rank(cfg, cfg["rollout_n"], self.data_parallel_size, self.where("critic"))
         # The value head is new: seeded, so it starts equal on every rank.
         self.critic = MegatronBackend(cfg["model"], settings, cfg["optim"], value_head=True, seed=cfg["seed"])
-
-    def where(self, role: str) -> str:
-        return f"{role} (over data-parallel ranks)"
-
-    def critic_needed(self, with_optimizer: bool = False) -> None:
-        pass
-
-    def optimizer_held(self) -> Any:
-        return nullcontext()
-
-    def end_phase(self, phase: str) -> dict[str, float]:
-        return {}
 
     def export_hf(self, path: str) -> None:
         raise NotImplementedError(

@@ -21,9 +21,10 @@ from workers.training.micro_batching import MicroBatching
 
 @dataclass(frozen=True)
 class ResponseForward:
-    """What a forward pass hands to the loss: the response tokens' log-probs (and entropies), or values."""
+    """What a forward pass hands to the loss: the response tokens' log-probs (and entropies), values (a value
+    head: the state before each token) or scores (FSDP's reward model: its head at each token)."""
 
-    kind: Literal["log_probs", "values"]
+    kind: Literal["log_probs", "values", "scores"]
     temperature: float = 1.0
     with_entropy: bool = False
     entropy_grad: bool = True  # False: the entropy is only reported, no graph is kept for it
@@ -37,6 +38,7 @@ class ResponseOutputs:
     log_probs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
 
 
 # (a micro-batch's outputs, the micro-batch) -> (scalar loss, what to keep of it: float metrics or tensors)
@@ -72,6 +74,12 @@ class MicroResults:
 
     kept: list[dict[str, Any]] = field(default_factory=list)
     cached_block_releases: int = 0
+
+
+def require_trainable(optimizer: object | None, what: str) -> None:
+    """A backend built frozen (no optimizer) refuses `what`, a training call."""
+    if optimizer is None:
+        raise RuntimeError(f"{what} needs a trainable model; this model was built frozen (no optimizer)")
 
 
 class TrainBackend(Protocol):

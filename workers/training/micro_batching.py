@@ -9,13 +9,12 @@ rank needs. Forward outputs come back in the rows' original order.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from protocol import DataProto
-from workers.cached_blocks import release_after_micro_batch, release_cached_blocks
 from workers.packing.token_budget import groups_needed, spread
 
 
@@ -25,15 +24,6 @@ def _max_over_ranks(value: int, device: torch.device) -> int:
     tensor = torch.tensor([value], dtype=torch.int64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return int(tensor)
-
-
-def sum_over_ranks(value: float, device: torch.device, group: dist.ProcessGroup | None = None) -> float:
-    """Sum over the ranks of `group` (default: all ranks)."""
-    if not dist.is_initialized() or dist.get_world_size(group) == 1:
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
-    return float(tensor)
 
 
 def row_lengths(data: DataProto) -> list[int]:
@@ -81,22 +71,6 @@ class MicroBatching:
             groups = agreed
         members = spread(lengths, groups) if lengths else []
         return [data[torch.tensor(m)] for m in members], [row for m in members for row in m]
-
-
-def forward_in_micro_batches(
-    data: DataProto,
-    batching: MicroBatching,
-    device: torch.device,
-    forward: Callable[[DataProto], dict[str, torch.Tensor]],
-) -> dict[str, torch.Tensor]:
-    """Run `forward` (micro-batch -> per-row tensors) over the micro-batches; outputs in the input's row order."""
-    micros, order = batching.split(data, device)
-    outputs = []
-    for micro in micros:
-        outputs.append(forward(micro))
-        release_after_micro_batch(device)
-    release_cached_blocks(device)  # the phase is over: whatever the release point
-    return in_row_order(outputs, order)
 
 
 def in_row_order(outputs: list[dict[str, torch.Tensor]], order: list[int]) -> dict[str, torch.Tensor]:
