@@ -168,10 +168,6 @@ def collect_split_join(group: GroupView, outputs: list) -> Any:
     return join_parts(outputs)
 
 
-def _all_chunk_refs(group: GroupView, refs: list) -> list:
-    return list(refs)
-
-
 # ---- mesh-aware modes ---------------------------------------------------------------------------------
 
 
@@ -212,7 +208,7 @@ _TABLE: dict[str, DispatchEntry] = {
     Dispatch.ONE_TO_ALL.value: DispatchEntry(dispatch_one_to_all, collect_list),
     Dispatch.ALL_TO_ALL.value: DispatchEntry(dispatch_all_to_all, collect_list),
     Dispatch.DP_COMPUTE.value: DispatchEntry(dispatch_all_to_all, collect_list),
-    Dispatch.DP_COMPUTE_PROTO.value: DispatchEntry(dispatch_dp_proto, collect_dp_proto, chunk_refs=_all_chunk_refs),
+    Dispatch.DP_COMPUTE_PROTO.value: DispatchEntry(dispatch_dp_proto, collect_dp_proto, chunk_refs=collect_list),
     Dispatch.DP_COMPUTE_METRIC.value: DispatchEntry(dispatch_dp_proto, collect_list),
     Dispatch.RANK_ZERO.value: DispatchEntry(dispatch_one_to_all, collect_first),
     Dispatch.SPLIT_JOIN.value: DispatchEntry(dispatch_one_to_all, collect_split_join, joins_parts=True),
