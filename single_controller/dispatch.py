@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from single_controller.errors import DispatchError
 from single_controller.mesh import MeshDispatch, MeshPlacement
-from single_controller.modes import Dispatch, DispatchMode, add_registered_mode_name, remove_registered_mode_name
+from single_controller.modes import REGISTERED_MODE_NAMES, Dispatch, DispatchMode
 from single_controller.need_parallel import NeedParallel, split_value
 from single_controller.shards import RemoteReshard, SplitPart, concat_rows, is_row_batch, join_parts, padded_chunk
 
@@ -232,7 +232,7 @@ def register_dispatch_mode(name: str, dispatch_fn: DispatchFn, collect_fn: Colle
         raise DispatchError(f"dispatch mode {name!r} already exists; registered modes: {valid_mode_names()}")
     _check_callables("register_dispatch_mode", dispatch_fn, collect_fn)
     _TABLE[name] = DispatchEntry(dispatch_fn, collect_fn)
-    add_registered_mode_name(name)
+    REGISTERED_MODE_NAMES.add(name)
     return name
 
 
@@ -277,7 +277,7 @@ def set_entry(mode: Any, dispatch_fn: DispatchFn, collect_fn: CollectFn) -> None
     ]
     _TABLE[key] = same_functions[0] if same_functions else DispatchEntry(dispatch_fn, collect_fn)
     if key not in {m.value for m in Dispatch}:
-        add_registered_mode_name(key)
+        REGISTERED_MODE_NAMES.add(key)
 
 
 def remove_entry(mode: Any) -> None:
@@ -286,7 +286,7 @@ def remove_entry(mode: Any) -> None:
     if key not in _TABLE:
         raise KeyError(f"dispatch mode {mode!r} is not registered; registered modes: {valid_mode_names()}")
     del _TABLE[key]
-    remove_registered_mode_name(key)
+    REGISTERED_MODE_NAMES.discard(key)
 
 
 def _check_callables(where: str, dispatch_fn: Any, collect_fn: Any) -> None:
