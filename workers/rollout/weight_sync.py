@@ -25,7 +25,6 @@ from workers.rollout.sync_group import WeightSyncGroup
 if TYPE_CHECKING:
     from workers.rollout.verify import WeightFingerprint
 
-SYNC_METHODS = ("in_process", "cuda_ipc", "broadcast")
 # A hook turning the trainer's named parameters into the names/tensors the engine loads (e.g. a LoRA merge).
 ExportHook = Callable[[str, torch.Tensor], torch.Tensor]
 # What a sender sends: per bucket, its layout and the whole tensors of its slots, in order.
