@@ -338,10 +338,9 @@ def validate_dispatch_mode(mode: Any) -> None:
     if isinstance(mode, Mapping):
         resolve_dispatch(mode)
         return
-    if isinstance(mode, (Dispatch, str)):
-        # Named modes may be registered after the decorator runs; Dispatch members always exist.
-        if isinstance(mode, Dispatch) or mode in _TABLE:
-            return
+    # Named modes may be registered after the decorator runs; Dispatch members always exist.
+    if isinstance(mode, Dispatch) or (isinstance(mode, str) and mode in _TABLE):
+        return
     raise DispatchError(
         f"unknown dispatch mode {mode!r}; valid modes: {valid_mode_names()}, a MeshDispatch(name), or a "
         "{'dispatch_fn': f, 'collect_fn': g} dict"
