@@ -57,7 +57,7 @@ class DataProtoItem:
     meta_info: dict[str, Any] = field(default_factory=dict)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _rebuild_dataproto_item, (transport.encode_tensordict(self.batch), self.non_tensor_batch, self.meta_info)
+        return _rebuild, (DataProtoItem, transport.encode_tensordict(self.batch), self.non_tensor_batch, self.meta_info)
 
 
 @dataclass(eq=False)
@@ -200,7 +200,7 @@ class DataProto(VerlMethods):
         # Tensors travel as numpy views of exactly their bytes; see protocol/transport.py. numpy arrays in
         # non_tensor_batch pass as they are: numeric ones go out-of-band and come back from Ray as read-only
         # views of the store (numpy's usual Ray behaviour, so writes fail loudly); object arrays come back private.
-        return _rebuild_dataproto, (transport.encode_tensordict(self.batch), self.non_tensor_batch, self.meta_info)
+        return _rebuild, (DataProto, transport.encode_tensordict(self.batch), self.non_tensor_batch, self.meta_info)
 
     # ------------------------------------------------------------------ indexing
 
@@ -555,14 +555,11 @@ def _check_batch_dims(tensors: dict[str, Any], num_batch_dims: int, non_tensors:
     )
 
 
-def _rebuild_dataproto(encoded_batch: tuple, non_tensor_batch: dict, meta_info: dict) -> DataProto:
-    return DataProto(
-        batch=transport.decode_tensordict(*encoded_batch), non_tensor_batch=non_tensor_batch, meta_info=meta_info
-    )
-
-
-def _rebuild_dataproto_item(encoded_batch: tuple, non_tensor_batch: dict, meta_info: dict) -> DataProtoItem:
-    return DataProtoItem(
+def _rebuild(
+    cls: type[DataProto] | type[DataProtoItem], encoded_batch: tuple, non_tensor_batch: dict, meta_info: dict
+) -> DataProto | DataProtoItem:
+    """Unpickle a DataProto or a DataProtoItem (their `__reduce__`)."""
+    return cls(
         batch=transport.decode_tensordict(*encoded_batch), non_tensor_batch=non_tensor_batch, meta_info=meta_info
     )
 

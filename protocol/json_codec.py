@@ -79,10 +79,7 @@ def decode_array(body: dict[str, Any]) -> np.ndarray:
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed encoded array: {str(body)[:200]}") from exc
     items = [decode_value(v) for v in data]
-    if dtype == "object":
-        array = to_object_array(items)
-    else:
-        array = np.array(items, dtype=np.dtype(dtype))
+    array = to_object_array(items) if dtype == "object" else np.array(items, dtype=np.dtype(dtype))
     try:
         return array.reshape(shape)
     except ValueError as exc:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from single_controller.errors import DispatchError
 from single_controller.mesh import MeshDispatch, MeshPlacement
-from single_controller.modes import Dispatch, DispatchMode, add_registered_mode_name, remove_registered_mode_name
+from single_controller.modes import REGISTERED_MODE_NAMES, Dispatch, DispatchMode
 from single_controller.need_parallel import NeedParallel, split_value
 from single_controller.shards import RemoteReshard, SplitPart, concat_rows, is_row_batch, join_parts, padded_chunk
 
@@ -168,10 +168,6 @@ def collect_split_join(group: GroupView, outputs: list) -> Any:
     return join_parts(outputs)
 
 
-def _all_chunk_refs(group: GroupView, refs: list) -> list:
-    return list(refs)
-
-
 # ---- mesh-aware modes ---------------------------------------------------------------------------------
 
 
@@ -212,7 +208,7 @@ _TABLE: dict[str, DispatchEntry] = {
     Dispatch.ONE_TO_ALL.value: DispatchEntry(dispatch_one_to_all, collect_list),
     Dispatch.ALL_TO_ALL.value: DispatchEntry(dispatch_all_to_all, collect_list),
     Dispatch.DP_COMPUTE.value: DispatchEntry(dispatch_all_to_all, collect_list),
-    Dispatch.DP_COMPUTE_PROTO.value: DispatchEntry(dispatch_dp_proto, collect_dp_proto, chunk_refs=_all_chunk_refs),
+    Dispatch.DP_COMPUTE_PROTO.value: DispatchEntry(dispatch_dp_proto, collect_dp_proto, chunk_refs=collect_list),
     Dispatch.DP_COMPUTE_METRIC.value: DispatchEntry(dispatch_dp_proto, collect_list),
     Dispatch.RANK_ZERO.value: DispatchEntry(dispatch_one_to_all, collect_first),
     Dispatch.SPLIT_JOIN.value: DispatchEntry(dispatch_one_to_all, collect_split_join, joins_parts=True),
@@ -236,7 +232,7 @@ def register_dispatch_mode(name: str, dispatch_fn: DispatchFn, collect_fn: Colle
         raise DispatchError(f"dispatch mode {name!r} already exists; registered modes: {valid_mode_names()}")
     _check_callables("register_dispatch_mode", dispatch_fn, collect_fn)
     _TABLE[name] = DispatchEntry(dispatch_fn, collect_fn)
-    add_registered_mode_name(name)
+    REGISTERED_MODE_NAMES.add(name)
     return name
 
 
@@ -281,7 +277,7 @@ def set_entry(mode: Any, dispatch_fn: DispatchFn, collect_fn: CollectFn) -> None
     ]
     _TABLE[key] = same_functions[0] if same_functions else DispatchEntry(dispatch_fn, collect_fn)
     if key not in {m.value for m in Dispatch}:
-        add_registered_mode_name(key)
+        REGISTERED_MODE_NAMES.add(key)
 
 
 def remove_entry(mode: Any) -> None:
@@ -290,7 +286,7 @@ def remove_entry(mode: Any) -> None:
     if key not in _TABLE:
         raise KeyError(f"dispatch mode {mode!r} is not registered; registered modes: {valid_mode_names()}")
     del _TABLE[key]
-    remove_registered_mode_name(key)
+    REGISTERED_MODE_NAMES.discard(key)
 
 
 def _check_callables(where: str, dispatch_fn: Any, collect_fn: Any) -> None:
@@ -342,10 +338,9 @@ def validate_dispatch_mode(mode: Any) -> None:
     if isinstance(mode, Mapping):
         resolve_dispatch(mode)
         return
-    if isinstance(mode, (Dispatch, str)):
-        # Named modes may be registered after the decorator runs; Dispatch members always exist.
-        if isinstance(mode, Dispatch) or mode in _TABLE:
-            return
+    # Named modes may be registered after the decorator runs; Dispatch members always exist.
+    if isinstance(mode, Dispatch) or (isinstance(mode, str) and mode in _TABLE):
+        return
     raise DispatchError(
         f"unknown dispatch mode {mode!r}; valid modes: {valid_mode_names()}, a MeshDispatch(name), or a "
         "{'dispatch_fn': f, 'collect_fn': g} dict"

@@ -38,11 +38,6 @@ def _as_pair(dispatch_fn: Callable[..., Any], collect_fn: Callable[..., Any]) ->
     return {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn}
 
 
-def _registry_key(key: str) -> Dispatch | str:
-    built_in = {m.value: m for m in Dispatch}
-    return built_in.get(key, key)
-
-
 class _DispatchRegistry(MutableMapping):
     """A live dict view of the dispatch table: mode -> `{"dispatch_fn": f, "collect_fn": g}`."""
 
@@ -64,7 +59,8 @@ class _DispatchRegistry(MutableMapping):
         remove_entry(mode)
 
     def __iter__(self) -> Iterator[Dispatch | str]:
-        return iter([_registry_key(key) for key in table_keys()])
+        built_in = {m.value: m for m in Dispatch}  # built-in modes as their enum members, custom ones by name
+        return iter([built_in.get(key, key) for key in table_keys()])
 
     def __len__(self) -> int:
         return len(table_keys())

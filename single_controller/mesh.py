@@ -35,11 +35,6 @@ def complete_placements(placements: list[MeshPlacement], mesh_name: str) -> list
     return placements
 
 
-def default_collect_coords(shape: Mapping[str, int], dp_axis: str) -> dict[str, int]:
-    """Collect from index 0 on every non-DP axis, except the last pipeline stage ('pp': -1)."""
-    return {axis: (-1 if axis == "pp" else 0) for axis in shape if axis != dp_axis}
-
-
 def placement_from_axes(
     rank: int,
     shape: Mapping[str, int],
@@ -59,7 +54,8 @@ def placement_from_axes(
     world = math.prod(shape.values())
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is outside a mesh of {world} ranks ({dict(shape)})")
-    wanted = dict(default_collect_coords(shape, dp_axis))
+    # By default collect from index 0 on every non-DP axis, except the last pipeline stage ('pp': -1).
+    wanted = {axis: (-1 if axis == "pp" else 0) for axis in shape if axis != dp_axis}
     if collect_from is not None:
         unknown = set(collect_from) - set(shape) | ({dp_axis} & set(collect_from))
         if unknown:

@@ -7,26 +7,18 @@ from typing import Any, Callable, Mapping
 
 # Names added with `register_dispatch_mode`: `Dispatch.<name>` gives the name back, so a mode registered at
 # run time is spelled like a built-in one in `@register(dispatch_mode=Dispatch.MY_MODE)`.
-_REGISTERED_MODE_NAMES: set[str] = set()
-
-
-def add_registered_mode_name(name: str) -> None:
-    _REGISTERED_MODE_NAMES.add(name)
-
-
-def remove_registered_mode_name(name: str) -> None:
-    _REGISTERED_MODE_NAMES.discard(name)
+REGISTERED_MODE_NAMES: set[str] = set()
 
 
 class _DispatchType(EnumMeta):
     def __getattr__(cls, name: str) -> Any:
-        if name in _REGISTERED_MODE_NAMES:
+        if name in REGISTERED_MODE_NAMES:
             return name
         if not name.startswith("_") and name in cls._member_map_:
             return cls._member_map_[name]
         raise AttributeError(
             f"Dispatch has no mode {name!r}; built-in modes: {list(cls._member_map_)}, registered modes: "
-            f"{sorted(_REGISTERED_MODE_NAMES)} (add one with register_dispatch_mode)"
+            f"{sorted(REGISTERED_MODE_NAMES)} (add one with register_dispatch_mode)"
         )
 
 

@@ -37,7 +37,8 @@ MASTER_WAIT_TIMEOUT_S = 180.0
 _reserved_master_socket: socket.socket | None = None
 
 
-def _node_ip_address() -> str:
+def node_ip_address() -> str:
+    """The address other processes of this Ray cluster reach this node on."""
     import ray
 
     return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
@@ -48,7 +49,7 @@ def _reserve_master_port() -> None:
     if _reserved_master_socket is not None or os.environ.get(ENV_MASTER_PORT):
         return
     # The worker group presets MASTER_ADDR to loopback when all ranks share a node.
-    address = os.environ.get(ENV_MASTER_ADDR) or _node_ip_address()
+    address = os.environ.get(ENV_MASTER_ADDR) or node_ip_address()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((address, 0))
@@ -254,7 +255,7 @@ class Worker:
 
         context = ray.get_runtime_context()
         gpu_ids = tuple(str(g) for g in ray.get_gpu_ids()) if ray.is_initialized() else ()
-        return NodeInfo(self.rank, context.get_node_id(), _node_ip_address(), os.getpid(), gpu_ids)
+        return NodeInfo(self.rank, context.get_node_id(), node_ip_address(), os.getpid(), gpu_ids)
 
     def sc_mesh_placement(self, name: str) -> MeshPlacement:
         meshes = self._declared_meshes

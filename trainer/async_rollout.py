@@ -262,4 +262,4 @@ def prompts_of(rollout: DataProto, n: int) -> DataProto:
         "attention_mask": heads.batch["attention_mask"][:, :width],
         "position_ids": heads.batch["position_ids"][:, :width],
     }
-    return DataProto.from_dict(tensors, {k: v for k, v in heads.non_tensor_batch.items()})
+    return DataProto.from_dict(tensors, dict(heads.non_tensor_batch))

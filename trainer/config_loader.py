@@ -68,10 +68,6 @@ def renamed_key(key: str) -> str | None:
     return None
 
 
-def _base_config(config_name: str = CONFIG_NAME) -> DictConfig:
-    return compose_source(find_source(None, config_name), ())
-
-
 def _explain(error: Exception, base: DictConfig) -> str:
     """One line for what hydra still refused after the key checks (a value that does not convert, say)."""
     text = str(error)
@@ -168,7 +164,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -
             else compose_source(source, selections + review.kept, defaults, data)
         )
     except (ConfigCompositionException, MissingConfigException) as error:
-        raise ConfigError(_explain(error, _base_config())) from None
+        raise ConfigError(_explain(error, compose_source(find_source(None, CONFIG_NAME), ()))) from None
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     OmegaConf.resolve(cfg)

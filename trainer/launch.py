@@ -92,7 +92,8 @@ def _build_and_fit(
             roles.actor.export_hf(str(export_dir(cfg)))
     except KeyboardInterrupt:
         # The command line prints one line (the step, the last checkpoint) once `finally` released the workers.
-        raise RunInterrupted(last_logged_step(tracker, start_step)) from None
+        last_step = max((record["step"] for record in tracker.history), default=start_step or 0)
+        raise RunInterrupted(last_step) from None
     finally:
         tracker.close()
         roles.shutdown()
@@ -101,11 +102,6 @@ def _build_and_fit(
 
 def export_dir(cfg: DictConfig) -> Path:
     return Path(cfg.trainer.default_local_dir).resolve() / "hf_export"
-
-
-def last_logged_step(tracker: "Tracker", start_step: int | None) -> int:
-    steps = [record["step"] for record in tracker.history]
-    return max(steps, default=start_step or 0)
 
 
 def outputs_text(cfg: DictConfig) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig
@@ -34,8 +34,6 @@ from workers.rl_math.rollout_correction import (
     logprob_gap_metrics,
     truncated_is_weights,
 )
-
-RewardFn = Callable[[DataProto], tuple[Any, dict[str, float]]]
 
 
 def mean_metrics(per_worker: list[dict[str, float]], prefix: str) -> dict[str, float]:

@@ -20,13 +20,11 @@ def check_rollout_settings(cfg: DictConfig) -> list[str]:
         )
     problems += check_async_settings(cfg) + check_gpu_shares(cfg) + check_validation_settings(cfg)
     problems += check_hybrid_group(cfg)
-    cap = rollout.tis_imp_ratio_cap
-    if cap is not None:
-        if rollout.name != "vllm":
-            problems.append(
-                "actor_rollout_ref.rollout.tis_imp_ratio_cap needs the engine's log-probs of the sampled tokens, which "
-                f"rollout.name=vllm returns (got {rollout.name!r})"
-            )
+    if rollout.tis_imp_ratio_cap is not None and rollout.name != "vllm":
+        problems.append(
+            "actor_rollout_ref.rollout.tis_imp_ratio_cap needs the engine's log-probs of the sampled tokens, which "
+            f"rollout.name=vllm returns (got {rollout.name!r})"
+        )
     return problems
 
 

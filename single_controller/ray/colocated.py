@@ -21,10 +21,6 @@ def role_method_name(role: str, method: str) -> str:
     return f"{role}{ROLE_SEPARATOR}{method}"
 
 
-def _as_class_with_args(value: Any) -> RayClassWithInitArgs:
-    return value if isinstance(value, RayClassWithInitArgs) else RayClassWithInitArgs(value)
-
-
 def _forwarder(role: str, method: str, spec: Any, is_async: bool = False) -> Callable[..., Any]:
     # The role's own method is already the @register wrapper, so shards are resolved there, not here.
     if is_async:  # an `async def` role method: the fused actor awaits it too
@@ -92,7 +88,9 @@ def create_colocated_worker_raw_cls(class_dict: Mapping[str, Any]) -> type:
     """The fused worker class itself (a `ColocatedWorker` subclass), not wrapped in RayClassWithInitArgs."""
     if not class_dict:
         raise ValueError("create_colocated_worker_cls needs at least one role")
-    roles = {role: _as_class_with_args(value) for role, value in class_dict.items()}
+    roles = {
+        role: v if isinstance(v, RayClassWithInitArgs) else RayClassWithInitArgs(v) for role, v in class_dict.items()
+    }
     namespace: dict[str, Any] = {"role_classes": roles}
     for role, cia in roles.items():
         if ROLE_SEPARATOR in role or FUSED_METHOD_SEPARATOR in role or not role.isidentifier():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
@@ -50,16 +50,15 @@ def find_lost_nodes(node_info: Sequence[NodeInfo]) -> list[LostNode]:
     return lost
 
 
-def mentions_lost_peer(errors: Iterable[BaseException]) -> bool:
-    return any(marker in str(error) for error in errors for marker in PEER_LOSS_MARKERS)
-
-
 def node_may_be_lost(errors: Sequence[BaseException]) -> bool:
     """Whether the failures look like a node Ray has not declared dead yet: a worker unreachable or a
     collective that lost its peers, and no worker that Ray already knows to be dead (a process death)."""
     if any(isinstance(error, ActorDiedError) for error in errors):
         return False
-    return any(isinstance(error, ActorUnavailableError) for error in errors) or mentions_lost_peer(errors)
+    return any(
+        isinstance(error, ActorUnavailableError) or any(marker in str(error) for marker in PEER_LOSS_MARKERS)
+        for error in errors
+    )
 
 
 def wait_for_lost_nodes(

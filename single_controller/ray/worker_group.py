@@ -265,9 +265,6 @@ class RayWorkerGroup:
         where = f" (node {info.node_id[:12]} {info.ip}, pid {info.pid})" if info else ""
         return f"rank {rank}{where}"
 
-    def _recent_calls(self, rank: int) -> list[str]:
-        return self._call_log.recent(rank)
-
     def _record(self, rank: int, method: str) -> None:
         self._call_log.record(rank, f"{self.name}.{method}")
 
@@ -283,7 +280,7 @@ class RayWorkerGroup:
         self, refs: list[ray.ObjectRef], ranks: list[int], method: str, on_ready: Callable[[], None] | None = None
     ) -> list[Any]:
         return wait_for_outputs(
-            refs, ranks, self.name, method, self.describe_rank, self.call_timeout_s, recent_calls=self._recent_calls,
+            refs, ranks, self.name, method, self.describe_rank, self.call_timeout_s, recent_calls=self._call_log.recent,
             on_ready=on_ready, node_info=self._node_info,
         )
 

@@ -137,7 +137,9 @@ class RLDataset(Dataset):
         return self.vision.expand(messages, [self.vision.tokens_of(encoded) for encoded in images[row]])
 
     def _render(self, messages: Any, path: Path, row: int) -> str:
-        if not isinstance(messages, list) or not all(map(_is_message, messages)):
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in messages
+        ):
             raise TypeError(
                 f"{path} row {row}: column {self.prompt_key!r} must hold a list of "
                 f"{{'role', 'content'}} messages, got {messages!r}"
@@ -182,10 +184,6 @@ class RLDataset(Dataset):
         # Copies, so a consumer editing a message or dict can not change the dataset.
         item.update(copy.deepcopy(self._rows[index]))
         return item
-
-
-def _is_message(value: Any) -> bool:
-    return isinstance(value, dict) and "role" in value and "content" in value
 
 
 def _pad_token_id(tokenizer: Any) -> int:

@@ -17,10 +17,6 @@ from workers.user_code import load_python_file
 from .registry import compute_score
 
 
-def _is_file_path(path: str) -> bool:
-    return path.endswith(".py") or "/" in path or os.sep in path
-
-
 def _load_module(path: str) -> ModuleType:
     try:
         return importlib.import_module(path)
@@ -40,7 +36,8 @@ def load_reward_function(path: str | None, name: str = "compute_score") -> Calla
         return compute_score
     if not isinstance(path, str) or not path.strip():
         raise ValueError(f"reward function path must be a non-empty string or None, got {path!r}")
-    module = load_python_file(path) if _is_file_path(path) else _load_module(path)
+    is_file = path.endswith(".py") or "/" in path or os.sep in path
+    module = load_python_file(path) if is_file else _load_module(path)
     function = getattr(module, name, None)
     if function is None:
         available = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))

@@ -64,17 +64,16 @@ class RunInfo:
         return {name: getattr(self, name) for name in CONSTRUCTOR_KEYWORDS}
 
 
-def valid_entries() -> str:
-    return f"valid are {list(BUILT_IN)} or '{CUSTOM_FORM}' (your own tracker class, docs/operations.md)"
-
-
 def entry_problem(entry: Any) -> str | None:
     """Why `entry` is not a `trainer.logger` entry by its form (nothing is imported here), or None."""
     if isinstance(entry, str) and (entry in BUILT_IN or CUSTOM_ENTRY.match(entry)):
         return None
     if isinstance(entry, str) and entry in VERL_NAMES:
         return f"trainer.logger entry {entry!r} is verl's name; here it is {VERL_NAMES[entry]!r}"
-    return f"trainer.logger has unknown entries [{entry!r}]; {valid_entries()}"
+    return (
+        f"trainer.logger has unknown entries [{entry!r}]; valid are {list(BUILT_IN)} or '{CUSTOM_FORM}' "
+        "(your own tracker class, docs/operations.md)"
+    )
 
 
 def _missing_packages(entry: str) -> list[str]:

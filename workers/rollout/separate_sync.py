@@ -73,7 +73,10 @@ class SeparateWeightSync:
         trainer_after = metrics.pop(TRAINER_FINGERPRINT, None)
         received.get()
         if verify:
-            metrics.update(self.verify())
+            dtype, tolerance = self.layouts[0].slots[0].dtype, self.cfg["verify_tolerance"]
+            metrics.update(
+                verify_engines(self.actor, self.rollout, self.vocab_size, dtype, tolerance, "broadcast weight sync")
+            )
         if before is not None:
             after = self.rollout.weights_fingerprint()
             for engine, (old, new) in enumerate(zip(before, after)):
@@ -83,13 +86,6 @@ class SeparateWeightSync:
         self.trainer_fingerprint = trainer_after
         self.synced_version = version
         return metrics
-
-    def verify(self) -> dict[str, float]:
-        trainer = self.actor.probe_log_probs()[0]
-        engines = self.rollout.probe_log_probs(self.vocab_size)
-        return verify_engines(
-            trainer, engines, self.layouts[0].slots[0].dtype, self.cfg["verify_tolerance"], "broadcast weight sync"
-        )
 
 
 class IpcEngineSync:
@@ -116,9 +112,10 @@ class IpcEngineSync:
         metrics = self.train.send_ipc(self.layouts, targets)[0]
         self.infer.finish_weight_load(version)
         if self.verify:
-            trainer, engines = self.train.probe_log_probs()[0], self.infer.probe_log_probs(self.vocab_size)
             dtype = self.layouts[0].slots[0].dtype
-            metrics.update(verify_engines(trainer, engines, dtype, self.tolerance, "CUDA IPC weight sync"))
+            metrics.update(
+                verify_engines(self.train, self.infer, self.vocab_size, dtype, self.tolerance, "CUDA IPC weight sync")
+            )
         return metrics
 
 

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from single_controller.worker import node_ip_address
+
 BACKENDS = ("gloo", "nccl")
 
 
@@ -33,13 +35,6 @@ class SyncGroupAddress:
         return cls(*wire)
 
 
-def local_ip() -> str:
-    """The address other processes of this Ray cluster reach this node on."""
-    import ray
-
-    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-
-
 class WeightSyncGroup:
     """Rank 0 creates the store (`host_store`, on a free port the OS picks); every rank then calls
     `connect`, all at the same time (the backend's constructor is collective)."""
@@ -53,7 +48,7 @@ class WeightSyncGroup:
     def host_store(self, world_size: int, backend: str, timeout_s: float = 300.0) -> SyncGroupAddress:
         if backend not in BACKENDS:
             raise ValueError(f"weight-sync backend must be one of {list(BACKENDS)}, got {backend!r}")
-        host = local_ip()
+        host = node_ip_address()
         # Port 0: the kernel picks a free port at bind time, so no other process can take it between
         # choosing and binding.
         self._store = dist.TCPStore(

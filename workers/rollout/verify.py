@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -130,10 +131,11 @@ def require_changed(
 
 
 def verify_engines(
-    trainer: torch.Tensor, engines: list[torch.Tensor], dtype: torch.dtype, tolerance: float | None, where: str
+    train: Any, infer: Any, vocab_size: int, dtype: torch.dtype, tolerance: float | None, where: str
 ) -> dict[str, float]:
-    """Every engine's probe log-probs against the trainer's (`where` names the sync in errors); returns the
-    worst engine's difference as metrics."""
+    """Every engine's probe log-probs (worker group `infer`) against the trainer's (worker group `train`, rank 0's);
+    `where` names the sync in errors. Returns the worst engine's difference as metrics."""
+    trainer, engines = train.probe_log_probs()[0], infer.probe_log_probs(vocab_size)
     bound = tolerance or DEFAULT_TOLERANCE[dtype]
     checks = [compare_log_probs(trainer, log_probs, bound) for log_probs in engines]
     for engine, check in enumerate(checks):

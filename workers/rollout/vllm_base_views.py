@@ -70,12 +70,6 @@ def checkpoint_views(model: nn.Module) -> dict[str, torch.Tensor]:
     return views
 
 
-def storage_extent(tensor: torch.Tensor) -> tuple[int, int]:
-    """[first byte, end byte) of the storage behind `tensor` (for checks that a view lies inside it)."""
-    storage = tensor.untyped_storage()
-    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
-
-
 def keep_plain_cpu_weights() -> None:
     """vLLM's CPU build: keep each linear's [out, in] weight and compute with torch's linear.
 

@@ -8,6 +8,7 @@ fingerprint are methods of `WeightSyncExtension`, installed in every vLLM worker
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import Iterable
@@ -26,6 +27,7 @@ from workers.rollout.vllm_base_views import keep_plain_cpu_weights
 from workers.vision.models import collapse_image_placeholders
 
 EXTENSION = "workers.rollout.vllm_extension.WeightSyncExtension"
+_REQUEST_IDS = itertools.count()  # vLLM refuses an id it still serves: every (re)submission gets a new one
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -72,6 +74,20 @@ def vllm_sampling(params: Any, max_tokens: int, seed: int | None, min_tokens: in
         # vLLM's strongest bias (it clamps to +-100): a probability of about e^-100, never drawn.
         logit_bias={token: -100.0 for token in params.suppress_token_ids} or None,
     )
+
+
+def add_token_request(
+    engine: Any, prefix: str, tokens: list[int], sampling: Any, lora_request: Any, final_only: bool
+) -> str:
+    """Add a token-id prompt to vLLM's `LLMEngine` under a fresh request id (returned). `final_only`: one output
+    at the request's end; else each engine step hands back only its new tokens."""
+    from vllm import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    sampling.output_kind = RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.DELTA
+    request_id = f"{prefix}-{next(_REQUEST_IDS)}"
+    engine.add_request(request_id, TokensPrompt(prompt_token_ids=tokens), sampling, lora_request=lora_request)
+    return request_id
 
 
 def sampled_tokens(output: Any) -> tuple[list[int], list[float]]:

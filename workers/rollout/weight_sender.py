@@ -55,17 +55,15 @@ class WeightSenderMixin(SyncGroupHostMixin):
     config: dict[str, Any]
     _broadcast_sender: BroadcastSender | None = None  # rank 0's staging buffers, kept between syncs
 
-    def _sync_dtype(self) -> torch.dtype:
-        from workers.rollout.hybrid import engine_dtype
-
-        return engine_dtype(self.config["rollout"], self._sync_source())
-
     @register(Dispatch.RANK_ZERO)
     def weight_sync_layouts(self) -> list[BucketLayout]:
         """The bucket plan (names, shapes, engine dtype) both sides follow; with LoRA, the adapter factors only."""
+        from workers.rollout.hybrid import engine_dtype
+
         engine = self._sync_source()
         bucket_bytes = self.config["rollout"]["weight_sync_bucket_mb"] << 20
-        return plan_model_buckets(engine.module, self._sync_dtype(), bucket_bytes, engine.synced_parameter_names())
+        dtype = engine_dtype(self.config["rollout"], engine)
+        return plan_model_buckets(engine.module, dtype, bucket_bytes, engine.synced_parameter_names())
 
     @register(Dispatch.ONE_TO_ALL)
     def broadcast_weights(self, layouts: list[BucketLayout], fingerprint: bool = False) -> dict[str, float]:

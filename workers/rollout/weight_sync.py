@@ -25,7 +25,6 @@ from workers.rollout.sync_group import WeightSyncGroup
 if TYPE_CHECKING:
     from workers.rollout.verify import WeightFingerprint
 
-SYNC_METHODS = ("in_process", "cuda_ipc", "broadcast")
 # A hook turning the trainer's named parameters into the names/tensors the engine loads (e.g. a LoRA merge).
 ExportHook = Callable[[str, torch.Tensor], torch.Tensor]
 # What a sender sends: per bucket, its layout and the whole tensors of its slots, in order.
@@ -83,6 +82,26 @@ def copy_into(views: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
     torch._foreach_copy_(views, tensors)
 
 
+def send_in_turns(
+    buckets: WeightBuckets, count: int, start: Callable[[int, BucketLayout, list[torch.Tensor]], Callable[[], Any]]
+) -> int:
+    """Bucket i goes through staging buffer i % count: `start(buffer_index, layout, tensors)` packs it and starts
+    its transfer, returning a function that waits for it. A buffer is refilled only after its previous transfer
+    was waited for; every transfer is waited for at the end. Returns the bytes sent."""
+    pending: list[Callable[[], Any] | None] = [None] * count
+    sent = 0
+    for index, (layout, tensors) in enumerate(buckets):
+        slot = index % count
+        if pending[slot] is not None:
+            pending[slot]()
+        pending[slot] = start(slot, layout, tensors)
+        sent += layout.nbytes
+    for wait in pending:
+        if wait is not None:
+            wait()
+    return sent
+
+
 class BroadcastSender:
     """Trainer rank 0's side of the broadcast path. Two staging buffers (each as large as the largest bucket
     seen) are kept across syncs, with their views per layout computed once: bucket i+1 is packed while
@@ -112,21 +131,15 @@ class BroadcastSender:
     ) -> int:
         """Broadcast every `(layout, tensors)` bucket from group rank 0; `fingerprint` (if given) takes in
         each packed tensor, i.e. the weights exactly as the engine receives them. Returns the bytes sent."""
-        pending: list[Any] = [None] * len(self.buffers)
-        sent = 0
-        for index, (layout, tensors) in enumerate(buckets):
-            slot = index % len(self.buffers)
-            if pending[slot] is not None:
-                pending[slot].wait()  # the buffer's previous broadcast is done before it is overwritten
+
+        def start(slot: int, layout: BucketLayout, tensors: list[torch.Tensor]) -> Callable[[], Any]:
             views = self._views_of(slot, layout)
             copy_into(views, tensors)
             if fingerprint is not None:
                 fingerprint.add(views)
-            pending[slot] = group.broadcast_async(self.buffers[slot][: layout.nbytes], root=0)
-            sent += layout.nbytes
-        for work in pending:
-            if work is not None:
-                work.wait()
+            return group.broadcast_async(self.buffers[slot][: layout.nbytes], root=0).wait
+
+        sent = send_in_turns(buckets, len(self.buffers), start)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         return sent
@@ -219,21 +232,14 @@ class IpcStagingBuffers:
     ) -> int:
         """Pack each bucket into a free buffer and `deliver(buffer_index, layout)`, which starts the
         engine's load and returns a function waiting for it (the buffer is reused only after that)."""
-        pending: list[Callable[[], Any] | None] = [None] * len(self.buffers)
-        sent = 0
-        for index, (layout, tensors) in enumerate(buckets):
-            slot = index % len(self.buffers)
-            if pending[slot] is not None:
-                pending[slot]()
+
+        def start(slot: int, layout: BucketLayout, tensors: list[torch.Tensor]) -> Callable[[], Any]:
             for (_, view), tensor in zip(bucket_views(self.buffers[slot], layout), tensors):
                 view.copy_(tensor)
             torch.cuda.current_stream().synchronize()  # the bytes are in place before the engine reads
-            pending[slot] = deliver(slot, layout)
-            sent += layout.nbytes
-        for wait in pending:
-            if wait is not None:
-                wait()
-        return sent
+            return deliver(slot, layout)
+
+        return send_in_turns(buckets, len(self.buffers), start)
 
 
 def send_ipc_to_engines(

@@ -14,16 +14,6 @@ import torch
 
 from workers.rollout.agent.loop import Conversation
 
-COUNT_KEYS = (
-    "num_turns",
-    "num_tool_calls",
-    "num_tool_errors",
-    "num_tool_timeouts",
-    "num_outputs_cut",
-    "truncated",
-    "hit_max_turns",
-)
-
 
 def conversation_batch(
     prompts: dict[str, torch.Tensor], conversations: list[Conversation], response_length: int, pad_token_id: int

@@ -8,7 +8,6 @@ running batch as soon as its conversation is ready (continuous batching), no rou
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import torch
@@ -18,10 +17,7 @@ from torch import nn
 from workers.rollout.agent.loop import TurnOutput, TurnRequest
 from workers.rollout.hf_generate import generate_token_lists
 from workers.rollout.sampling import SamplingParams
-from workers.rollout.vllm_engine import sampled_tokens, vllm_sampling
-
-# Unique across calls and loops: vLLM refuses a request id it is still serving.
-_REQUEST_IDS = itertools.count()
+from workers.rollout.vllm_engine import add_token_request, sampled_tokens, vllm_sampling
 
 
 def turn_seed(call_seed: int, rank: int, row: int, turn: int) -> int:
@@ -65,23 +61,12 @@ class VLLMTurns:
         self.lora_request = lora_request  # the synced LoRA adapter every turn uses (None: the plain model)
         self.submitted: dict[str, TurnRequest] = {}
 
-    def _sampling(self, request: TurnRequest) -> Any:
-        from vllm.sampling_params import RequestOutputKind
-
+    def submit(self, request: TurnRequest) -> None:
         seed = None if self.call_seed is None else turn_seed(self.call_seed, self.rank, request.row, request.turn)
         sampling = vllm_sampling(self.params, request.max_tokens, seed)
-        sampling.output_kind = RequestOutputKind.FINAL_ONLY  # one output per turn, at its end
-        return sampling
-
-    def submit(self, request: TurnRequest) -> None:
-        from vllm import TokensPrompt
-
-        request_id = f"agent-{self.rank}-{next(_REQUEST_IDS)}"
-        self.engine.add_request(
-            request_id,
-            TokensPrompt(prompt_token_ids=request.context),
-            self._sampling(request),
-            lora_request=self.lora_request,
+        # One output per turn, at its end.
+        request_id = add_token_request(
+            self.engine, f"agent-{self.rank}", request.context, sampling, self.lora_request, final_only=True
         )
         self.submitted[request_id] = request
 

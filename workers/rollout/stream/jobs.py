@@ -10,15 +10,13 @@ scratch (abort).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from workers.rollout.sampling import SamplingParams
-from workers.rollout.vllm_engine import sampled_tokens, vllm_sampling
+from workers.rollout.vllm_engine import add_token_request, sampled_tokens, vllm_sampling
 
-_REQUEST_IDS = itertools.count()  # vLLM refuses an id it still serves: every (re)submission gets a new one
 SEED_MODULUS = 2**31 - 1
 
 
@@ -64,17 +62,14 @@ class ContinuousEngine:
         self.parked: list[TurnJob] = []
 
     def add(self, job: TurnJob) -> None:
-        from vllm import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
         remaining = job.max_tokens - len(job.tokens)
         sampling = vllm_sampling(
             self.params, remaining, job.submission_seed(), max(0, job.min_tokens - len(job.tokens))
         )
-        sampling.output_kind = RequestOutputKind.DELTA  # each step hands back only its new tokens
-        request_id = f"stream-{next(_REQUEST_IDS)}"
-        prompt = TokensPrompt(prompt_token_ids=job.context + job.tokens)
-        self.engine.add_request(request_id, prompt, sampling, lora_request=self.vllm.lora_request)
+        # Each step hands back only its new tokens.
+        request_id = add_token_request(
+            self.engine, "stream", job.context + job.tokens, sampling, self.vllm.lora_request, final_only=False
+        )
         self.running[request_id] = job
 
     def step(self) -> list[TurnJob]:
