@@ -1,7 +1,7 @@
 """The same GRPO run by ours (packed and padded), verl's `main_ppo` and TRL's `GRPOTrainer` on the same GPUs, back
 to back, then one table.
 
-    python -m benchmarks.peers.verl_gpu [--preset 0.5b-1gpu|7b-2gpu] [--sides ours_padded,verl,...] [--steps N]
+    python -m benchmarks.peers.verl_gpu [--preset 0.5b-1gpu|7b-2gpu|7b-4gpu|14b-4gpu|32b-lora-4gpu] [--sides ours_padded,verl,...] [--steps N]
         [--budget-s 540] [--limit SIDE=SECONDS ...] [--out-dir $OUT] [--verl-extra KEY=VALUE ...] [--ours-extra KEY=VALUE ...] [--tiny] [--dry-run]
 
 Every side gets the same model folder and parquet, written once (a random-init Qwen2 of the preset's shape with
@@ -123,7 +123,8 @@ def main() -> None:
     if steps < 2:
         raise SystemExit("error: --steps must be >= 2 (step 1 holds warm-up; the table uses steps 2..N)")
     settings = preset.settings.tiny() if args.tiny else preset.settings
-    plan = Plan(args.workdir, args.out_dir, steps, settings, args.tiny, tuple(args.verl_extra), args.peak_tflops, tuple(args.ours_extra))
+    plan = Plan(args.workdir, args.out_dir, steps, settings, args.tiny, tuple(args.verl_extra), args.peak_tflops,
+                (*preset.ours_extra, *args.ours_extra))
     if args.dry_run:
         for side in sides:
             command = side_command(side, plan)

@@ -144,3 +144,33 @@ def test_table_mfu_by_one_count(tmp_path):
     names = list(table["rows"])
     assert names.index("mfu_update_actor") == names.index("update_actor_s") + 1  # beside its time
     assert table["setup"]["device"] == "NVIDIA H200"
+
+
+@pytest.mark.parametrize("name, shape", [("14b-4gpu", "14B"), ("32b-lora-4gpu", "32B")])
+def test_bigger_presets_plan_on_four_h200s(tmp_path, name, shape):
+    """The four-GPU presets above 7B: our packed side's config passes the checks with the preset's own overrides
+    (16K-token budget; LoRA and a TP2 engine at 32B), and the memory plan fits 4 H200s. 32B trained in full
+    (the same run without LoRA) does not."""
+    from benchmarks.e2e_step import SHAPES
+
+    preset = PRESETS[name]
+    assert (preset.settings.size, preset.settings.gpus, preset.sides) == (shape, 4, ("ours_packed",))
+    write_config(tmp_path / "model", SHAPES[shape])
+    base = grpo_overrides(tmp_path, tmp_path / "t.parquet", tmp_path / "v.parquet", 3, "[jsonl]") + engine_overrides("vllm", False)
+    cfg = load_config(base + ours_overrides(preset.settings, "ours_packed") + list(preset.ours_extra))
+    assert cfg.trainer.n_gpus_per_node == 4 and cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 16384
+    assert build_plan(cfg, int(139.8 * GIB)).fits() is True
+    if shape == "32B":
+        assert cfg.actor_rollout_ref.model.lora_rank == 64 and cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+        full = [o for o in preset.ours_extra if "lora" not in o and "target_modules" not in o]
+        assert build_plan(load_config(base + ours_overrides(preset.settings, "ours_packed") + full), int(139.8 * GIB)).fits() is False
+
+
+def test_the_preset_overrides_reach_our_side_only(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.peers.verl_gpu", "--preset", "32b-lora-4gpu", "--dry-run",
+                           "--out-dir", str(tmp_path), "--ours-extra", "trainer.seed=3"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "actor_rollout_ref.model.lora_rank=64" in done.stdout and "CUDA_VISIBLE_DEVICES=0,1,2,3" in done.stdout
+    assert done.stdout.index("lora_rank=64") < done.stdout.index("trainer.seed=3")  # the command line's come last
