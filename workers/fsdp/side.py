@@ -20,8 +20,14 @@ class FSDPSide:
     def init_layout(self, worker: Any, size: int, setting: str) -> None:
         """The worker's (dp, sp) mesh with `size` ranks sharing each row (`setting`: the config key)."""
         self.layout = init_sequence_layout(worker, size, setting)
-        self.sequence_parallel = self.layout.size
-        self.data_parallel_size = self.layout.dp_size
+
+    @property
+    def sequence_parallel(self) -> int:
+        return self.layout.size
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.layout.dp_size
 
     def where(self, role: str) -> str:
         return self.layout.where(role)
