@@ -57,6 +57,7 @@ LORA = (
     "actor_rollout_ref.model.lora_alpha=16",
     "actor_rollout_ref.actor.optim.lr=5e-3",
 )
+LIGER = ("actor_rollout_ref.model.use_liger=true", "critic.model.use_liger=true")
 ALWAYS = ("actor_rollout_ref.actor.old_log_prob_pass=always",)
 PPO_FINITE = ("actor/pg_loss", "critic/vf_loss")
 CRITIC_OFFLOAD = ("critic.model.fsdp_config.param_offload=true", "critic.model.fsdp_config.optimizer_offload=true")
@@ -180,8 +181,8 @@ def one_gpu_cases() -> list[Case]:
         Case(
             "ppo_critic",
             "one",
-            "PPO with a critic (GAE), HF rollout",
-            (_train("algorithm=ppo", steps(30)),),
+            "PPO with a critic (GAE), HF rollout, Liger's kernels in the actor, reference and critic",
+            (_train("algorithm=ppo", *LIGER, steps(30)),),
             RunCheck(30, finite=PPO_FINITE, reward_rises_by=0.2),
         ),
         Case(

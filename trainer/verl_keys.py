@@ -283,8 +283,6 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             "it out)", nearest="actor_rollout_ref.model.exclude_modules", hint=True, hint_values=("false",)),
     VerlKey("*.model.enable_activation_offload", "activations are not offloaded here; gradient checkpointing saves "
             "their memory", hint=True, hint_values=("false",)),
-    VerlKey("*.model.use_liger", "Liger kernels are not used here; log-probs come from the chunked LM head", hint=True,
-            hint_values=("false",)),
     VerlKey("*.model.tiled_mlp.*", "tiled MLP is not here; gradient checkpointing saves activation memory", hint=True,
             hint_values=("false",)),
     VerlKey("*.model.custom_chat_template", "the chat template is the model folder's", hint=True,

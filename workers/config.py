@@ -124,6 +124,7 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
         _reject_packing_on_megatron(
             config, ("actor.use_dynamic_bsz", "rollout.log_prob_use_dynamic_bsz", "ref.log_prob_use_dynamic_bsz")
         )
+        _reject_liger_on_megatron(config, where)
     return config
 
 
@@ -169,6 +170,15 @@ def _reject_packing_on_megatron(config: dict[str, Any], dynamic_keys: tuple[str,
         )
 
 
+def _reject_liger_on_megatron(config: dict[str, Any], where: str) -> None:
+    """Liger patches Hugging Face modules (workers/liger_kernels.py); Megatron-core builds its own layers."""
+    if config["model"]["use_liger"]:
+        raise ValueError(
+            f"{_dotted(where, 'model.use_liger')}=true applies to strategy='fsdp' only (Liger patches the Hugging Face "
+            "model's modules; Megatron-core builds its own layers); set it to false or use strategy='fsdp'"
+        )
+
+
 def _dotted(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
@@ -209,6 +219,7 @@ def critic_config(user: Any, where: str = "") -> dict[str, Any]:
     if config["strategy"] == "megatron":
         _reject_offload_on_megatron({"model.fsdp_config": config["model"]["fsdp_config"]}, where, "strategy")
         _reject_packing_on_megatron(config, ("use_dynamic_bsz",))
+        _reject_liger_on_megatron(config, where)
     return config
 
 

@@ -115,6 +115,8 @@ MODEL_SPEC: dict[str, Any] = {
         optional(boolean),
         "None (packed, padding-free forwards where the model supports them), true (required) or false",
     ),
+    "use_liger": Field(boolean, "a bool (Liger's Triton kernels for RMSNorm, SwiGLU and rotary embedding; FSDP on a "
+                       "CUDA GPU, pip install -e \".[liger]\")"),
     "override_config": Field(config_fields, "a mapping of config.json fields to values (verl's key: they replace the "
                              "folder's values when the model is built, in the trainer and the engine)"),
 }

@@ -10,7 +10,7 @@ from workers.config import actor_rollout_ref_config, critic_config, mini_batch_p
 def test_defaults_are_filled_and_values_normalised():
     config = actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"optim": {"lr": 1}}})
     assert config["model"] == {"path": "/m", "dtype": "auto", "enable_gradient_checkpointing": False,
-                               "gradient_checkpointing_layers": None, "attn_implementation": None, "use_remove_padding": None, "lora_rank": 0, "lora_alpha": 16,
+                               "gradient_checkpointing_layers": None, "attn_implementation": None, "use_liger": False, "use_remove_padding": None, "lora_rank": 0, "lora_alpha": 16,
                                "target_modules": "all-linear", "exclude_modules": None, "logits_chunk_tokens": 2048,
                                "override_config": {}}
     assert "lora_rank" not in critic_config({"model": {"path": "/m"}})["model"]  # LoRA is the actor's

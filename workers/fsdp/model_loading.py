@@ -12,6 +12,7 @@ from workers.checkpointed_layers import kept_layers
 from workers.dtypes import COMPUTE_DTYPES
 from workers.fsdp.wrap import shard_in_units
 from workers.head_log_probs import set_logits_chunk_tokens
+from workers.liger_kernels import apply_liger_kernels
 from workers.lora.model import add_lora_adapters
 from workers.lora.spec import LoraSpec
 from workers.packing.forward import enable_packing
@@ -91,6 +92,8 @@ def load_sharded_model(
         kwargs["attn_implementation"] = model_cfg["attn_implementation"]
     torch.manual_seed(seed)
     model = auto_class.from_pretrained(model_cfg["path"], **kwargs)
+    if model_cfg.get("use_liger"):
+        apply_liger_kernels(model, device)
     if trainable and model_cfg["enable_gradient_checkpointing"]:
         enable_gradient_checkpointing(model, model_cfg.get("gradient_checkpointing_layers"))
     text_config = model.config.get_text_config()  # the config itself, or a vision-language model's text part
