@@ -273,8 +273,9 @@ class _TrainerGpu:
         role, mem = self.roles[name], self.memory[name]
         train = role.train or Trainability(full=True)
         tp = role.tp if role.strategy == "megatron" else 1
-        per_token = model_saved_bytes(role.shape, role.e, role.checkpointing, train, kept_layers=role.kept_layers)
-        per_token += backward_peak_bytes(role.shape, role.e, role.checkpointing, train, kept_layers=role.kept_layers)
+        layers = {"kept_layers": role.kept_layers, "liger": role.liger}
+        per_token = model_saved_bytes(role.shape, role.e, role.checkpointing, train, **layers)
+        per_token += backward_peak_bytes(role.shape, role.e, role.checkpointing, train, **layers)
         activations = batch.tokens * per_token // tp
         logit_bytes = 0
         if logits:

@@ -82,6 +82,7 @@ class ModelRole:
     # The LM head's log-probs a chunk of this many tokens at a time (0: full logits; megatron: always full).
     logits_chunk_tokens: int = 0
     kept_layers: int = 0  # with checkpointing: the last decoder layers that keep their activations
+    liger: bool = False  # model.use_liger: Liger's RMSNorm and SwiGLU keep less for backward
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         bool(offload.get("param_offload", False)) and on_gpu, bool(offload.get("optimizer_offload", False)) and on_gpu,
         **parallel,
         logits_chunk_tokens=chunk, kept_layers=_kept_layers(arr.model, actor_shape),
+        liger=bool(_get(cfg, "actor_rollout_ref.model.use_liger", False)) and strategy == "fsdp",
     )
     uses_reference = bool(arr.actor.use_kl_loss) or bool(_get(cfg, "algorithm.use_kl_in_reward", False))
     lora_reference = uses_reference and train.lora_rank > 0
@@ -226,6 +228,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
             bool(critic_offload.get("optimizer_offload", False)) and moves,
             **(_megatron(section) if critic_strategy == "megatron" else {}),
             kept_layers=_kept_layers(section.model, critic_shape),
+            liger=bool(_get(cfg, "critic.model.use_liger", False)) and critic_strategy == "fsdp",
         )
         dynamic = bool(section.use_dynamic_bsz)
         critic_sp = int(_get(cfg, "critic.ulysses_sequence_parallel_size", 1))

@@ -54,7 +54,9 @@ class Trainability:
 FULL = Trainability(full=True)
 
 
-def layer_saved_bytes(shape: ModelShape, e: int, train: Trainability = FULL, kv_repeated: bool = True) -> int:
+def layer_saved_bytes(
+    shape: ModelShape, e: int, train: Trainability = FULL, kv_repeated: bool = True, liger: bool = False
+) -> int:
     """Bytes per token one decoder layer keeps for backward, without gradient checkpointing.
 
     RMSNorm (computed in float32): its float32 input (4h) and 1/rms (4), plus the normalized input when its
@@ -63,17 +65,19 @@ def layer_saved_bytes(shape: ModelShape, e: int, train: Trainability = FULL, kv_
     `kv_repeated`: the packed varlen path and SDPA with a padding mask repeat them for GQA), the output and
     the per-head log-sum-exp; the gated MLP: gate output (SiLU's input),
     SiLU output and up output (the product's inputs), and the product (down_proj's input) when down_proj
-    keeps it; each adapter keeps its rank-r intermediate.
+    keeps it; each adapter keeps its rank-r intermediate. With `liger` (model.use_liger, workers/liger_kernels.py)
+    each RMSNorm keeps its input in the compute dtype and 1/rms only, and the fused SwiGLU keeps the gate and up
+    outputs (SiLU's output is recomputed in its backward).
     """
     h, i = shape.hidden, shape.intermediate
     norm_weight = e * h if train.full else 0
-    norm = FP32 * h + FP32 + norm_weight
+    norm = e * h + FP32 if liger else FP32 * h + FP32 + norm_weight
     qkv_keep = any(train.linear_needs_input(n) for n in ("q_proj", "k_proj", "v_proj"))
     mlp_keep = any(train.linear_needs_input(n) for n in ("gate_proj", "up_proj"))
     saved = 2 * norm + e * h * (qkv_keep + mlp_keep)
     kv_width = shape.q_width if kv_repeated else shape.kv_width
     saved += e * shape.q_width + 2 * e * kv_width + FP32 * shape.heads + e * shape.q_width
-    saved += 3 * e * i + e * i * train.linear_needs_input("down_proj")
+    saved += (2 if liger else 3) * e * i + e * i * train.linear_needs_input("down_proj")
     if shape.qk_norm:
         widths = shape.q_width + shape.kv_width
         saved += FP32 * widths + FP32 * (shape.heads + shape.kv_heads) + (e * widths if train.full else 0)
@@ -89,15 +93,19 @@ def model_saved_bytes(
     train: Trainability = FULL,
     kv_repeated: bool = True,
     kept_layers: int = 0,
+    liger: bool = False,
 ) -> int:
     """Bytes per token the whole decoder keeps for backward (the LM head's side is in `logits_bytes`).
     With gradient checkpointing only each layer's input stays; its activations are recomputed in backward
     (`backward_peak_bytes` adds the one layer being recomputed) — except in the last `kept_layers` layers
     (`gradient_checkpointing_layers` = layers - kept_layers), which keep theirs."""
-    saved_layer = layer_saved_bytes(shape, e, train, kv_repeated)
+    saved_layer = layer_saved_bytes(shape, e, train, kv_repeated, liger)
     kept = kept_layers if checkpointing else shape.layers
     per_layers = (shape.layers - kept) * e * shape.hidden + kept * saved_layer
-    final_norm = FP32 * shape.hidden + FP32 + (e * shape.hidden if train.full else 0)
+    if liger:
+        final_norm = e * shape.hidden + FP32
+    else:
+        final_norm = FP32 * shape.hidden + FP32 + (e * shape.hidden if train.full else 0)
     rotary = 2 * e * shape.head_dim if kept else 0  # cos/sin, shared by the layers that keep them
     return per_layers + final_norm + rotary + 8  # + the token ids
 
@@ -109,6 +117,7 @@ def backward_peak_bytes(
     train: Trainability = FULL,
     kv_repeated: bool = True,
     kept_layers: int = 0,
+    liger: bool = False,
 ) -> int:
     """Bytes per token that the backward of the layers allocates beyond the saved tensors (fitted to torch's
     allocations on CPU, tests/trainer/test_memory_plan_terms.py): without checkpointing the gradients of the
@@ -119,10 +128,11 @@ def backward_peak_bytes(
     plain = e * i + 16 * h if e < FP32 else 2 * e * i + FP32 * h
     if not checkpointing:
         return plain
-    recompute = layer_saved_bytes(shape, e, train, kv_repeated) + 2 * e * (i - h)
+    saved_layer = layer_saved_bytes(shape, e, train, kv_repeated, liger)
+    recompute = saved_layer + 2 * e * (i - h)
     if not kept_layers:
         return recompute
-    freed = kept_layers * layer_saved_bytes(shape, e, train, kv_repeated)
+    freed = kept_layers * saved_layer
     return max(plain, recompute - freed)
 
 
