@@ -96,13 +96,15 @@ PRESETS["7b-4gpu"] = replace(PRESETS["7b-2gpu"], settings=replace(PRESETS["7b-2g
 # packed, 2 min to start), ~2x and ~4x the FLOPs per token.
 _BUDGET_16K = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
                "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768")
+# Liger's fused RMSNorm, SwiGLU and rotary kernels: the update 39% -> 44% MFU on a 7B-shaped update on one H200.
+_LIGER = ("actor_rollout_ref.model.use_liger=true",)
 _NO_TRL = {"trl": "TRL's GRPOTrainer runs in one process here (no accelerate launch): no model above 7B fits it"}
 PRESETS["14b-4gpu"] = Preset(
-    replace(PRESETS["7b-2gpu"].settings, size="14B", gpus=4), {"ours_packed": 600.0}, _NO_TRL, _BUDGET_16K
+    replace(PRESETS["7b-2gpu"].settings, size="14B", gpus=4), {"ours_packed": 600.0}, _NO_TRL, (*_BUDGET_16K, *_LIGER)
 )
 PRESETS["32b-lora-4gpu"] = Preset(
     replace(PRESETS["7b-2gpu"].settings, size="32B", gpus=4), {"ours_packed": 900.0}, _NO_TRL,
-    (*_BUDGET_16K, "actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.model.lora_alpha=128",
+    (*_BUDGET_16K, *_LIGER, "actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.model.lora_alpha=128",
      "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"),
 )
 DEFAULT_PRESET = "0.5b-1gpu"
