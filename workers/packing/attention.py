@@ -40,7 +40,9 @@ def _repeat_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
 def per_sequence_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float
 ) -> torch.Tensor:
-    """q, k, v [T, H, D] (k/v already at H heads) -> [T, H, D]: one causal SDPA per sequence."""
+    """q [T, H, D], k/v [T, h, D] -> [T, H, D]: one causal SDPA per sequence (keys and values repeated to the
+    query heads first)."""
+    k, v = _repeat_heads(k, q.shape[1]), _repeat_heads(v, q.shape[1])
     pieces = []
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end == start:
@@ -81,11 +83,13 @@ def _cuda_kernels() -> list[tuple[str, Callable[..., torch.Tensor]]]:
 
 
 def _kernel_works(kernel: Callable[..., torch.Tensor], device: torch.device, dtype: torch.dtype) -> bool:
-    """Run the kernel on a small packed batch (3 sequences, 2 query heads per key head) against the
-    per-sequence path, forward and backward."""
+    """Run the kernel on a small packed batch (3 sequences, 2 query heads per key head, keys and values at their
+    own head count: the varlen kernels serve grouped-query attention without copies) against the per-sequence
+    path, forward and backward."""
     generator = torch.Generator(device=device).manual_seed(0)
     q, k, v = (
-        torch.randn(11, 4, 64, device=device, dtype=dtype, generator=generator, requires_grad=True) for _ in range(3)
+        torch.randn(11, heads, 64, device=device, dtype=dtype, generator=generator, requires_grad=True)
+        for heads in (4, 2, 2)
     )
     bounds = [0, 3, 4, 11]
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
@@ -98,7 +102,8 @@ def _kernel_works(kernel: Callable[..., torch.Tensor], device: torch.device, dty
         return False
     expected = per_sequence_attention(q.detach(), k.detach(), v.detach(), bounds, 0.125)
     return bool(
-        torch.allclose(out.detach().float(), expected.float(), atol=2e-2, rtol=0) and torch.isfinite(q.grad).all()
+        torch.allclose(out.detach().float(), expected.float(), atol=2e-2, rtol=0)
+        and all(torch.isfinite(x.grad).all() for x in (q, k, v))
     )
 
 
@@ -123,11 +128,9 @@ def varlen_causal_attention(
     scale: float,
     dropout: float,
 ) -> torch.Tensor:
-    """query [1, H, T, D], key/value [1, h, T, D] of one packed row -> [1, T, H, D]."""
-    heads = query.shape[1]
-    q = query[0].transpose(0, 1).contiguous()
-    k = _repeat_heads(key[0].transpose(0, 1), heads).contiguous()
-    v = _repeat_heads(value[0].transpose(0, 1), heads).contiguous()
+    """query [1, H, T, D], key/value [1, h, T, D] of one packed row -> [1, T, H, D]. The varlen kernels take the
+    keys and values at their own head count; the per-sequence path repeats them to the query heads."""
+    q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
     name = kernel_name(q.device, q.dtype)
     if name == "per_sequence_sdpa":
         if dropout:
