@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainer.memory_plan.residency import RoleMemory, role_memory
-from trainer.memory_plan.setup import Batching, ModelRole, PlanSetup, RolloutSetup
+from trainer.memory_plan.setup import Batching, ModelRole, PlanSetup
 from trainer.memory_plan.shape import lora_params
 from trainer.memory_plan.terms import (
     Trainability,
@@ -96,12 +96,6 @@ class MemoryPlan:
         return max(rows, key=lambda r: r.total) if rows else None
 
 
-def engine_gpus(rollout: RolloutSetup) -> int:
-    """The GPUs one vLLM engine spans, its tensor-parallel size: a hybrid engine of size k spans the GPUs of the k
-    actor ranks sharing it, a separate one GPUs of its own."""
-    return rollout.tp
-
-
 def engine_weight_bytes(setup: PlanSetup) -> int:
     """A vLLM engine's weights on one of its GPUs: the actor's model in the engine's dtype, with its LoRA adapter
     slots (vLLM's rank) when the actor trains LoRA, split over the engine's tensor-parallel ranks."""
@@ -109,22 +103,17 @@ def engine_weight_bytes(setup: PlanSetup) -> int:
     params = actor.shape.total_params()
     if actor.train is not None and actor.train.lora_rank:
         params += lora_params(actor.shape, vllm_lora_rank(actor.train.lora_rank), actor.train.lora_targets)
-    return setup.rollout.engine_e * params // engine_gpus(setup.rollout)
-
-
-def utilization_bytes(rollout: RolloutSetup, gpu_bytes: int) -> int:
-    """vLLM's budget, `gpu_memory_utilization` x the GPU: the free memory its start requires, and (without a
-    fixed KV cache) all it holds, its KV cache sized to fill it."""
-    return int(rollout.gpu_memory_utilization * gpu_bytes)
+    return setup.rollout.engine_e * params // setup.rollout.tp
 
 
 def engine_bytes(setup: PlanSetup, gpu_bytes: int | None) -> int:
     """A vLLM engine's bytes on one of its GPUs while awake: with rollout.kv_cache_gib its weights, that KV cache
-    and FIXED_KV_ALLOWANCE_BYTES; else its budget (0 while the GPU's memory is unknown)."""
+    and FIXED_KV_ALLOWANCE_BYTES; else its budget, `gpu_memory_utilization` x the GPU, which its KV cache fills
+    (0 while the GPU's memory is unknown)."""
     rollout = setup.rollout
     if rollout.kv_cache_bytes is not None:
         return engine_weight_bytes(setup) + rollout.kv_cache_bytes + FIXED_KV_ALLOWANCE_BYTES
-    return utilization_bytes(rollout, gpu_bytes) if gpu_bytes else 0
+    return int(rollout.gpu_memory_utilization * gpu_bytes) if gpu_bytes else 0
 
 
 def _parts(**values: int) -> dict[str, int]:

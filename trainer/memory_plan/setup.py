@@ -91,7 +91,7 @@ class RolloutSetup:
     gpu_memory_utilization: float
     sleeps: bool  # hybrid vLLM on GPU releases weights and KV cache between generations
     num_engines: int
-    tp: int
+    tp: int  # the GPUs one engine spans (a hybrid engine: those of the tp actor ranks sharing it)
     bucket_bytes: int
     # A separate engine on a fraction of a trainer's GPU (rollout.gpus_per_engine < 1): its budget counts on
     # that GPU, all the time (a separate engine never sleeps).
