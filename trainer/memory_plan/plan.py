@@ -246,32 +246,26 @@ class _TrainerGpu:
     def forward(self, name: str, batch: Batching, logits_use: str | None) -> dict[str, int]:
         """The compute memory of a no-grad pass of model `name`, by column: its compute copies (weights),
         activations, logits and the free blocks its worker keeps cached (other)."""
-        role, mem = self.roles[name], self.memory[name]
-        tp = role.tp if role.strategy == "megatron" else 1
-        activations = batch.tokens * forward_peak_bytes(role.shape, role.e) // tp
-        logits = 0
-        if logits_use:
-            logits = logits_bytes(
-                batch.response_tokens, role.shape.vocab, role.e, logits_use, role.logits_chunk_tokens, role.shape.hidden
-            ) // tp
-        return _parts(weights=mem.gathered, activations=activations, logits=logits, other=self._cached_blocks(name))
+        role = self.roles[name]
+        return self._compute(name, batch, forward_peak_bytes(role.shape, role.e), logits_use)
 
     def backward(self, name: str, batch: Batching, logits: bool) -> dict[str, int]:
-        """The compute memory at the end of a training forward, by column: compute copies (weights), reduce
-        buffers (grads), activations, logits and the free blocks its worker keeps cached (other)."""
-        role, mem = self.roles[name], self.memory[name]
+        """The compute memory at the end of a training forward, by column: as `forward`, with the reduce
+        buffers (grads) and the activations kept for backward."""
+        role = self.roles[name]
         train = role.train or Trainability(full=True)
-        tp = role.tp if role.strategy == "megatron" else 1
         per_token = model_saved_bytes(role.shape, role.e, role.checkpointing, train, kept_layers=role.kept_layers)
         per_token += backward_peak_bytes(role.shape, role.e, role.checkpointing, train, kept_layers=role.kept_layers)
-        activations = batch.tokens * per_token // tp
-        logit_bytes = 0
-        if logits:
-            logit_bytes = logits_bytes(
-                batch.response_tokens, role.shape.vocab, role.e, "train", role.logits_chunk_tokens, role.shape.hidden
-            ) // tp
-        return _parts(weights=mem.gathered, grads=mem.reduce, activations=activations, logits=logit_bytes,
-                      other=self._cached_blocks(name))
+        return self._compute(name, batch, per_token, "train" if logits else None, grads=self.memory[name].reduce)
+
+    def _compute(self, name: str, batch: Batching, per_token: int, logits_use: str | None, grads: int = 0) -> dict:
+        role = self.roles[name]
+        tp = role.tp if role.strategy == "megatron" else 1
+        shape = role.shape
+        logits = logits_bytes(batch.response_tokens, shape.vocab, role.e, logits_use, role.logits_chunk_tokens,
+                              shape.hidden) // tp if logits_use else 0
+        return _parts(weights=self.memory[name].gathered, grads=grads, activations=batch.tokens * per_token // tp,
+                      logits=logits, other=self._cached_blocks(name))
 
 
 def vllm_lora_rank(rank: int) -> int:
