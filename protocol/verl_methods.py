@@ -30,11 +30,7 @@ RepeatCounts = Sequence[int] | np.ndarray | torch.Tensor
 def _repeat_counts(repeat_times: Any, length: int) -> torch.Tensor:
     """Validate per-row repeat counts: one non-negative int per row, as a 1-D int64 tensor."""
     if isinstance(repeat_times, (list, tuple)):
-        counts = (
-            torch.as_tensor(list(repeat_times), dtype=torch.int64)
-            if repeat_times
-            else torch.empty(0, dtype=torch.int64)
-        )
+        counts = torch.as_tensor(list(repeat_times), dtype=torch.int64)
     elif isinstance(repeat_times, np.ndarray):
         counts = torch.from_numpy(np.asarray(repeat_times))
     elif isinstance(repeat_times, torch.Tensor):
