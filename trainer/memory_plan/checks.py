@@ -126,16 +126,10 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     elif rollout.name == "vllm" and not gpu_bytes:
         notes.append("the GPU's memory is unknown: the vLLM engine's share (gpu_memory_utilization x the GPU) is left "
                      "out; set trainer.gpu_memory_gib")
-    if (
-        setup.on_gpu
-        and setup.rollout.name == "vllm"
-        and setup.rollout.placement == "hybrid"
-        and not setup.rollout.sleeps
-    ):
+    if setup.on_gpu and rollout.name == "vllm" and rollout.placement == "hybrid" and not rollout.sleeps:
         notes.append("the hybrid engine does not sleep (rollout.enable_sleep / free_cache_engine false): it keeps its "
                      "share of the GPU in every phase")
-    host = 0
-    host += mem.weights - (mem.frozen_base if shares_base else 0) if actor.param_offload else 0
+    host = mem.weights - (mem.frozen_base if shares_base else 0) if actor.param_offload else 0
     host += mem.optimizer if actor.optimizer_offload else 0
     if setup.ref is not None and setup.ref.param_offload:
         host += role_memory(setup.ref, setup.gpus_per_pool).weights
