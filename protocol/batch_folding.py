@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from tensordict import TensorDict
 
+from protocol._row_checks import _require_positive_int
 from protocol._tensordict_utils import flatten_tensordict
 from protocol.data_proto import DataProto
 from protocol.errors import ProtocolValueError
@@ -18,8 +19,7 @@ from protocol.errors import ProtocolValueError
 def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
     """[N, ...] -> [new_batch_size, N // new_batch_size, ...] for every batch tensor and numpy array."""
     length = len(data)
-    if isinstance(new_batch_size, bool) or not isinstance(new_batch_size, int) or new_batch_size < 1:
-        raise ProtocolValueError(f"fold_batch_dim: new_batch_size must be a positive int, got {new_batch_size!r}")
+    _require_positive_int("fold_batch_dim: new_batch_size", new_batch_size)
     if length % new_batch_size:
         raise ProtocolValueError(f"fold_batch_dim: length {length} is not divisible by new_batch_size {new_batch_size}")
     group = length // new_batch_size
@@ -31,8 +31,7 @@ def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
 
 def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
     """Flatten the first `batch_dims` dims of every field into the batch dimension (inverse of fold)."""
-    if isinstance(batch_dims, bool) or not isinstance(batch_dims, int) or batch_dims < 1:
-        raise ProtocolValueError(f"unfold_batch_dim: batch_dims must be a positive int, got {batch_dims!r}")
+    _require_positive_int("unfold_batch_dim: batch_dims", batch_dims)
     layout, leaves = flatten_tensordict(data.batch)
     if layout.nested:
         raise ProtocolValueError(

@@ -209,29 +209,20 @@ class DataProto(VerlMethods):
         or bool mask -> DataProto of copies. Other kinds raise TypeError."""
         position = normalize_index(index, len(self))
         if isinstance(position, int):
-            return DataProtoItem(
-                batch=self.batch[position],
-                non_tensor_batch={k: v[position] for k, v in self.non_tensor_batch.items()},
-                meta_info=dict(self.meta_info),
-            )
+            return self._rows(DataProtoItem, position, position)
         if isinstance(position, slice):
             if position.step is not None and position.step < 0:  # torch views cannot step backwards
                 return self._take(torch.tensor(range(*position.indices(len(self))), dtype=torch.int64))
-            return DataProto(
-                batch=self.batch[position],
-                non_tensor_batch={k: v[position] for k, v in self.non_tensor_batch.items()},
-                meta_info=dict(self.meta_info),
-            )
+            return self._rows(DataProto, position, position)
         return self._take(position)
 
     def _take(self, positions: torch.Tensor) -> DataProto:
         """Rows at `positions` (1-D int64, in range), copied."""
-        numpy_positions = positions.numpy()
-        return DataProto(
-            batch=self.batch[positions],
-            non_tensor_batch={k: v[numpy_positions] for k, v in self.non_tensor_batch.items()},
-            meta_info=dict(self.meta_info),
-        )
+        return self._rows(DataProto, positions, positions.numpy())
+
+    def _rows(self, cls: type, index: Any, array_index: Any) -> Any:
+        arrays = {k: v[array_index] for k, v in self.non_tensor_batch.items()}
+        return cls(batch=self.batch[index], non_tensor_batch=arrays, meta_info=dict(self.meta_info))
 
     # ------------------------------------------------------------------ key operations
 
@@ -329,11 +320,12 @@ class DataProto(VerlMethods):
         own = dict(own_leaves)
         own_nested = {p for p, _ in own_layout.nested}
         own_devices = {t.device for _, t in own_leaves}
+        clashes = [p for p, _ in other_leaves if p in own_nested] + [p for p, _ in other_layout.nested if p in own]
+        if clashes:
+            raise ProtocolValueError(
+                f"union: batch key {'.'.join(clashes[0])!r} is a tensor in one DataProto and nested in the other"
+            )
         for path, tensor in other_leaves:
-            if path in own_nested:
-                raise ProtocolValueError(
-                    f"union: batch key {'.'.join(path)!r} is a tensor in one DataProto and nested in the other"
-                )
             if path not in own and len(own_devices) == 1 and tensor.device not in own_devices:
                 (device,) = own_devices  # a mixed-device batch would fail later, far from here
                 raise ProtocolValueError(
@@ -348,11 +340,6 @@ class DataProto(VerlMethods):
             if path in own and not tensors_equal(own[path], tensor):
                 raise ProtocolValueError(
                     f"union: batch key {'.'.join(path)!r} is in both DataProtos with different values"
-                )
-        for path, _ in other_layout.nested:
-            if path in own:
-                raise ProtocolValueError(
-                    f"union: batch key {'.'.join(path)!r} is a tensor in one DataProto and nested in the other"
                 )
         for key, array in other.non_tensor_batch.items():
             if key in self.non_tensor_batch and not arrays_equal(self.non_tensor_batch[key], array):
@@ -513,8 +500,7 @@ class DataProto(VerlMethods):
         data), so they are real samples any worker can process. The result never shares
         memory with `self`, even when no padding is needed.
         """
-        if isinstance(size_divisor, bool) or not isinstance(size_divisor, int) or size_divisor < 1:
-            raise ProtocolValueError(f"size_divisor must be a positive int, got {size_divisor!r}")
+        _require_positive_int("size_divisor", size_divisor)
         length = len(self)
         if length == 0:
             raise ProtocolValueError("cannot pad an empty DataProto: there are no rows to repeat")
@@ -540,8 +526,7 @@ class DataProto(VerlMethods):
 
 def _check_batch_dims(tensors: dict[str, Any], num_batch_dims: int, non_tensors: Any) -> None:
     """from_dict's num_batch_dims: positive, the tensors agree on that many leading dims, and it is 1."""
-    if isinstance(num_batch_dims, bool) or not isinstance(num_batch_dims, int) or num_batch_dims < 1:
-        raise ProtocolValueError(f"num_batch_dims must be a positive int, got {num_batch_dims!r}")
+    _require_positive_int("num_batch_dims", num_batch_dims)
     if num_batch_dims == 1:
         return
     leading = {k: tuple(v.shape[:num_batch_dims]) for k, v in tensors.items() if isinstance(v, torch.Tensor)}

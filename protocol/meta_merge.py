@@ -16,6 +16,7 @@ Any other key must hold the same value in every item that has it; different valu
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from protocol.arrays import values_equal
@@ -28,11 +29,7 @@ ROLLOUT_WEIGHTS_VERSION = "rollout_weights_version"  # the actor weights version
 Combine = Callable[[list[Any]], Any]
 
 
-def _first(values: list[Any]) -> Any:
-    return values[0]
-
-
-PER_BATCH_KEYS: dict[str, Combine] = {SEED_KEY: _first, ROLLOUT_WEIGHTS_VERSION: min}
+PER_BATCH_KEYS: dict[str, Combine] = {SEED_KEY: itemgetter(0), ROLLOUT_WEIGHTS_VERSION: min}
 
 
 def register_per_batch_key(key: str, combine: Combine) -> None:

@@ -38,15 +38,9 @@ def shares_memory(a: DataProto, b: DataProto) -> bool:
     """True if any tensor or array of `a` overlaps memory of any tensor or array of `b`."""
     a_tensors = [t for _, t in flatten_tensordict(a.batch)[1] if t.numel()]
     b_tensors = [t for _, t in flatten_tensordict(b.batch)[1] if t.numel()]
-    for x in a_tensors:
-        for y in b_tensors:
-            if x.device == y.device and _ranges_overlap(x, y):
-                return True
-    for x in a.non_tensor_batch.values():
-        for y in b.non_tensor_batch.values():
-            if np.shares_memory(x, y):
-                return True
-    return False
+    if any(x.device == y.device and _ranges_overlap(x, y) for x in a_tensors for y in b_tensors):
+        return True
+    return any(np.shares_memory(x, y) for x in a.non_tensor_batch.values() for y in b.non_tensor_batch.values())
 
 
 def _ranges_overlap(x: torch.Tensor, y: torch.Tensor) -> bool:

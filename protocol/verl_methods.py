@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from protocol._row_checks import _require_positive_int
 from protocol._tensordict_utils import flatten_tensordict
 from protocol.auto_padding import AUTO_PADDING_KEY, DataProtoConfig
 from protocol.errors import ProtocolTypeError, ProtocolValueError
@@ -29,11 +30,7 @@ RepeatCounts = Sequence[int] | np.ndarray | torch.Tensor
 def _repeat_counts(repeat_times: Any, length: int) -> torch.Tensor:
     """Validate per-row repeat counts: one non-negative int per row, as a 1-D int64 tensor."""
     if isinstance(repeat_times, (list, tuple)):
-        counts = (
-            torch.as_tensor(list(repeat_times), dtype=torch.int64)
-            if repeat_times
-            else torch.empty(0, dtype=torch.int64)
-        )
+        counts = torch.as_tensor(list(repeat_times), dtype=torch.int64)
     elif isinstance(repeat_times, np.ndarray):
         counts = torch.from_numpy(np.asarray(repeat_times))
     elif isinstance(repeat_times, torch.Tensor):
@@ -133,8 +130,7 @@ class VerlMethods:
         stay aligned. `split_keys=None` splits no key (all are repeated); names in `split_keys` that are not
         keys of this DataProto are ignored, as verl does.
         """
-        if isinstance(n_split, bool) or not isinstance(n_split, (int, np.integer)) or n_split < 1:
-            raise ProtocolValueError(f"unfold_column_chunks: n_split must be a positive int, got {n_split!r}")
+        _require_positive_int("unfold_column_chunks: n_split", n_split)
         if isinstance(split_keys, str):
             raise ProtocolTypeError(
                 f"unfold_column_chunks: split_keys must be a list of keys, got the string {split_keys!r}"

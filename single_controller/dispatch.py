@@ -240,9 +240,7 @@ def update_dispatch_mode(dispatch_mode: Dispatch | str, dispatch_fn: DispatchFn,
     """Replace the functions of an existing mode (built-in or registered) for groups created afterwards."""
     key = dispatch_mode.value if isinstance(dispatch_mode, Dispatch) else dispatch_mode
     if not isinstance(key, str) or key not in _TABLE:
-        raise DispatchError(
-            f"dispatch mode {dispatch_mode!r} is not registered; registered modes: {valid_mode_names()}"
-        )
+        raise DispatchError(not_registered(dispatch_mode))
     _check_callables("update_dispatch_mode", dispatch_fn, collect_fn)
     _TABLE[key] = DispatchEntry(dispatch_fn, collect_fn)
 
@@ -284,7 +282,7 @@ def remove_entry(mode: Any) -> None:
     """Remove a mode (`del DISPATCH_MODE_FN_REGISTRY[mode]`); `Dispatch.<name>` of a removed name then raises."""
     key = table_key(mode)
     if key not in _TABLE:
-        raise KeyError(f"dispatch mode {mode!r} is not registered; registered modes: {valid_mode_names()}")
+        raise KeyError(not_registered(mode))
     del _TABLE[key]
     REGISTERED_MODE_NAMES.discard(key)
 
@@ -301,12 +299,23 @@ def entry_for(mode: Dispatch | str) -> DispatchEntry:
     """The table entry of a built-in or registered mode (KeyError-free: raises DispatchError)."""
     key = table_key(mode)
     if key not in _TABLE:
-        raise DispatchError(f"dispatch mode {mode!r} is not registered; registered modes: {valid_mode_names()}")
+        raise DispatchError(not_registered(mode))
     return _TABLE[key]
 
 
 def valid_mode_names() -> list[str]:
     return sorted(_TABLE)
+
+
+def not_registered(mode: Any) -> str:
+    return f"dispatch mode {mode!r} is not registered; registered modes: {valid_mode_names()}"
+
+
+def _unknown(mode: Any) -> str:
+    return (
+        f"unknown dispatch mode {mode!r}; valid modes: {valid_mode_names()}, a MeshDispatch(name), or a "
+        "{'dispatch_fn': f, 'collect_fn': g} dict"
+    )
 
 
 def resolve_dispatch(mode: DispatchMode | MeshDispatch) -> DispatchEntry:
@@ -324,24 +333,14 @@ def resolve_dispatch(mode: DispatchMode | MeshDispatch) -> DispatchEntry:
         return DispatchEntry(mode["dispatch_fn"], mode["collect_fn"])
     key = mode.value if isinstance(mode, Dispatch) else mode
     if key not in _TABLE:
-        raise DispatchError(
-            f"unknown dispatch mode {mode!r}; valid modes: {valid_mode_names()}, a MeshDispatch(name), or a "
-            "{'dispatch_fn': f, 'collect_fn': g} dict"
-        )
+        raise DispatchError(_unknown(mode))
     return _TABLE[key]
 
 
 def validate_dispatch_mode(mode: Any) -> None:
     """Fail at decoration time (with the valid choices) rather than at the first call."""
-    if isinstance(mode, MeshDispatch):
-        return
     if isinstance(mode, Mapping):
         resolve_dispatch(mode)
-        return
     # Named modes may be registered after the decorator runs; Dispatch members always exist.
-    if isinstance(mode, Dispatch) or (isinstance(mode, str) and mode in _TABLE):
-        return
-    raise DispatchError(
-        f"unknown dispatch mode {mode!r}; valid modes: {valid_mode_names()}, a MeshDispatch(name), or a "
-        "{'dispatch_fn': f, 'collect_fn': g} dict"
-    )
+    elif not (isinstance(mode, (MeshDispatch, Dispatch)) or (isinstance(mode, str) and mode in _TABLE)):
+        raise DispatchError(_unknown(mode))

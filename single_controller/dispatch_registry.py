@@ -20,11 +20,11 @@ from typing import Any, Callable
 from single_controller.dispatch import (
     entry_for,
     make_mesh_entry,
+    not_registered,
     remove_entry,
     set_entry,
     table_key,
     table_keys,
-    valid_mode_names,
 )
 from single_controller.errors import DispatchError
 from single_controller.mesh import MeshDispatch
@@ -43,7 +43,7 @@ class _DispatchRegistry(MutableMapping):
 
     def __getitem__(self, mode: Dispatch | str) -> FunctionPair:
         if not isinstance(mode, str) or table_key(mode) not in table_keys():
-            raise KeyError(f"dispatch mode {mode!r} is not registered; registered modes: {valid_mode_names()}")
+            raise KeyError(not_registered(mode))
         entry = entry_for(mode)
         return _as_pair(entry.dispatch_fn, entry.collect_fn)
 

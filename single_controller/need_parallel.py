@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Literal, Sequence
 
 import numpy as np
@@ -31,12 +32,8 @@ class NeedParallel:
 def _bounds(length: int, parts: int) -> list[tuple[int, int]]:
     # Contiguous near-equal parts; the first `length % parts` parts get one extra item.
     base, extra = divmod(length, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        end = start + base + (1 if i < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
+    ends = list(accumulate(base + (i < extra) for i in range(parts)))
+    return list(zip([0, *ends[:-1]], ends))
 
 
 def split_value(value: Any, parts: int, split_type: SplitType = "batch") -> list[Any]:
@@ -62,9 +59,7 @@ def split_value(value: Any, parts: int, split_type: SplitType = "batch") -> list
         return list(torch.tensor_split(value, parts, dim=0))
     if isinstance(value, np.ndarray):
         return list(np.array_split(value, parts, axis=0))
-    if isinstance(value, DataProto):
-        return [value[a:b] for a, b in _bounds(len(value), parts)]
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (DataProto, list, tuple)):
         return [value[a:b] for a, b in _bounds(len(value), parts)]
     raise TypeError(
         "NeedParallel(type='batch') splits lists, tuples, tensors, numpy arrays, DataProto or dicts of "

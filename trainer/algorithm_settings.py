@@ -4,13 +4,11 @@ the config loader imports it."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.algorithm_names import FILTER_GROUPS_METRICS
 from trainer.critic_warmup import check_critic_warmup
-from trainer.reward_settings import check_reward_settings
+from trainer.reward_settings import check_reward_settings, is_int
 
 METRIC_MEANINGS = (
     "acc/score: the rule reward's score; seq_reward: the summed token scores; "
@@ -21,10 +19,6 @@ METRIC_MEANINGS = (
 def gen_batch_size(cfg: DictConfig) -> int:
     """Prompts per generation batch: data.gen_batch_size, or data.train_batch_size when it is null."""
     return cfg.data.get("gen_batch_size") or cfg.data.train_batch_size
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_filter_groups(cfg: DictConfig) -> list[str]:
@@ -39,7 +33,7 @@ def _check_filter_groups(cfg: DictConfig) -> list[str]:
             f"choose one of {list(FILTER_GROUPS_METRICS)} ({METRIC_MEANINGS})"
         )
     cap = settings.max_num_gen_batches
-    if not _is_int(cap) or cap < 0:
+    if not is_int(cap) or cap < 0:
         problems.append(
             f"{key}.max_num_gen_batches={cap!r} must be an integer >= 0 (0: no limit but one pass over the dataset)"
         )
@@ -74,7 +68,7 @@ def _check_gen_batch_size(cfg: DictConfig) -> list[str]:
     value = cfg.data.get("gen_batch_size")
     if value is None:
         return []
-    if not _is_int(value) or value < 1:
+    if not is_int(value) or value < 1:
         return [f"data.gen_batch_size={value!r} must be null (data.train_batch_size) or a positive integer"]
     if value != cfg.data.train_batch_size and cfg.algorithm.filter_groups.enable is not True:
         return [

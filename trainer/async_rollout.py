@@ -56,14 +56,8 @@ class AsyncRollout:
         self.counts = {"dropped": 0, "regenerated": 0, "polls": 0, "stream_calls": 0}
         # Seconds of the polls' round trips into the engines, of those the engines spent in the method, and
         # the driver's own parts of the wait: choosing the prompts to hand out, filing the finished groups.
-        self.exchange = {
-            "round_trip": 0.0,
-            "in_worker": 0.0,
-            "share_out": 0.0,
-            "filing": 0.0,
-            "thread_cpu": 0.0,
-            "process_cpu": 0.0,
-        }
+        parts = ("round_trip", "in_worker", "share_out", "filing", "thread_cpu", "process_cpu")
+        self.exchange = dict.fromkeys(parts, 0.0)
         self.taken: DataProto | None = None
         self.phases: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}

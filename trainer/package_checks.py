@@ -57,12 +57,8 @@ def extra_requirements(extra: str) -> list[Requirement]:
         listed = metadata.requires(PROJECT) or []
     except metadata.PackageNotFoundError:
         return []
-    wanted = []
-    for line in listed:
-        requirement = Requirement(line)
-        if requirement.marker is not None and requirement.marker.evaluate({"extra": extra}):
-            wanted.append(requirement)
-    return wanted
+    requirements = map(Requirement, listed)
+    return [r for r in requirements if r.marker is not None and r.marker.evaluate({"extra": extra})]
 
 
 def need_problem(need: PackageNeed, present: bool, versions: Mapping[str, str | None],

@@ -29,7 +29,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.flops import Flops, ModelFlops
 from trainer.memory_plan.gpu import detect_gpu_name
-from trainer.memory_plan.shape import lora_targets, read_shape
+from trainer.memory_plan.setup import lora_trainability
+from trainer.memory_plan.shape import read_shape
+from trainer.memory_plan.terms import Trainability
 
 # Dense (no sparsity) bf16 Tensor Core peak in TFLOP/s by a part of the device name, most specific first (the
 # first part found in the name wins: "H200" before "H20", "L40S" before "L40" before "L4"). From the vendors'
@@ -166,28 +168,18 @@ class RunPerf:
     def phase_work(self, lengths: Sequence[int], generated: Sequence[int]) -> dict[str, PhaseWork]:
         """Each phase's work for a batch of sequences of `lengths` tokens, `generated` of each sampled."""
         work: dict[str, PhaseWork] = {}
-        trainer_gpus = self.gpus.trainer
+        gpus = self.gpus.trainer
         if self.actor is not None:
             if self.count_generate:
                 work["generate"] = PhaseWork(self.actor.generate(lengths, generated), self.gpus.rollout)
-            work["old_log_prob"] = PhaseWork(self.actor.forward(lengths), trainer_gpus)
-            work["ref_log_prob"] = PhaseWork(self.actor.forward(lengths, adapters=False), trainer_gpus)
-            update = self.actor.train(lengths) * self.actor_epochs
-            recompute = (
-                self.actor.recompute(lengths) * (self.actor_epochs * self.actor_recompute)
-                if self.actor_recompute
-                else None
-            )
-            work["update_actor"] = PhaseWork(update, trainer_gpus, update + recompute if recompute else None)
+            work["old_log_prob"] = PhaseWork(self.actor.forward(lengths), gpus)
+            work["ref_log_prob"] = PhaseWork(self.actor.forward(lengths, adapters=False), gpus)
+            work["update_actor"] = _update_work(self.actor, lengths, self.actor_epochs, self.actor_recompute, gpus)
         if self.critic is not None:
             work["values"] = PhaseWork(self.critic.forward(lengths), self.gpus.critic)
-            update = self.critic.train(lengths) * self.critic_epochs
-            recompute = (
-                self.critic.recompute(lengths) * (self.critic_epochs * self.critic_recompute)
-                if self.critic_recompute
-                else None
+            work["update_critic"] = _update_work(
+                self.critic, lengths, self.critic_epochs, self.critic_recompute, self.gpus.critic
             )
-            work["update_critic"] = PhaseWork(update, self.gpus.critic, update + recompute if recompute else None)
         return work
 
     def metrics(
@@ -222,14 +214,17 @@ def _recompute_share(model: DictConfig, flops: ModelFlops | None) -> float:
     return min(int(layers), flops.shape.layers) / flops.shape.layers
 
 
+def _update_work(flops: ModelFlops, lengths: Sequence[int], epochs: int, recompute: float, gpus: int) -> PhaseWork:
+    """An update's model FLOPs over its epochs, and with gradient checkpointing the recomputed share on top."""
+    update = flops.train(lengths) * epochs
+    return PhaseWork(update, gpus, update + flops.recompute(lengths) * (epochs * recompute) if recompute else None)
+
+
 def _model_flops(path: str, key: str, head: str, lora_section: DictConfig | None = None) -> ModelFlops | None:
     """The FLOP counts of the model folder at `path`, or None when its config.json is not a decoder's."""
     try:
         shape = read_shape(path, key)
     except ValueError:
         return None
-    rank = int(lora_section.get("lora_rank", 0) or 0) if lora_section is not None else 0
-    if rank <= 0:
-        return ModelFlops(shape, head)
-    targets = lora_targets(lora_section.get("target_modules", "all-linear"), lora_section.get("exclude_modules", None))
-    return ModelFlops(shape, head, rank, targets)
+    train = lora_trainability(lora_section) if lora_section is not None else Trainability(full=True)
+    return ModelFlops(shape, head, train.lora_rank, train.lora_targets)

@@ -6,7 +6,6 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
 from omegaconf import DictConfig
 
 from protocol import DataProto
@@ -26,6 +25,7 @@ from trainer.run_data import RunData
 from trainer.step_loop import StepLoop
 from trainer.timing import PhaseTimer
 from trainer.tracking import Tracker
+from trainer.worker_metrics import mean_over_workers
 from workers.rl_math.masked import masked_mean
 from workers.rl_math.rollout_correction import (
     OLD_LOG_PROBS,
@@ -37,10 +37,9 @@ from workers.rl_math.rollout_correction import (
 
 
 def mean_metrics(per_worker: list[dict[str, float]], prefix: str) -> dict[str, float]:
-    """Each metric averaged over the workers, named `prefix/name`; a name that already has its group
-    (`rollout/logprob_gap_mean` from the update) keeps it."""
-    keys = per_worker[0].keys() if per_worker else []
-    return {k if "/" in k else f"{prefix}/{k}": float(np.mean([m[k] for m in per_worker])) for k in keys}
+    """Each metric averaged over the workers that report it, named `prefix/name`; a name that already has its
+    group (`rollout/logprob_gap_mean` from the update) keeps it."""
+    return {k if "/" in k else f"{prefix}/{k}": value for k, value in mean_over_workers(per_worker).items()}
 
 
 class PPOTrainer(StepLoop):

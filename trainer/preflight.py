@@ -149,11 +149,6 @@ def _resume_state(cfg: DictConfig) -> tuple[Path, dict[str, Any]] | None:
     return None if path is None else (path, load_driver_state(path))
 
 
-def _resume_point(cfg: DictConfig) -> tuple[Path, int] | None:
-    found = _resume_state(cfg)
-    return None if found is None else (found[0], int(found[1]["global_step"]))
-
-
 def check_resume_matches(cfg: DictConfig) -> None:
     """The checkpoint the run would resume was trained with this run's LoRA settings and model shapes."""
     from trainer.resume_checks import resume_mismatch
@@ -166,8 +161,8 @@ def check_resume_matches(cfg: DictConfig) -> None:
 
 def resume_step(cfg: DictConfig) -> int | None:
     """The step of the checkpoint the run will resume from (`trainer.resume_mode`), or None: it starts at 0."""
-    point = _resume_point(cfg)
-    return None if point is None else point[1]
+    found = _resume_state(cfg)
+    return None if found is None else int(found[1]["global_step"])
 
 
 def finished_run(cfg: DictConfig) -> str | None:
@@ -176,10 +171,10 @@ def finished_run(cfg: DictConfig) -> str | None:
     total = cfg.trainer.total_training_steps
     if total is None:
         return None
-    point = _resume_point(cfg)
-    if point is None or point[1] < total:
+    found = _resume_state(cfg)
+    if found is None or int(found[1]["global_step"]) < total:
         return None
-    path, step = point
+    path, step = found[0], int(found[1]["global_step"])
     return (
         f"nothing to train: the checkpoint {path} is at step {step} and trainer.total_training_steps={total}; raise "
         "trainer.total_training_steps (or, while it is null, trainer.total_epochs) to train further, or set "

@@ -64,7 +64,7 @@ def overlong_buffer(cfg: DictConfig) -> OverlongBuffer | None:
     return OverlongBuffer(int(settings["len"]), factor, int(limit), log)
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -86,7 +86,7 @@ def _check_kwargs(cfg: DictConfig, manager: str) -> list[str]:
                 "set reward_model.reward_manager=dapo"]
     problems = []
     limit = kwargs.get("max_resp_len")
-    if limit is not None and (not _is_int(limit) or limit < 2):
+    if limit is not None and (not is_int(limit) or limit < 2):
         problems.append(f"{KWARGS_KEY}.max_resp_len={limit!r} must be an integer >= 2 (the response length the "
                         "overlong buffer ends at; unset: data.max_response_length)")
     if "overlong_buffer_cfg" in kwargs and OmegaConf.select(cfg, f"{OVERLONG_KEY}.enable") is True:
@@ -112,7 +112,7 @@ def _check_overlong(cfg: DictConfig, manager: str) -> list[str]:
     limit = _kwargs(cfg).get("max_resp_len") or cfg.data.max_response_length
     where = f"{KWARGS_KEY}.max_resp_len" if _kwargs(cfg).get("max_resp_len") else "data.max_response_length"
     length = settings.get("len")
-    if _is_int(limit) and (not _is_int(length) or not 0 < length < limit):
+    if is_int(limit) and (not is_int(length) or not 0 < length < limit):
         problems.append(f"{key}.len={length!r} must be an integer in 1..{limit - 1}: the last tokens before "
                         f"{where}={limit} over which the penalty grows")
     factor = settings.get("penalty_factor", 1.0)

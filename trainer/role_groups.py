@@ -238,19 +238,20 @@ class RoleGroups:
         records.update(self.rollout_source.pop_exec_seconds())
         return records
 
+    def _trained(self) -> list[tuple[str, RayWorkerGroup]]:
+        """The checkpointed groups with their folder names."""
+        groups = ((ACTOR_DIR, self.actor), (CRITIC_DIR, self.critic))
+        return [(name, group) for name, group in groups if group is not None]
+
     def save(self, folder: Path) -> None:
-        self.actor.save_checkpoint(str(folder / ACTOR_DIR))
-        if ACTOR_DIR in self.hf_in_checkpoint:
-            self.actor.export_hf(str(folder / ACTOR_DIR / HF_MODEL_DIR))
-        if self.critic is not None:
-            self.critic.save_checkpoint(str(folder / CRITIC_DIR))
-            if CRITIC_DIR in self.hf_in_checkpoint:
-                self.critic.export_hf(str(folder / CRITIC_DIR / HF_MODEL_DIR))
+        for name, group in self._trained():
+            group.save_checkpoint(str(folder / name))
+            if name in self.hf_in_checkpoint:
+                group.export_hf(str(folder / name / HF_MODEL_DIR))
 
     def load(self, folder: Path) -> None:
-        self.actor.load_checkpoint(str(folder / ACTOR_DIR))
-        if self.critic is not None:
-            self.critic.load_checkpoint(str(folder / CRITIC_DIR))
+        for name, group in self._trained():
+            group.load_checkpoint(str(folder / name))
 
     def shutdown(self) -> None:
         """Kill the workers and give their placement groups back; safe to call twice."""

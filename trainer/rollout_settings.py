@@ -11,13 +11,7 @@ from workers.rollout_choices import ASYNC_TRAINING_DEFAULTS
 def check_rollout_settings(cfg: DictConfig) -> list[str]:
     """Problems of the rollout settings across keys (the values themselves: the workers' schema, checked first)."""
     rollout = cfg.actor_rollout_ref.rollout
-    problems = []
-    if rollout.staleness == 1 and not (rollout.name == "vllm" and rollout.placement == "separate"):
-        problems.append(
-            "actor_rollout_ref.rollout.staleness=1 needs engines of their own to generate while the actor trains: "
-            "set rollout.name=vllm and rollout.placement=separate "
-            f"(got name={rollout.name!r}, placement={rollout.placement!r})"
-        )
+    problems = _separate_engines_problem(rollout, "staleness=1", "to generate") if rollout.staleness == 1 else []
     problems += check_async_settings(cfg) + check_gpu_shares(cfg) + check_validation_settings(cfg)
     problems += check_hybrid_group(cfg)
     if rollout.tis_imp_ratio_cap is not None and rollout.name != "vllm":
@@ -26,6 +20,15 @@ def check_rollout_settings(cfg: DictConfig) -> list[str]:
             f"rollout.name=vllm returns (got {rollout.name!r})"
         )
     return problems
+
+
+def _separate_engines_problem(rollout: DictConfig, setting: str, doing: str) -> list[str]:
+    if rollout.name == "vllm" and rollout.placement == "separate":
+        return []
+    return [
+        f"actor_rollout_ref.rollout.{setting} needs engines of their own {doing} while the actor trains: set "
+        f"rollout.name=vllm and rollout.placement=separate (got name={rollout.name!r}, placement={rollout.placement!r})"
+    ]
 
 
 def check_hybrid_group(cfg: DictConfig) -> list[str]:
@@ -50,13 +53,7 @@ def check_async_settings(cfg: DictConfig) -> list[str]:
     rollout = cfg.actor_rollout_ref.rollout
     if not rollout.async_training:
         return _async_only_keys_set(rollout)
-    problems = []
-    if not (rollout.name == "vllm" and rollout.placement == "separate"):
-        problems.append(
-            "actor_rollout_ref.rollout.async_training=true needs engines of their own generating while the actor "
-            "trains: set rollout.name=vllm and rollout.placement=separate "
-            f"(got name={rollout.name!r}, placement={rollout.placement!r})"
-        )
+    problems = _separate_engines_problem(rollout, "async_training=true", "generating")
     if rollout.staleness != 0:
         problems.append(
             f"actor_rollout_ref.rollout.staleness={rollout.staleness!r} is the one-step-off setting of synchronous "

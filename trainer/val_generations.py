@@ -19,12 +19,10 @@ def decoded_generations(tokenizer: Any, prompts: DataProto, out: DataProto, scor
     prompt_ids, prompt_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
     responses = out.batch["responses"]
     response_mask = out.batch["attention_mask"][:, -responses.shape[1]:].bool()  # tool tokens included
-    inputs = tokenizer.batch_decode(
-        [ids[keep].tolist() for ids, keep in zip(prompt_ids, prompt_mask)], skip_special_tokens=True
-    )
-    outputs = tokenizer.batch_decode(
-        [ids[keep].tolist() for ids, keep in zip(responses, response_mask)], skip_special_tokens=True
-    )
+    def decode(rows: Any, masks: Any) -> list[str]:
+        return tokenizer.batch_decode([ids[keep].tolist() for ids, keep in zip(rows, masks)], skip_special_tokens=True)
+
+    inputs, outputs = decode(prompt_ids, prompt_mask), decode(responses, response_mask)
     return [{"input": i, "output": o, "score": float(s)} for i, o, s in zip(inputs, outputs, scores)]
 
 

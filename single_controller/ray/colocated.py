@@ -79,9 +79,7 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> RayClassWithIn
     return RayClassWithInitArgs(create_colocated_worker_raw_cls(class_dict))
 
 
-def create_colocated_worker_cls_fused(class_dict: Mapping[str, Any]) -> RayClassWithInitArgs:
-    """The same as `create_colocated_worker_cls`: every colocated actor here is a fused one."""
-    return create_colocated_worker_cls(class_dict)
+create_colocated_worker_cls_fused = create_colocated_worker_cls  # every colocated actor here is a fused one
 
 
 def create_colocated_worker_raw_cls(class_dict: Mapping[str, Any]) -> type:

@@ -373,9 +373,7 @@ class RayWorkerGroup:
         """Call `method` on every rank and wait: one result per rank (errors name the failing ranks)."""
         return self._wait(self.execute_all_async(method, *args, **kwargs), list(range(self.world_size)), method)
 
-    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Same as execute_all_sync: waits and returns the results (not ObjectRefs)."""
-        return self.execute_all_sync(method, *args, **kwargs)
+    execute_all = execute_all_sync  # waits and returns the results (not ObjectRefs)
 
     def execute_rank_zero_async(self, method: str, *args: Any, **kwargs: Any) -> ray.ObjectRef:
         """Call `method` on rank 0 only and return its ObjectRef."""
@@ -386,9 +384,7 @@ class RayWorkerGroup:
         """Call `method` on rank 0 only and wait for its result."""
         return self._wait([self.execute_rank_zero_async(method, *args, **kwargs)], [0], method)[0]
 
-    def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Same as execute_rank_zero_sync: waits and returns the result (not an ObjectRef)."""
-        return self.execute_rank_zero_sync(method, *args, **kwargs)
+    execute_rank_zero = execute_rank_zero_sync  # waits and returns the result (not an ObjectRef)
 
     # The actor method that calls any method of one role of a fused actor: "<role>_fwmn_<method>".
     fused_worker_execute_fn_name = FUSED_EXECUTE_METHOD

@@ -11,6 +11,9 @@ from protocol import DataProto
 
 from .collate import collate_to_dataproto
 
+# What fixes the batches a sampler yields; a state saved with other values is refused.
+_SETTINGS = ("num_samples", "batch_size", "shuffle", "seed", "drop_last")
+
 
 class ResumableBatchSampler:
     """Index batches across epochs; the state is just (epoch, position within the epoch).
@@ -65,19 +68,11 @@ class ResumableBatchSampler:
             yield self.next_indices()
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "num_samples": self.num_samples,
-            "batch_size": self.batch_size,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "drop_last": self.drop_last,
-        }
+        return {"epoch": self.epoch, "position": self.position, **{key: getattr(self, key) for key in _SETTINGS}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # A different dataset size or seed would silently yield other batches: refuse it.
-        for key in ("num_samples", "batch_size", "shuffle", "seed", "drop_last"):
+        for key in _SETTINGS:
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(f"sampler state has {key}={state[key]!r} but this sampler has {getattr(self, key)!r}")
         position = int(state["position"])

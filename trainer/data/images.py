@@ -69,10 +69,9 @@ class VisionTokens:
 
         config = AutoConfig.from_pretrained(path)
         processor = AutoImageProcessor.from_pretrained(path)
-        names = [tokenizer.convert_ids_to_tokens(int(config.vision_start_token_id)),
-                 tokenizer.convert_ids_to_tokens(int(config.image_token_id)),
-                 tokenizer.convert_ids_to_tokens(int(config.vision_end_token_id))]
-        return cls(*names, int(config.image_token_id), processor, int(getattr(processor, "merge_size", 1)))
+        ids = [int(config.vision_start_token_id), int(config.image_token_id), int(config.vision_end_token_id)]
+        names = tokenizer.convert_ids_to_tokens(ids)
+        return cls(*names, ids[1], processor, int(getattr(processor, "merge_size", 1)))
 
     def tokens_of(self, encoded: bytes) -> int:
         """Placeholder tokens of one image: the processor's patches of its resized size, merged."""

@@ -5,13 +5,7 @@ from __future__ import annotations
 import math
 
 from trainer.memory_plan.gpu import GIB
-from trainer.memory_plan.plan import (
-    FIXED_KV_ALLOWANCE_BYTES,
-    RUNTIME_BYTES,
-    engine_gpus,
-    engine_weight_bytes,
-    utilization_bytes,
-)
+from trainer.memory_plan.plan import FIXED_KV_ALLOWANCE_BYTES, RUNTIME_BYTES, engine_weight_bytes
 from trainer.memory_plan.residency import role_memory
 from trainer.memory_plan.setup import PlanSetup
 from trainer.memory_plan.terms import kv_cache_bytes
@@ -40,7 +34,7 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
         # vLLM's own check (kv_cache_utils._check_enough_kv_cache_memory), whose message would ask for a
         # higher gpu_memory_utilization, which a fixed cache ignores. About: vLLM counts whole blocks.
         one_sequence = (
-            kv_cache_bytes(setup.actor.shape, rollout.engine_e, 1, rollout.max_model_len) // engine_gpus(rollout)
+            kv_cache_bytes(setup.actor.shape, rollout.engine_e, 1, rollout.max_model_len) // rollout.tp
         )
         if rollout.kv_cache_bytes < one_sequence:
             least = math.ceil(one_sequence / GIB * 100) / 100
@@ -51,7 +45,7 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
             )
     if not gpu_bytes:
         return problems
-    budget = utilization_bytes(rollout, gpu_bytes)
+    budget = int(rollout.gpu_memory_utilization * gpu_bytes)  # vLLM's budget
     weights = engine_weight_bytes(setup)
     # With a fixed KV cache vLLM does not fit the engine into its budget: the budget only gates the start (below).
     if not fixed_kv and budget < weights + ENGINE_HEADROOM_BYTES:
@@ -132,16 +126,10 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     elif rollout.name == "vllm" and not gpu_bytes:
         notes.append("the GPU's memory is unknown: the vLLM engine's share (gpu_memory_utilization x the GPU) is left "
                      "out; set trainer.gpu_memory_gib")
-    if (
-        setup.on_gpu
-        and setup.rollout.name == "vllm"
-        and setup.rollout.placement == "hybrid"
-        and not setup.rollout.sleeps
-    ):
+    if setup.on_gpu and rollout.name == "vllm" and rollout.placement == "hybrid" and not rollout.sleeps:
         notes.append("the hybrid engine does not sleep (rollout.enable_sleep / free_cache_engine false): it keeps its "
                      "share of the GPU in every phase")
-    host = 0
-    host += mem.weights - (mem.frozen_base if shares_base else 0) if actor.param_offload else 0
+    host = mem.weights - (mem.frozen_base if shares_base else 0) if actor.param_offload else 0
     host += mem.optimizer if actor.optimizer_offload else 0
     if setup.ref is not None and setup.ref.param_offload:
         host += role_memory(setup.ref, setup.gpus_per_pool).weights

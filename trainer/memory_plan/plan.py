@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainer.memory_plan.residency import RoleMemory, role_memory
-from trainer.memory_plan.setup import Batching, ModelRole, PlanSetup, RolloutSetup
+from trainer.memory_plan.setup import Batching, ModelRole, PlanSetup
 from trainer.memory_plan.shape import lora_params
 from trainer.memory_plan.terms import (
     Trainability,
@@ -96,12 +96,6 @@ class MemoryPlan:
         return max(rows, key=lambda r: r.total) if rows else None
 
 
-def engine_gpus(rollout: RolloutSetup) -> int:
-    """The GPUs one vLLM engine spans, its tensor-parallel size: a hybrid engine of size k spans the GPUs of the k
-    actor ranks sharing it, a separate one GPUs of its own."""
-    return rollout.tp
-
-
 def engine_weight_bytes(setup: PlanSetup) -> int:
     """A vLLM engine's weights on one of its GPUs: the actor's model in the engine's dtype, with its LoRA adapter
     slots (vLLM's rank) when the actor trains LoRA, split over the engine's tensor-parallel ranks."""
@@ -109,22 +103,17 @@ def engine_weight_bytes(setup: PlanSetup) -> int:
     params = actor.shape.total_params()
     if actor.train is not None and actor.train.lora_rank:
         params += lora_params(actor.shape, vllm_lora_rank(actor.train.lora_rank), actor.train.lora_targets)
-    return setup.rollout.engine_e * params // engine_gpus(setup.rollout)
-
-
-def utilization_bytes(rollout: RolloutSetup, gpu_bytes: int) -> int:
-    """vLLM's budget, `gpu_memory_utilization` x the GPU: the free memory its start requires, and (without a
-    fixed KV cache) all it holds, its KV cache sized to fill it."""
-    return int(rollout.gpu_memory_utilization * gpu_bytes)
+    return setup.rollout.engine_e * params // setup.rollout.tp
 
 
 def engine_bytes(setup: PlanSetup, gpu_bytes: int | None) -> int:
     """A vLLM engine's bytes on one of its GPUs while awake: with rollout.kv_cache_gib its weights, that KV cache
-    and FIXED_KV_ALLOWANCE_BYTES; else its budget (0 while the GPU's memory is unknown)."""
+    and FIXED_KV_ALLOWANCE_BYTES; else its budget, `gpu_memory_utilization` x the GPU, which its KV cache fills
+    (0 while the GPU's memory is unknown)."""
     rollout = setup.rollout
     if rollout.kv_cache_bytes is not None:
         return engine_weight_bytes(setup) + rollout.kv_cache_bytes + FIXED_KV_ALLOWANCE_BYTES
-    return utilization_bytes(rollout, gpu_bytes) if gpu_bytes else 0
+    return int(rollout.gpu_memory_utilization * gpu_bytes) if gpu_bytes else 0
 
 
 def _parts(**values: int) -> dict[str, int]:
@@ -257,33 +246,27 @@ class _TrainerGpu:
     def forward(self, name: str, batch: Batching, logits_use: str | None) -> dict[str, int]:
         """The compute memory of a no-grad pass of model `name`, by column: its compute copies (weights),
         activations, logits and the free blocks its worker keeps cached (other)."""
-        role, mem = self.roles[name], self.memory[name]
-        tp = role.tp if role.strategy == "megatron" else 1
-        activations = batch.tokens * forward_peak_bytes(role.shape, role.e) // tp
-        logits = 0
-        if logits_use:
-            logits = logits_bytes(
-                batch.response_tokens, role.shape.vocab, role.e, logits_use, role.logits_chunk_tokens, role.shape.hidden
-            ) // tp
-        return _parts(weights=mem.gathered, activations=activations, logits=logits, other=self._cached_blocks(name))
+        role = self.roles[name]
+        return self._compute(name, batch, forward_peak_bytes(role.shape, role.e), logits_use)
 
     def backward(self, name: str, batch: Batching, logits: bool) -> dict[str, int]:
-        """The compute memory at the end of a training forward, by column: compute copies (weights), reduce
-        buffers (grads), activations, logits and the free blocks its worker keeps cached (other)."""
-        role, mem = self.roles[name], self.memory[name]
+        """The compute memory at the end of a training forward, by column: as `forward`, with the reduce
+        buffers (grads) and the activations kept for backward."""
+        role = self.roles[name]
         train = role.train or Trainability(full=True)
-        tp = role.tp if role.strategy == "megatron" else 1
         layers = {"kept_layers": role.kept_layers, "liger": role.liger}
         per_token = model_saved_bytes(role.shape, role.e, role.checkpointing, train, **layers)
         per_token += backward_peak_bytes(role.shape, role.e, role.checkpointing, train, **layers)
-        activations = batch.tokens * per_token // tp
-        logit_bytes = 0
-        if logits:
-            logit_bytes = logits_bytes(
-                batch.response_tokens, role.shape.vocab, role.e, "train", role.logits_chunk_tokens, role.shape.hidden
-            ) // tp
-        return _parts(weights=mem.gathered, grads=mem.reduce, activations=activations, logits=logit_bytes,
-                      other=self._cached_blocks(name))
+        return self._compute(name, batch, per_token, "train" if logits else None, grads=self.memory[name].reduce)
+
+    def _compute(self, name: str, batch: Batching, per_token: int, logits_use: str | None, grads: int = 0) -> dict:
+        role = self.roles[name]
+        tp = role.tp if role.strategy == "megatron" else 1
+        shape = role.shape
+        logits = logits_bytes(batch.response_tokens, shape.vocab, role.e, logits_use, role.logits_chunk_tokens,
+                              shape.hidden) // tp if logits_use else 0
+        return _parts(weights=self.memory[name].gathered, grads=grads, activations=batch.tokens * per_token // tp,
+                      logits=logits, other=self._cached_blocks(name))
 
 
 def vllm_lora_rank(rank: int) -> int:

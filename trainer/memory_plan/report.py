@@ -5,6 +5,7 @@ from __future__ import annotations
 from trainer.memory_plan.checks import gib
 from trainer.memory_plan.gpu import GIB
 from trainer.memory_plan.plan import COLUMNS, MemoryPlan, Row
+from trainer.memory_plan.setup import PlanSetup
 
 # What lowers each kind of memory, for the message of a plan that does not fit.
 SHARD = "more GPUs to shard over (trainer.n_gpus_per_node)"
@@ -114,3 +115,18 @@ def misfit_message(plan: MemoryPlan) -> str:
             f"try {remedy}"
         )
     return f"memory plan: {reason}; trainer.plan_only=true prints the plan, trainer.memory_check=warn runs anyway"
+
+
+def settings_on(setup: PlanSetup) -> set[str]:
+    """The remedies not to suggest: settings the run already has, and the engine setting that does not size its
+    share (with a fixed KV cache the utilization only gates the start; without one there is no cache size)."""
+    actor = setup.actor
+    on = {PARAM_OFFLOAD} if actor.param_offload else set()
+    on |= {OPTIMIZER_OFFLOAD} if actor.optimizer_offload else set()
+    # The critic's switches: not suggested without a critic that could move its state (FSDP, on a GPU), or when on.
+    critic = setup.critic
+    movable = critic is not None and critic.strategy == "fsdp" and setup.on_gpu
+    on |= {CRITIC_PARAM_OFFLOAD} if not movable or critic.param_offload else set()
+    on |= {CRITIC_OPTIMIZER_OFFLOAD} if not movable or critic.optimizer_offload else set()
+    on |= {LOWER_UTILIZATION} if setup.rollout.kv_cache_bytes is not None else {SMALLER_KV_CACHE}
+    return on | ({LORA} if actor.train is not None and actor.train.lora_rank else set())

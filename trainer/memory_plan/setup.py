@@ -92,7 +92,7 @@ class RolloutSetup:
     gpu_memory_utilization: float
     sleeps: bool  # hybrid vLLM on GPU releases weights and KV cache between generations
     num_engines: int
-    tp: int
+    tp: int  # the GPUs one engine spans (a hybrid engine: those of the tp actor ranks sharing it)
     bucket_bytes: int
     # A separate engine on a fraction of a trainer's GPU (rollout.gpus_per_engine < 1): its budget counts on
     # that GPU, all the time (a separate engine never sleeps).
@@ -135,7 +135,8 @@ def _kept_layers(model: DictConfig, shape: ModelShape) -> int:
     return kept_layers(None if recompute is None else int(recompute), shape.layers)
 
 
-def _lora(model: DictConfig) -> Trainability:
+def lora_trainability(model: DictConfig) -> Trainability:
+    """Full training, or LoRA adapters when the model section sets a lora_rank."""
     rank = int(model.get("lora_rank", 0) or 0)
     if rank <= 0:
         return Trainability(full=True)
@@ -187,7 +188,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     mini_rows = max(1, int(arr.actor.ppo_mini_batch_size) * n * actor_sp // world)
     e = dtype_bytes(str(arr.model.dtype), on_gpu)
     strategy = str(_get(cfg, "actor_rollout_ref.actor.strategy", "fsdp"))
-    train = _lora(arr.model) if strategy == "fsdp" else Trainability(full=True)
+    train = lora_trainability(arr.model) if strategy == "fsdp" else Trainability(full=True)
     offload = arr.actor.get("fsdp_config") or {}
     actor_shape = read_shape(str(arr.model.path), "actor_rollout_ref.model.path", arr.model.get("override_config"))
     parallel = _megatron(arr.actor) if strategy == "megatron" else {}

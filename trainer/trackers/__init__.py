@@ -4,6 +4,7 @@ sends each step to all of them. A backend's package is imported only when it is 
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 from trainer.trackers.spec import BUILT_IN, RunInfo, StepTracker, TrackerError, check_entries, load_tracker_class
@@ -11,30 +12,24 @@ from trainer.trackers.spec import BUILT_IN, RunInfo, StepTracker, TrackerError, 
 __all__ = ["BUILT_IN", "RunInfo", "StepTracker", "TrackerError", "check_entries", "open_backend"]
 
 
+# entry -> (module, class) of the built-in backends, imported only when configured
+_BACKENDS = {
+    "console": ("trainer.trackers.console", "ConsoleTracker"),
+    "jsonl": ("trainer.trackers.jsonl", "JsonlTracker"),
+    "tensorboard": ("trainer.trackers.tensorboard", "TensorBoardTracker"),
+    "wandb": ("trainer.trackers.wandb_backend", "WandbTracker"),
+    "mlflow": ("trainer.trackers.mlflow_backend", "MlflowTracker"),
+}
+
+
 def open_backend(entry: str, run: RunInfo, print_fn: Callable[[str], Any] = print) -> StepTracker:
     """Construct the tracker `entry` names; a failure names the entry (TrackerError)."""
     try:
-        if entry == "console":
-            from trainer.trackers.console import ConsoleTracker
-
-            return ConsoleTracker(print_fn=print_fn, **run.keywords())
-        if entry == "jsonl":
-            from trainer.trackers.jsonl import JsonlTracker
-
-            return JsonlTracker(**run.keywords())
-        if entry == "tensorboard":
-            from trainer.trackers.tensorboard import TensorBoardTracker
-
-            return TensorBoardTracker(**run.keywords())
-        if entry == "wandb":
-            from trainer.trackers.wandb_backend import WandbTracker
-
-            return WandbTracker(**run.keywords())
-        if entry == "mlflow":
-            from trainer.trackers.mlflow_backend import MlflowTracker
-
-            return MlflowTracker(**run.keywords())
-        return load_tracker_class(entry)(**run.keywords())
+        if entry not in _BACKENDS:
+            return load_tracker_class(entry)(**run.keywords())
+        module, name = _BACKENDS[entry]
+        extra = {"print_fn": print_fn} if entry == "console" else {}
+        return getattr(importlib.import_module(module), name)(**extra, **run.keywords())
     except TrackerError:
         raise
     except Exception as error:  # noqa: BLE001 - e.g. wandb without an account: one line naming the entry

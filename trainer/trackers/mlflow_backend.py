@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from trainer.config_source import leaf_entries
 from trainer.trackers.run_record import RunRecord
 
 PARAMS_PER_CALL = 100  # mlflow's batch limits
@@ -28,12 +29,7 @@ def metric_name(key: str) -> str:
 
 def flatten(config: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
     """`{"a": {"b": 1}}` -> ("a.b", "1"); lists and scalars become their text."""
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            yield from flatten(value, name + ".")
-        else:
-            yield name, str(value)[:MAX_PARAM_VALUE]
+    return ((key, str(value)[:MAX_PARAM_VALUE]) for key, value in leaf_entries(config, prefix))
 
 
 def _chunks(items: list, size: int) -> Iterator[list]:
