@@ -18,12 +18,14 @@ def response_mask_from_eos(responses: torch.Tensor, eos_token_ids: tuple[int, ..
     return (eos_before == 0).long()
 
 
-def pad_token_lists(rows: Sequence[Sequence[int]], length: int, pad_token_id: int) -> torch.Tensor:
-    """Right-pad (and cut) variable-length token lists into an int64 [B, length] tensor."""
-    out = torch.full((len(rows), length), pad_token_id, dtype=torch.int64)
+def pad_token_lists(
+    rows: Sequence[Sequence[float]], length: int, pad_token_id: float, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
+    """Right-pad (and cut) variable-length token lists (or per-token values) into a [B, length] tensor."""
+    out = torch.full((len(rows), length), pad_token_id, dtype=dtype)
     for i, row in enumerate(rows):
         row = list(row)[:length]
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
+        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
     return out
 
 
