@@ -21,7 +21,7 @@ from workers.lora.vllm_adapter import adapter_request, engine_options
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.engine_kwargs import vllm_engine_kwargs
 from workers.rollout.engine_processes import devices_visible, transfer_chunks
-from workers.rollout.shaping import assemble_rollout, pad_token_lists
+from workers.rollout.shaping import sampled_rollout
 from workers.rollout.sync_group import SyncGroupAddress
 from workers.rollout.vllm_base_views import keep_plain_cpu_weights
 from workers.vision.models import collapse_image_placeholders
@@ -287,13 +287,8 @@ class VLLMEngine:
         self, prompts: dict[str, torch.Tensor], outputs: list[Any], params: Any
     ) -> dict[str, torch.Tensor]:
         sampled = [sampled_tokens(o) for o in outputs]
-        tokens, log_probs = [t for t, _ in sampled], [lp for _, lp in sampled]
         cpu_prompts = {k: v.cpu() for k, v in prompts.items()}
-        generated = pad_token_lists(tokens, params.response_length, params.pad_token_id)
-        batch = assemble_rollout(cpu_prompts, generated, params, torch.tensor([len(t) for t in tokens]))
-        rollout_lp = pad_token_lists(log_probs, params.response_length, 0.0, torch.float32)
-        batch["rollout_log_probs"] = rollout_lp * batch["response_mask"]
-        return batch
+        return sampled_rollout(cpu_prompts, [t for t, _ in sampled], [lp for _, lp in sampled], params)
 
     def _generate(self, prompts: list[Any], sampling: Any) -> list[Any]:
         """vLLM's `generate` of `prompts` (`TokensPrompt`s) with the synced adapter, if any."""
