@@ -120,8 +120,7 @@ def _geo_mean_policy_loss(
     sampling) enter as their geometric mean over the response, as the ratios do."""
     loss_mat, clipfrac = gmpo_token_losses(log_prob, old_log_prob, advantages, response_mask, clip_low, clip_high)
     if token_weights is not None:
-        mask = response_mask.to(log_prob.dtype)
-        log_weight = (torch.log(token_weights.clamp(min=1e-10)) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        log_weight = masked_mean(torch.log(token_weights.clamp(min=1e-10)), response_mask, dim=-1)
         loss_mat = loss_mat * torch.exp(log_weight).unsqueeze(-1)
     return {
         "pg_loss": agg_loss(loss_mat, response_mask, GMPO_AGG_MODE),
