@@ -29,11 +29,6 @@ def pad_token_lists(
     return out
 
 
-def response_mask_from_lengths(lengths: torch.Tensor, length: int) -> torch.Tensor:
-    """1 for the first `lengths[i]` positions of row i, 0 after them (int64 [B, length])."""
-    return (torch.arange(length, device=lengths.device) < lengths[:, None]).long()
-
-
 def assemble_rollout(
     prompts: dict[str, torch.Tensor], generated: torch.Tensor, params, lengths: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
@@ -51,7 +46,8 @@ def assemble_rollout(
     responses[:, : generated.shape[1]] = generated
     if lengths is None:
         lengths = torch.full((batch,), generated.shape[1])
-    mask = response_mask_from_lengths(lengths.clamp(max=length).to(input_ids.device), length)
+    lengths = lengths.clamp(max=length).to(input_ids.device)
+    mask = (torch.arange(length, device=input_ids.device) < lengths[:, None]).long()  # the first lengths[i] tokens
     if not params.ignore_eos:
         mask = mask * response_mask_from_eos(responses, params.eos_token_ids)
     responses = torch.where(mask.bool(), responses, torch.full_like(responses, params.pad_token_id))
