@@ -12,6 +12,7 @@ loading: `resume_mode=auto` skips it with a warning, an explicit path raises `Ch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -50,16 +51,12 @@ def _file_sizes(folder: Path) -> dict[str, int]:
 
 def _fsync_dir(folder: Path) -> None:
     # Makes a rename durable across a power loss, not only a process kill (no-op where unsupported).
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_manifest(folder: str | Path, step: int) -> Path:
@@ -119,7 +116,9 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     final = step_dir(root, step)
     tmp = root / f".{final.name}{TMP_SUFFIX}"
-    _remove_stale_temporaries(root)
+    # Leftovers of saves that were killed: never complete, never loaded, safe to drop.
+    for stale in root.glob(f".{STEP_PREFIX}*{TMP_SUFFIX}"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp.mkdir()
     save_roles(tmp)
     (tmp / DRIVER_STATE_FILE).write_text(json.dumps(driver_state))
@@ -132,12 +131,6 @@ def save_checkpoint(
     if keep is not None and keep > 0:
         _prune(root, keep)
     return final
-
-
-def _remove_stale_temporaries(root: Path) -> None:
-    # Leftovers of saves that were killed: never complete, never loaded, safe to drop.
-    for stale in root.glob(f".{STEP_PREFIX}*{TMP_SUFFIX}"):
-        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _replace_dir(source: Path, target: Path) -> None:

@@ -10,6 +10,8 @@ DictConfigs are accepted too.
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -155,13 +157,8 @@ def _reject_offload_on_megatron(sections: dict[str, dict[str, Any]], where: str,
 
 def _reject_packing_on_megatron(config: dict[str, Any], dynamic_keys: tuple[str, ...]) -> None:
     """Packed (THD) forwards and token-budget micro-batches exist for the FSDP workers only."""
-    def value(dotted: str) -> Any:
-        node = config
-        for part in dotted.split("."):
-            node = node[part]
-        return node
-
-    asked = [key for key in ("model.use_remove_padding", *dynamic_keys) if value(key) is True]
+    keys = ("model.use_remove_padding", *dynamic_keys)
+    asked = [key for key in keys if functools.reduce(operator.getitem, key.split("."), config) is True]
     if asked:
         raise ValueError(
             f"{asked} = true is not supported with megatron (strategy='megatron' runs padded micro-batches of "

@@ -54,7 +54,7 @@ def _problems(spec: Mapping[str, Any], values: Mapping[str, Any], error: Validat
     for path, keys in unknown.items():
         section = ".".join(filter(None, (where, *path)))
         place = f"in section {section!r}" if section else "at the top level"
-        valid = sorted(_spec_at(spec, path))
+        valid = sorted(_spec_path(spec, list(path))[1])
         lines.append(f"unknown config key(s) {sorted(keys)} {place}; valid keys: {valid}")
     return list(dict.fromkeys(lines))
 
@@ -70,12 +70,6 @@ def _spec_path(spec: Mapping[str, Any], loc: list[str]) -> tuple[list[str], Any]
         node = node[part]
         path.append(part)
     return path, node
-
-
-def _spec_at(spec: Mapping[str, Any], path: tuple[str, ...]) -> Mapping[str, Any]:
-    for part in path:
-        spec = spec[part]
-    return spec
 
 
 def _value_at(values: Any, path: list[str]) -> Any:

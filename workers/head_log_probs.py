@@ -14,9 +14,7 @@ head, or a head sharded as an FSDP unit of its own, whose weight is only gathere
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -79,19 +77,6 @@ def chunkable_head(model: nn.Module) -> nn.Linear | None:
     return head
 
 
-@contextlib.contextmanager
-def scoring_head(
-    model: nn.Module, head: nn.Linear, labels: torch.Tensor, temperature: float, chunk_tokens: int, with_entropy: bool
-) -> Iterator[LabelScoringHead]:
-    """The model's forwards inside the block return label log-probs as `logits`; the head is restored after."""
-    scorer = LabelScoringHead(head, labels, temperature, chunk_tokens, with_entropy)
-    model.set_output_embeddings(scorer)
-    try:
-        yield scorer
-    finally:
-        model.set_output_embeddings(head)
-
-
 def token_log_probs_and_entropy(
     model: nn.Module,
     inputs: dict[str, Any],
@@ -112,8 +97,12 @@ def token_log_probs_and_entropy(
         if not with_entropy:
             return log_probs, None
         return log_probs, entropy_from_logits(logits if entropy_grad else logits.detach())
-    with scoring_head(model, head, labels, temperature, chunk, with_entropy) as scorer:
+    scorer = LabelScoringHead(head, labels, temperature, chunk, with_entropy)
+    model.set_output_embeddings(scorer)  # the forward returns label log-probs as `logits`
+    try:
         out = model(**inputs, logits_to_keep=positions)
+    finally:
+        model.set_output_embeddings(head)
     if out.logits is not scorer.log_probs:
         raise ValueError(
             f"{type(model).__name__} changes its LM head's output before returning it (e.g. logit soft-capping), "

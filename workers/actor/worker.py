@@ -22,7 +22,6 @@ import torch
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
 from workers.actor.side import ActorSide
-from workers.actor_state import ActorStateMixin
 from workers.cached_blocks import set_release_point
 from workers.config import actor_rollout_ref_config
 from workers.memory import MemoryLog
@@ -57,7 +56,7 @@ def _side_class(strategy: str) -> type:
     return FSDPActorSide
 
 
-class ActorRolloutRefWorker(CheckpointMethods, ActorStateMixin, WeightSenderMixin, Worker):
+class ActorRolloutRefWorker(CheckpointMethods, WeightSenderMixin, Worker):
     def __init__(self, config: dict[str, Any], role: str) -> None:
         super().__init__()
         if role not in ROLES:
@@ -66,7 +65,9 @@ class ActorRolloutRefWorker(CheckpointMethods, ActorStateMixin, WeightSenderMixi
         self.config = actor_rollout_ref_config(config)
         self.side: ActorSide | None = None  # built by init_model
         self.update_calls = 0  # part of the checkpoint: seeds the mini-batch shuffles
-        self.init_actor_state()
+        self.weights_version = 0  # bumped whenever the actor's weights change (update, checkpoint load)
+        self.step_metrics: dict[str, float] = {}
+        self.memory: MemoryLog | None = None
 
     # The side's models and rollout, under the names worker code and tests reach for.
     @property
@@ -114,6 +115,17 @@ class ActorRolloutRefWorker(CheckpointMethods, ActorStateMixin, WeightSenderMixi
         """The phase's offload traffic and memory reading."""
         self.step_metrics.update(self.side.end_phase(phase))
         self.memory.record(phase)
+
+    @register(Dispatch.RANK_ZERO)
+    def current_weights_version(self) -> int:
+        """Counts the changes of the actor's weights (updates, checkpoint loads): a sync is due when it moved."""
+        return self.weights_version
+
+    @register(Dispatch.ONE_TO_ALL)
+    def pop_step_metrics(self) -> dict[str, float]:
+        """Metrics gathered on this rank since the last call: weight sync, engine timings, memory per phase."""
+        metrics, self.step_metrics = {**self.step_metrics, **(self.memory.pop() if self.memory else {})}, {}
+        return metrics
 
     # ---- rollout --------------------------------------------------------------------------------------
     @register(Dispatch.DP_COMPUTE_PROTO)

@@ -124,12 +124,12 @@ def packed_token_outputs(
 def packed_response_values(model: nn.Module, micro: DataProto, device: torch.device) -> torch.Tensor:
     """Value head output [b, R] for the state before each response token (0 where that state is padding)."""
     length = micro.batch["responses"].shape[1]
+    rows = pack_micro_batch(micro, device)
     sequence_parallel = sequence_parallel_of(model)
     if sequence_parallel is None:
-        out, rows = packed_token_outputs(model, micro, device)
-        return rows.to_padded(out.logits[0, :, 0].float())[:, -length - 1 : -1]
-    rows = pack_micro_batch(micro, device)
-    shard = shard_packed_row(rows, sequence_parallel)
-    local = model(**shard.inputs).logits[0, :, 0].float()
-    values = gather_shards(local, sequence_parallel, [shard.width] * shard.size)[: rows.num_tokens]
+        values = model(**rows.model_inputs()).logits[0, :, 0].float()
+    else:
+        shard = shard_packed_row(rows, sequence_parallel)
+        local = model(**shard.inputs).logits[0, :, 0].float()
+        values = gather_shards(local, sequence_parallel, [shard.width] * shard.size)[: rows.num_tokens]
     return rows.to_padded(values)[:, -length - 1 : -1]

@@ -172,14 +172,9 @@ def chunked_log_probs_and_entropy(
     float32 logits of at most `chunk_tokens` tokens exist at a time. Gradients flow to the entropy only when
     the caller uses it (detach it to report it only).
 
-    Args:
-        hidden: ``[..., H]`` the hidden states whose next tokens are scored (the compute dtype).
-        weight: ``[V, H]`` the output projection (the LM head's weight).
-        bias: ``[V]`` or None.
-        labels: ``[...]`` token ids.
-
-    Returns:
-        ``[...]`` float32 log-probabilities, and ``[...]`` float32 entropies (None unless `with_entropy`).
+    ``hidden`` ``[..., H]``: the hidden states whose next tokens ``labels`` ``[...]`` are scored (the compute
+    dtype); ``weight`` ``[V, H]``: the LM head's; ``bias`` ``[V]`` or None. Returns ``[...]`` float32 log-probs
+    and ``[...]`` float32 entropies (None unless `with_entropy`).
     """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")

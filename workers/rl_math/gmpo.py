@@ -30,14 +30,12 @@ def gmpo_token_losses(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`([B, R] loss, clipped fraction)`: every token of response i carries -A_i * s_i (so that the token mean of
     a response is its loss), and the fraction of real tokens whose log-ratio the clip changed."""
-    mask = response_mask.to(log_prob.dtype)
     log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     clipped = torch.clamp(log_ratio, -clip_low, clip_high)
     sign = torch.sign(advantages)
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)  # the bound that lowers the objective
-    tokens = mask.sum(-1).clamp(min=1.0)
-    sequence_ratio = torch.exp((pessimistic * mask).sum(-1) / tokens)
-    sequence_advantage = (advantages * mask).sum(-1) / tokens  # outcome advantages: the same on every token
+    sequence_ratio = torch.exp(masked_mean(pessimistic, response_mask, dim=-1))
+    sequence_advantage = masked_mean(advantages, response_mask, dim=-1)  # outcome advantages: the same on every token
     losses = (-sequence_advantage * sequence_ratio).unsqueeze(-1).expand_as(log_prob)
     changed = (pessimistic != log_ratio).to(log_prob.dtype)
     return losses, masked_mean(changed, response_mask).detach()

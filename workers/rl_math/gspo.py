@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import torch
 
+from .masked import masked_mean
+
 LOG_RATIO_BOUND = 20.0  # exp() of a larger log-ratio overflows, and no clip undoes an inf
 
 
 def sequence_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """log s_i [B]: the mean over each response's tokens of log pi - log pi_old (0 for an empty response)."""
-    mask = response_mask.to(log_prob.dtype)
-    return ((log_prob - old_log_prob) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    return masked_mean(log_prob - old_log_prob, response_mask, dim=-1)
 
 
 def gspo_token_ratios(log_prob: torch.Tensor, old_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

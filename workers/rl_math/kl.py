@@ -17,21 +17,17 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kl_penalty: s
         ``abs``: ``|d|``;
         ``mse``/``k2``: ``0.5 * d^2``;
         ``low_var_kl``/``k3``: ``exp(-d) + d - 1`` (unbiased, >= 0), clamped to [-10, 10].
-
-    Args:
-        log_prob, ref_log_prob: ``[batch, len]`` (any equal shapes).
-
-    Returns:
-        Same shape as the inputs.
+    The inputs are ``[batch, len]`` (any equal shapes); the result has their shape.
     """
     name = kl_penalty
+    d = log_prob - ref_log_prob
     if name in ("kl", "k1"):
-        return log_prob - ref_log_prob
+        return d
     if name == "abs":
-        return (log_prob - ref_log_prob).abs()
+        return d.abs()
     if name in ("mse", "k2"):
-        return 0.5 * (log_prob - ref_log_prob) ** 2
+        return 0.5 * d**2
     if name in ("low_var_kl", "k3"):
-        log_ratio = torch.clamp(ref_log_prob - log_prob, min=-20.0, max=20.0)  # keep exp finite
+        log_ratio = torch.clamp(-d, min=-20.0, max=20.0)  # keep exp finite
         return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, min=-10.0, max=10.0)
     raise ValueError(f"Unknown kl_penalty {name!r}; valid names: {list(KL_PENALTY_NAMES)}")

@@ -10,17 +10,11 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of ``softmax(logits)`` over the last dim.
+    """Entropy ``[...]`` of ``softmax(logits)`` over the last dim of ``logits`` ``[..., vocab]``.
 
     Uses ``H = logsumexp(z) - sum_i softmax(z)_i z_i`` on max-shifted ``z``; it never takes the log
-    of a (possibly underflowed) probability. Half-precision inputs are computed
+    of a (possibly underflowed) probability. Half-precision inputs are computed (and returned)
     in float32. ``-inf`` logits (banned tokens) contribute 0.
-
-    Args:
-        logits: ``[..., vocab]``.
-
-    Returns:
-        ``[...]`` (float32 for half-precision input, else ``logits.dtype``).
     """
     if logits.dtype in _LOW_PRECISION:
         logits = logits.float()
@@ -36,19 +30,13 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 def log_probs_from_logits(
     logits: torch.Tensor, labels: torch.Tensor, chunk_size: int = 1024
 ) -> torch.Tensor:
-    """``log_softmax(logits)[..., label]`` without materialising the full log-softmax.
+    """``log_softmax(logits)[..., label]`` ``[...]`` of ``logits`` ``[..., vocab]`` and token ids ``labels``
+    ``[...]``, without materialising the full log-softmax.
 
     float32/float64: ``z[label] - logsumexp(z)`` (one gather, one reduction; no
-    ``[..., vocab]`` log-probability tensor is kept for backward). Half precision:
+    ``[..., vocab]`` log-probability tensor is kept for backward). Half precision (float32 result):
     log-softmax in float32 over ``chunk_size`` rows at a time, so the float32
     copy of the logits is bounded to ``chunk_size x vocab``.
-
-    Args:
-        logits: ``[..., vocab]``.
-        labels: ``[...]`` integer token ids.
-
-    Returns:
-        ``[...]`` log-probabilities (float32 for half-precision input).
     """
     if logits.dtype not in _LOW_PRECISION:
         picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)

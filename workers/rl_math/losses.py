@@ -13,9 +13,7 @@ __all__ = ["LOSS_AGG_MODES", "agg_loss", "compute_policy_loss", "compute_value_l
 
 
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
-    """Reduce a per-token loss ``[batch, len]`` to a scalar ``[]``.
-
-    Modes:
+    """Reduce a per-token loss ``[batch, len]`` to a scalar ``[]``. Modes:
         ``token-mean``: mean over every real token of the batch.
         ``seq-mean-token-sum``: per-sequence token sum, then mean over sequences.
         ``seq-mean-token-mean``: per-sequence token mean, then mean over sequences.
@@ -62,22 +60,13 @@ def compute_policy_loss(
     ``loss_mode="gspo"``: ``r`` is the response's sequence ratio on every token (``gspo.py``) and there is
     no dual clip (``clip_ratio_c`` unused, ``pg_clipfrac_lower`` 0), as in GSPO.
 
-    Args:
-        old_log_prob, log_prob, advantages, response_mask: ``[batch, len]``;
-            only ``log_prob`` carries gradient.
-        token_weights: optional ``[batch, len]`` factors of each token's loss before aggregation (e.g.
-            truncated importance-sampling weights, see ``rollout_correction.py``).
-
-    Returns:
-        Scalars ``[]``: ``pg_loss`` (aggregated with ``loss_agg_mode``),
-        ``pg_clipfrac`` (fraction of real tokens where the ratio clip binds),
-        ``ppo_kl`` (masked mean of ``old_log_prob - log_prob``, the k1 estimate
-        of KL(old || new) on samples from old), ``pg_clipfrac_lower``
-        (fraction where the dual clip binds).
-
-    Raises:
-        ValueError: if ``clip_ratio_c <= 1`` (the dual-clip bound must lie above the
-            unclipped ratio of 1), or for an unknown ``loss_mode``.
+    ``old_log_prob``, ``log_prob`` (the only one carrying gradient), ``advantages``, ``response_mask`` and the
+    optional ``token_weights`` (factors of each token's loss before aggregation, e.g. truncated importance-sampling
+    weights, see ``rollout_correction.py``) are ``[batch, len]``. Returns scalars ``[]``: ``pg_loss`` (aggregated
+    with ``loss_agg_mode``), ``pg_clipfrac`` (fraction of real tokens where the ratio clip binds), ``ppo_kl``
+    (masked mean of ``old_log_prob - log_prob``, the k1 estimate of KL(old || new) on samples from old),
+    ``pg_clipfrac_lower`` (fraction where the dual clip binds). ValueError if ``clip_ratio_c <= 1`` (the dual-clip
+    bound must lie above the unclipped ratio of 1), or for an unknown ``loss_mode``.
     """
     if not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0 for dual-clip PPO, got {clip_ratio_c}")
@@ -131,8 +120,7 @@ def _geo_mean_policy_loss(
     sampling) enter as their geometric mean over the response, as the ratios do."""
     loss_mat, clipfrac = gmpo_token_losses(log_prob, old_log_prob, advantages, response_mask, clip_low, clip_high)
     if token_weights is not None:
-        mask = response_mask.to(log_prob.dtype)
-        log_weight = (torch.log(token_weights.clamp(min=1e-10)) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        log_weight = masked_mean(torch.log(token_weights.clamp(min=1e-10)), response_mask, dim=-1)
         loss_mat = loss_mat * torch.exp(log_weight).unsqueeze(-1)
     return {
         "pg_loss": agg_loss(loss_mat, response_mask, GMPO_AGG_MODE),
@@ -153,14 +141,9 @@ def compute_value_loss(
     """Clipped value loss ``0.5 * max((v - R)^2, (v_clip - R)^2)``.
 
     ``v_clip = values_old + clamp(v - values_old, -cliprange_value, cliprange_value)``
-    keeps the critic from moving far from the values the advantages were built on.
-
-    Args:
-        vpreds, values_old, returns, response_mask: ``[batch, len]``.
-
-    Returns:
-        ``(vf_loss, vf_clipfrac)`` scalars ``[]``; ``vf_clipfrac`` is the fraction of
-        real tokens where the clipped branch is the larger one.
+    keeps the critic from moving far from the values the advantages were built on. The inputs are
+    ``[batch, len]``; returns scalars ``(vf_loss, vf_clipfrac)``, the latter the fraction of real tokens where
+    the clipped branch is the larger one.
     """
     vpreds_clipped = values_old + torch.clamp(vpreds - values_old, -cliprange_value, cliprange_value)
     err_unclipped = (vpreds - returns) ** 2

@@ -24,18 +24,9 @@ def _select(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Sum of ``x`` over positions where ``mask`` is non-zero.
-
-    Args:
-        x: any shape, e.g. ``[batch, response_len]``.
-        mask: same shape as ``x`` (or broadcastable to it); bool, int or float.
-        dim: reduce this dim only; ``None`` reduces everything to a scalar.
-
-    Returns:
-        ``[]`` if ``dim is None`` else ``x.shape`` without ``dim``.
-    """
-    w = _weights(x, mask)
-    kept = _select(x, w)
+    """Sum of ``x`` (any shape, e.g. ``[batch, response_len]``) where ``mask`` (bool, int or float, broadcastable
+    to ``x``) is non-zero: over ``dim`` only (``x.shape`` without it), or everything (``[]``) when ``dim`` is None."""
+    kept = _select(x, _weights(x, mask))
     return kept.sum() if dim is None else kept.sum(dim=dim)
 
 
@@ -46,7 +37,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     0 (not ``nan``), so an empty row cannot poison a batch statistic.
     """
     w = _weights(x, mask)
-    total = _select(x, w).sum() if dim is None else _select(x, w).sum(dim=dim)
+    total = masked_sum(x, w, dim)
     count = w.sum() if dim is None else w.sum(dim=dim)
     # Dividing by a "safe" count keeps both value and gradient finite when count == 0.
     safe_count = torch.where(count > 0, count, torch.ones_like(count))
@@ -54,17 +45,10 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    """Variance of ``x`` over all masked-in positions.
+    """Variance ``[]`` of ``x`` over all masked-in positions (shapes as in :func:`masked_sum`).
 
-    Args:
-        x: any shape, e.g. ``[batch, response_len]``.
-        mask: same shape as ``x`` (or broadcastable).
-        unbiased: apply Bessel's correction ``n / (n - 1)`` with ``n`` the number
-            of masked-in positions. With ``n <= 1`` the correction is undefined;
-            the (biased) value 0 is returned instead of ``inf``/``nan``.
-
-    Returns:
-        Scalar ``[]``.
+    ``unbiased``: Bessel's correction ``n / (n - 1)``, ``n`` the masked-in positions; with ``n <= 1`` it is
+    undefined and the (biased) value 0 is returned instead of ``inf``/``nan``.
     """
     mean = masked_mean(x, mask)
     var = masked_mean((x - mean) ** 2, mask)
@@ -78,19 +62,11 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
 def masked_whiten(
     x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
 ) -> torch.Tensor:
-    """Normalise ``x`` to unit variance using masked statistics.
+    """``(x - mean) / sqrt(var + eps)`` with ``mean``/``var`` (unbiased) over masked-in positions only (shapes as
+    in :func:`masked_sum`); with ``shift_mean=False`` the mean is added back (only the scale changes).
 
-    ``(x - mean) / sqrt(var + eps)`` with ``mean``/``var`` (unbiased) taken over
-    masked-in positions only. With ``shift_mean=False`` the mean is added back,
-    i.e. only the scale changes.
-
-    Args:
-        x: any shape, e.g. ``[batch, response_len]``.
-        mask: same shape as ``x`` (or broadcastable).
-
-    Returns:
-        Same shape as ``x``. Padding positions are transformed like any other
-        position (not zeroed); callers that need zeros there multiply by the mask.
+    Returns ``x``'s shape. Padding positions are transformed like any other position (not zeroed); callers that
+    need zeros there multiply by the mask.
     """
     mean = masked_mean(x, mask)
     var = masked_var(x, mask, unbiased=True)

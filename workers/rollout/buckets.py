@@ -6,6 +6,7 @@ on it before any bytes move; the receiver allocates one buffer per bucket and re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +27,7 @@ class TensorSlot:
 
     @property
     def numel(self) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from workers.rollout.sampling import SamplingParams
+from workers.rollout.sampling import SamplingParams, first_set
 from workers.rollout.shaping import assemble_rollout
 
 
@@ -138,10 +138,10 @@ def request_sampling(model: nn.Module, sampling: Mapping[str, Any]) -> SamplingP
     stop id or at the model's EOS, as on vLLM."""
     text_config = model.config.get_text_config()  # a vision-language model keeps its token ids there
     sources = (model.generation_config, text_config)
-    eos: Any = next((s.eos_token_id for s in sources if s is not None and s.eos_token_id is not None), None)
+    eos = first_set(sources, "eos_token_id")
     eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     stop = tuple(sorted({int(t) for t in sampling.get("stop_token_ids") or ()} | set(eos_ids)))
-    pad = next((s.pad_token_id for s in sources if getattr(s, "pad_token_id", None) is not None), None)
+    pad = first_set(sources, "pad_token_id")
     temperature = float(sampling.get("temperature", 1.0))
     return SamplingParams(
         do_sample=temperature > 0,

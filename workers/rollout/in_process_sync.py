@@ -100,8 +100,7 @@ class InProcessSync:
         """Fingerprint the trainer's current weights as they would be sent: call it when the engine holds them
         already (it loaded the folder the trainer started from). A collective."""
         taken = WeightFingerprint()
-        for _ in fingerprinted(source.named_weights(self.layouts), taken):
-            pass
+        taken.add(tensor for _, tensor in source.named_weights(self.layouts))
         self.trainer_fingerprint = taken.value
 
     def load(self, source: WeightSource, compare: bool = True) -> dict[str, float]:
@@ -139,23 +138,18 @@ class InProcessSync:
         trainer = source.probe_log_probs(probe)  # a collective: every rank runs the trainer's forward
         outcome: Outcome = (None, None)
         if self.engine is not None:
-            outcome = self._engine_outcome(trainer, probe, where, before, sent)
+            try:
+                check = compare_log_probs(trainer, self.engine.prompt_log_probs(probe), self.tolerance)
+                require_match(check, where, self.tolerance_setting)
+                if before is not None:
+                    require_changed(before, self.engine.fingerprint(), self.trainer_fingerprint, sent, where)
+                outcome = (check.metrics(), None)
+            except WeightSyncMismatch as error:
+                outcome = (None, str(error))
         metrics, error = self._shared(outcome)
         if error is not None:
             raise WeightSyncMismatch(error)
         return metrics or {}
-
-    def _engine_outcome(
-        self, trainer: torch.Tensor, probe: torch.Tensor, where: str, before: float | None, sent: float
-    ) -> Outcome:
-        try:
-            check = compare_log_probs(trainer, self.engine.prompt_log_probs(probe), self.tolerance)
-            require_match(check, where, self.tolerance_setting)
-            if before is not None:
-                require_changed(before, self.engine.fingerprint(), self.trainer_fingerprint, sent, where)
-        except WeightSyncMismatch as error:
-            return None, str(error)
-        return check.metrics(), None
 
     def _shared(self, outcome: Outcome) -> Outcome:
         """The engine's outcome on the ranks that raise with it: its group, or with `every_rank` all ranks

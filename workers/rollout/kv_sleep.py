@@ -14,28 +14,19 @@ internals (vllm/device_allocator/cumem.py, the worker's `wake_up`), alike in vLL
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 KV_CACHE_TAG = "kv_cache"  # vLLM's tag of the KV cache allocations (gpu_worker's memory pool context)
 
 
-def kv_allocations() -> list[Any]:
-    """The sleep-mode allocator's records of the KV cache allocations (vLLM's `AllocationData`)."""
-    from vllm.device_allocator.cumem import CuMemAllocator
-
-    return [data for data in CuMemAllocator.get_instance().pointer_to_data.values() if data.tag == KV_CACHE_TAG]
-
-
 def release_kv_cache() -> int:
     """Unmap the KV cache's memory (the weights stay mapped); returns the bytes given back to the device."""
-    from vllm.device_allocator.cumem import unmap_and_release
+    from vllm.device_allocator.cumem import CuMemAllocator, unmap_and_release
 
     torch.cuda.synchronize()  # no kernel may still read the cache
     released = 0
-    for data in kv_allocations():
-        if not data.is_asleep:
+    for data in CuMemAllocator.get_instance().pointer_to_data.values():  # vLLM's `AllocationData` records
+        if data.tag == KV_CACHE_TAG and not data.is_asleep:
             unmap_and_release(data.handle)
             data.is_asleep = True
             released += int(data.handle[1])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,13 +51,15 @@ class SamplingParams:
         )
 
 
+def first_set(sources: Sequence[Any], name: str) -> Any:
+    """The first of `sources` (configs, None allowed) whose attribute `name` is set, that value; else None."""
+    return next((getattr(s, name) for s in sources if getattr(s, name, None) is not None), None)
+
+
 def model_token_ids(generation_config: Any, config: Any) -> tuple[tuple[int, ...], int | None]:
     """EOS ids and pad id from a model's generation config (may be None), else its config."""
     sources = [generation_config, config]
-    eos: Any = next((s.eos_token_id for s in sources if s is not None and s.eos_token_id is not None), None)
-    pad = next(
-        (s.pad_token_id for s in sources if s is not None and getattr(s, "pad_token_id", None) is not None), None
-    )
+    eos, pad = first_set(sources, "eos_token_id"), first_set(sources, "pad_token_id")
     if eos is None:
         raise ValueError("the model config names no eos_token_id; set rollout.eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)

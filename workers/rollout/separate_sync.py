@@ -14,7 +14,30 @@ from workers.rollout.verify import TRAINER_FINGERPRINT, require_changed, verify_
 from workers.vision.models import probe_vocab_size
 
 
-class SeparateWeightSync:
+class _VersionedSync:
+    """What both syncs share: `sync()` sends (the subclass's `_send`) only when the actor's weights version differs
+    from the engines'."""
+
+    def __init__(self, actor: Any, model_path: str, engines_start_from_trainer: bool) -> None:
+        self.actor = actor
+        self.engines_start_from_trainer = engines_start_from_trainer
+        self.vocab_size = probe_vocab_size(AutoConfig.from_pretrained(model_path))
+        self.synced_version = 0 if engines_start_from_trainer else -1  # 0: the engines loaded the actor's folder
+        self.actor_version = 0  # the actor's weights version at the last sync() (synced or not)
+
+    def sync(self, engines_idle: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
+        """Send the actor's weights if they changed since the last sync; `engines_idle()` keeps generating
+        engines paused around what must see one engine state (`_send` says what)."""
+        version = self.actor.current_weights_version()
+        self.actor_version = version
+        if version == self.synced_version:
+            return {}
+        metrics = self._send(version, engines_idle)
+        self.synced_version = version
+        return metrics
+
+
+class SeparateWeightSync(_VersionedSync):
     """`connect()` once, then `sync()` whenever the actor's weights changed. Both groups run their side at
     the same time: the engines' receive calls are issued first (non-blocking), then the actor's send."""
 
@@ -30,14 +53,11 @@ class SeparateWeightSync:
         """`engines_start_from_trainer`: the engines hold the trainer's weights at `connect()` (both loaded
         the same folder); when not (another source, or a LoRA trainer whose adapter the engines do not have
         yet), the first `sync()` always sends, and its change of weights is not checked (the probe still is)."""
-        self.actor, self.rollout, self.cfg = actor, rollout, rollout_cfg
-        self.engines_start_from_trainer = engines_start_from_trainer
+        super().__init__(actor, model_path, engines_start_from_trainer)
+        self.rollout, self.cfg = rollout, rollout_cfg
         self.backend = "nccl" if use_gpu else "gloo"
-        self.vocab_size = probe_vocab_size(AutoConfig.from_pretrained(model_path))
         self.layouts: list | None = None
         self.trainer_fingerprint: float | None = None  # of the weights the engines hold, taken on the trainer
-        self.synced_version = 0 if engines_start_from_trainer else -1  # 0: the engines loaded the actor's folder
-        self.actor_version = 0  # the actor's weights version at the last sync() (synced or not)
 
     def connect(self) -> None:
         world = 1 + self.rollout.world_size * self.cfg["tensor_model_parallel_size"]
@@ -50,41 +70,29 @@ class SeparateWeightSync:
             # What the engines hold now (the model folder), as the trainer would send it.
             self.trainer_fingerprint = self.actor.weights_fingerprint(self.layouts)[0]
 
-    def sync(self, engines_idle: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
-        """Broadcast the actor's weights if they changed since the last sync; verify when configured.
-        `engines_idle()` keeps generating engines paused around what must see one engine state: only the
-        checks (fingerprints before and after, the probe), since each engine pauses itself for the whole
-        load inside `receive_weights`."""
-        version = self.actor.current_weights_version()
-        self.actor_version = version
-        if version == self.synced_version:
-            return {}
+    def _send(self, version: int, engines_idle: Callable[[], AbstractContextManager]) -> dict[str, float]:
+        """Broadcast, verifying when configured. Only the checks (fingerprints before and after, the probe) run
+        inside `engines_idle()`, since each engine pauses itself for the whole load inside `receive_weights`."""
         if self.layouts is None:
             self.connect()
-        if not self.cfg["verify_sync"]:
-            return self._send(version, verify=False)
-        with engines_idle():
-            return self._send(version, verify=True)
-
-    def _send(self, version: int, verify: bool) -> dict[str, float]:
-        before = self.rollout.weights_fingerprint() if verify and self.trainer_fingerprint is not None else None
-        received = self.rollout.receive_weights(self.layouts, version)
-        metrics = dict(self.actor.broadcast_weights(self.layouts, fingerprint=verify)[0])
-        trainer_after = metrics.pop(TRAINER_FINGERPRINT, None)
-        received.get()
-        if verify:
-            dtype, tolerance = self.layouts[0].slots[0].dtype, self.cfg["verify_tolerance"]
-            metrics.update(
-                verify_engines(self.actor, self.rollout, self.vocab_size, dtype, tolerance, "broadcast weight sync")
-            )
-        if before is not None:
-            after = self.rollout.weights_fingerprint()
-            for engine, (old, new) in enumerate(zip(before, after)):
-                require_changed(
-                    old, new, self.trainer_fingerprint, trainer_after, f"broadcast weight sync to engine {engine}"
+        verify = self.cfg["verify_sync"]
+        with engines_idle() if verify else nullcontext():
+            before = self.rollout.weights_fingerprint() if verify and self.trainer_fingerprint is not None else None
+            received = self.rollout.receive_weights(self.layouts, version)
+            metrics = dict(self.actor.broadcast_weights(self.layouts, fingerprint=verify)[0])
+            trainer_after = metrics.pop(TRAINER_FINGERPRINT, None)
+            received.get()
+            if verify:
+                dtype, tolerance = self.layouts[0].slots[0].dtype, self.cfg["verify_tolerance"]
+                metrics.update(
+                    verify_engines(self.actor, self.rollout, self.vocab_size, dtype, tolerance, "broadcast weight sync")
                 )
-        self.trainer_fingerprint = trainer_after
-        self.synced_version = version
+            if before is not None:
+                after = self.rollout.weights_fingerprint()
+                for engine, (old, new) in enumerate(zip(before, after)):
+                    where = f"broadcast weight sync to engine {engine}"
+                    require_changed(old, new, self.trainer_fingerprint, trainer_after, where)
+            self.trainer_fingerprint = trainer_after
         return metrics
 
 
@@ -119,7 +127,7 @@ class IpcEngineSync:
         return metrics
 
 
-class IpcRolloutSync:
+class IpcRolloutSync(_VersionedSync):
     """The separate engines share the trainer ranks' GPUs (fractional GPU shares: NCCL refuses two group ranks
     on one device): each bucket goes by CUDA IPC from the train rank on the engine's GPU (`IpcEngineSync`). Same
     interface, version stamping and `engines_start_from_trainer` as `SeparateWeightSync`; the probe check runs
@@ -134,27 +142,18 @@ class IpcRolloutSync:
         model_path: str,
         engines_start_from_trainer: bool = True,
     ) -> None:
-        self.actor = actor
-        self.vocab_size = probe_vocab_size(AutoConfig.from_pretrained(model_path))
+        super().__init__(actor, model_path, engines_start_from_trainer)
         verify, tolerance = bool(rollout_cfg["verify_sync"]), rollout_cfg["verify_tolerance"]
         self.transfer = IpcEngineSync(actor, rollout, feeding_rank, self.vocab_size, verify, tolerance)
-        self.synced_version = 0 if engines_start_from_trainer else -1  # 0: the engines loaded the actor's folder
-        self.actor_version = 0
 
     def connect(self) -> None:
         """Nothing to set up before the first sync (the staging buffers are mapped then)."""
 
-    def sync(self, engines_idle: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
-        """As `SeparateWeightSync.sync`; `engines_idle()` is held for the whole transfer, since the engines
-        load bucket by bucket (one call each) and must not step on half-loaded weights."""
-        version = self.actor.current_weights_version()
-        self.actor_version = version
-        if version == self.synced_version:
-            return {}
+    def _send(self, version: int, engines_idle: Callable[[], AbstractContextManager]) -> dict[str, float]:
+        """`engines_idle()` is held for the whole transfer, since the engines load bucket by bucket (one call
+        each) and must not step on half-loaded weights."""
         with engines_idle():
-            metrics = self.transfer.sync(version)
-        self.synced_version = version
-        return metrics
+            return self.transfer.sync(version)
 
 
 def rollout_weight_sync(

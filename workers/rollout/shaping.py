@@ -18,18 +18,15 @@ def response_mask_from_eos(responses: torch.Tensor, eos_token_ids: tuple[int, ..
     return (eos_before == 0).long()
 
 
-def pad_token_lists(rows: Sequence[Sequence[int]], length: int, pad_token_id: int) -> torch.Tensor:
-    """Right-pad (and cut) variable-length token lists into an int64 [B, length] tensor."""
-    out = torch.full((len(rows), length), pad_token_id, dtype=torch.int64)
+def pad_token_lists(
+    rows: Sequence[Sequence[float]], length: int, pad_token_id: float, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
+    """Right-pad (and cut) variable-length token lists (or per-token values) into a [B, length] tensor."""
+    out = torch.full((len(rows), length), pad_token_id, dtype=dtype)
     for i, row in enumerate(rows):
         row = list(row)[:length]
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
+        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
     return out
-
-
-def response_mask_from_lengths(lengths: torch.Tensor, length: int) -> torch.Tensor:
-    """1 for the first `lengths[i]` positions of row i, 0 after them (int64 [B, length])."""
-    return (torch.arange(length, device=lengths.device) < lengths[:, None]).long()
 
 
 def assemble_rollout(
@@ -42,27 +39,48 @@ def assemble_rollout(
     `lengths` [B] says how many tokens each row generated (default: all of `generated`'s columns): with
     ignore_eos a response is every one of them, EOS included; otherwise a response ends at its first EOS or
     at its length, whichever comes first (a response stopped short of R without an EOS: a forced length)."""
-    input_ids, attention_mask, position_ids = prompts["input_ids"], prompts["attention_mask"], prompts["position_ids"]
+    input_ids = prompts["input_ids"]
     batch, length = input_ids.shape[0], params.response_length
     generated = generated[:, :length].to(input_ids.device, input_ids.dtype)
     responses = torch.full((batch, length), params.pad_token_id, dtype=input_ids.dtype, device=input_ids.device)
     responses[:, : generated.shape[1]] = generated
     if lengths is None:
         lengths = torch.full((batch,), generated.shape[1])
-    mask = response_mask_from_lengths(lengths.clamp(max=length).to(input_ids.device), length)
+    lengths = lengths.clamp(max=length).to(input_ids.device)
+    mask = (torch.arange(length, device=input_ids.device) < lengths[:, None]).long()  # the first lengths[i] tokens
     if not params.ignore_eos:
         mask = mask * response_mask_from_eos(responses, params.eos_token_ids)
     responses = torch.where(mask.bool(), responses, torch.full_like(responses, params.pad_token_id))
-    offsets = torch.arange(1, length + 1, dtype=position_ids.dtype, device=position_ids.device)
-    response_positions = position_ids[:, -1:] + offsets
+    return rollout_tensors(prompts, responses, mask, mask)
+
+
+def rollout_tensors(
+    prompts: dict[str, torch.Tensor], responses: torch.Tensor, attention: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Left-padded prompts joined with their responses [B, R]: `attention` [B, R] extends the attention mask,
+    `response_mask` marks the model's tokens; the responses' positions continue the prompts'."""
+    input_ids, attention_mask, position_ids = prompts["input_ids"], prompts["attention_mask"], prompts["position_ids"]
+    offsets = torch.arange(1, responses.shape[1] + 1, dtype=position_ids.dtype, device=position_ids.device)
     return {
         "prompts": input_ids,
         "responses": responses,
         "input_ids": torch.cat([input_ids, responses], dim=1),
-        "attention_mask": torch.cat([attention_mask, mask.to(attention_mask.dtype)], dim=1),
-        "position_ids": torch.cat([position_ids, response_positions], dim=1),
-        "response_mask": mask,
+        "attention_mask": torch.cat([attention_mask, attention.to(attention_mask.dtype)], dim=1),
+        "position_ids": torch.cat([position_ids, position_ids[:, -1:] + offsets], dim=1),
+        "response_mask": response_mask,
     }
+
+
+def sampled_rollout(
+    prompts: dict[str, torch.Tensor], tokens: list[list[int]], log_probs: list[list[float]], params
+) -> dict[str, torch.Tensor]:
+    """`assemble_rollout` of each row's sampled tokens, plus `rollout_log_probs` [B, R] (the engine's log-prob of
+    each response token, 0 after the response)."""
+    generated = pad_token_lists(tokens, params.response_length, params.pad_token_id)
+    batch = assemble_rollout(prompts, generated, params, torch.tensor([len(t) for t in tokens]))
+    rollout_lp = pad_token_lists(log_probs, params.response_length, 0.0, torch.float32)
+    batch["rollout_log_probs"] = rollout_lp * batch["response_mask"]
+    return batch
 
 
 def rollout_output(prompts: DataProto, result: dict[str, torch.Tensor]) -> DataProto:

@@ -21,7 +21,7 @@ from workers.lora.vllm_adapter import adapter_request, engine_options
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.engine_kwargs import vllm_engine_kwargs
 from workers.rollout.engine_processes import devices_visible, transfer_chunks
-from workers.rollout.shaping import assemble_rollout, pad_token_lists
+from workers.rollout.shaping import sampled_rollout
 from workers.rollout.sync_group import SyncGroupAddress
 from workers.rollout.vllm_base_views import keep_plain_cpu_weights
 from workers.vision.models import collapse_image_placeholders
@@ -225,14 +225,11 @@ class VLLMEngine:
         kwargs.update(scheduler_options(rollout, device))
         kwargs.update(vllm_engine_kwargs(rollout.get("engine_kwargs")))
         kwargs.update(device_options(rollout, device, self.sleep_enabled))
-        if device.type != "cuda" and rollout["enable_sleep"]:
-            print(
-                "note: rollout.enable_sleep has no effect on CPU (vLLM's CPU backend has no sleep mode)",
-                file=sys.stderr,
-            )
-        if device.type != "cuda" and rollout.get("enable_chunked_prefill"):
-            print("note: rollout.enable_chunked_prefill has no effect on CPU (prompts are prefilled whole there)",
-                  file=sys.stderr)
+        cpu_notes = {"enable_sleep": "vLLM's CPU backend has no sleep mode",
+                     "enable_chunked_prefill": "prompts are prefilled whole there"}
+        for key, why in cpu_notes.items():
+            if device.type != "cuda" and rollout.get(key):
+                print(f"note: rollout.{key} has no effect on CPU ({why})", file=sys.stderr)
         self._llm_kwargs = kwargs
         with devices_visible(self.visible_devices):
             self.llm = LLM(**kwargs)
@@ -280,29 +277,22 @@ class VLLMEngine:
                 for i, length in enumerate(lengths)
             ]
             requests += rows
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.lora_request)
-        results, start = [], 0
-        for prompts, _, _ in batches:
-            results.append(self._rollout_batch(prompts, outputs[start : start + len(prompts["input_ids"])], params))
-            start += len(prompts["input_ids"])
-        return results
+        outputs = iter(self._generate(requests, sampling))
+        return [
+            self._rollout_batch(prompts, list(itertools.islice(outputs, len(prompts["input_ids"]))), params)
+            for prompts, _, _ in batches
+        ]
 
     def _rollout_batch(
         self, prompts: dict[str, torch.Tensor], outputs: list[Any], params: Any
     ) -> dict[str, torch.Tensor]:
         sampled = [sampled_tokens(o) for o in outputs]
-        tokens, log_probs = [t for t, _ in sampled], [lp for _, lp in sampled]
         cpu_prompts = {k: v.cpu() for k, v in prompts.items()}
-        lengths = torch.tensor([len(t) for t in tokens])
-        batch = assemble_rollout(
-            cpu_prompts, pad_token_lists(tokens, params.response_length, params.pad_token_id), params, lengths
-        )
-        rollout_lp = torch.zeros(len(tokens), params.response_length, dtype=torch.float32)
-        for i, row in enumerate(log_probs):
-            row = row[: params.response_length]
-            rollout_lp[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
-        batch["rollout_log_probs"] = rollout_lp * batch["response_mask"]
-        return batch
+        return sampled_rollout(cpu_prompts, [t for t, _ in sampled], [lp for _, lp in sampled], params)
+
+    def _generate(self, prompts: list[Any], sampling: Any) -> list[Any]:
+        """vLLM's `generate` of `prompts` (`TokensPrompt`s) with the synced adapter, if any."""
+        return self.llm.generate(prompts, sampling, use_tqdm=False, lora_request=self.lora_request)
 
     def prompt_log_probs(self, sequences: torch.Tensor) -> torch.Tensor:
         """log p(token_t | tokens_<t) for t >= 1 of each row of `sequences` [B, L] at temperature 1."""
@@ -310,9 +300,7 @@ class VLLMEngine:
 
         rows = [row.tolist() for row in sequences]
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False, lora_request=self.lora_request
-        )
+        outputs = self._generate([TokensPrompt(prompt_token_ids=r) for r in rows], params)
         return torch.tensor(
             [[float(step[t].logprob) for step, t in zip(o.prompt_logprobs[1:], r[1:])] for o, r in zip(outputs, rows)]
         )
@@ -323,12 +311,7 @@ class VLLMEngine:
         from vllm import SamplingParams, TokensPrompt
 
         params = SamplingParams(**{"max_tokens": 16, "logprobs": 0, "detokenize": False, **sampling})
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-            params,
-            use_tqdm=False,
-            lora_request=self.lora_request,
-        )
+        outputs = self._generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params)
         return [dict(zip(("token_ids", "log_probs"), sampled_tokens(output))) for output in outputs]
 
     # ---- weights --------------------------------------------------------------------------------------
@@ -455,6 +438,8 @@ class VLLMEngine:
                 self.llm = LLM(**self._llm_kwargs)
             return
         if self.asleep:
+            # The trainer's freed activations and gradients sit in PyTorch's cache, invisible to vLLM's
+            # allocator: return them to the device first, or waking can run out of memory.
             torch.cuda.empty_cache()
             for tag in (["weights", "kv_cache"] if what == "all" else [what]):
                 self.llm.wake_up(tags=[tag])
@@ -466,14 +451,10 @@ class VLLMEngine:
         maps its KV cache again (False: the weights and the adapter never left)."""
         if not self.asleep:
             return False
-        # The trainer's freed activations and gradients sit in PyTorch's cache, invisible to vLLM's
-        # allocator: return them to the device first, or waking can run out of memory.
-        torch.cuda.empty_cache()
-        if self.shares_weights:  # weights and adapter stayed: nothing to sync again
-            self.llm.collective_rpc("sc_restore_kv_cache")
-            self.asleep = False
-            return False
-        self.llm.wake_up(tags=["weights"])
-        self.llm.wake_up(tags=["kv_cache"])
+        if not self.shares_weights:
+            self.restore()
+            return True
+        torch.cuda.empty_cache()  # as in `restore`
+        self.llm.collective_rpc("sc_restore_kv_cache")  # weights and adapter stayed: nothing to sync again
         self.asleep = False
-        return True
+        return False

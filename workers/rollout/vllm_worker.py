@@ -66,11 +66,6 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
         self.memory = MemoryLog(device)
         self.memory.record("rollout_init")
 
-    def _require_engine(self, method: str) -> VLLMEngine:
-        if self.engine is None:
-            raise RuntimeError(f"{method}: call init_model() first")
-        return self.engine
-
     @register(Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Same contract as the actor's: prompts -> rollout batch plus `rollout_log_probs`."""
@@ -82,7 +77,7 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
         images = None
         if MULTI_MODAL_DATA in prompts.non_tensor_batch:  # encoded bytes: vLLM processes the decoded images itself
             images = [[decode_image(encoded) for encoded in row] for row in row_images(prompts)]
-        with self._engine_idle():
+        with self._engine_idle("generate_sequences"):
             if self.agent is not None:
                 result = vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)
             else:
@@ -111,8 +106,7 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
     def receive_weights(self, layouts: list[BucketLayout], version: int | None = None) -> None:
         """Load the broadcast weights (with LoRA: the adapter); `version` is the actor's weights version they
         are (stamped on every batch generated with them)."""
-        engine = self._require_engine("receive_weights")
-        with self._engine_idle():
+        with self._engine_idle("receive_weights") as engine:
             if self.lora is None:
                 engine.receive_broadcast(layouts)
             else:
@@ -133,28 +127,24 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
     @register(Dispatch.ONE_TO_ALL)
     def load_ipc_bucket(self, index: int, layout: BucketLayout) -> int:
         """Called by the feeding train rank itself (through this actor's handle), once per bucket."""
-        engine = self._require_engine("load_ipc_bucket")
-        with self._engine_idle():
+        with self._engine_idle("load_ipc_bucket") as engine:
             return engine.load_ipc_bucket(index, layout)
 
     @register(Dispatch.ONE_TO_ALL)
     def finish_weight_load(self, version: int | None = None) -> None:
         """After the last IPC bucket; `version` as in `receive_weights`."""
-        engine = self._require_engine("finish_weight_load")
-        with self._engine_idle():
+        with self._engine_idle("finish_weight_load") as engine:
             engine.after_weight_update()
             self._set_version(version)
 
     @register(Dispatch.ONE_TO_ALL)
     def probe_log_probs(self, vocab_size: int) -> torch.Tensor:
-        engine = self._require_engine("probe_log_probs")
-        with self._engine_idle():
+        with self._engine_idle("probe_log_probs") as engine:
             return engine.prompt_log_probs(probe_sequences(vocab_size))
 
     @register(Dispatch.ONE_TO_ALL)
     def weights_fingerprint(self) -> float:
-        engine = self._require_engine("weights_fingerprint")
-        with self._engine_idle():
+        with self._engine_idle("weights_fingerprint") as engine:
             return engine.fingerprint()
 
     # ---- engine API (plain lists, residency) -----------------------------------------------------------
@@ -162,8 +152,7 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
     def generate_tokens(
         self, prompts: list[list[int]], sampling: dict[str, Any] | None = None
     ) -> list[dict[str, list]]:
-        engine = self._require_engine("generate")
-        with self._engine_idle():
+        with self._engine_idle("generate") as engine:
             return engine.generate_token_lists(prompts, sampling or {})
 
     @register(Dispatch.ONE_TO_ALL)

@@ -30,10 +30,15 @@ from workers.vision.models import probe_vocab_size
 GIB = float(1 << 30)
 
 
-class SyncGroupHostMixin:
-    """Rank 0's part in setting up the broadcast group with the engines."""
+class WeightSenderMixin:
+    """Needs `self.rank`, `self.config` and `self._sync_source()`, which returns the FSDP engine to send
+    with its parameters on the device (anything with `module` and `device`). A sender whose exported weights are
+    not its module's parameters (the engine API's module worker) overrides `_sync_buckets` and the layouts."""
 
-    _sync_group: WeightSyncGroup | None = None
+    rank: int
+    config: dict[str, Any]
+    _sync_group: WeightSyncGroup | None = None  # rank 0's broadcast group with the engines
+    _broadcast_sender: BroadcastSender | None = None  # rank 0's staging buffers, kept between syncs
 
     @register(Dispatch.RANK_ZERO)
     def host_weight_sync(self, world_size: int, backend: str) -> SyncGroupAddress:
@@ -44,16 +49,6 @@ class SyncGroupHostMixin:
     def connect_weight_sync(self, address: SyncGroupAddress) -> None:
         """Rank 0 joins as group rank 0; returns once every engine worker has joined too."""
         self._sync_group.connect(address, 0)
-
-
-class WeightSenderMixin(SyncGroupHostMixin):
-    """Needs `self.rank`, `self.config` and `self._sync_source()`, which returns the FSDP engine to send
-    with its parameters on the device (anything with `module` and `device`). A sender whose exported weights are
-    not its module's parameters (the engine API's module worker) overrides `_sync_buckets` and the layouts."""
-
-    rank: int
-    config: dict[str, Any]
-    _broadcast_sender: BroadcastSender | None = None  # rank 0's staging buffers, kept between syncs
 
     @register(Dispatch.RANK_ZERO)
     def weight_sync_layouts(self) -> list[BucketLayout]:

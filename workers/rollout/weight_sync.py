@@ -13,6 +13,7 @@ Tensors are cast to the engine's dtype on the way. Names are the Hugging Face ch
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -156,8 +157,7 @@ def send_broadcast(
     trainer rank 0 and None on the other ranks (they only take part in producing the buckets, e.g. FSDP
     gathers). Pass the same `sender` every sync to reuse its staging buffers. Returns the bytes sent."""
     if group is None:
-        for _ in buckets:
-            pass
+        deque(buckets, maxlen=0)
         return 0
     return (sender or BroadcastSender(device)).send(buckets, group, fingerprint)
 
@@ -181,19 +181,18 @@ def receive_broadcast_buckets(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Receiver side: one new buffer per bucket (the engine's loader may keep views of it), read out as
     views. The next bucket's broadcast is already posted while the caller loads this one."""
-    if not layouts:
-        return
-    posted = _post_receive(layouts[0], group, device)
+
+    def post(layout: BucketLayout) -> tuple[torch.Tensor, Any]:
+        buffer = empty_bucket(layout, device)
+        return buffer, group.broadcast_async(buffer, root=0)
+
+    posted = post(layouts[0]) if layouts else None
     for index, layout in enumerate(layouts):
         buffer, work = posted
-        posted = _post_receive(layouts[index + 1], group, device) if index + 1 < len(layouts) else None
+        if index + 1 < len(layouts):
+            posted = post(layouts[index + 1])
         work.wait()  # on CUDA: the loader's kernels (same stream) start after the bytes arrived
         yield from bucket_views(buffer, layout)
-
-
-def _post_receive(layout: BucketLayout, group: WeightSyncGroup, device: torch.device) -> tuple[torch.Tensor, Any]:
-    buffer = empty_bucket(layout, device)
-    return buffer, group.broadcast_async(buffer, root=0)
 
 
 # ---- CUDA IPC ---------------------------------------------------------------------------------------------
@@ -249,8 +248,7 @@ def send_ipc_to_engines(
     in `engines` (on this rank's GPU) load it in place through its `load_ipc_bucket`. A rank feeding no
     engine still produces the buckets (its part in collective gathers). Returns the bytes packed."""
     if not engines:
-        for _ in buckets:
-            pass
+        deque(buckets, maxlen=0)
         return 0
     import ray
 

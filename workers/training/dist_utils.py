@@ -16,11 +16,8 @@ def check_same_length(length: int, device: torch.device, method: str) -> None:
     The DP dispatch pads chunks to equal length, so this only fires for callers that bypass it; every
     rank runs the same number of forward passes only if every rank holds the same number of rows.
     """
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return
-    bounds = torch.tensor([length, -length], dtype=torch.int64, device=device)
-    dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
-    longest, shortest = int(bounds[0]), -int(bounds[1])
+    bounds = reduce_over_ranks({"longest": length, "shortest": length}, device, {"longest": "max", "shortest": "min"})
+    longest, shortest = int(bounds["longest"]), int(bounds["shortest"])
     if longest != shortest:
         raise ValueError(
             f"{method}: ranks received between {shortest} and {longest} rows; FSDP needs the same number of "

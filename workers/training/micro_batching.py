@@ -12,18 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from protocol import DataProto
 from workers.packing.token_budget import groups_needed, spread
-
-
-def _max_over_ranks(value: int, device: torch.device) -> int:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    tensor = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor)
+from workers.training.dist_utils import reduce_over_ranks
 
 
 def row_lengths(data: DataProto) -> list[int]:
@@ -65,7 +57,8 @@ class MicroBatching:
         lengths = row_lengths(data)
         groups = 0
         while True:  # every rank agrees on the count: the largest any rank needs to fit the budget
-            agreed = _max_over_ranks(groups_needed(lengths, self.max_tokens, max(groups, 1), self.setting), device)
+            needed = {"groups": groups_needed(lengths, self.max_tokens, max(groups, 1), self.setting)}
+            agreed = int(reduce_over_ranks(needed, device, {"groups": "max"})["groups"])
             if agreed == groups:
                 break
             groups = agreed

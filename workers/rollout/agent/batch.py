@@ -13,12 +13,13 @@ import math
 import torch
 
 from workers.rollout.agent.loop import Conversation
+from workers.rollout.shaping import rollout_tensors
 
 
 def conversation_batch(
     prompts: dict[str, torch.Tensor], conversations: list[Conversation], response_length: int, pad_token_id: int
 ) -> dict[str, torch.Tensor]:
-    input_ids, attention_mask, position_ids = prompts["input_ids"], prompts["attention_mask"], prompts["position_ids"]
+    input_ids, attention_mask = prompts["input_ids"], prompts["attention_mask"]
     batch = len(conversations)
     responses = torch.full((batch, response_length), pad_token_id, dtype=input_ids.dtype)
     in_response = torch.zeros(batch, response_length, dtype=attention_mask.dtype)
@@ -30,7 +31,6 @@ def conversation_batch(
         in_response[i, :length] = 1
         model_mask[i, :length] = torch.tensor(conversation.mask, dtype=torch.int64)
         log_probs[i, :length] = torch.tensor(conversation.log_probs, dtype=torch.float32)
-    offsets = torch.arange(1, response_length + 1, dtype=position_ids.dtype)
     counts = {
         "num_turns": [c.turns for c in conversations],
         "num_tool_calls": [c.tool_calls for c in conversations],
@@ -42,12 +42,7 @@ def conversation_batch(
     }
     rewards = [c.env.reward(c.final_text) for c in conversations]
     return {
-        "prompts": input_ids,
-        "responses": responses,
-        "input_ids": torch.cat([input_ids, responses], dim=1),
-        "attention_mask": torch.cat([attention_mask, in_response], dim=1),
-        "position_ids": torch.cat([position_ids, position_ids[:, -1:] + offsets], dim=1),
-        "response_mask": model_mask,
+        **rollout_tensors(prompts, responses, in_response, model_mask),
         "rollout_log_probs": log_probs * model_mask,
         "env_reward": torch.tensor([math.nan if r is None else float(r) for r in rewards], dtype=torch.float32),
         **{key: torch.tensor(values, dtype=torch.int64) for key, values in counts.items()},

@@ -46,7 +46,5 @@ class ToolEnvironment(Environment):
         self.tools = tools
         self.tool_names = list(tools)
 
-    def run_call(self, call: ToolCall, limits: ToolLimits) -> Future:
-        if call.name not in self.tools:
-            return finished(f"error: unknown tool {call.name!r}; available: {self.tool_names}", error=True)
-        return call_tool(call.name, self.tools[call.name], call.arguments, limits)
+    def step(self, call: ToolCall) -> Any:
+        return self.tools[call.name](**call.arguments)

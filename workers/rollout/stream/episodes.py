@@ -19,7 +19,7 @@ from workers.rollout.agent.batch import conversation_batch
 from workers.rollout.agent.loop import NO_VERSION, AgentLoop, Conversation, TurnOutput
 from workers.rollout.agent.rollout import AgentRollout, sample_fields
 from workers.rollout.sampling import SamplingParams, forced_lengths
-from workers.rollout.shaping import assemble_rollout, pad_token_lists, rollout_output
+from workers.rollout.shaping import pad_token_lists, rollout_output, sampled_rollout
 from workers.rollout.stream.jobs import SEED_MODULUS, TurnJob
 
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -106,10 +106,7 @@ class PromptGroup:
 
 def version_rows(rows: list[list[int]], mask: torch.Tensor) -> torch.Tensor:
     """Per-token versions [B, R]: each row's list placed at its start, NO_VERSION where `mask` is 0."""
-    out = torch.full(mask.shape, NO_VERSION, dtype=torch.int64)
-    for i, row in enumerate(rows):
-        row = row[: mask.shape[1]]
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
+    out = pad_token_lists(rows, mask.shape[1], NO_VERSION)
     return torch.where(mask.bool(), out, torch.full_like(out, NO_VERSION))
 
 
@@ -154,13 +151,7 @@ class GroupFactory:
         prompts = {k: group.rows.batch[k].cpu() for k in PROMPT_KEYS}
         if self.agent is None:
             jobs = [e.job for e in group.episodes]
-            generated = pad_token_lists([j.tokens for j in jobs], self.params.response_length, self.params.pad_token_id)
-            result = assemble_rollout(prompts, generated, self.params, torch.tensor([len(j.tokens) for j in jobs]))
-            log_probs = torch.zeros(len(jobs), self.params.response_length, dtype=torch.float32)
-            for i, job in enumerate(jobs):
-                row = job.log_probs[: self.params.response_length]
-                log_probs[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
-            result["rollout_log_probs"] = log_probs * result["response_mask"]
+            result = sampled_rollout(prompts, [j.tokens for j in jobs], [j.log_probs for j in jobs], self.params)
             versions = [j.versions for j in jobs]
         else:
             conversations = [e.conversation for e in group.episodes]

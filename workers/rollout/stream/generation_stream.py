@@ -151,13 +151,17 @@ class GenerationStream:
         if not stale:
             return
         self.engine.forget(e for g in stale for e in g.episodes)
-        gone = set(map(id, stale))
+        self._retire(stale)
+        self._stale.extend(g.uid for g in stale)
+
+    def _retire(self, groups: list[PromptGroup]) -> None:
+        """Take `groups` out of the active ones (finished, or dropped as stale)."""
+        gone = set(map(id, groups))
         self.active = [g for g in self.active if id(g) not in gone]
         self._tool_waiters = [e for e in self._tool_waiters if id(self._group_of[id(e)]) not in gone]
-        for group in stale:
+        for group in groups:
             for episode in group.episodes:
                 self._group_of.pop(id(episode), None)
-        self._stale.extend(g.uid for g in stale)
 
     def _publish(self) -> None:
         """Record the oldest version of every active group (by the engine's owner, holding the condition)."""
@@ -219,24 +223,19 @@ class GenerationStream:
                 self._add(episode.after_turn(job))
                 if episode.waiting_for_tools():
                     self._tool_waiters.append(episode)
-                touched[id(self._group_of[id(episode)])] = self._group_of[id(episode)]
+                group = self._group_of[id(episode)]
+                touched[id(group)] = group
         still_waiting = []
         for episode in self._tool_waiters:
-            jobs = episode.poll_tools()
-            self._add(jobs)
+            self._add(episode.poll_tools())
             if episode.waiting_for_tools():
                 still_waiting.append(episode)
             else:
-                touched[id(self._group_of[id(episode)])] = self._group_of[id(episode)]
+                group = self._group_of[id(episode)]
+                touched[id(group)] = group
         self._tool_waiters = still_waiting
         done = [g for g in touched.values() if g.finished()]
-        if not done:
-            return []
-        gone = set(map(id, done))
-        self.active = [g for g in self.active if id(g) not in gone]
-        for group in done:
-            for episode in group.episodes:
-                del self._group_of[id(episode)]
+        self._retire(done)
         return [self.factory.batch(g) for g in done]
 
     def _add(self, jobs: list[TurnJob]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -48,14 +48,17 @@ class StreamWorkerMixin:
             self.stream = GenerationStream(engine, GroupFactory(params, self.agent), settings)
         return self.stream
 
+    def _require_engine(self, method: str) -> Any:
+        if self.engine is None:
+            raise RuntimeError(f"{method}: call init_model() first")
+        return self.engine
+
     @contextmanager
-    def _engine_idle(self) -> Iterator[None]:
-        """The engine free for a synchronous use: the stream (if any) paused around it."""
-        if self.stream is None:
-            yield
-            return
-        with self.stream.paused():
-            yield
+    def _engine_idle(self, method: str) -> Iterator[Any]:
+        """The engine, free for a synchronous use (`method`, named in errors): the stream (if any) paused around it."""
+        engine = self._require_engine(method)
+        with self.stream.paused() if self.stream is not None else nullcontext():
+            yield engine
 
     @register(Dispatch.ALL_TO_ALL)
     def stream_submit(self, prompts: DataProto | None) -> int:
