@@ -203,21 +203,15 @@ class Strategy:
         """Write `root/global_step_<step>/` atomically (the toolkit's format: a temporary folder, a manifest,
         a rename): model and optimizer shards, the scheduler, RNG states and `client_state` (JSON). With `keep`,
         only the newest `keep` checkpoints stay. Collective; returns the folder."""
-        return checkpoint_folders.save(
-            root,
-            step,
-            client_state or {},
-            keep,
-            lambda path: self._save_with_optimizer_loaded(path, model, optimizer, scheduler),
-        )
-
-    def _save_with_optimizer_loaded(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
-        """Shards are written from the device state: offloaded optimizer state comes back for the save only."""
+        # Shards are written from the device state: offloaded optimizer state comes back for the save only.
         offloaded = self._on_host(optimizer)
         self.maybe_load_optimizer(optimizer)
-        self._save_shards(path, model, optimizer, scheduler)
+        folder = checkpoint_folders.save(
+            root, step, client_state or {}, keep, lambda path: self._save_shards(path, model, optimizer, scheduler)
+        )
         if offloaded:
             self.maybe_offload_optimizer(optimizer)
+        return folder
 
     def load_checkpoint(
         self, path: str, model: nn.Module, optimizer: Any, scheduler: Any = None

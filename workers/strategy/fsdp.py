@@ -34,25 +34,6 @@ class PreparedModel:
     config_overrides: dict[str, Any] = field(default_factory=dict)
 
 
-def repoint_optimizer(
-    optimizer: torch.optim.Optimizer, names: dict[int, str], sharded: dict[str, nn.Parameter]
-) -> None:
-    """FSDP2 replaces each parameter by a sharded one: the optimizer's groups (and any scheduler holding the
-    optimizer) keep working once the groups list the new parameters, matched by name."""
-    if optimizer.state:
-        raise ValueError(
-            "prepare: the optimizer already holds state (it stepped); build it fresh over model.parameters()"
-        )
-    for group in optimizer.param_groups:
-        try:
-            group["params"] = [sharded[names[id(p)]] for p in group["params"]]
-        except KeyError:
-            raise ValueError(
-                "prepare: the optimizer holds parameters that are not the model's; build it over "
-                "model.parameters() of the model passed to prepare"
-            ) from None
-
-
 class FSDPStrategy(Strategy):
     backend = "fsdp2"
 
@@ -86,11 +67,24 @@ class FSDPStrategy(Strategy):
         self._engines[id(model)] = PreparedModel(model, path, self.device, self.dtype)
         if not trainable:
             return model
-        sharded = dict(model.named_parameters())
         if isinstance(optimizer, dict):
             optimizer = build_optimizer(model, optimizer_settings(optimizer))
         elif isinstance(optimizer, torch.optim.Optimizer):
-            repoint_optimizer(optimizer, names, sharded)
+            # FSDP2 replaced each parameter by a sharded one: the optimizer's groups (and any scheduler holding
+            # the optimizer) keep working once the groups list the new parameters, matched by name.
+            if optimizer.state:
+                raise ValueError(
+                    "prepare: the optimizer already holds state (it stepped); build it fresh over model.parameters()"
+                )
+            sharded = dict(model.named_parameters())
+            for group in optimizer.param_groups:
+                try:
+                    group["params"] = [sharded[names[id(p)]] for p in group["params"]]
+                except KeyError:
+                    raise ValueError(
+                        "prepare: the optimizer holds parameters that are not the model's; build it over "
+                        "model.parameters() of the model passed to prepare"
+                    ) from None
         else:
             raise TypeError(
                 "prepare: optimizer must be a torch optimizer or a dict of AdamW settings, "

@@ -9,6 +9,7 @@ loads them, and every rank raises the same error when a check fails.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -78,11 +79,8 @@ class GroupedInferenceEngine:
         gathered = self.group.gather(prompts)
         parts = None
         if self.owns_engine:
-            results = self.engine.generate_token_lists([p for member in gathered for p in member], sampling)
-            bounds = [0]
-            for member in gathered:
-                bounds.append(bounds[-1] + len(member))
-            parts = [results[bounds[i]:bounds[i + 1]] for i in range(len(gathered))]
+            results = iter(self.engine.generate_token_lists([p for member in gathered for p in member], sampling))
+            parts = [list(itertools.islice(results, len(member))) for member in gathered]
         return self.group.scatter(parts)
 
     # ---- residency ------------------------------------------------------------------------------------
