@@ -109,19 +109,15 @@ class Residency:
         transfer = Transfer()
         for offloader in self.offloaders:
             transfer.add(offloader.take_transfer())
-        counts = self.move_counts()
-        moves = {name: count - self._counted.get(name, 0) for name, count in counts.items()}
-        self._counted = counts
-        return transfer_metrics(phase, transfer, moves)
-
-    def move_counts(self) -> dict[str, int]:
         counts = {}
         if self.trained is not None:
             counts[f"{self.tenant}_params"] = self.trained.param_moves
             counts[f"{self.tenant}_optimizer"] = self.trained.optimizer_moves
         if self.ref is not None:
             counts["ref_params"] = self.ref.param_moves
-        return counts
+        moves = {name: count - self._counted.get(name, 0) for name, count in counts.items()}
+        self._counted = counts
+        return transfer_metrics(phase, transfer, moves)
 
     @property
     def host_bytes(self) -> int:

@@ -263,13 +263,14 @@ class StorageOffloader:
         return copied
 
     def _copy(self, slots: list[_Slot], to_host: bool) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
-        if self.stream is None:
+        def copy_all() -> None:
             for slot in slots:
                 device_bytes = _as_bytes(slot.storage)
-                if to_host:
-                    slot.host.copy_(device_bytes)
-                else:
-                    device_bytes.copy_(slot.host)
+                target, source = (slot.host, device_bytes) if to_host else (device_bytes, slot.host)
+                target.copy_(source, non_blocking=self.stream is not None)
+
+        if self.stream is None:
+            copy_all()
             return None
         current = torch.cuda.current_stream(self.device)
         # Offload: the data must be final. Load: the memory just allocated may still be read by queued work.
@@ -277,12 +278,7 @@ class StorageOffloader:
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record(self.stream)
         with torch.cuda.stream(self.stream):
-            for slot in slots:
-                device_bytes = _as_bytes(slot.storage)
-                if to_host:
-                    slot.host.copy_(device_bytes, non_blocking=True)
-                else:
-                    device_bytes.copy_(slot.host, non_blocking=True)
+            copy_all()
         end.record(self.stream)
         if to_host:
             end.synchronize()  # once, for all copies: the device memory is freed next
