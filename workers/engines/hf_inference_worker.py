@@ -25,10 +25,6 @@ class HFInferenceWorker(Worker):
         self.model_path = config["model"]["path"]
         self.engine: HFGenerateEngine | None = None
 
-    def _load(self) -> None:
-        self.device = worker_device()
-        self.engine = HFGenerateEngine(self.model_path, compute_dtype("auto", self.device), self.device, False)
-
     def _require_engine(self, what: str) -> HFGenerateEngine:
         if self.engine is None:
             raise RuntimeError(f"{what}: the engine was released with .meta(); call .cuda() first")
@@ -40,7 +36,8 @@ class HFInferenceWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        self._load()
+        self.device = worker_device()
+        self.engine = HFGenerateEngine(self.model_path, compute_dtype("auto", self.device), self.device, False)
 
     @register(Dispatch.ONE_TO_ALL)
     def generate_tokens(
@@ -60,7 +57,7 @@ class HFInferenceWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def restore(self, what: str = "all") -> None:
         if self.engine is None:
-            self._load()  # from the folder; a weight sync brings trained weights
+            self.init_model()  # from the folder; a weight sync brings trained weights
 
     # ---- weight sync (receiver side) ------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL, blocking=False)

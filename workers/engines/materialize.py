@@ -60,21 +60,6 @@ def _source_tensors(module: Any, folder: Path) -> Iterator[tuple[str, torch.Tens
         yield from load_file(str(file)).items()
 
 
-def load_source_weights(module: Any, device: torch.device) -> list[str]:
-    """Load the weights of `module.materialization_source()` through the input hook; returns the names of
-    parameters the source did not provide."""
-    folder = Path(module.materialization_source())
-    own = dict(module.named_parameters())
-    loaded: set[str] = set()
-    with torch.no_grad():
-        for name, tensor in _source_tensors(module, folder):
-            name, tensor = module.preprocess_input_named_parameters(name, tensor)
-            if name in own:
-                own[name].copy_(tensor.to(device))
-                loaded.add(name)
-    return sorted(set(own) - loaded)
-
-
 def fill_from_full(param: torch.Tensor, full: torch.Tensor) -> None:
     """Set a (possibly FSDP2-sharded) parameter from its full value, e.g. in `on_weights_materialized`. Every
     rank passes the same `full` (drawn from a seeded generator, say) and keeps its own shard of it, so the
@@ -95,6 +80,14 @@ def materialize(module: Any, device: torch.device, compute_dtype: torch.dtype) -
     _allocate_meta_parameters(module, device, torch.float32)
     if hasattr(module, "tie_weights"):
         module.tie_weights()  # pickling dropped the embedding / LM-head tie
-    missing = load_source_weights(module, device)
+    # The weights of `module.materialization_source()`, through the input hook.
+    own = dict(module.named_parameters())
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for name, tensor in _source_tensors(module, Path(module.materialization_source())):
+            name, tensor = module.preprocess_input_named_parameters(name, tensor)
+            if name in own:
+                own[name].copy_(tensor.to(device))
+                loaded.add(name)
     shard_in_units(module, units_by_class(module, module.non_split_modules), device, compute_dtype)
-    return missing
+    return sorted(set(own) - loaded)

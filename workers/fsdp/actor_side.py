@@ -22,10 +22,11 @@ from workers.fsdp.offload import Offloader
 from workers.fsdp.residency import ACTOR, Residency, process_tenants
 from workers.fsdp.shared_base import SharedBase, resolve_base_sharing
 from workers.fsdp.side import FSDPSide
+from workers.fsdp.ulysses import init_sequence_layout
 from workers.lora.model import adapters_disabled
 from workers.rollout.agent.worker_glue import build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
-from workers.rollout.sampling import SamplingParams, model_token_ids, sampling_params
+from workers.rollout.sampling import model_token_ids, sampling_params
 from workers.vision.forward_inputs import generate_inputs
 from workers.vision.images import MULTI_MODAL_DATA, ImageInputs, decode_image, row_images
 from workers.vision.models import auto_model_class, is_vision_language, vision_token_ids
@@ -41,7 +42,7 @@ class FSDPActorSide(FSDPSide):
         cfg = self.config = worker.config
         # The reference's size equals the actor's (workers/config.py): one layout for the whole worker.
         setting = "actor.ulysses_sequence_parallel_size"
-        self.init_layout(worker, cfg["actor"]["ulysses_sequence_parallel_size"], setting)
+        self.layout = init_sequence_layout(worker, cfg["actor"]["ulysses_sequence_parallel_size"], setting)
         self.start_metrics: dict[str, float] = {}
         sequence_parallel = {"sequence_parallel": self.layout.group, "sequence_parallel_setting": setting}
         auto_class = auto_model_class(cfg["model"]["path"])  # a causal LM, or a vision-language model
@@ -144,16 +145,14 @@ class FSDPActorSide(FSDPSide):
             self.images.forget()  # the step is over: its images are not needed again
 
     # ---- generation -----------------------------------------------------------------------------------
-    def _sampling_params(self, meta_info: dict[str, Any], model: torch.nn.Module) -> SamplingParams:
-        eos, pad = model_token_ids(getattr(model, "generation_config", None), model.config.get_text_config())
-        params = sampling_params(self.config["rollout"], meta_info, eos, pad)
-        return dataclasses.replace(params, suppress_token_ids=vision_token_ids(model.config))
-
     def generate(self, prompts: DataProto, weights_version: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         engine, rank, synced = self.actor, self.worker.rank, self.worker.world_size > 1
         if self.hybrid_rollout is None:
             self.residency.trained_needed()  # with an engine, the weights come to the GPU only if a sync sends them
-        params = self._sampling_params(prompts.meta_info, engine.module)
+        model = engine.module
+        eos, pad = model_token_ids(getattr(model, "generation_config", None), model.config.get_text_config())
+        params = sampling_params(self.config["rollout"], prompts.meta_info, eos, pad)
+        params = dataclasses.replace(params, suppress_token_ids=vision_token_ids(model.config))
         seed = prompts.meta_info.get("seed")
         if self.hybrid_rollout is not None:
             inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}

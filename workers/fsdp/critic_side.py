@@ -17,6 +17,7 @@ from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.offload import Offloader
 from workers.fsdp.residency import CRITIC, Residency, process_tenants
 from workers.fsdp.side import FSDPSide
+from workers.fsdp.ulysses import init_sequence_layout
 
 
 class FSDPCriticSide(FSDPSide):
@@ -25,7 +26,7 @@ class FSDPCriticSide(FSDPSide):
     def __init__(self, worker: Any) -> None:
         cfg = worker.config
         setting = "critic.ulysses_sequence_parallel_size"
-        self.init_layout(worker, cfg["ulysses_sequence_parallel_size"], setting)
+        self.layout = init_sequence_layout(worker, cfg["ulysses_sequence_parallel_size"], setting)
         mini_batch_per_rank(cfg, cfg["rollout_n"], self.layout.dp_size, self.layout.where("critic"))
         # num_labels=1: one value per token. The head is new (seeded, so equal on all ranks); no dropout
         # on it, or values in training would not match the values the advantages were computed from.

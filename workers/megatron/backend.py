@@ -93,6 +93,12 @@ class MegatronBackend:
         max_positions: int = 4096,
     ) -> None:
         from megatron.core import parallel_state as ps
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.transformer.module import Float16Module
 
         cpu_host.enable()
@@ -124,23 +130,13 @@ class MegatronBackend:
         self.optimizer = None
         self.optim_cfg = optim_cfg
         self.steps = 0  # LR-schedule position (scheduler steps taken)
-        if optim_cfg is not None:
-            model = self._wrap_for_training(model, optim_cfg)
-        else:
+        if optim_cfg is None:
             model.requires_grad_(False)
             model.eval()
-        self.model = model
-
-    def _wrap_for_training(self, model: nn.Module, optim_cfg: dict[str, Any]) -> nn.Module:
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-        distributed = self.settings.use_distributed_optimizer
-        ddp = DistributedDataParallel(
+            self.model = model
+            return
+        distributed = settings.use_distributed_optimizer
+        self.model = ddp = DistributedDataParallel(
             self.config,
             DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=distributed),
             model,
@@ -165,7 +161,6 @@ class MegatronBackend:
         )
         self._lr_factor = lr_factor_fn(optim_cfg)
         self._set_lr()
-        return ddp
 
     # ---- parallel layout ------------------------------------------------------------------------------
     @staticmethod

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from single_controller.worker import init_default_process_group
+from workers.checkpoint_format import load_driver_state
 from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.fsdp.offload import Offloader
 from workers.rollout.in_process_sync import WeightSource
@@ -223,4 +224,4 @@ class Strategy:
             return None
         self.maybe_load_optimizer(optimizer)
         self._load_shards(str(folder), model, optimizer, scheduler)
-        return checkpoint_folders.client_state(folder)
+        return load_driver_state(folder)
