@@ -24,14 +24,12 @@ from workers.fsdp.shared_base import SharedBase, resolve_base_sharing
 from workers.fsdp.side import FSDPSide
 from workers.fsdp.ulysses import init_sequence_layout
 from workers.lora.model import adapters_disabled
-from workers.rollout.agent.worker_glue import build_agent, hf_agent_generate, vllm_agent_generate
+from workers.rollout.agent.worker_glue import PROMPT_KEYS, build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import model_token_ids, sampling_params
 from workers.vision.forward_inputs import generate_inputs
 from workers.vision.images import MULTI_MODAL_DATA, ImageInputs, decode_image, row_images
 from workers.vision.models import auto_model_class, is_vision_language, vision_token_ids
-
-PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 class FSDPActorSide(FSDPSide):

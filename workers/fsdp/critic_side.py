@@ -1,10 +1,5 @@
-"""`FSDPCriticSide`: the critic worker's FSDP2 value model (HF token classification, one label) and its
-residency (workers/critic/worker.py).
-
-With `ulysses_sequence_parallel_size` k > 1 the W ranks form W/k data-parallel groups of k ranks sharing each
-packed sequence (workers/fsdp/ulysses.py). With `model.fsdp_config.param_offload` / `optimizer_offload` its
-state leaves the GPU as the actor's does (workers/fsdp/residency.py `Residency`).
-"""
+"""`FSDPCriticSide`: the critic worker's FSDP2 value model (HF token classification, one label), laid out
+(`ulysses_sequence_parallel_size`) and offloaded (`model.fsdp_config`) as the actor's (`FSDPSide`)."""
 
 from __future__ import annotations
 

@@ -106,11 +106,8 @@ def _over(storage: torch.UntypedStorage, like: torch.Tensor, offset: int, shape:
 @torch.no_grad()
 def point_shard_at(param: Any, whole: torch.Tensor) -> None:
     """Point `param`'s padded shard and its local tensor at this rank's rows of `whole`; the shard's own
-    storage is then released. Call after `why_not_shareable` returned None.
-
-    FSDP2's two tensors are views of the padded shard it allocated, and a view keeps its base alive, so
-    they are replaced (as FSDP2's own `reset_sharded_param` does) rather than re-pointed in place; the
-    parameter (the DTensor) stays the same object."""
+    storage is then released. Call after `why_not_shareable` returned None. Both tensors are replaced, not
+    re-pointed in place: they are views of the padded shard FSDP2 allocated, and a view keeps its base alive."""
     window = _window(param, whole)
     storage = whole.untyped_storage()
     local = local_shard(param)

@@ -35,13 +35,6 @@ def adapter_request() -> Any:
     return LoRARequest(lora_name=ADAPTER_LABEL, lora_int_id=ADAPTER_ID, lora_path=ADAPTER_PATH)
 
 
-def _lora_manager(model_runner: Any) -> Any:
-    manager = getattr(model_runner, "lora_manager", None)
-    if manager is None:
-        raise RuntimeError("this vLLM engine was started without LoRA (enable_lora); it cannot take an adapter")
-    return manager
-
-
 def _name_mapper(model: Any) -> Any:
     """The model's HF -> vLLM renames, as vLLM's own adapter loader takes them (the method's name differs by
     vLLM version)."""
@@ -74,7 +67,9 @@ def register_adapter(
     from vllm.lora.lora_model import LoRAModel
     from vllm.lora.peft_helper import PEFTHelper
 
-    manager = _lora_manager(model_runner)
+    manager = getattr(model_runner, "lora_manager", None)
+    if manager is None:
+        raise RuntimeError("this vLLM engine was started without LoRA (enable_lora); it cannot take an adapter")
     helper = PEFTHelper.from_dict(adapter_config)
     helper.validate_legal(manager.lora_config)
     dtype = manager.lora_config.lora_dtype

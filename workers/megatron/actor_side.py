@@ -20,11 +20,10 @@ from protocol import DataProto
 from workers.config import mini_batch_per_rank
 from workers.megatron.backend import MegatronBackend
 from workers.megatron.side import MegatronSide
+from workers.rollout.agent.worker_glue import PROMPT_KEYS
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import folder_token_ids, model_token_ids, sampling_params
 from workers.vision.images import MULTI_MODAL_DATA
-
-PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 class MegatronActorSide(MegatronSide):

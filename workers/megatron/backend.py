@@ -51,15 +51,6 @@ from workers.training.micro_batching import MicroBatching
 StageLossFn = Callable[[torch.Tensor, DataProto], tuple[torch.Tensor, dict[str, Any]]]
 
 
-def attention_mask_4d(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[b, S] 1 = token -> [b, 1, S, S] True = masked: causal, and no attention to padding. Rows of
-    left-padded prompts start at position > 0; RoPE scores depend only on relative positions, so the
-    real tokens see what they see in the HF model with its shifted position ids."""
-    length = attention_mask.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).triu(1)
-    return causal[None, None] | ~attention_mask.bool()[:, None, None, :]
-
-
 def padded_length(length: int, settings: ParallelSettings) -> int:
     """`length` rounded up to a multiple of the TP size under sequence parallelism (it splits the sequence over
     the TP ranks)."""
@@ -79,7 +70,11 @@ def sequence_forward(
     if padded != length:
         ids, mask = nn.functional.pad(ids, (0, padded - length)), nn.functional.pad(mask, (0, padded - length))
     positions = torch.arange(padded, device=device).expand_as(ids)
-    return model(ids, positions, attention_mask_4d(mask))
+    # [b, 1, S, S] True = masked: causal, and no attention to padding. Rows of left-padded prompts start at
+    # position > 0; RoPE scores depend only on relative positions, so the real tokens see what they see in the
+    # HF model with its shifted position ids.
+    causal = torch.ones(padded, padded, dtype=torch.bool, device=device).triu(1)
+    return model(ids, positions, causal[None, None] | ~mask.bool()[:, None, None, :])
 
 
 class MegatronBackend:
