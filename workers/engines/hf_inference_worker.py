@@ -43,8 +43,7 @@ class HFInferenceWorker(Worker):
     def generate_tokens(
         self, prompts: list[list[int]], sampling: dict[str, Any] | None = None
     ) -> list[dict[str, list]]:
-        """Per prompt: generated `token_ids` and their `log_probs`, all prompts in one batch. `sampling` holds
-        vLLM's field names: temperature (0 = greedy), top_k, top_p, max_tokens, stop_token_ids, seed."""
+        """`HFGenerateEngine.generate_token_lists`; `sampling` holds vLLM's field names (temperature 0 = greedy)."""
         return self._require_engine("generate").generate_token_lists(prompts, sampling or {}, self.rank)
 
     # ---- residency ------------------------------------------------------------------------------------
@@ -83,8 +82,7 @@ class HFInferenceWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def finish_weight_load(self, version: int | None = None) -> None:
-        """Nothing cached from the old weights (HF generate keeps no prefix cache across calls); `version`
-        (the trainer's weights version) is not tracked here."""
+        """Nothing cached from the old weights (HF generate keeps no prefix cache); `version` is not tracked."""
 
     @register(Dispatch.ONE_TO_ALL)
     def probe_log_probs(self, vocab_size: int) -> torch.Tensor:

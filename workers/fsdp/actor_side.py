@@ -60,7 +60,13 @@ class FSDPActorSide(FSDPSide):
         rollout = cfg["rollout"]
         hybrid_vllm = self.actor is not None and rollout["name"] == "vllm" and rollout["placement"] == "hybrid"
         # A LoRA actor's frozen base becomes views of its engine's weights (rollout.share_base_weights).
-        self.shared_base: SharedBase | None = self._shared_base() if hybrid_vllm else None
+        self.shared_base: SharedBase | None = None
+        if hybrid_vllm:
+            from workers.rollout.hybrid import FSDPWeightSource, engine_dtype
+
+            engine = engine_dtype(rollout, FSDPWeightSource(self.actor))
+            if resolve_base_sharing(cfg, self.actor.dtype, engine):
+                self.shared_base = SharedBase(self.actor.module)
         self.residency = self._build_residency()
         # Offloaded models leave the GPU before the engine starts: it then finds its whole budget free, and
         # the start's peak is the engine's, not the engine's plus every model's (the memory plan's init row).
@@ -72,15 +78,6 @@ class FSDPActorSide(FSDPSide):
             module = self.actor.module
             eos, _ = model_token_ids(getattr(module, "generation_config", None), module.config.get_text_config())
             self.agent = build_agent(rollout, cfg["model"]["path"], eos)
-
-    def _shared_base(self) -> SharedBase | None:
-        """The actor's frozen base to share with its hybrid vLLM engine, or None (not LoRA, or turned off)."""
-        from workers.rollout.hybrid import FSDPWeightSource, engine_dtype
-
-        engine = engine_dtype(self.config["rollout"], FSDPWeightSource(self.actor))
-        if not resolve_base_sharing(self.config, self.actor.dtype, engine):
-            return None
-        return SharedBase(self.actor.module)
 
     def _build_residency(self) -> Residency:
         """Offloaders of the actor (parameters, optimizer state) and of the frozen reference (parameters).

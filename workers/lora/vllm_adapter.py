@@ -45,20 +45,6 @@ def _name_mapper(model: Any) -> Any:
     return mapper
 
 
-def _check_modules(adapters: Any, lora: Any) -> None:
-    supported = set()
-    for module in adapters.supported_lora_modules:
-        supported.update(adapters.packed_modules_mapping.get(module, [module]))
-    unsupported = sorted(
-        {name.rsplit(".", 1)[-1] for name in lora.loras} - supported - set(adapters.packed_modules_mapping)
-    )
-    if unsupported:
-        raise ValueError(
-            f"vLLM cannot apply LoRA to {unsupported} of this model (it supports {sorted(supported)}); leave them out "
-            "with actor_rollout_ref.model.exclude_modules"
-        )
-
-
 def register_adapter(
     model_runner: Any, named_tensors: Iterable[tuple[str, torch.Tensor]], adapter_config: dict[str, Any]
 ) -> int:
@@ -88,7 +74,18 @@ def register_adapter(
         weights_mapper=_name_mapper(adapters.model),
         skip_prefixes=getattr(adapters.model, "lora_skip_prefixes", None),
     )
-    _check_modules(adapters, lora)
+    # vLLM's LoRA layers of the model must cover every module the adapter adapts.
+    supported = set()
+    for module in adapters.supported_lora_modules:
+        supported.update(adapters.packed_modules_mapping.get(module, [module]))
+    unsupported = sorted(
+        {name.rsplit(".", 1)[-1] for name in lora.loras} - supported - set(adapters.packed_modules_mapping)
+    )
+    if unsupported:
+        raise ValueError(
+            f"vLLM cannot apply LoRA to {unsupported} of this model (it supports {sorted(supported)}); leave them out "
+            "with actor_rollout_ref.model.exclude_modules"
+        )
     adapters.remove_adapter(ADAPTER_ID)  # also frees its slot: the next request activates the new one
     adapters.add_adapter(lora)
     return len(tensors)

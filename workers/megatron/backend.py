@@ -157,13 +157,6 @@ class MegatronBackend:
         self._lr_factor = lr_factor_fn(optim_cfg)
         self._set_lr()
 
-    # ---- parallel layout ------------------------------------------------------------------------------
-    @staticmethod
-    def is_last_stage() -> bool:
-        from megatron.core import parallel_state as ps
-
-        return ps.is_pipeline_last_stage()
-
     # ---- forward / backward ---------------------------------------------------------------------------
     def run_micro_batches(
         self, micros: list[DataProto], loss_fn: StageLossFn, forward_only: bool
@@ -172,6 +165,7 @@ class MegatronBackend:
         `loss_fn` runs on the last stage with the output cut back to S positions. Returns, on the last
         stage, what `loss_fn` kept per micro-batch ([] elsewhere). Gradients accumulate (Megatron divides
         each loss by the number of micro-batches; this undoes it, so `loss_fn` chooses the weights)."""
+        from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         count = len(micros)
@@ -201,7 +195,7 @@ class MegatronBackend:
                 micro_batch_size=len(micros[0]),
                 forward_only=forward_only,
             )
-        return list(kept) if self.is_last_stage() else []
+        return list(kept) if ps.is_pipeline_last_stage() else []
 
     # ---- the training logic's micro-batches (TrainBackend) ------------------------------------------
     def data_parallel(self) -> DataParallel:
@@ -212,7 +206,9 @@ class MegatronBackend:
         return DataParallel(dist.get_world_size(group), group)
 
     def reports_outputs(self) -> bool:
-        return self.is_last_stage()
+        from megatron.core import parallel_state as ps
+
+        return ps.is_pipeline_last_stage()
 
     def micro_batches(self, data: DataProto, batching: MicroBatching) -> tuple[list[DataProto], list[int]]:
         """Fixed row counts: the pipeline schedule sends one activation shape between stages, so a token

@@ -70,13 +70,12 @@ class Strategy:
         is_tensor = isinstance(value, torch.Tensor)
         if not is_tensor and not isinstance(value, (int, float)):
             raise TypeError(f"all_reduce takes a number, a tensor or a dict of them, got {type(value).__name__}")
-        tensor = (
-            value.detach().clone().to(self.device)
-            if is_tensor
-            else torch.tensor(float(value), dtype=torch.float64, device=self.device)
-        )
-        if op == "mean" and not tensor.is_floating_point():
-            tensor = tensor.double()
+        if not is_tensor:
+            tensor = torch.tensor(float(value), dtype=torch.float64, device=self.device)
+        else:
+            tensor = value.detach().clone().to(self.device)
+            if op == "mean" and not tensor.is_floating_point():
+                tensor = tensor.double()
         dist.all_reduce(tensor, op=REDUCE_OPS[op])
         if op == "mean":
             tensor /= self.world_size

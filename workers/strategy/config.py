@@ -59,8 +59,7 @@ def optimizer_settings(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def scheduler_settings(values: dict[str, Any]) -> dict[str, Any]:
-    """LR schedule settings (verl's optim key names) {"lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type",
-    "total_training_steps", "min_lr_ratio", "num_cycles"}."""
+    """LR schedule settings (verl's optim key names, `SCHEDULER_DEFAULTS`) with defaults filled in."""
     return _with_defaults(values, SCHEDULER_DEFAULTS, "scheduler")
 
 

@@ -41,10 +41,8 @@ class FSDPStrategy(Strategy):
     def prepare(self, model: nn.Module | str, optimizer: Any = None, scheduler: Any = None) -> Any:
         """Shard `model` (an HF model, or its folder) over all ranks. With `optimizer` (a torch optimizer
         built over `model.parameters()`, or AdamW settings such as {"lr": 1e-5}) the model is trainable and
-        `(model, optimizer, scheduler)` is returned; `scheduler` is an LR scheduler of that optimizer or
-        settings {"lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type": "constant"|"cosine",
-        "total_training_steps", "min_lr_ratio", "num_cycles"}. Without an optimizer the model is frozen (compute
-        dtype, eval) and returned alone."""
+        `(model, optimizer, scheduler)` is returned; `scheduler` is an LR scheduler of that optimizer or settings
+        (`scheduler_settings`). Without an optimizer the model is frozen (compute dtype, eval) and returned alone."""
         trainable = optimizer is not None
         if isinstance(model, str):
             model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32 if trainable else self.dtype)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from workers.rollout.engine_group import engine_group
 from workers.rollout.in_process_sync import InProcessSync, WeightSource
-from workers.strategy.config import ENGINE_TYPES, InferenceConfig
+from workers.strategy.config import InferenceConfig
 
 
 def engine_groups(world_size: int, group_size: int) -> list[list[int]]:
@@ -41,11 +41,9 @@ def build_engine(engine_type: str, cfg: InferenceConfig, dtype: torch.dtype, dev
         from workers.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(cfg.model_path, cfg.vllm_rollout_options(), dtype, device, seed)
-    if engine_type == "hf":
-        from workers.rollout.hf_engine import HFGenerateEngine
+    from workers.rollout.hf_engine import HFGenerateEngine  # "hf" (setup_inference_engine checked the name)
 
-        return HFGenerateEngine(cfg.model_path, dtype, device, cfg.enable_sleep)
-    raise ValueError(f"engine_type {engine_type!r} is not available; valid: {list(ENGINE_TYPES)}")
+    return HFGenerateEngine(cfg.model_path, dtype, device, cfg.enable_sleep)
 
 
 class GroupedInferenceEngine:
