@@ -26,10 +26,6 @@ EXECUTORS_TRAIN = ("fsdp2",)
 EXECUTORS_INFER = ("vllm", "hf")
 
 
-def _default_use_gpu(use_gpu: bool | None) -> bool:
-    return torch.cuda.is_available() if use_gpu is None else use_gpu
-
-
 class _GroupHandle:
     """What both engines are on the driver: a worker group on a resource pool, made by `build()`."""
 
@@ -59,7 +55,7 @@ class InferenceEngine(_GroupHandle):
 
     def build(self, tensor_parallel_size: int = 1, num_engines: int = 1, colocate_with: Any = None,
               use_gpu: bool | None = None) -> "InferenceEngine":
-        use_gpu = _default_use_gpu(use_gpu)
+        use_gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
         if self.executor == "hf":
             from workers.engines.hf_inference_worker import HFInferenceWorker as worker_class
 
@@ -129,7 +125,7 @@ class TrainEngine(_GroupHandle):
         if colocate_with is not None:
             self.pool, self.use_gpu = colocate_with.pool, colocate_with.use_gpu
         else:
-            self.use_gpu = _default_use_gpu(use_gpu)
+            self.use_gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
             self.pool, self._owns_pool = RayResourcePool([world_size], use_gpu=self.use_gpu, name_prefix="train_"), True
         self.group = RayWorkerGroup(
             self.pool, RayClassWithInitArgs(ModuleWorker, **self.worker_args), name_prefix="train"
@@ -193,28 +189,26 @@ class TrainEngine(_GroupHandle):
         placement allows (`sync_path`): CUDA IPC when the engines share the train ranks' GPUs, a bucketed
         NCCL broadcast from rank 0 when they are on other GPUs, gloo on CPU. With `verify`, each engine's
         log-probs of a probe batch must match this module's."""
-        key = (id(infer), infer.incarnation)  # a rebuilt engine has to be connected anew
-        sync = self._syncs.get(key)
-        if sync is None:
-            sync = self._connect_sync(infer, verify, tolerance)
-            self._syncs = {key: sync}
-        return sync.sync()
-
-    def _connect_sync(self, infer: InferenceEngine, verify: bool, tolerance: float | None) -> Any:
         from workers.rollout.separate_sync import IpcRolloutSync, SeparateWeightSync
         from workers.rollout.sync_path import CUDA_IPC, choose_sync_path
 
-        train, engines = self._require_group(), infer._require_group()
-        path = choose_sync_path(train.node_info, engines.node_info, self.use_gpu, infer.tensor_parallel_size)
-        self.sync_path = path.kind
-        options = {"tensor_model_parallel_size": infer.tensor_parallel_size, "verify_sync": verify,
-                   "verify_tolerance": tolerance}
-        # The engine may have loaded other weights than the module holds: the first call always sends, and is
-        # not checked for a change of weights (later ones are, against the module's fingerprint of what it sends).
-        if path.kind == CUDA_IPC:
-            return IpcRolloutSync(
-                train, engines, path.feeding_rank, options, infer.model_path, engines_start_from_trainer=False
-            )
-        return SeparateWeightSync(
-            train, engines, options, infer.model_path, self.use_gpu, engines_start_from_trainer=False
-        )
+        key = (id(infer), infer.incarnation)  # a rebuilt engine has to be connected anew
+        if key not in self._syncs:
+            train, engines = self._require_group(), infer._require_group()
+            path = choose_sync_path(train.node_info, engines.node_info, self.use_gpu, infer.tensor_parallel_size)
+            self.sync_path = path.kind
+            options = {"tensor_model_parallel_size": infer.tensor_parallel_size, "verify_sync": verify,
+                       "verify_tolerance": tolerance}
+            # The engine may have loaded other weights than the module holds: the first call always sends, and is
+            # not checked for a change of weights (later ones are, against the module's fingerprint of what it
+            # sends).
+            if path.kind == CUDA_IPC:
+                sync = IpcRolloutSync(
+                    train, engines, path.feeding_rank, options, infer.model_path, engines_start_from_trainer=False
+                )
+            else:
+                sync = SeparateWeightSync(
+                    train, engines, options, infer.model_path, self.use_gpu, engines_start_from_trainer=False
+                )
+            self._syncs = {key: sync}
+        return self._syncs[key].sync()

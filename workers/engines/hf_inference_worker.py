@@ -25,10 +25,6 @@ class HFInferenceWorker(Worker):
         self.model_path = config["model"]["path"]
         self.engine: HFGenerateEngine | None = None
 
-    def _load(self) -> None:
-        self.device = worker_device()
-        self.engine = HFGenerateEngine(self.model_path, compute_dtype("auto", self.device), self.device, False)
-
     def _require_engine(self, what: str) -> HFGenerateEngine:
         if self.engine is None:
             raise RuntimeError(f"{what}: the engine was released with .meta(); call .cuda() first")
@@ -40,14 +36,14 @@ class HFInferenceWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        self._load()
+        self.device = worker_device()
+        self.engine = HFGenerateEngine(self.model_path, compute_dtype("auto", self.device), self.device, False)
 
     @register(Dispatch.ONE_TO_ALL)
     def generate_tokens(
         self, prompts: list[list[int]], sampling: dict[str, Any] | None = None
     ) -> list[dict[str, list]]:
-        """Per prompt: generated `token_ids` and their `log_probs`, all prompts in one batch. `sampling` holds
-        vLLM's field names: temperature (0 = greedy), top_k, top_p, max_tokens, stop_token_ids, seed."""
+        """`HFGenerateEngine.generate_token_lists`; `sampling` holds vLLM's field names (temperature 0 = greedy)."""
         return self._require_engine("generate").generate_token_lists(prompts, sampling or {}, self.rank)
 
     # ---- residency ------------------------------------------------------------------------------------
@@ -60,7 +56,7 @@ class HFInferenceWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def restore(self, what: str = "all") -> None:
         if self.engine is None:
-            self._load()  # from the folder; a weight sync brings trained weights
+            self.init_model()  # from the folder; a weight sync brings trained weights
 
     # ---- weight sync (receiver side) ------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL, blocking=False)
@@ -86,8 +82,7 @@ class HFInferenceWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def finish_weight_load(self, version: int | None = None) -> None:
-        """Nothing cached from the old weights (HF generate keeps no prefix cache across calls); `version`
-        (the trainer's weights version) is not tracked here."""
+        """Nothing cached from the old weights (HF generate keeps no prefix cache); `version` is not tracked."""
 
     @register(Dispatch.ONE_TO_ALL)
     def probe_log_probs(self, vocab_size: int) -> torch.Tensor:

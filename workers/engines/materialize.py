@@ -25,20 +25,6 @@ def clear_stale_requires_grad(module: nn.Module) -> None:
         param.__dict__.pop("requires_grad", None)
 
 
-def _allocate_meta_parameters(module: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-    """Real (uninitialised) storage for every meta parameter; buffers, which `init_empty_weights` keeps
-    real (rotary frequencies and the like), are moved as they are."""
-    for sub in module.modules():
-        for name, param in list(sub._parameters.items()):
-            if param is not None and param.is_meta:
-                sub._parameters[name] = nn.Parameter(
-                    torch.empty(param.shape, dtype=dtype, device=device), param.requires_grad
-                )
-        for name, buffer in list(sub._buffers.items()):
-            if buffer is not None:
-                sub._buffers[name] = buffer.to(device)
-
-
 def _source_tensors(module: Any, folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """The source's tensors under the names the module's class uses. For Hugging Face models the class's
     own loader reads the folder: it applies the renames between checkpoint and module layouts (e.g. a
@@ -60,21 +46,6 @@ def _source_tensors(module: Any, folder: Path) -> Iterator[tuple[str, torch.Tens
         yield from load_file(str(file)).items()
 
 
-def load_source_weights(module: Any, device: torch.device) -> list[str]:
-    """Load the weights of `module.materialization_source()` through the input hook; returns the names of
-    parameters the source did not provide."""
-    folder = Path(module.materialization_source())
-    own = dict(module.named_parameters())
-    loaded: set[str] = set()
-    with torch.no_grad():
-        for name, tensor in _source_tensors(module, folder):
-            name, tensor = module.preprocess_input_named_parameters(name, tensor)
-            if name in own:
-                own[name].copy_(tensor.to(device))
-                loaded.add(name)
-    return sorted(set(own) - loaded)
-
-
 def fill_from_full(param: torch.Tensor, full: torch.Tensor) -> None:
     """Set a (possibly FSDP2-sharded) parameter from its full value, e.g. in `on_weights_materialized`. Every
     rank passes the same `full` (drawn from a seeded generator, say) and keeps its own shard of it, so the
@@ -92,9 +63,27 @@ def fill_from_full(param: torch.Tensor, full: torch.Tensor) -> None:
 
 def materialize(module: Any, device: torch.device, compute_dtype: torch.dtype) -> list[str]:
     """Allocate, tie, load and shard `module` (fp32 master weights); returns the missing parameter names."""
-    _allocate_meta_parameters(module, device, torch.float32)
+    # Real (uninitialised) float32 storage for every meta parameter; buffers, which `init_empty_weights` keeps
+    # real (rotary frequencies and the like), are moved as they are.
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None and param.is_meta:
+                sub._parameters[name] = nn.Parameter(
+                    torch.empty(param.shape, dtype=torch.float32, device=device), param.requires_grad
+                )
+        for name, buffer in list(sub._buffers.items()):
+            if buffer is not None:
+                sub._buffers[name] = buffer.to(device)
     if hasattr(module, "tie_weights"):
         module.tie_weights()  # pickling dropped the embedding / LM-head tie
-    missing = load_source_weights(module, device)
+    # The weights of `module.materialization_source()`, through the input hook.
+    own = dict(module.named_parameters())
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for name, tensor in _source_tensors(module, Path(module.materialization_source())):
+            name, tensor = module.preprocess_input_named_parameters(name, tensor)
+            if name in own:
+                own[name].copy_(tensor.to(device))
+                loaded.add(name)
     shard_in_units(module, units_by_class(module, module.non_split_modules), device, compute_dtype)
-    return missing
+    return sorted(set(own) - loaded)

@@ -89,10 +89,9 @@ class ModuleWorker(WeightSenderMixin, Worker):
         """The module's state as the inference engine sees it (after the output hook). With `meta`, shapes
         only (no gathers); otherwise full tensors (a collective over the ranks)."""
         module = self._require_module("export")
-        params = {n: p.detach() for n, p in module.named_parameters()}
         full = {
-            n: torch.empty(p.shape, dtype=p.dtype, device="meta") if meta else full_parameter(p)
-            for n, p in params.items()
+            n: torch.empty(p.shape, dtype=p.dtype, device="meta") if meta else full_parameter(p.detach())
+            for n, p in module.named_parameters()
         }
         out: dict[str, torch.Tensor] = {}
         with torch.no_grad():

@@ -22,15 +22,14 @@ from workers.fsdp.offload import Offloader
 from workers.fsdp.residency import ACTOR, Residency, process_tenants
 from workers.fsdp.shared_base import SharedBase, resolve_base_sharing
 from workers.fsdp.side import FSDPSide
+from workers.fsdp.ulysses import init_sequence_layout
 from workers.lora.model import adapters_disabled
-from workers.rollout.agent.worker_glue import build_agent, hf_agent_generate, vllm_agent_generate
+from workers.rollout.agent.worker_glue import PROMPT_KEYS, build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
-from workers.rollout.sampling import SamplingParams, model_token_ids, sampling_params
+from workers.rollout.sampling import model_token_ids, sampling_params
 from workers.vision.forward_inputs import generate_inputs
 from workers.vision.images import MULTI_MODAL_DATA, ImageInputs, decode_image, row_images
 from workers.vision.models import auto_model_class, is_vision_language, vision_token_ids
-
-PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 class FSDPActorSide(FSDPSide):
@@ -41,7 +40,7 @@ class FSDPActorSide(FSDPSide):
         cfg = self.config = worker.config
         # The reference's size equals the actor's (workers/config.py): one layout for the whole worker.
         setting = "actor.ulysses_sequence_parallel_size"
-        self.init_layout(worker, cfg["actor"]["ulysses_sequence_parallel_size"], setting)
+        self.layout = init_sequence_layout(worker, cfg["actor"]["ulysses_sequence_parallel_size"], setting)
         self.start_metrics: dict[str, float] = {}
         sequence_parallel = {"sequence_parallel": self.layout.group, "sequence_parallel_setting": setting}
         auto_class = auto_model_class(cfg["model"]["path"])  # a causal LM, or a vision-language model
@@ -61,7 +60,13 @@ class FSDPActorSide(FSDPSide):
         rollout = cfg["rollout"]
         hybrid_vllm = self.actor is not None and rollout["name"] == "vllm" and rollout["placement"] == "hybrid"
         # A LoRA actor's frozen base becomes views of its engine's weights (rollout.share_base_weights).
-        self.shared_base: SharedBase | None = self._shared_base() if hybrid_vllm else None
+        self.shared_base: SharedBase | None = None
+        if hybrid_vllm:
+            from workers.rollout.hybrid import FSDPWeightSource, engine_dtype
+
+            engine = engine_dtype(rollout, FSDPWeightSource(self.actor))
+            if resolve_base_sharing(cfg, self.actor.dtype, engine):
+                self.shared_base = SharedBase(self.actor.module)
         self.residency = self._build_residency()
         # Offloaded models leave the GPU before the engine starts: it then finds its whole budget free, and
         # the start's peak is the engine's, not the engine's plus every model's (the memory plan's init row).
@@ -73,15 +78,6 @@ class FSDPActorSide(FSDPSide):
             module = self.actor.module
             eos, _ = model_token_ids(getattr(module, "generation_config", None), module.config.get_text_config())
             self.agent = build_agent(rollout, cfg["model"]["path"], eos)
-
-    def _shared_base(self) -> SharedBase | None:
-        """The actor's frozen base to share with its hybrid vLLM engine, or None (not LoRA, or turned off)."""
-        from workers.rollout.hybrid import FSDPWeightSource, engine_dtype
-
-        engine = engine_dtype(self.config["rollout"], FSDPWeightSource(self.actor))
-        if not resolve_base_sharing(self.config, self.actor.dtype, engine):
-            return None
-        return SharedBase(self.actor.module)
 
     def _build_residency(self) -> Residency:
         """Offloaders of the actor (parameters, optimizer state) and of the frozen reference (parameters).
@@ -144,16 +140,14 @@ class FSDPActorSide(FSDPSide):
             self.images.forget()  # the step is over: its images are not needed again
 
     # ---- generation -----------------------------------------------------------------------------------
-    def _sampling_params(self, meta_info: dict[str, Any], model: torch.nn.Module) -> SamplingParams:
-        eos, pad = model_token_ids(getattr(model, "generation_config", None), model.config.get_text_config())
-        params = sampling_params(self.config["rollout"], meta_info, eos, pad)
-        return dataclasses.replace(params, suppress_token_ids=vision_token_ids(model.config))
-
     def generate(self, prompts: DataProto, weights_version: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         engine, rank, synced = self.actor, self.worker.rank, self.worker.world_size > 1
         if self.hybrid_rollout is None:
             self.residency.trained_needed()  # with an engine, the weights come to the GPU only if a sync sends them
-        params = self._sampling_params(prompts.meta_info, engine.module)
+        model = engine.module
+        eos, pad = model_token_ids(getattr(model, "generation_config", None), model.config.get_text_config())
+        params = sampling_params(self.config["rollout"], prompts.meta_info, eos, pad)
+        params = dataclasses.replace(params, suppress_token_ids=vision_token_ids(model.config))
         seed = prompts.meta_info.get("seed")
         if self.hybrid_rollout is not None:
             inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}

@@ -132,12 +132,9 @@ def load_sharded(
     model_sd, optim_sd = _state_dicts(model, optimizer, trainable_only)
     state = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=os.path.join(path, DCP_SUBDIR))
+    options = _options(trainable_only)
     set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optimizer"],
-        options=_options(trainable_only),
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=options
     )
     set_rng_state(extra.pop("rng"))
     for key in must_match or {}:

@@ -1,10 +1,5 @@
-"""`FSDPCriticSide`: the critic worker's FSDP2 value model (HF token classification, one label) and its
-residency (workers/critic/worker.py).
-
-With `ulysses_sequence_parallel_size` k > 1 the W ranks form W/k data-parallel groups of k ranks sharing each
-packed sequence (workers/fsdp/ulysses.py). With `model.fsdp_config.param_offload` / `optimizer_offload` its
-state leaves the GPU as the actor's does (workers/fsdp/residency.py `Residency`).
-"""
+"""`FSDPCriticSide`: the critic worker's FSDP2 value model (HF token classification, one label), laid out
+(`ulysses_sequence_parallel_size`) and offloaded (`model.fsdp_config`) as the actor's (`FSDPSide`)."""
 
 from __future__ import annotations
 
@@ -17,6 +12,7 @@ from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.offload import Offloader
 from workers.fsdp.residency import CRITIC, Residency, process_tenants
 from workers.fsdp.side import FSDPSide
+from workers.fsdp.ulysses import init_sequence_layout
 
 
 class FSDPCriticSide(FSDPSide):
@@ -25,7 +21,7 @@ class FSDPCriticSide(FSDPSide):
     def __init__(self, worker: Any) -> None:
         cfg = worker.config
         setting = "critic.ulysses_sequence_parallel_size"
-        self.init_layout(worker, cfg["ulysses_sequence_parallel_size"], setting)
+        self.layout = init_sequence_layout(worker, cfg["ulysses_sequence_parallel_size"], setting)
         mini_batch_per_rank(cfg, cfg["rollout_n"], self.layout.dp_size, self.layout.where("critic"))
         # num_labels=1: one value per token. The head is new (seeded, so equal on all ranks); no dropout
         # on it, or values in training would not match the values the advantages were computed from.

@@ -44,12 +44,8 @@ def untie_adapted_head(merged: dict[str, torch.Tensor], config: Any) -> None:
     """An adapter on a tied LM head changes the head but not the input embedding: the merged model keeps
     both, so its config must stop tying them (or loading it would drop the merged head)."""
     head, embedding = merged.get("lm_head.weight"), merged.get("model.embed_tokens.weight")
-    if (
-        getattr(config, "tie_word_embeddings", False)
-        and head is not None
-        and embedding is not None
-        and not torch.equal(head, embedding)
-    ):
+    tied = getattr(config, "tie_word_embeddings", False) and head is not None and embedding is not None
+    if tied and not torch.equal(head, embedding):
         config.tie_word_embeddings = False
 
 

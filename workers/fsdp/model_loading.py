@@ -72,14 +72,12 @@ def load_sharded_model(
     seed: int = 0,
     lora: LoraSpec | None = None,
 ) -> nn.Module:
-    """`auto_class.from_pretrained(path)` sharded over all ranks with FSDP2.
-
-    Trainable models keep float32 master parameters and run forward/backward in the compute dtype through
-    `MixedPrecisionPolicy` (gradients reduced in float32). Frozen models are simply loaded in the compute
-    dtype. With `lora` (trainable models) the base weights are frozen in the compute dtype and only the
-    float32 adapter factors train. `seed` is set before loading so heads missing from the checkpoint (a new
-    value or score head) get the same initial values on every rank; LoRA's random A factors are drawn from
-    `seed` itself (`add_lora_adapters`), the same on every rank and in every run with that seed.
+    """`auto_class.from_pretrained(path)` sharded over all ranks with FSDP2 (`shard_in_units`): float32 master
+    parameters when trainable, the compute dtype when frozen. With `lora` (trainable models) the base weights are
+    frozen in the compute dtype and only the float32 adapter factors train. `seed` is set before loading so heads
+    missing from the checkpoint (a new value or score head) get the same initial values on every rank; LoRA's random
+    A factors are drawn from `seed` itself (`add_lora_adapters`), the same on every rank and in every run with that
+    seed.
     """
     dtype = compute_dtype(model_cfg["dtype"], device)
     load_dtype = torch.float32 if trainable and lora is None else dtype

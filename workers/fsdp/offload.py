@@ -1,9 +1,8 @@
 """Moving a trainer's parameters and optimizer state between the GPU and host memory, and counting the moves.
 
 An `Offloader` keeps track of where one model's parameters (with their gradients and buffers) and its
-optimizer's state are, and moves them with `StorageOffloader` (storages only, page-locked host buffers
-allocated once, copies on a side stream: workers/fsdp/storage_offload.py). When to move is the caller's
-policy (the actor worker's: workers/fsdp/actor_side.py and workers/fsdp/residency.py).
+optimizer's state are, and moves them with `StorageOffloader` (workers/fsdp/storage_offload.py). When to
+move is the caller's policy (workers/fsdp/residency.py).
 
 On CPU nothing moves (the host is the device), but every requested move is still counted, so the policy
 can be checked there; `move_on_cpu=True` (tests, the benchmark's CPU check) makes the moves real.

@@ -74,20 +74,12 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: dict[str, An
     return LambdaLR(optimizer, lr_factor_fn(optim_cfg))
 
 
-def clip_gradients(model: nn.Module, max_norm: float) -> float:
-    """Clip the global gradient norm (over all shards on all ranks) and return it before clipping."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    return float(norm)
-
-
 def clipped_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> float:
     """Clip the global gradient norm, step (skipped when the norm is not finite: the same on every rank, the norm
     is global) and zero the gradients; returns the norm before clipping."""
-    grad_norm = clip_gradients(model, max_norm)
-    if torch.isfinite(torch.tensor(grad_norm)):
+    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_norm)
+    grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # over all shards on all ranks
+    if math.isfinite(grad_norm):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm

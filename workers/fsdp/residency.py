@@ -14,10 +14,8 @@ The actor worker's policy (a `Residency` of the actor and its reference), with
 - the reference comes in for its log-probs and leaves right after; its host copy stays valid (frozen), so
   leaving only frees the device memory.
 
-The critic worker's policy (`Residency` of the critic), with `critic.model.fsdp_config.param_offload` /
-`optimizer_offload`, is the actor's: its parameters leave once at the end of its start, come back when it
-computes (values, update, checkpoints) and stay until another tenant claims the GPU; its optimizer state is
-on the GPU only inside each optimizer step.
+The critic worker's policy (`Residency` of the critic, `critic.model.fsdp_config`) is the actor's; its
+parameters leave once at the end of its start.
 """
 
 from __future__ import annotations
@@ -109,19 +107,15 @@ class Residency:
         transfer = Transfer()
         for offloader in self.offloaders:
             transfer.add(offloader.take_transfer())
-        counts = self.move_counts()
-        moves = {name: count - self._counted.get(name, 0) for name, count in counts.items()}
-        self._counted = counts
-        return transfer_metrics(phase, transfer, moves)
-
-    def move_counts(self) -> dict[str, int]:
         counts = {}
         if self.trained is not None:
             counts[f"{self.tenant}_params"] = self.trained.param_moves
             counts[f"{self.tenant}_optimizer"] = self.trained.optimizer_moves
         if self.ref is not None:
             counts["ref_params"] = self.ref.param_moves
-        return counts
+        moves = {name: count - self._counted.get(name, 0) for name, count in counts.items()}
+        self._counted = counts
+        return transfer_metrics(phase, transfer, moves)
 
     @property
     def host_bytes(self) -> int:

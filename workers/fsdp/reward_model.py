@@ -59,10 +59,8 @@ class RewardModelWorker(Worker):
 
         def keep(outputs: ResponseOutputs, micro: DataProto) -> dict[str, torch.Tensor]:
             scores = outputs.scores.cpu()
-            last = last_valid_positions(response_mask(micro)).clamp(min=0)  # the mask may have holes (tool tokens)
-            rows = torch.arange(len(micro))
-            token_scores = torch.zeros_like(scores)
-            token_scores[rows, last] = scores[rows, last]
-            return {"rm_scores": token_scores}
+            # The score at each row's last valid response token (the mask may have holes: tool tokens).
+            last = last_valid_positions(response_mask(micro)).clamp(min=0).cpu()[:, None]
+            return {"rm_scores": torch.zeros_like(scores).scatter_(1, last, scores.gather(1, last))}
 
         return DataProto.from_dict(forward_rows(engine, data, batching, ResponseForward("scores"), keep))

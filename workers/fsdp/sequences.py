@@ -63,14 +63,6 @@ def response_values(model: nn.Module, micro: DataProto, device: torch.device) ->
     return out.logits[:, -length - 1 : -1, 0].float()
 
 
-def score_head(model: nn.Module) -> nn.Module:
-    for name in ("score", "classifier"):
-        head = getattr(model, name, None)
-        if isinstance(head, nn.Module):
-            return head
-    raise ValueError(f"cannot find the score head (`score` or `classifier`) of {type(model).__name__}")
-
-
 def response_scores(model: nn.Module, micro: DataProto, device: torch.device) -> torch.Tensor:
     """Score head output [b, R] at each response token (a sequence-classification model).
 
@@ -78,8 +70,12 @@ def response_scores(model: nn.Module, micro: DataProto, device: torch.device) ->
     the pad id; reading the head's per-token output (a hook inside the FSDP root forward, where the
     parameters are gathered) lets the caller pick the position.
     """
+    heads = [getattr(model, name, None) for name in ("score", "classifier")]
+    head = next((h for h in heads if isinstance(h, nn.Module)), None)
+    if head is None:
+        raise ValueError(f"cannot find the score head (`score` or `classifier`) of {type(model).__name__}")
     captured: list[torch.Tensor] = []
-    handle = score_head(model).register_forward_hook(lambda _m, _i, out: captured.append(out))
+    handle = head.register_forward_hook(lambda _m, _i, out: captured.append(out))
     try:
         if is_packed(model):
             _, rows = packed_token_outputs(model, micro, device)

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from workers.fsdp.offload import GIB
 from workers.fsdp.shared_storage import fsdp_params, local_shard, point_shard_at, rows_of, why_not_shareable
 from workers.lora.spec import BASE_LAYER, base_sharing_problems
 
-GIB = float(1 << 30)
 SETTING = "rollout.share_base_weights"
 
 

@@ -1,17 +1,16 @@
 """Pointing an FSDP2 parameter's local shard at rows of another tensor of the same values (no copy kept).
 
 FSDP2 keeps each parameter's shard in two tensors over one storage (torch's `FSDPParam`,
-torch/distributed/fsdp/_fully_shard/_fsdp_param.py): `_sharded_param_data`, the shard flattened and padded
-to the size of rank 0's shard (what the all-gather reads), and the sharded DTensor's `_local_tensor`, the
-unpadded [rows, ...] view of it (what the optimizer, the state dict and the offloader see). With Shard(0)
-rank r's shard is rows [r * padded_rows, r * padded_rows + rows) of the whole tensor, contiguous in a
-contiguous [out, in] tensor. Both tensors are replaced by tensors over that window of the other tensor's
-storage (FSDP2's own `reset_sharded_param` replaces them too); the DTensor, the module's parameter, stays the
-same object. A padded shard
-(the last rank's, when the rows do not divide evenly) reads its padding from the bytes after its rows: it is
-pointed there only when the other storage extends that far. FSDP only reads a frozen parameter's shard (the
-all-gather copies it in; its padding is cut off after the gather), so whatever bytes the padding covers are
-never written. These are private attributes of torch's FSDP2 (read in torch 2.13).
+torch/distributed/fsdp/_fully_shard/_fsdp_param.py): `_sharded_param_data`, the shard flattened and padded to the size
+of rank 0's shard (what the all-gather reads), and the sharded DTensor's `_local_tensor`, the unpadded [rows, ...] view
+of it (what the optimizer, the state dict and the offloader see). With Shard(0) rank r's shard is rows [r * padded_rows,
+r * padded_rows + rows) of the whole tensor, contiguous in a contiguous [out, in] tensor. Both tensors are replaced by
+tensors over that window of the other tensor's storage (FSDP2's own `reset_sharded_param` replaces them too); the
+DTensor, the module's parameter, stays the same object. A padded shard (the last rank's, when the rows do not divide
+evenly) reads its padding from the bytes after its rows: it is pointed there only when the other storage extends that
+far. FSDP only reads a frozen parameter's shard (the all-gather copies it in; its padding is cut off after the gather),
+so whatever bytes the padding covers are never written. These are private attributes of torch's FSDP2 (read in torch
+2.13).
 """
 
 from __future__ import annotations
@@ -106,11 +105,8 @@ def _over(storage: torch.UntypedStorage, like: torch.Tensor, offset: int, shape:
 @torch.no_grad()
 def point_shard_at(param: Any, whole: torch.Tensor) -> None:
     """Point `param`'s padded shard and its local tensor at this rank's rows of `whole`; the shard's own
-    storage is then released. Call after `why_not_shareable` returned None.
-
-    FSDP2's two tensors are views of the padded shard it allocated, and a view keeps its base alive, so
-    they are replaced (as FSDP2's own `reset_sharded_param` does) rather than re-pointed in place; the
-    parameter (the DTensor) stays the same object."""
+    storage is then released. Call after `why_not_shareable` returned None. Both tensors are replaced, not
+    re-pointed in place: they are views of the padded shard FSDP2 allocated, and a view keeps its base alive."""
     window = _window(param, whole)
     storage = whole.untyped_storage()
     local = local_shard(param)

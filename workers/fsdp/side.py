@@ -5,21 +5,16 @@ Ulysses ranks (workers/fsdp/ulysses.py) and move their trained model's state by 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any
 
 from workers.fsdp.offload import GIB
 from workers.fsdp.residency import Residency
-from workers.fsdp.ulysses import SequenceLayout, init_sequence_layout
+from workers.fsdp.ulysses import SequenceLayout
 
 
 class FSDPSide:
     layout: SequenceLayout
     residency: Residency
     host_buffers_metric: str  # the metric of the host memory the offloaded state holds
-
-    def init_layout(self, worker: Any, size: int, setting: str) -> None:
-        """The worker's (dp, sp) mesh with `size` ranks sharing each row (`setting`: the config key)."""
-        self.layout = init_sequence_layout(worker, size, setting)
 
     @property
     def sequence_parallel(self) -> int:

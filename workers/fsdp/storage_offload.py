@@ -199,38 +199,29 @@ class StorageOffloader:
         self.host_allocations += 1
         self.transfer.host_alloc_s += time.perf_counter() - start
 
-    def _slots(self, storages: list[torch.UntypedStorage]) -> list[_Slot]:
-        self._reserve(sum(_align(s.nbytes()) for s in storages))
-        buffer = self.buffers[-1].data
-        slots = []
-        for storage in storages:
-            nbytes = storage.nbytes()
-            slots.append(_Slot(storage, nbytes, buffer[self._cursor : self._cursor + nbytes]))
-            self._cursor += _align(nbytes)
-        return slots
-
     # ---- moves ----------------------------------------------------------------------------------------
-    def _kept_slots(self, storages: list[torch.UntypedStorage]) -> list[_Slot] | None:
-        """Frozen: the host copies of exactly these storages, when the first offload made them."""
-        if len(storages) != len(self._kept):
-            return None
-        same = all(slot.storage is s and slot.nbytes == s.nbytes() for slot, s in zip(self._kept, storages))
-        return self._kept if same else None
-
     def offload(self) -> int:
         """Device -> host for every storage still on the device; returns the bytes copied."""
         storages = device_storages(self.tensors(), self.device, self.stays)
         if not storages:
             return 0
         start = time.perf_counter()
-        slots = self._kept_slots(storages) if self.frozen else None
+        # Frozen: the host copies of exactly these storages are kept from the first offload.
+        kept = self.frozen and len(storages) == len(self._kept)
+        kept = kept and all(slot.storage is s and slot.nbytes == s.nbytes() for slot, s in zip(self._kept, storages))
+        slots = self._kept if kept else []
         copied = 0
         events = None
-        if slots is None:
+        if not kept:
             if not self._offloaded:
                 self._cursor = 0
                 self._kept = []
-            slots = self._slots(storages)
+            self._reserve(sum(_align(s.nbytes()) for s in storages))
+            buffer = self.buffers[-1].data
+            for storage in storages:
+                nbytes = storage.nbytes()
+                slots.append(_Slot(storage, nbytes, buffer[self._cursor : self._cursor + nbytes]))
+                self._cursor += _align(nbytes)
             copied = sum(slot.nbytes for slot in slots)
             events = self._copy(slots, to_host=True)
             if self.frozen:
@@ -263,13 +254,14 @@ class StorageOffloader:
         return copied
 
     def _copy(self, slots: list[_Slot], to_host: bool) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
-        if self.stream is None:
+        def copy_all() -> None:
             for slot in slots:
                 device_bytes = _as_bytes(slot.storage)
-                if to_host:
-                    slot.host.copy_(device_bytes)
-                else:
-                    device_bytes.copy_(slot.host)
+                target, source = (slot.host, device_bytes) if to_host else (device_bytes, slot.host)
+                target.copy_(source, non_blocking=self.stream is not None)
+
+        if self.stream is None:
+            copy_all()
             return None
         current = torch.cuda.current_stream(self.device)
         # Offload: the data must be final. Load: the memory just allocated may still be read by queued work.
@@ -277,12 +269,7 @@ class StorageOffloader:
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record(self.stream)
         with torch.cuda.stream(self.stream):
-            for slot in slots:
-                device_bytes = _as_bytes(slot.storage)
-                if to_host:
-                    slot.host.copy_(device_bytes, non_blocking=True)
-                else:
-                    device_bytes.copy_(slot.host, non_blocking=True)
+            copy_all()
         end.record(self.stream)
         if to_host:
             end.synchronize()  # once, for all copies: the device memory is freed next

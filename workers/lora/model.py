@@ -45,8 +45,7 @@ def add_lora_adapters(model: nn.Module, spec: LoraSpec, seed: int = 0) -> None:
         ) from None
     # Float32 adapter factors (the optimizer's master weights) under a half-precision frozen base.
     cast_adapter_dtype(model, ADAPTER_NAME)
-    trained = [p for name, p in model.named_parameters() if is_adapter_parameter(name)]
-    if not trained:
+    if not adapter_parameter_names(model):
         raise ValueError(
             f"LoRA added no adapter factors to {type(model).__name__} (target_modules={spec.target_modules!r})"
         )

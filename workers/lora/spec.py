@@ -72,9 +72,8 @@ class LoraSpec:
 
     @property
     def vllm_max_lora_rank(self) -> int:
-        for size in VLLM_MAX_LORA_RANKS:
-            if size >= self.rank:
-                return size
+        if self.rank <= VLLM_MAX_LORA_RANKS[-1]:
+            return next(size for size in VLLM_MAX_LORA_RANKS if size >= self.rank)
         raise ValueError(f"lora_rank={self.rank} is above vLLM's largest adapter rank {VLLM_MAX_LORA_RANKS[-1]}")
 
 

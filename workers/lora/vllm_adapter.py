@@ -35,13 +35,6 @@ def adapter_request() -> Any:
     return LoRARequest(lora_name=ADAPTER_LABEL, lora_int_id=ADAPTER_ID, lora_path=ADAPTER_PATH)
 
 
-def _lora_manager(model_runner: Any) -> Any:
-    manager = getattr(model_runner, "lora_manager", None)
-    if manager is None:
-        raise RuntimeError("this vLLM engine was started without LoRA (enable_lora); it cannot take an adapter")
-    return manager
-
-
 def _name_mapper(model: Any) -> Any:
     """The model's HF -> vLLM renames, as vLLM's own adapter loader takes them (the method's name differs by
     vLLM version)."""
@@ -52,20 +45,6 @@ def _name_mapper(model: Any) -> Any:
     return mapper
 
 
-def _check_modules(adapters: Any, lora: Any) -> None:
-    supported = set()
-    for module in adapters.supported_lora_modules:
-        supported.update(adapters.packed_modules_mapping.get(module, [module]))
-    unsupported = sorted(
-        {name.rsplit(".", 1)[-1] for name in lora.loras} - supported - set(adapters.packed_modules_mapping)
-    )
-    if unsupported:
-        raise ValueError(
-            f"vLLM cannot apply LoRA to {unsupported} of this model (it supports {sorted(supported)}); leave them out "
-            "with actor_rollout_ref.model.exclude_modules"
-        )
-
-
 def register_adapter(
     model_runner: Any, named_tensors: Iterable[tuple[str, torch.Tensor]], adapter_config: dict[str, Any]
 ) -> int:
@@ -74,7 +53,9 @@ def register_adapter(
     from vllm.lora.lora_model import LoRAModel
     from vllm.lora.peft_helper import PEFTHelper
 
-    manager = _lora_manager(model_runner)
+    manager = getattr(model_runner, "lora_manager", None)
+    if manager is None:
+        raise RuntimeError("this vLLM engine was started without LoRA (enable_lora); it cannot take an adapter")
     helper = PEFTHelper.from_dict(adapter_config)
     helper.validate_legal(manager.lora_config)
     dtype = manager.lora_config.lora_dtype
@@ -93,7 +74,18 @@ def register_adapter(
         weights_mapper=_name_mapper(adapters.model),
         skip_prefixes=getattr(adapters.model, "lora_skip_prefixes", None),
     )
-    _check_modules(adapters, lora)
+    # vLLM's LoRA layers of the model must cover every module the adapter adapts.
+    supported = set()
+    for module in adapters.supported_lora_modules:
+        supported.update(adapters.packed_modules_mapping.get(module, [module]))
+    unsupported = sorted(
+        {name.rsplit(".", 1)[-1] for name in lora.loras} - supported - set(adapters.packed_modules_mapping)
+    )
+    if unsupported:
+        raise ValueError(
+            f"vLLM cannot apply LoRA to {unsupported} of this model (it supports {sorted(supported)}); leave them out "
+            "with actor_rollout_ref.model.exclude_modules"
+        )
     adapters.remove_adapter(ADAPTER_ID)  # also frees its slot: the next request activates the new one
     adapters.add_adapter(lora)
     return len(tensors)

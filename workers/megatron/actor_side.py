@@ -20,11 +20,10 @@ from protocol import DataProto
 from workers.config import mini_batch_per_rank
 from workers.megatron.backend import MegatronBackend
 from workers.megatron.side import MegatronSide
+from workers.rollout.agent.worker_glue import PROMPT_KEYS
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import folder_token_ids, model_token_ids, sampling_params
 from workers.vision.images import MULTI_MODAL_DATA
-
-PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 class MegatronActorSide(MegatronSide):
@@ -45,22 +44,19 @@ class MegatronActorSide(MegatronSide):
                 cfg["model"], settings, cfg["actor"]["optim"], seed=cfg["seed"], max_positions=max_positions
             )
             if cfg["rollout"]["name"] == "vllm":
-                self.hybrid_rollout = self._hybrid_rollout()
+                from workers.megatron.rollout_source import MegatronWeightSource
+                from workers.rollout.engine_group import engine_group
+                from workers.rollout.hybrid import HybridRollout
+
+                group = engine_group(cfg["rollout"]["tensor_model_parallel_size"], self.actor.device)
+                self.hybrid_rollout = HybridRollout(
+                    MegatronWeightSource(self.actor), cfg["rollout"], seed=cfg["seed"] + worker.rank, group=group
+                )
             else:
                 self.rollout_model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=self.actor.dtype)
                 self.rollout_model.to(self.actor.device).eval()
         if worker.role in ("actor_rollout_ref", "ref"):
             self.ref = MegatronBackend(cfg["model"], settings, seed=cfg["seed"], max_positions=max_positions)
-
-    def _hybrid_rollout(self) -> Any:
-        from workers.megatron.rollout_source import MegatronWeightSource
-        from workers.rollout.engine_group import engine_group
-        from workers.rollout.hybrid import HybridRollout
-
-        rollout = self.config["rollout"]
-        group = engine_group(rollout["tensor_model_parallel_size"], self.actor.device)
-        seed = self.config["seed"] + self.worker.rank
-        return HybridRollout(MegatronWeightSource(self.actor), rollout, seed=seed, group=group)
 
     # ---- residency: Megatron's state stays on the device (MegatronSide) -------------------------------------
     @contextmanager

@@ -51,15 +51,6 @@ from workers.training.micro_batching import MicroBatching
 StageLossFn = Callable[[torch.Tensor, DataProto], tuple[torch.Tensor, dict[str, Any]]]
 
 
-def attention_mask_4d(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[b, S] 1 = token -> [b, 1, S, S] True = masked: causal, and no attention to padding. Rows of
-    left-padded prompts start at position > 0; RoPE scores depend only on relative positions, so the
-    real tokens see what they see in the HF model with its shifted position ids."""
-    length = attention_mask.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).triu(1)
-    return causal[None, None] | ~attention_mask.bool()[:, None, None, :]
-
-
 def padded_length(length: int, settings: ParallelSettings) -> int:
     """`length` rounded up to a multiple of the TP size under sequence parallelism (it splits the sequence over
     the TP ranks)."""
@@ -79,7 +70,11 @@ def sequence_forward(
     if padded != length:
         ids, mask = nn.functional.pad(ids, (0, padded - length)), nn.functional.pad(mask, (0, padded - length))
     positions = torch.arange(padded, device=device).expand_as(ids)
-    return model(ids, positions, attention_mask_4d(mask))
+    # [b, 1, S, S] True = masked: causal, and no attention to padding. Rows of left-padded prompts start at
+    # position > 0; RoPE scores depend only on relative positions, so the real tokens see what they see in the
+    # HF model with its shifted position ids.
+    causal = torch.ones(padded, padded, dtype=torch.bool, device=device).triu(1)
+    return model(ids, positions, causal[None, None] | ~mask.bool()[:, None, None, :])
 
 
 class MegatronBackend:
@@ -93,6 +88,12 @@ class MegatronBackend:
         max_positions: int = 4096,
     ) -> None:
         from megatron.core import parallel_state as ps
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.transformer.module import Float16Module
 
         cpu_host.enable()
@@ -124,23 +125,13 @@ class MegatronBackend:
         self.optimizer = None
         self.optim_cfg = optim_cfg
         self.steps = 0  # LR-schedule position (scheduler steps taken)
-        if optim_cfg is not None:
-            model = self._wrap_for_training(model, optim_cfg)
-        else:
+        if optim_cfg is None:
             model.requires_grad_(False)
             model.eval()
-        self.model = model
-
-    def _wrap_for_training(self, model: nn.Module, optim_cfg: dict[str, Any]) -> nn.Module:
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-        distributed = self.settings.use_distributed_optimizer
-        ddp = DistributedDataParallel(
+            self.model = model
+            return
+        distributed = settings.use_distributed_optimizer
+        self.model = ddp = DistributedDataParallel(
             self.config,
             DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=distributed),
             model,
@@ -165,14 +156,6 @@ class MegatronBackend:
         )
         self._lr_factor = lr_factor_fn(optim_cfg)
         self._set_lr()
-        return ddp
-
-    # ---- parallel layout ------------------------------------------------------------------------------
-    @staticmethod
-    def is_last_stage() -> bool:
-        from megatron.core import parallel_state as ps
-
-        return ps.is_pipeline_last_stage()
 
     # ---- forward / backward ---------------------------------------------------------------------------
     def run_micro_batches(
@@ -182,6 +165,7 @@ class MegatronBackend:
         `loss_fn` runs on the last stage with the output cut back to S positions. Returns, on the last
         stage, what `loss_fn` kept per micro-batch ([] elsewhere). Gradients accumulate (Megatron divides
         each loss by the number of micro-batches; this undoes it, so `loss_fn` chooses the weights)."""
+        from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         count = len(micros)
@@ -211,7 +195,7 @@ class MegatronBackend:
                 micro_batch_size=len(micros[0]),
                 forward_only=forward_only,
             )
-        return list(kept) if self.is_last_stage() else []
+        return list(kept) if ps.is_pipeline_last_stage() else []
 
     # ---- the training logic's micro-batches (TrainBackend) ------------------------------------------
     def data_parallel(self) -> DataParallel:
@@ -222,7 +206,9 @@ class MegatronBackend:
         return DataParallel(dist.get_world_size(group), group)
 
     def reports_outputs(self) -> bool:
-        return self.is_last_stage()
+        from megatron.core import parallel_state as ps
+
+        return ps.is_pipeline_last_stage()
 
     def micro_batches(self, data: DataProto, batching: MicroBatching) -> tuple[list[DataProto], list[int]]:
         """Fixed row counts: the pipeline schedule sends one activation shape between stages, so a token

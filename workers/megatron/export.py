@@ -19,26 +19,12 @@ from workers.megatron.convert import gather_tp, hf_to_megatron, megatron_tensor_
 from workers.megatron.layout import GPTLayout
 
 
-def stage_shapes(hf_config: Any, layout: GPTLayout, pp: int) -> list[dict[str, torch.Size]]:
-    """Per pipeline stage, its Megatron tensor names (layers numbered within the stage) and whole shapes."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        hf_meta = AutoModelForCausalLM.from_config(hf_config)
-    state = {name: t for name, t in hf_meta.state_dict().items()}
-    if layout.tied_embeddings:
-        state.pop("lm_head.weight", None)
-    stages = split_pp(hf_to_megatron(state, layout), layout, pp)
-    if layout.tied_embeddings and pp > 1:
-        stages[-1].pop("embedding.word_embeddings.weight")  # the last stage's copy: stage 0 exports it
-    return [{name: t.shape for name, t in stage.items()} for stage in stages]
-
-
 def iter_hf_weights(
     stage_module: nn.Module, hf_config: Any, layout: GPTLayout, dtype: torch.dtype, device: torch.device
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, whole tensor in `dtype` on `device`) for the whole model. Collective over all ranks."""
     from megatron.core import parallel_state as ps
+    from transformers import AutoModelForCausalLM
 
     tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
     tp_group, pp_group = ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group()
@@ -46,8 +32,16 @@ def iter_hf_weights(
     pp_ranks = dist.get_process_group_ranks(pp_group)
     own = dict(stage_module.named_parameters())
     per_stage = layout.num_layers // pp
-    for stage, shapes in enumerate(stage_shapes(hf_config, layout, pp)):
-        for name, shape in shapes.items():
+    # Per pipeline stage, its Megatron tensor names (layers numbered within the stage) and whole shapes.
+    with torch.device("meta"):
+        state = AutoModelForCausalLM.from_config(hf_config).state_dict()
+    if layout.tied_embeddings:
+        state.pop("lm_head.weight", None)
+    stages = split_pp(hf_to_megatron(state, layout), layout, pp)
+    if layout.tied_embeddings and pp > 1:
+        stages[-1].pop("embedding.word_embeddings.weight")  # the last stage's copy: stage 0 exports it
+    for stage, tensors in enumerate(stages):
+        for name, meta in tensors.items():
             if stage == my_stage:
                 shard = own[name].detach().to(dtype)
                 if tp > 1:
@@ -57,7 +51,7 @@ def iter_hf_weights(
                 else:
                     whole = shard
             else:
-                whole = torch.empty(shape, dtype=dtype, device=device)
+                whole = torch.empty(meta.shape, dtype=dtype, device=device)
             if pp > 1:
                 whole = whole.contiguous()
                 dist.broadcast(whole, src=pp_ranks[stage], group=pp_group)

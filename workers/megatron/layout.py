@@ -26,10 +26,6 @@ class GPTLayout:
         return self.num_heads // self.num_kv_heads
 
 
-def _ceil_to(value: int, multiple: int) -> int:
-    return (value + multiple - 1) // multiple * multiple
-
-
 def layout_from_hf_config(config: Any, tp: int = 1, pp: int = 1, make_vocab_size_divisible_by: int = 128) -> GPTLayout:
     """Read an HF config (Qwen2 or Llama family) and check that TP `tp` and PP `pp` can split it; every
     problem is listed in one error naming the sizes involved."""
@@ -64,6 +60,7 @@ def layout_from_hf_config(config: Any, tp: int = 1, pp: int = 1, make_vocab_size
         problems.append(f"attention heads ({heads}) must be a multiple of key/value heads ({kv_heads})")
     if problems:
         raise ValueError("cannot lay this model out for Megatron:\n  " + "\n  ".join(problems))
+    vocab_multiple = make_vocab_size_divisible_by * tp
     return GPTLayout(
         num_layers=config.num_hidden_layers,
         hidden_size=config.hidden_size,
@@ -72,7 +69,7 @@ def layout_from_hf_config(config: Any, tp: int = 1, pp: int = 1, make_vocab_size
         head_dim=head_dim,
         ffn_hidden_size=config.intermediate_size,
         vocab_size=config.vocab_size,
-        padded_vocab_size=_ceil_to(config.vocab_size, make_vocab_size_divisible_by * tp),
+        padded_vocab_size=-(-config.vocab_size // vocab_multiple) * vocab_multiple,
         tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
     )

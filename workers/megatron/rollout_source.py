@@ -46,11 +46,10 @@ class MegatronWeightSource:
             return output.new_zeros(()), {"log_probs": log_probs}
 
         kept = self.engine.run_micro_batches([batch], keep, forward_only=True)
-        result = (
-            kept[0]["log_probs"].contiguous()
-            if kept
-            else torch.empty(targets.shape, dtype=torch.float32, device=self.device)
-        )
+        if kept:
+            result = kept[0]["log_probs"].contiguous()
+        else:
+            result = torch.empty(targets.shape, dtype=torch.float32, device=self.device)
         if ps.get_pipeline_model_parallel_world_size() > 1:
             group = ps.get_pipeline_model_parallel_group()
             dist.broadcast(result, src=dist.get_process_group_ranks(group)[-1], group=group)

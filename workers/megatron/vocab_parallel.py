@@ -14,24 +14,16 @@ import torch.distributed as dist
 _MASKED = -1e30
 
 
-def _tp() -> tuple[int, int, object]:
-    from megatron.core import parallel_state as ps
-
-    return (
-        ps.get_tensor_model_parallel_rank(),
-        ps.get_tensor_model_parallel_world_size(),
-        ps.get_tensor_model_parallel_group(),
-    )
-
-
 def log_probs_and_entropy(
     logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [..., V/tp] (this rank's slice, already divided by the temperature), targets [...] ->
     log p(target) [...] float32, and the entropy [...] (None unless asked)."""
+    from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region as all_sum
 
-    rank, size, group = _tp()
+    rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+    group = ps.get_tensor_model_parallel_group()
     logits = logits.float()
     width = logits.shape[-1]
     start = rank * width

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from single_controller.worker import init_default_process_group
+from workers.checkpoint_format import load_driver_state
 from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.fsdp.offload import Offloader
 from workers.rollout.in_process_sync import WeightSource
@@ -69,13 +70,12 @@ class Strategy:
         is_tensor = isinstance(value, torch.Tensor)
         if not is_tensor and not isinstance(value, (int, float)):
             raise TypeError(f"all_reduce takes a number, a tensor or a dict of them, got {type(value).__name__}")
-        tensor = (
-            value.detach().clone().to(self.device)
-            if is_tensor
-            else torch.tensor(float(value), dtype=torch.float64, device=self.device)
-        )
-        if op == "mean" and not tensor.is_floating_point():
-            tensor = tensor.double()
+        if not is_tensor:
+            tensor = torch.tensor(float(value), dtype=torch.float64, device=self.device)
+        else:
+            tensor = value.detach().clone().to(self.device)
+            if op == "mean" and not tensor.is_floating_point():
+                tensor = tensor.double()
         dist.all_reduce(tensor, op=REDUCE_OPS[op])
         if op == "mean":
             tensor /= self.world_size
@@ -203,21 +203,15 @@ class Strategy:
         """Write `root/global_step_<step>/` atomically (the toolkit's format: a temporary folder, a manifest,
         a rename): model and optimizer shards, the scheduler, RNG states and `client_state` (JSON). With `keep`,
         only the newest `keep` checkpoints stay. Collective; returns the folder."""
-        return checkpoint_folders.save(
-            root,
-            step,
-            client_state or {},
-            keep,
-            lambda path: self._save_with_optimizer_loaded(path, model, optimizer, scheduler),
-        )
-
-    def _save_with_optimizer_loaded(self, path: str, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
-        """Shards are written from the device state: offloaded optimizer state comes back for the save only."""
+        # Shards are written from the device state: offloaded optimizer state comes back for the save only.
         offloaded = self._on_host(optimizer)
         self.maybe_load_optimizer(optimizer)
-        self._save_shards(path, model, optimizer, scheduler)
+        folder = checkpoint_folders.save(
+            root, step, client_state or {}, keep, lambda path: self._save_shards(path, model, optimizer, scheduler)
+        )
         if offloaded:
             self.maybe_offload_optimizer(optimizer)
+        return folder
 
     def load_checkpoint(
         self, path: str, model: nn.Module, optimizer: Any, scheduler: Any = None
@@ -229,4 +223,4 @@ class Strategy:
             return None
         self.maybe_load_optimizer(optimizer)
         self._load_shards(str(folder), model, optimizer, scheduler)
-        return checkpoint_folders.client_state(folder)
+        return load_driver_state(folder)

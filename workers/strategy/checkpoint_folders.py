@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from workers.checkpoint_format import MANIFEST_FILE, find_resume_dir, load_driver_state, save_checkpoint
+from workers.checkpoint_format import MANIFEST_FILE, find_resume_dir, save_checkpoint
 
 
 def _shared(value: Any) -> Any:
@@ -42,7 +42,3 @@ def resolve(path: Path) -> Path | None:
     if (path / MANIFEST_FILE).is_file() or path.name.startswith("global_step_"):
         return find_resume_dir(path.parent, str(path), warn=False)
     return find_resume_dir(path, "auto")
-
-
-def client_state(folder: Path) -> dict[str, Any]:
-    return load_driver_state(folder)

@@ -30,11 +30,14 @@ def _from_mapping(cls: type[Settings], values: Any, what: str) -> Settings:
         values = {}
     if not isinstance(values, dict):
         raise TypeError(f"{what} must be a dict or a {cls.__name__}, got {type(values).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
+    _check_keys(values, {f.name for f in dataclasses.fields(cls)}, what)
+    return cls(**values)
+
+
+def _check_keys(values: dict[str, Any], known: Any, what: str) -> None:
+    unknown = sorted(set(values) - set(known))
     if unknown:
         raise ValueError(f"{what}: unknown keys {unknown}; valid keys: {sorted(known)}")
-    return cls(**values)
 
 
 # What `prepare` fills in when the optimizer or the LR schedule is given as a dict of settings.
@@ -46,9 +49,7 @@ SCHEDULER_DEFAULTS = {
 
 
 def _with_defaults(values: dict[str, Any], defaults: dict[str, Any], what: str) -> dict[str, Any]:
-    unknown = sorted(set(values) - set(defaults))
-    if unknown:
-        raise ValueError(f"{what} settings: unknown keys {unknown}; valid keys: {sorted(defaults)}")
+    _check_keys(values, defaults, f"{what} settings")
     return {**defaults, **values}
 
 
@@ -58,8 +59,7 @@ def optimizer_settings(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def scheduler_settings(values: dict[str, Any]) -> dict[str, Any]:
-    """LR schedule settings (verl's optim key names) {"lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type",
-    "total_training_steps", "min_lr_ratio", "num_cycles"}."""
+    """LR schedule settings (verl's optim key names, `SCHEDULER_DEFAULTS`) with defaults filled in."""
     return _with_defaults(values, SCHEDULER_DEFAULTS, "scheduler")
 
 

@@ -34,25 +34,6 @@ class PreparedModel:
     config_overrides: dict[str, Any] = field(default_factory=dict)
 
 
-def repoint_optimizer(
-    optimizer: torch.optim.Optimizer, names: dict[int, str], sharded: dict[str, nn.Parameter]
-) -> None:
-    """FSDP2 replaces each parameter by a sharded one: the optimizer's groups (and any scheduler holding the
-    optimizer) keep working once the groups list the new parameters, matched by name."""
-    if optimizer.state:
-        raise ValueError(
-            "prepare: the optimizer already holds state (it stepped); build it fresh over model.parameters()"
-        )
-    for group in optimizer.param_groups:
-        try:
-            group["params"] = [sharded[names[id(p)]] for p in group["params"]]
-        except KeyError:
-            raise ValueError(
-                "prepare: the optimizer holds parameters that are not the model's; build it over "
-                "model.parameters() of the model passed to prepare"
-            ) from None
-
-
 class FSDPStrategy(Strategy):
     backend = "fsdp2"
 
@@ -60,10 +41,8 @@ class FSDPStrategy(Strategy):
     def prepare(self, model: nn.Module | str, optimizer: Any = None, scheduler: Any = None) -> Any:
         """Shard `model` (an HF model, or its folder) over all ranks. With `optimizer` (a torch optimizer
         built over `model.parameters()`, or AdamW settings such as {"lr": 1e-5}) the model is trainable and
-        `(model, optimizer, scheduler)` is returned; `scheduler` is an LR scheduler of that optimizer or
-        settings {"lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type": "constant"|"cosine",
-        "total_training_steps", "min_lr_ratio", "num_cycles"}. Without an optimizer the model is frozen (compute
-        dtype, eval) and returned alone."""
+        `(model, optimizer, scheduler)` is returned; `scheduler` is an LR scheduler of that optimizer or settings
+        (`scheduler_settings`). Without an optimizer the model is frozen (compute dtype, eval) and returned alone."""
         trainable = optimizer is not None
         if isinstance(model, str):
             model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32 if trainable else self.dtype)
@@ -86,11 +65,24 @@ class FSDPStrategy(Strategy):
         self._engines[id(model)] = PreparedModel(model, path, self.device, self.dtype)
         if not trainable:
             return model
-        sharded = dict(model.named_parameters())
         if isinstance(optimizer, dict):
             optimizer = build_optimizer(model, optimizer_settings(optimizer))
         elif isinstance(optimizer, torch.optim.Optimizer):
-            repoint_optimizer(optimizer, names, sharded)
+            # FSDP2 replaced each parameter by a sharded one: the optimizer's groups (and any scheduler holding
+            # the optimizer) keep working once the groups list the new parameters, matched by name.
+            if optimizer.state:
+                raise ValueError(
+                    "prepare: the optimizer already holds state (it stepped); build it fresh over model.parameters()"
+                )
+            sharded = dict(model.named_parameters())
+            for group in optimizer.param_groups:
+                try:
+                    group["params"] = [sharded[names[id(p)]] for p in group["params"]]
+                except KeyError:
+                    raise ValueError(
+                        "prepare: the optimizer holds parameters that are not the model's; build it over "
+                        "model.parameters() of the model passed to prepare"
+                    ) from None
         else:
             raise TypeError(
                 "prepare: optimizer must be a torch optimizer or a dict of AdamW settings, "

@@ -9,6 +9,7 @@ loads them, and every rank raises the same error when a check fails.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from workers.rollout.engine_group import engine_group
 from workers.rollout.in_process_sync import InProcessSync, WeightSource
-from workers.strategy.config import ENGINE_TYPES, InferenceConfig
+from workers.strategy.config import InferenceConfig
 
 
 def engine_groups(world_size: int, group_size: int) -> list[list[int]]:
@@ -40,11 +41,9 @@ def build_engine(engine_type: str, cfg: InferenceConfig, dtype: torch.dtype, dev
         from workers.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(cfg.model_path, cfg.vllm_rollout_options(), dtype, device, seed)
-    if engine_type == "hf":
-        from workers.rollout.hf_engine import HFGenerateEngine
+    from workers.rollout.hf_engine import HFGenerateEngine  # "hf" (setup_inference_engine checked the name)
 
-        return HFGenerateEngine(cfg.model_path, dtype, device, cfg.enable_sleep)
-    raise ValueError(f"engine_type {engine_type!r} is not available; valid: {list(ENGINE_TYPES)}")
+    return HFGenerateEngine(cfg.model_path, dtype, device, cfg.enable_sleep)
 
 
 class GroupedInferenceEngine:
@@ -78,11 +77,8 @@ class GroupedInferenceEngine:
         gathered = self.group.gather(prompts)
         parts = None
         if self.owns_engine:
-            results = self.engine.generate_token_lists([p for member in gathered for p in member], sampling)
-            bounds = [0]
-            for member in gathered:
-                bounds.append(bounds[-1] + len(member))
-            parts = [results[bounds[i]:bounds[i + 1]] for i in range(len(gathered))]
+            results = iter(self.engine.generate_token_lists([p for member in gathered for p in member], sampling))
+            parts = [list(itertools.islice(results, len(member))) for member in gathered]
         return self.group.scatter(parts)
 
     # ---- residency ------------------------------------------------------------------------------------

@@ -42,11 +42,9 @@ class MegatronStrategy(Strategy):
         init_megatron_groups(self.world_size, config.megatron.tensor_model_parallel_size, 1)
 
     def prepare(self, model: Any, optimizer: Any = None, scheduler: Any = None) -> Any:
-        """`model`: an HF model folder (or an HF model loaded from one: its folder is read). `optimizer`:
-        Adam settings {"lr", "betas", "eps", "weight_decay"} (Megatron builds its own optimizer over fp32
-        main weights); `scheduler`: {"lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type",
-        "total_training_steps", "min_lr_ratio", "num_cycles"}.
-        Returns `(model, optimizer, schedule)`, or the frozen model without an optimizer."""
+        """`model`: an HF model folder (or an HF model loaded from one: its folder is read). `optimizer` and
+        `scheduler`: settings dicts as `FSDPStrategy.prepare` takes them (Megatron builds its own optimizer over
+        fp32 main weights). Returns `(model, optimizer, schedule)`, or the frozen model without an optimizer."""
         from workers.megatron.backend import MegatronBackend
         from workers.megatron.model import ParallelSettings
 
