@@ -39,8 +39,8 @@ from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.model_loading import worker_device
 from workers.packing.attention import kernel_name
 from workers.training.actor_loss import actor_forward, actor_loss
-from workers.training.dist_utils import single_process_group
 from workers.training.backend import ResponseForward
+from workers.training.dist_utils import single_process_group
 from workers.training.forward_pass import forward_rows, response_log_probs
 from workers.training.micro_batching import MicroBatching
 from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
@@ -136,6 +136,13 @@ class Phase:
         self.peak_gib = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
 
 
+def free_device_memory(device: torch.device) -> None:
+    """Collect the dropped model and hand the allocator's cache back, so the next configuration starts empty."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def old_log_probs(engine: FSDPBackend, data: DataProto, config: dict[str, Any]) -> torch.Tensor:
     rollout = config["rollout"]
     batching = MicroBatching.for_call(
@@ -174,9 +181,7 @@ def run_mode(model_dir: str, mode: str, data: DataProto, warmup: DataProto, args
         result.update(error=f"out of memory: {str(error).splitlines()[0]}")
     finally:
         del engine
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        free_device_memory(device)
     return result
 
 

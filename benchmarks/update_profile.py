@@ -21,7 +21,6 @@ here (benchmarks/random_model.py); needs a CUDA GPU, except `--shape tiny` which
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import shlex
 import sys
@@ -36,7 +35,7 @@ from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForCausalLM
 
 from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_7B, QWEN2_14B
-from benchmarks.packing import Phase, rollout_batch
+from benchmarks.packing import Phase, free_device_memory, rollout_batch
 from benchmarks.random_model import write_model_folder
 from protocol import DataProto
 from trainer.flops import ModelFlops
@@ -231,9 +230,7 @@ def run_variant(
         row["error"] = f"out of memory: {str(error).splitlines()[0]}"
     finally:
         del backend
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        free_device_memory(device)
     return row
 
 
