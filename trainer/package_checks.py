@@ -1,7 +1,8 @@
 """The packages a setting needs beyond the base install, checked before Ray starts: rollout.name=vllm needs
-vLLM, strategy=megatron needs megatron-core, LoRA a peft that the installed transformers accepts. A missing
-or too-old package is one `error:` line naming the setting and the extra that installs it, instead of a
-worker traceback after Ray started. (Trackers are checked with the other `trainer.logger` checks.)
+vLLM, strategy=megatron needs megatron-core, model.use_liger needs liger-kernel, LoRA a peft that the installed
+transformers accepts. A missing or too-old package is one `error:` line naming the setting and the extra that
+installs it, instead of a worker traceback after Ray started. (Trackers are checked with the other
+`trainer.logger` checks.)
 
 The versions an extra asks for are read from the installed project's metadata (pyproject.toml's extras),
 so this file keeps no second copy of them.
@@ -95,6 +96,11 @@ def package_needs(cfg: DictConfig, on_gpu: bool) -> list[PackageNeed]:
     for role in roles:
         if OmegaConf.select(cfg, f"{role}.strategy") == "megatron":
             needs.append(PackageNeed(f"{role}.strategy=megatron", "megatron-core", "megatron.core", "megatron"))
+    models = ["actor_rollout_ref", *(["critic"] if "critic" in roles else [])]
+    models += ["reward_model"] if OmegaConf.select(cfg, "reward_model.enable", default=False) else []
+    for section in models:
+        if OmegaConf.select(cfg, f"{section}.model.use_liger", default=False):
+            needs.append(PackageNeed(f"{section}.model.use_liger=true", "liger-kernel", "liger_kernel", "liger"))
     return needs
 
 

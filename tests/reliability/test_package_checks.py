@@ -82,6 +82,21 @@ def test_megatron_critic_is_needed_only_where_a_critic_runs():
     assert [need.setting for need in package_needs(ppo, on_gpu=False)] == ["critic.strategy=megatron"]
 
 
+def test_liger_is_needed_by_every_model_that_asks_for_it():
+    actor = load_config(["actor_rollout_ref.model.use_liger=true"])
+    assert [(n.setting, n.extra) for n in package_needs(actor, on_gpu=True)] == [
+        ("actor_rollout_ref.model.use_liger=true", "liger")
+    ]
+    grpo_critic = load_config(["critic.model.use_liger=true"])
+    ppo_critic = load_config(["algorithm=ppo", "critic.model.use_liger=true"])
+    assert package_needs(grpo_critic, on_gpu=True) == []  # no critic runs under GRPO
+    assert [n.setting for n in package_needs(ppo_critic, on_gpu=True)] == ["critic.model.use_liger=true"]
+    need = package_needs(actor, on_gpu=True)[0]
+    assert need_problem(need, present=False, versions={}, requirements=[]) == (
+        'actor_rollout_ref.model.use_liger=true needs liger-kernel, which is not installed: pip install -e ".[liger]"'
+    )
+
+
 # ---- this environment ---------------------------------------------------------------------------------
 
 
