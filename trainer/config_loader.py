@@ -27,6 +27,7 @@ from trainer.config_source import (
 from trainer.cuda_alloc import alloc_conf_problem
 from trainer.data_names import TRUNCATION_MODES
 from trainer.fsdp_settings import fsdp_size_problems
+from trainer.node_policy import ON_NODE_JOIN_CHOICES, ON_NODE_LOSS_CHOICES, node_policy_problem
 from trainer.override_keys import override_parts, review_keys, valid_keys_near
 from trainer.preflight import MEMORY_CHECK_MODES
 from trainer.reward_settings import REWARD_MANAGERS, declared_reward_kwarg
@@ -197,6 +198,8 @@ _CHOICES = {
     "trainer.device": run_setup.DEVICE_CHOICES,
     "trainer.release_cached_blocks": RELEASE_POINTS,
     "trainer.placement": run_setup.ROLE_PLACEMENTS,
+    "trainer.on_node_loss": ON_NODE_LOSS_CHOICES,
+    "trainer.on_node_join": ON_NODE_JOIN_CHOICES,
     "trainer.memory_check": MEMORY_CHECK_MODES,
     "trainer.plan_only": (False, True),
 }
@@ -260,6 +263,7 @@ def validate_config(cfg: DictConfig) -> None:
     problems.extend(check_algorithm_settings(cfg))
     problems.extend(checkpoint_contents_problems(cfg))
     problems.extend(fsdp_size_problems(cfg))
+    problems.append(node_policy_problem(cfg))
     problems = [p for p in problems if p]
     problems.extend(problem for problem in map(entry_problem, cfg.trainer.logger) if problem)
     repeated = sorted({str(entry) for entry in cfg.trainer.logger if list(cfg.trainer.logger).count(entry) > 1})

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the modules themselves load after the input checks: a bad p
 
 BuildRoles = Callable[[DictConfig], Any]  # returns an object with .actor, .save, .load, .shutdown
 MakeLoop = Callable[[DictConfig, Any, "RunData", "Tracker"], "StepLoop"]
+OpenTracker = Callable[[int | None], "Tracker"]  # a run's tracker, replacing what it logged past the given step
 
 
 def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> list[dict[str, Any]]:
@@ -54,23 +55,31 @@ def run_loop(cfg: DictConfig, build_roles: BuildRoles, make_loop: MakeLoop) -> l
 
     log_dir = Path(cfg.trainer.default_local_dir) / "logs"
     start_step = resume_step(cfg)
-    # Started before Ray: a tracker that cannot start (wandb without an account) fails in seconds. It
-    # replaces or skips what a stopped run logged past the checkpoint this run resumes from.
-    tracker = StepCountsTracker(
-        cfg.trainer.logger, log_dir, project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
-        config=OmegaConf.to_container(cfg, resolve=True), resume_step=start_step,
-    )
+
+    def open_tracker(resume_from: int | None) -> StepCountsTracker:
+        # Started before Ray: a tracker that cannot start (wandb without an account) fails in seconds. It
+        # replaces or skips what a stopped run logged past the checkpoint this run resumes from.
+        return StepCountsTracker(
+            cfg.trainer.logger, log_dir, project_name=cfg.trainer.project_name,
+            experiment_name=cfg.trainer.experiment_name, config=OmegaConf.to_container(cfg, resolve=True),
+            resume_step=resume_from,
+        )
+
+    tracker = open_tracker(start_step)
     with driver_threads(cfg):
-        history = _build_and_fit(cfg, data, build_roles, make_loop, tracker, start_step, log_dir)
+        history = _build_and_fit(cfg, data, build_roles, make_loop, tracker, open_tracker, start_step, log_dir)
     print(outputs_text(cfg))
     return history
 
 
 def _build_and_fit(
     cfg: DictConfig, data: "RunData", build_roles: BuildRoles, make_loop: MakeLoop, tracker: "Tracker",
-    start_step: int | None, log_dir: Path,
+    open_tracker: OpenTracker, start_step: int | None, log_dir: Path,
 ) -> list[dict[str, Any]]:
-    """Ray and the worker groups, then the loop; the tracker closes and the workers go in any case."""
+    """Ray and the worker groups, then the loop; the tracker closes and the workers go in any case. With
+    trainer.on_node_loss=continue (and on_node_join=grow) the loop starts again on the nodes the run has now."""
+    from single_controller.errors import NodeLostError
+    from trainer.node_changes import NodeChanges
     from trainer.run_setup import init_ray
 
     try:
@@ -83,8 +92,21 @@ def _build_and_fit(
     except BaseException:
         tracker.close()
         raise
+    nodes = NodeChanges(cfg, data, build_roles, open_tracker)
     try:
-        history = make_loop(cfg, roles, data, tracker).fit()
+        while True:
+            loop = make_loop(nodes.cfg, roles, data, tracker)
+            loop.stop_at_checkpoint = nodes.join_check(roles)
+            try:
+                history = loop.fit()
+            except NodeLostError as error:
+                if not nodes.policy.continue_on_loss:
+                    raise
+                roles, tracker = nodes.after_loss(error, roles, tracker)
+                continue
+            if not loop.stopped_at_checkpoint:
+                break
+            roles, tracker = nodes.after_join(roles, tracker)
         curve = tracker.plot_reward_curve(log_dir / "reward_curve.png")
         if curve:
             print(f"reward curve: {curve}")

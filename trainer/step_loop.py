@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import DictConfig
 from tqdm import tqdm
@@ -42,6 +42,10 @@ class StepLoop:
             resolve_training_steps(cfg, len(data.train_loader))
         self.global_step = 0
         self.checkpoint_root = Path(cfg.trainer.default_local_dir)
+        # Set by the launcher (trainer.on_node_join=grow): asked after each periodic checkpoint; True ends fit()
+        # there, with `stopped_at_checkpoint` set, so that the run goes on from that checkpoint on more nodes.
+        self.stop_at_checkpoint: Callable[[], bool] | None = None
+        self.stopped_at_checkpoint = False
         self.batches: LookaheadBatches | AsyncRollout | None = None  # the batch source, while fit() runs
         rollout = cfg.actor_rollout_ref.rollout
         self.draws_in_step = 0  # batches taken from the dataloader in this step (its own batch included)
@@ -174,12 +178,17 @@ class StepLoop:
                 self.global_step += 1
                 if cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0 and self.data.val_batches:
                     metrics.update(self.validate())
-                if cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0:
+                saved = cfg.save_freq > 0 and self.global_step % cfg.save_freq == 0
+                if saved:
                     self.save()
                 metrics["timing/wall_step_s"] = time.perf_counter() - start
                 self.tracker.log(metrics, step=self.global_step)
                 progress.update(1)
                 progress.set_postfix(self.progress_postfix(metrics))
+                more_steps = self.global_step < cfg.total_training_steps
+                if saved and more_steps and self.stop_at_checkpoint is not None and self.stop_at_checkpoint():
+                    self.stopped_at_checkpoint = True
+                    break
         finally:
             progress.close()  # on Ctrl-C too: the bar's line ends before the run's last message
         self.rollouts.close()  # async: the streams stop before the final save (their prompts stay open in it)

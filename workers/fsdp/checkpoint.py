@@ -46,7 +46,7 @@ TOKENIZER_PATTERNS = (
 )
 
 
-def extra_state_path(path: str, rank: int) -> str:
+def extra_state_path(path: str, rank: int | str) -> str:
     return os.path.join(path, f"extra_state_rank{rank}.pt")
 
 
@@ -105,6 +105,19 @@ def save_sharded(
     dist.barrier()  # the checkpoint is complete only when every rank has written
 
 
+def _extra_state_file(path: str, rank: int) -> str:
+    """Rank `rank`'s extra state. A world larger than the one that saved (a run grown back after a node loss)
+    reads rank `rank % saved ranks`'s: the LR schedule and counters are the same on every rank, and the
+    model and optimizer shards are resharded by DCP; those ranks then share an RNG state."""
+    own = extra_state_path(path, rank)
+    if os.path.isfile(own):
+        return own
+    saved = len(glob.glob(extra_state_path(path, "*")))
+    if saved == 0:
+        raise FileNotFoundError(f"no checkpoint at {path!r}: it holds no extra_state_rank*.pt file")
+    return extra_state_path(path, rank % saved)
+
+
 def load_sharded(
     path: str,
     model: nn.Module,
@@ -115,13 +128,7 @@ def load_sharded(
 ) -> dict[str, Any]:
     """Collective: restore model, optimizer and RNG states; returns the extra state saved by `save_sharded`.
     `must_match` entries (e.g. the LoRA settings) must equal the saved extra state's, or it raises naming them."""
-    extra_file = extra_state_path(path, rank)
-    if not os.path.isfile(extra_file):
-        raise FileNotFoundError(
-            f"no checkpoint for rank {rank} at {path!r} (missing {os.path.basename(extra_file)}); a checkpoint "
-            "must be loaded by a group of the same world size that saved it"
-        )
-    extra = torch.load(extra_file, weights_only=True)
+    extra = torch.load(_extra_state_file(path, rank), weights_only=True)
     for key, expected in (must_match or {}).items():
         if extra.get(key) != expected:
             raise ValueError(

@@ -15,7 +15,6 @@ import torch
 
 from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.model_loading import compute_dtype
-from workers.lora.model import adapter_parameter_names
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.engine_group import EngineGroup, group_devices
 from workers.rollout.in_process_sync import InProcessSync, WeightSource
@@ -36,9 +35,8 @@ class FSDPWeightSource:
         self.lora = actor.lora
 
     def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]:
-        # The actor is an FSDPBackend or the strategy API's PreparedModel (no LoRA): read `lora` from either.
-        names = None if self.lora is None else adapter_parameter_names(self.actor.module)
-        return plan_model_buckets(self.actor.module, dtype, bucket_bytes, names)
+        # The actor is an FSDPBackend or the strategy API's PreparedModel: both say which parameters a sync sends.
+        return plan_model_buckets(self.actor.module, dtype, bucket_bytes, self.actor.synced_parameter_names())
 
     def named_weights(self, layouts: list[BucketLayout]) -> Iterator[tuple[str, torch.Tensor]]:
         return named_full_parameters(self.actor.module, layouts)

@@ -33,6 +33,10 @@ class PreparedModel:
     # The user's code builds the model from its folder as it is: no model.override_config here.
     config_overrides: dict[str, Any] = field(default_factory=dict)
 
+    def synced_parameter_names(self) -> None:
+        """What a weight sync sends: every parameter (as `FSDPBackend.synced_parameter_names` without LoRA)."""
+        return None
+
 
 class FSDPStrategy(Strategy):
     backend = "fsdp2"
