@@ -119,9 +119,22 @@ def init_ray(cfg: DictConfig) -> None:
             attach(address, timeout_s, runtime_env=runtime_env)
         except ClusterUnreachable as error:
             raise InputError(str(error)) from None
+        settle_device_on_cluster(cfg)
         return
 
     workers = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
     init_local_ray(
         num_cpus=cfg.trainer.ray_num_cpus or max(os.cpu_count() or 1, 2 * workers + 2), runtime_env=runtime_env
     )
+
+
+def settle_device_on_cluster(cfg: DictConfig) -> None:
+    """trainer.device=auto on a driver attached to a cluster: the workers take GPUs when the cluster has any,
+    whatever the driver's own node shows. The driver often runs where no GPU is visible (a CPU-only head node,
+    or `ray job submit` with entrypoint resources, which hides the head's GPUs from the job): deciding by that
+    node would put CPU workers on the GPU nodes."""
+    if cfg.trainer.device != "auto":
+        return
+    import ray
+
+    cfg.trainer.device = "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"

@@ -12,6 +12,7 @@ from trainer.config_loader import load_config
 from trainer.input_errors import InputError
 from trainer.main import main
 from trainer.node_changes import config_on_nodes, pool_nodes_of
+from trainer.run_setup import settle_device_on_cluster
 from workers.fsdp.checkpoint import _extra_state_file, extra_state_path
 
 # 8 prompts x 8 responses per mini-batch: they split over 8 workers (4 nodes of 2) and over 4, not over 6.
@@ -71,3 +72,11 @@ def test_more_ranks_than_saved_read_the_saved_ranks_extra_state_in_turn(tmp_path
     assert read == [0, 1, 0, 1]
     with pytest.raises(FileNotFoundError, match="holds no extra_state_rank"):
         _extra_state_file(str(tmp_path / "empty"), 0)
+
+
+def test_an_attached_driver_decides_auto_by_the_clusters_gpus(ray_cluster):
+    """device=auto follows the cluster the driver attached to (here CPU only), an explicit device stays."""
+    auto, explicit = load_config(["trainer.device=auto"]), load_config(["trainer.device=cuda"])
+    settle_device_on_cluster(auto)
+    settle_device_on_cluster(explicit)
+    assert (auto.trainer.device, explicit.trainer.device) == ("cpu", "cuda")
