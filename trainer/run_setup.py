@@ -14,6 +14,7 @@ from trainer.input_errors import InputError
 
 DEFAULT_MODEL_PATH = "outputs/tiny_model"
 DEFAULT_VLM_PATH = "outputs/tiny_vlm"  # the tiny vision-language model of task=visual_colors
+DEFAULT_MOE_PATH = "outputs/tiny_moe"  # the tiny mixture-of-experts model (trainer/tiny_moe.py)
 DEFAULT_DATA_DIR = "outputs/data"
 DEFAULT_CONNECT_TIMEOUT_S = 30  # trainer.ray_connect_timeout_s of a config without it (a recipe's own)
 DEFAULT_DRIVER_THREADS = 1  # trainer.driver_threads of a config without it
@@ -35,6 +36,10 @@ def ensure_default_assets(cfg: DictConfig) -> None:
         from trainer.tiny_vlm import build_tiny_vlm
 
         build_tiny_vlm(DEFAULT_VLM_PATH, seed=cfg.trainer.seed)
+    if cfg.actor_rollout_ref.model.path == DEFAULT_MOE_PATH and not Path(DEFAULT_MOE_PATH, "config.json").exists():
+        from trainer.tiny_moe import build_tiny_moe
+
+        build_tiny_moe(DEFAULT_MOE_PATH, seed=cfg.trainer.seed)
     # The default folder, or another outputs/data* folder a task config names (task=tool_vault).
     data_dir = str(Path(str(cfg.data.train_files)).parent)
     defaults = (f"{data_dir}/train.parquet", f"{data_dir}/val.parquet")
