@@ -126,7 +126,7 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
         _reject_packing_on_megatron(
             config, ("actor.use_dynamic_bsz", "rollout.log_prob_use_dynamic_bsz", "ref.log_prob_use_dynamic_bsz")
         )
-        _reject_liger_on_megatron(config, where)
+        _reject_hf_patches_on_megatron(config, where)
     return config
 
 
@@ -167,12 +167,18 @@ def _reject_packing_on_megatron(config: dict[str, Any], dynamic_keys: tuple[str,
         )
 
 
-def _reject_liger_on_megatron(config: dict[str, Any], where: str) -> None:
-    """Liger patches Hugging Face modules (workers/liger_kernels.py); Megatron-core builds its own layers."""
+def _reject_hf_patches_on_megatron(config: dict[str, Any], where: str) -> None:
+    """Liger patches Hugging Face modules (workers/liger_kernels.py), the router loss hooks them
+    (workers/moe_router_loss.py); Megatron-core builds its own layers."""
     if config["model"]["use_liger"]:
         raise ValueError(
             f"{_dotted(where, 'model.use_liger')}=true applies to strategy='fsdp' only (Liger patches the Hugging Face "
             "model's modules; Megatron-core builds its own layers); set it to false or use strategy='fsdp'"
+        )
+    if config.get("actor", {}).get("router_aux_loss_coef") is not None:  # the actor's section only
+        raise ValueError(
+            f"{_dotted(where, 'actor.router_aux_loss_coef')} applies to strategy='fsdp' only (it hooks the Hugging "
+            "Face model's routers; Megatron-core builds its own layers); leave it null or use strategy='fsdp'"
         )
 
 
@@ -216,7 +222,7 @@ def critic_config(user: Any, where: str = "") -> dict[str, Any]:
     if config["strategy"] == "megatron":
         _reject_offload_on_megatron({"model.fsdp_config": config["model"]["fsdp_config"]}, where, "strategy")
         _reject_packing_on_megatron(config, ("use_dynamic_bsz",))
-        _reject_liger_on_megatron(config, where)
+        _reject_hf_patches_on_megatron(config, where)
     return config
 
 

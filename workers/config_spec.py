@@ -219,6 +219,9 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
             ),
         },
         "entropy_coeff": Field(float_in(), "a float"),
+        "router_aux_loss_coef": Field(
+            optional(float_in(0.0)), "None (off) or a float >= 0 (a mixture-of-experts model's load-balancing loss)"
+        ),
         "use_kl_loss": Field(boolean, "a bool"),
         "kl_loss_coef": Field(float_in(0.0), "a float >= 0"),
         "kl_loss_type": Field(one_of(*KL_PENALTY_NAMES), f"one of {list(KL_PENALTY_NAMES)}"),

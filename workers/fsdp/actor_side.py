@@ -52,6 +52,8 @@ class FSDPActorSide(FSDPSide):
                 auto_class, cfg["model"], worker.rank, optim_cfg=cfg["actor"]["optim"], seed=cfg["seed"],
                 **sequence_parallel,
             )
+            if cfg["actor"].get("router_aux_loss_coef") is not None:
+                self.actor.track_router_loss()
         if worker.role == "ref" or (worker.role == "actor_rollout_ref" and self.actor.lora is None):
             # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.
             self.ref = FSDPBackend(auto_class, cfg["model"], worker.rank, **sequence_parallel)

@@ -7,6 +7,7 @@ The actor, the reference policy, the critic and the reward model are each one ba
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -23,6 +24,7 @@ from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clipped_step
 from workers.fsdp.sequences import response_log_probs_and_entropy, response_scores, response_values
 from workers.lora.model import adapter_parameter_names
 from workers.lora.spec import LoraSpec
+from workers.moe_router_loss import RouterLogits
 from workers.packing.forward import enable_sequence_parallel
 from workers.packing.ulysses import SequenceParallel
 from workers.training.backend import (
@@ -76,6 +78,7 @@ class FSDPBackend:
         if sequence_parallel is not None:
             enable_sequence_parallel(self.module, sequence_parallel, sequence_parallel_setting)
         self.optimizer = build_optimizer(self.module, optim_cfg) if optim_cfg is not None else None
+        self.router: RouterLogits | None = None  # track_router_loss()
         self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_cfg) if self.optimizer is not None else None
 
     # ---- micro-batches --------------------------------------------------------------------------------
@@ -96,10 +99,18 @@ class FSDPBackend:
             return ResponseOutputs(self.device, values=response_values(self.module, micro, self.device))
         if forward.kind == "scores":
             return ResponseOutputs(self.device, scores=response_scores(self.module, micro, self.device))
-        log_probs, entropy = response_log_probs_and_entropy(
-            self.module, micro, self.device, forward.temperature, forward.with_entropy, forward.entropy_grad
-        )
-        return ResponseOutputs(self.device, log_probs=log_probs, entropy=entropy)
+        capture = self.router is not None and self.module.training and torch.is_grad_enabled()
+        with self.router.capturing() if capture else contextlib.nullcontext():
+            log_probs, entropy = response_log_probs_and_entropy(
+                self.module, micro, self.device, forward.temperature, forward.with_entropy, forward.entropy_grad
+            )
+        router_loss = self.router.balance_loss(micro.batch["attention_mask"]) if capture else None
+        return ResponseOutputs(self.device, log_probs=log_probs, entropy=entropy, router_loss=router_loss)
+
+    def track_router_loss(self) -> None:
+        """Compute the routers' load-balancing loss in every training forward (a mixture-of-experts model)."""
+        config = getattr(self.module.config, "text_config", None) or self.module.config
+        self.router = RouterLogits(self.module, int(config.num_experts_per_tok))
 
     def forward_backward(self, micros: list[DataProto], forward: ResponseForward, loss_fn: MicroLoss) -> MicroResults:
         require_trainable(self.optimizer, "forward_backward")

@@ -37,7 +37,13 @@ def actor_loss(
     outputs: ResponseOutputs, micro: DataProto, actor_cfg: dict[str, Any], is_cap: float | None = None
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The actor's loss on one micro-batch from `actor_forward`'s outputs (any backend)."""
-    return actor_loss_from_log_probs(outputs.log_probs, outputs.entropy, micro, outputs.device, actor_cfg, is_cap)
+    loss, metrics = actor_loss_from_log_probs(
+        outputs.log_probs, outputs.entropy, micro, outputs.device, actor_cfg, is_cap
+    )
+    if outputs.router_loss is not None:  # actor.router_aux_loss_coef on a mixture of experts
+        loss = loss + actor_cfg["router_aux_loss_coef"] * outputs.router_loss
+        metrics["router_aux_loss"] = float(outputs.router_loss.detach())
+    return loss, metrics
 
 
 def _rollout_correction(

@@ -39,6 +39,7 @@ class ResponseOutputs:
     entropy: torch.Tensor | None = None
     values: torch.Tensor | None = None
     scores: torch.Tensor | None = None
+    router_loss: torch.Tensor | None = None  # a mixture of experts' load-balancing loss (actor.router_aux_loss_coef)
 
 
 # (a micro-batch's outputs, the micro-batch) -> (scalar loss, what to keep of it: float metrics or tensors)
