@@ -96,7 +96,7 @@ def _build_and_fit(
     try:
         while True:
             loop = make_loop(nodes.cfg, roles, data, tracker)
-            loop.stop_at_checkpoint = nodes.join_check(roles)
+            loop.stop_at_checkpoint = nodes.join_check()
             try:
                 history = loop.fit()
             except NodeLostError as error:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import ray
 from omegaconf import DictConfig
+from ray.util.placement_group import placement_group, remove_placement_group
 
 from single_controller.errors import NodeLostError
 from single_controller.ray import RayWorkerGroup
@@ -21,10 +22,12 @@ from trainer.batch_checks import batch_split_problems
 from trainer.checkpointing import find_resume_dir
 from trainer.input_errors import InputError
 from trainer.node_policy import NodePolicy
-from trainer.preflight import resume_step
+from trainer.preflight import check_memory, resume_step
 from trainer.role_groups import use_gpu
 from trainer.run_data import RunData
 from trainer.tracking import Tracker
+
+FREE_NODE_PROBE_S = 2.0  # how long a join check waits for a pool node's worth of resources to be reserved
 
 
 def lost_trainer_nodes(actor: RayWorkerGroup) -> list[LostNode]:
@@ -40,39 +43,48 @@ def pool_nodes_of(lost: list[LostNode], cfg: DictConfig) -> int:
 
 def config_on_nodes(cfg: DictConfig, nnodes: int) -> DictConfig:
     """`cfg` for `nnodes` pool nodes, resuming from the newest whole checkpoint of the run. Raises InputError
-    (one line naming every problem) when the step's batch does not split over that many workers."""
+    (one line) when nothing is left, when the step's batch does not split over that many workers, or (a GPU run
+    on fewer GPUs: bigger shards each) when the memory plan no longer fits."""
     if nnodes < 1:
         raise InputError(
             f"every node of the run's {cfg.trainer.nnodes} pool nodes (trainer.nnodes) is lost; nothing is left to "
             "continue on. The last whole checkpoint is kept: start the run again when nodes are back"
         )
-    smaller = copy.deepcopy(cfg)
-    smaller.trainer.nnodes = nnodes
-    smaller.trainer.resume_mode = "auto"
-    problems = batch_split_problems(smaller)
+    resized = copy.deepcopy(cfg)
+    resized.trainer.nnodes = nnodes
+    resized.trainer.resume_mode = "auto"
+    kept = "The last whole checkpoint is kept: resume it with settings that fit the nodes left"
+    problems = batch_split_problems(resized)
     if problems:
-        raise InputError(
-            f"cannot go on with trainer.nnodes={nnodes} after the node loss: " + "; and ".join(problems)
-            + ". The last whole checkpoint is kept: resume it with settings that split over the workers left"
-        )
-    return smaller
+        raise InputError(f"cannot go on with trainer.nnodes={nnodes}: " + "; and ".join(problems) + f". {kept}")
+    if nnodes < cfg.trainer.nnodes:
+        try:
+            check_memory(resized)
+        except InputError as error:
+            raise InputError(f"cannot go on with trainer.nnodes={nnodes}: {error}. {kept}") from None
+    return resized
 
 
-def free_pool_nodes(cfg: DictConfig, groups: list[RayWorkerGroup]) -> int:
-    """Alive Ray nodes that hold none of the run's workers yet could hold one pool node (`n_gpus_per_node`
-    processes of `gpus_per_process` GPUs or one CPU each): what a growing run can take."""
-    used = {info.node_id for group in groups for info in group.node_info}
+def free_pool_nodes(cfg: DictConfig, wanted: int) -> int:
+    """How many more pool nodes (`n_gpus_per_node` processes of `gpus_per_process` GPUs or one CPU each) the
+    cluster can place now, up to `wanted`: each is reserved for a moment as the run would reserve it (a placement
+    group packed on one node), which counts what other jobs hold, then given back."""
     per_node = int(cfg.trainer.n_gpus_per_node)
-    need = {"CPU": float(per_node)}
+    bundle = {"CPU": 1.0}
     if use_gpu(cfg):
-        need["GPU"] = per_node * float(cfg.trainer.get("gpus_per_process", 1))
-    return sum(
-        1
-        for node in ray.nodes()
-        if node.get("Alive")
-        and node["NodeID"] not in used
-        and all(node["Resources"].get(kind, 0.0) >= amount for kind, amount in need.items())
-    )
+        bundle["GPU"] = float(cfg.trainer.get("gpus_per_process", 1))
+    probes = []
+    try:
+        for _ in range(wanted):
+            probe = placement_group([dict(bundle) for _ in range(per_node)], strategy="STRICT_PACK")
+            probes.append(probe)
+            ready, _ = ray.wait([probe.ready()], timeout=FREE_NODE_PROBE_S)
+            if not ready:
+                return len(probes) - 1
+        return len(probes)
+    finally:
+        for probe in probes:
+            remove_placement_group(probe)
 
 
 class NodeChanges:
@@ -90,19 +102,22 @@ class NodeChanges:
     def nnodes(self) -> int:
         return int(self.cfg.trainer.nnodes)
 
-    def join_check(self, roles: Any) -> Callable[[], bool] | None:
+    def join_check(self) -> Callable[[], bool] | None:
         """What the loop asks after each checkpoint (None when the run cannot grow): is a node free to take?"""
         if not self.policy.grow_on_join or self.nnodes >= self.policy.full_nnodes:
             return None
-        return lambda: free_pool_nodes(self.cfg, roles.groups) > 0
+        return lambda: free_pool_nodes(self.cfg, 1) > 0
 
     def after_loss(self, error: NodeLostError, roles: Any, tracker: Tracker) -> tuple[Any, Tracker]:
         """Report the loss, then the worker groups on the nodes left, from the newest whole checkpoint."""
         lost = lost_trainer_nodes(roles.actor)
-        smaller = config_on_nodes(self.cfg, self.nnodes - pool_nodes_of(lost, self.cfg))  # InputError: a clean stop
         described = "; ".join(node.describe() for node in lost) or f"nodes {sorted(error.lost_nodes)} were lost"
         print(
-            f"node loss (trainer.on_node_loss=continue), noticed in {error.group}.{error.method}: {described}\n"
+            f"node loss (trainer.on_node_loss=continue), noticed in {error.group}.{error.method}: {described}",
+            file=sys.stderr, flush=True,
+        )
+        smaller = config_on_nodes(self.cfg, self.nnodes - pool_nodes_of(lost, self.cfg))  # InputError: a clean stop
+        print(
             f"continuing on {smaller.trainer.nnodes} of {self.policy.full_nnodes} nodes (trainer.nnodes) from "
             f"{self._resume_point(smaller)}",
             file=sys.stderr, flush=True,
@@ -111,7 +126,7 @@ class NodeChanges:
 
     def after_join(self, roles: Any, tracker: Tracker) -> tuple[Any, Tracker]:
         """The worker groups on the nodes the run had plus those that joined, from the checkpoint just saved."""
-        more = min(self.policy.full_nnodes, self.nnodes + free_pool_nodes(self.cfg, roles.groups))
+        more = self.nnodes + free_pool_nodes(self.cfg, self.policy.full_nnodes - self.nnodes)
         larger = config_on_nodes(self.cfg, more)
         print(
             f"node join (trainer.on_node_join=grow): growing from {self.nnodes} to {more} of "

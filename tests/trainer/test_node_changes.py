@@ -3,7 +3,10 @@ a loss and its batch re-check, and a checkpoint read by more ranks than saved it
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import ray
 import torch
 
 from single_controller.ray.node_loss import LostNode
@@ -11,7 +14,7 @@ from tests.reliability.conftest import error_lines, short_run, small_assets  # n
 from trainer.config_loader import load_config
 from trainer.input_errors import InputError
 from trainer.main import main
-from trainer.node_changes import config_on_nodes, pool_nodes_of
+from trainer.node_changes import config_on_nodes, free_pool_nodes, pool_nodes_of
 from trainer.run_setup import settle_device_on_cluster
 from workers.fsdp.checkpoint import _extra_state_file, extra_state_path
 
@@ -47,11 +50,11 @@ def test_a_batch_that_does_not_split_over_the_nodes_left_stops_with_one_line(sma
     message = str(raised.value)
     assert "\n" not in message
     assert message.startswith(
-        "cannot go on with trainer.nnodes=3 after the node loss: actor_rollout_ref.actor.ppo_mini_batch_size=8 prompts "
+        "cannot go on with trainer.nnodes=3: actor_rollout_ref.actor.ppo_mini_batch_size=8 prompts "
         "× actor_rollout_ref.rollout.n=8 = 64 responses per mini-batch do not split over trainer.n_gpus_per_node=2 × "
         "trainer.nnodes=3 = 6 workers"
     ), message
-    assert message.endswith("The last whole checkpoint is kept: resume it with settings that split over the workers left")
+    assert message.endswith("The last whole checkpoint is kept: resume it with settings that fit the nodes left")
     with pytest.raises(InputError, match="nothing is left to continue on"):
         config_on_nodes(cfg, 0)
 
@@ -80,3 +83,17 @@ def test_an_attached_driver_decides_auto_by_the_clusters_gpus(ray_cluster):
     settle_device_on_cluster(auto)
     settle_device_on_cluster(explicit)
     assert (auto.trainer.device, explicit.trainer.device) == ("cpu", "cuda")
+
+
+def test_free_pool_nodes_counts_what_the_cluster_can_reserve_now(ray_cluster):
+    """The session's one-node CPU cluster: pool nodes of 1 CPU fit (at most as many as asked for), a pool node of
+    more CPUs than the whole cluster has does not; the probes are given back."""
+    before = ray.available_resources().get("CPU", 0)
+    small = load_config(["trainer.device=cpu", "trainer.n_gpus_per_node=1"])
+    assert free_pool_nodes(small, 2) == 2
+    huge = load_config(["trainer.device=cpu", f"trainer.n_gpus_per_node={int(ray.cluster_resources()['CPU']) + 1}"])
+    assert free_pool_nodes(huge, 1) == 0
+    deadline = time.monotonic() + 10
+    while ray.available_resources().get("CPU", 0) < before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.available_resources().get("CPU", 0) >= before
