@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from trainer.memory_plan.shape import ModelShape
+from trainer.memory_plan.shape import ModelShape, lora_params
 
 FLOPS_PER_MULTIPLY_ADD = 2
 # Backward passes per forward when every weight is trained: activation gradients and weight gradients.
@@ -68,9 +68,10 @@ class ModelFlops:
 
     # ---- per token -------------------------------------------------------------------------------------
     def layers_per_token(self) -> int:
-        """Weight-matmul FLOPs of one token through every decoder layer (frozen base under LoRA)."""
-        multiply_adds = sum(fan_in * fan_out for fan_in, fan_out in self.shape.linear_shapes().values())
-        return FLOPS_PER_MULTIPLY_ADD * multiply_adds * self.shape.layers
+        """Weight-matmul FLOPs of one token through every decoder layer (frozen base under LoRA); an MoE model's
+        sparse layers count the router, the top-k experts a token goes to and the shared expert (MFU by active
+        parameters)."""
+        return FLOPS_PER_MULTIPLY_ADD * self.shape.active_multiply_adds()
 
     def head_per_token(self) -> int:
         outputs = HEAD_OUTPUTS.get(self.head, self.shape.vocab)
@@ -80,9 +81,9 @@ class ModelFlops:
         """The LoRA adapters' matmuls (x → rank → out) of one token over all layers; 0 without LoRA."""
         if self.lora_rank <= 0:
             return 0
-        linears = self.shape.linear_shapes()
-        per_layer = sum(self.lora_rank * (linears[name][0] + linears[name][1]) for name in self.lora_targets)
-        return FLOPS_PER_MULTIPLY_ADD * per_layer * self.shape.layers
+        # rank x (in + out) multiply-adds per adapted linear: the adapters' parameter count. (An expert's
+        # adapter runs only for the tokens routed to it; counted as if all did, an upper bound under MoE.)
+        return FLOPS_PER_MULTIPLY_ADD * lora_params(self.shape, self.lora_rank, self.lora_targets)
 
     # ---- per batch --------------------------------------------------------------------------------------
     def attention(self, lengths: Iterable[int]) -> float:

@@ -226,5 +226,5 @@ def _model_flops(path: str, key: str, head: str, lora_section: DictConfig | None
         shape = read_shape(path, key)
     except ValueError:
         return None
-    train = lora_trainability(lora_section) if lora_section is not None else Trainability(full=True)
+    train = lora_trainability(lora_section, shape) if lora_section is not None else Trainability(full=True)
     return ModelFlops(shape, head, train.lora_rank, train.lora_targets)

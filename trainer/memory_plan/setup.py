@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.memory_plan.gpu import GIB
-from trainer.memory_plan.shape import ModelShape, lora_targets, read_shape
+from trainer.memory_plan.shape import LINEAR_NAMES, ModelShape, lora_targets, read_shape
 from trainer.memory_plan.terms import FP32, Trainability
 from trainer.old_log_prob_pass import old_log_prob_pass_needed
 from workers.checkpointed_layers import kept_layers
@@ -135,12 +135,14 @@ def _kept_layers(model: DictConfig, shape: ModelShape) -> int:
     return kept_layers(None if recompute is None else int(recompute), shape.layers)
 
 
-def lora_trainability(model: DictConfig) -> Trainability:
-    """Full training, or LoRA adapters when the model section sets a lora_rank."""
+def lora_trainability(model: DictConfig, shape: ModelShape | None = None) -> Trainability:
+    """Full training, or LoRA adapters when the model section sets a lora_rank ("all-linear": the names `shape`
+    has, `ModelShape.linear_names`)."""
     rank = int(model.get("lora_rank", 0) or 0)
     if rank <= 0:
         return Trainability(full=True)
-    targets = lora_targets(model.get("target_modules", "all-linear"), model.get("exclude_modules", None))
+    names = shape.linear_names() if shape is not None else LINEAR_NAMES
+    targets = lora_targets(model.get("target_modules", "all-linear"), model.get("exclude_modules", None), names)
     return Trainability(full=False, lora_rank=rank, lora_targets=targets)
 
 
@@ -188,9 +190,9 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     mini_rows = max(1, int(arr.actor.ppo_mini_batch_size) * n * actor_sp // world)
     e = dtype_bytes(str(arr.model.dtype), on_gpu)
     strategy = str(_get(cfg, "actor_rollout_ref.actor.strategy", "fsdp"))
-    train = lora_trainability(arr.model) if strategy == "fsdp" else Trainability(full=True)
-    offload = arr.actor.get("fsdp_config") or {}
     actor_shape = read_shape(str(arr.model.path), "actor_rollout_ref.model.path", arr.model.get("override_config"))
+    train = lora_trainability(arr.model, actor_shape) if strategy == "fsdp" else Trainability(full=True)
+    offload = arr.actor.get("fsdp_config") or {}
     parallel = _megatron(arr.actor) if strategy == "megatron" else {}
     # Megatron computes its vocabulary-parallel logits whole (workers/megatron/vocab_parallel.py).
     chunk = 0

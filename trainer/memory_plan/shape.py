@@ -3,8 +3,9 @@
 Counts follow the Hugging Face layout of Llama-style decoders (Qwen2/Qwen3/Llama/Mistral): embedding,
 per layer q/k/v/o projections, a gated MLP (gate/up/down) and two RMSNorms, a final norm and an LM head
 (absent when the embeddings are tied). Qwen2 has biases on q/k/v; Llama-style configs say so with
-`attention_bias` / `mlp_bias`; Qwen3 adds a per-head RMSNorm on queries and keys. Other model types are
-counted the same way and the plan says so.
+`attention_bias` / `mlp_bias`; Qwen3 adds a per-head RMSNorm on queries and keys. Mixture-of-experts models
+(Qwen2-MoE, Qwen3-MoE) replace the MLP of their sparse layers by a router and experts (`moe.py`). Other model
+types are counted the same way and the plan says so.
 """
 
 from __future__ import annotations
@@ -14,10 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from trainer.memory_plan.moe import EXACT_MOE_TYPES, MoeShape, moe_from_config, sparse_lora_params
+
 # Model types whose parameters these formulas count exactly (checked against transformers in the tests).
-EXACT_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
+EXACT_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral", *EXACT_MOE_TYPES)
 # The linear layers of one decoder layer: name -> (input features, output features) as a function of the shape.
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ATTENTION_NAMES = LINEAR_NAMES[:4]
+# nn.Linear layers only some models have: Qwen2-MoE's shared-expert gate (PEFT's "all-linear" adapts it).
+SHARED_GATE = "shared_expert_gate"
+ROUTER = "gate"  # Qwen3-MoE's router, which PEFT adapts under its transformers-4 name
+ADAPTABLE_NAMES = (*LINEAR_NAMES, ROUTER, SHARED_GATE)
 
 
 def language_model_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -44,6 +52,7 @@ class ModelShape:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    moe: MoeShape | None = None  # the experts of a mixture-of-experts model (None: dense)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "ModelShape":
@@ -62,21 +71,25 @@ class ModelShape:
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
         attention_bias = bool(config.get("attention_bias") or False)
+        layers = int(config["num_hidden_layers"])
+        # Qwen2-MoE names its q/k/v bias `qkv_bias` (default on); Qwen2 always has one.
+        qkv_bias = model_type == "qwen2" or (model_type == "qwen2_moe" and config.get("qkv_bias", True) is not False)
         return cls(
             model_type=model_type,
             vocab=int(config["vocab_size"]),
             hidden=hidden,
-            layers=int(config["num_hidden_layers"]),
+            layers=layers,
             heads=heads,
             kv_heads=int(config.get("num_key_value_heads") or heads),
             head_dim=int(config.get("head_dim") or hidden // heads),
             intermediate=int(config["intermediate_size"]),
             # transformers' default for a config without the key is untied.
             tied=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2" or attention_bias,
+            qkv_bias=qkv_bias or attention_bias,
             o_bias=attention_bias,
             mlp_bias=bool(config.get("mlp_bias") or False),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            moe=moe_from_config(config, layers),
         )
 
     @property
@@ -92,21 +105,79 @@ class ModelShape:
     def kv_width(self) -> int:
         return self.kv_heads * self.head_dim
 
+    def sparse(self, layer: int) -> bool:
+        """Whether decoder layer `layer` has experts instead of a dense MLP."""
+        return self.moe is not None and self.moe.sparse(layer)
+
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in, out) features of each linear layer of one decoder layer."""
+        """(in, out) features of each linear layer of one dense decoder layer."""
         h, q, kv, i = self.hidden, self.q_width, self.kv_width, self.intermediate
         return {
             "q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
             "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h),
         }
 
-    def layer_params(self) -> int:
-        """Parameters of one decoder layer."""
-        weights = sum(fan_in * fan_out for fan_in, fan_out in self.linear_shapes().values())
+    def layer_linears(self, layer: int) -> dict[str, tuple[int, int]]:
+        """(in, out) of the nn.Linear layers of decoder layer `layer` (what LoRA can adapt): a sparse layer's
+        are attention's and its shared expert's (the router and the experts are plain parameters)."""
+        linears = self.linear_shapes()
+        if not self.sparse(layer):
+            return linears
+        return {**{n: linears[n] for n in ATTENTION_NAMES}, **self.moe.shared_linears(self.hidden)}
+
+    def linear_names(self) -> tuple[str, ...]:
+        """The names PEFT's "all-linear" adapts in the decoder layers, in ADAPTABLE_NAMES order: the nn.Linear
+        layers, and with Qwen3-MoE the experts' and the router's transformers-4 names (`MoeShape.peft_experts`)."""
+        if self.moe is not None and self.moe.peft_experts:
+            return (*LINEAR_NAMES, ROUTER)
+        names = {n for layer in range(self.layers) for n in self.layer_linears(layer)}
+        return tuple(n for n in ADAPTABLE_NAMES if n in names)
+
+    def attention_params(self) -> int:
+        """One layer's attention with its two RMSNorms (and Qwen3's q/k norms)."""
+        linears = self.linear_shapes()
+        weights = sum(linears[n][0] * linears[n][1] for n in ATTENTION_NAMES)
         biases = (self.q_width + 2 * self.kv_width) * self.qkv_bias + self.hidden * self.o_bias
-        biases += (2 * self.intermediate + self.hidden) * self.mlp_bias
         norms = 2 * self.hidden + 2 * self.head_dim * self.qk_norm
         return weights + biases + norms
+
+    def mlp_params(self, layer: int) -> int:
+        """Layer `layer`'s MLP: the dense gated MLP, or the router, experts and shared expert."""
+        if self.sparse(layer):
+            return self.moe.block_params(self.hidden)
+        h, i = self.hidden, self.intermediate
+        return 3 * h * i + (2 * i + h) * self.mlp_bias
+
+    def layer_params(self, layer: int | None = None) -> int:
+        """Parameters of decoder layer `layer`; None: the largest layer (an FSDP unit's size, an upper bound)."""
+        if layer is not None:
+            return self.attention_params() + self.mlp_params(layer)
+        return max(self.layer_params(i) for i in self._layer_kinds())
+
+    def _layer_kinds(self) -> tuple[int, ...]:
+        """One layer index of each kind present (dense, sparse): enough for per-kind maxima."""
+        if self.moe is None:
+            return (0,)
+        sparse = next((i for i in range(self.layers) if self.sparse(i)), None)
+        dense = self.moe.dense_layers[0] if self.moe.dense_layers else None
+        return tuple(i for i in (dense, sparse) if i is not None) or (0,)
+
+    def decoder_params(self) -> int:
+        """Parameters of all decoder layers."""
+        if self.moe is None:
+            return self.layers * self.layer_params(0)
+        return sum(self.layer_params(i) for i in range(self.layers))
+
+    def active_multiply_adds(self) -> int:
+        """Weight multiply-adds of one token through every decoder layer: a sparse layer counts its router, the
+        top-k experts it routes to and its shared expert, not every expert (MFU by active parameters)."""
+        dense = sum(a * b for a, b in self.linear_shapes().values())
+        if self.moe is None:
+            return self.layers * dense
+        attention = sum(a * b for n, (a, b) in self.linear_shapes().items() if n in ATTENTION_NAMES)
+        sparse_layers = sum(1 for i in range(self.layers) if self.sparse(i))
+        dense_layers = self.layers - sparse_layers
+        return dense_layers * dense + sparse_layers * (attention + self.moe.active_multiply_adds(self.hidden))
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden
@@ -125,21 +196,26 @@ class ModelShape:
         return self.embedding_params() + self.hidden + self.head_params(head)
 
     def total_params(self, head: str = "lm") -> int:
-        return self.layers * self.layer_params() + self.root_params(head)
+        return self.decoder_params() + self.root_params(head)
 
     def largest_tensor(self) -> int:
-        """Elements of the largest single parameter (the embedding, for every real vocabulary)."""
-        return max(self.embedding_params(), *(a * b for a, b in self.linear_shapes().values()))
+        """Elements of the largest single parameter (the embedding for a dense model's real vocabulary; an MoE
+        model's experts' gate_up_proj may be larger: it holds every expert)."""
+        experts = self.moe.largest_tensor(self.hidden) if self.moe is not None else 0
+        return max(self.embedding_params(), experts, *(a * b for a, b in self.linear_shapes().values()))
 
 
-def lora_targets(target_modules: Any, exclude_modules: Any = None) -> tuple[str, ...]:
-    """The decoder-layer linears that get an adapter: "all-linear" is every one of them (not the LM head,
-    as in PEFT); a list names them; `exclude_modules` removes names."""
+def lora_targets(
+    target_modules: Any, exclude_modules: Any = None, linear_names: tuple[str, ...] = LINEAR_NAMES
+) -> tuple[str, ...]:
+    """The decoder-layer linears that get an adapter: "all-linear" is every one of `linear_names` (the model's
+    nn.Linear layers, `ModelShape.linear_names`; not the LM head, as in PEFT); a list names them;
+    `exclude_modules` removes names."""
     if target_modules in (None, "all-linear"):
-        names = list(LINEAR_NAMES)
+        names = list(linear_names)
     else:
         names = [target_modules] if isinstance(target_modules, str) else list(target_modules)
-        names = [n for n in LINEAR_NAMES if n in names]
+        names = [n for n in ADAPTABLE_NAMES if n in names]
     excluded = (
         []
         if exclude_modules is None
@@ -149,9 +225,24 @@ def lora_targets(target_modules: Any, exclude_modules: Any = None) -> tuple[str,
 
 
 def lora_params(shape: ModelShape, rank: int, targets: tuple[str, ...]) -> int:
-    """Adapter parameters: rank x (in + out) per adapted linear per layer."""
+    """Adapter parameters: rank x (in + out) per adapted linear of each layer (a name a layer lacks: none)."""
+    if shape.moe is None:
+        linears = shape.linear_shapes()
+        return shape.layers * sum(rank * (linears[n][0] + linears[n][1]) for n in targets if n in linears)
+    return sum(layer_lora_params(shape, layer, rank, targets) for layer in range(shape.layers))
+
+
+def layer_lora_params(shape: ModelShape, layer: int, rank: int, targets: tuple[str, ...]) -> int:
+    """Adapter parameters of decoder layer `layer` of an MoE model: attention's, and the sparse block's
+    (`moe.sparse_lora_params`) or the dense MLP's (none where PEFT maps the MLP names onto the experts)."""
     linears = shape.linear_shapes()
-    return shape.layers * sum(rank * (linears[n][0] + linears[n][1]) for n in targets)
+    attention = sum(rank * (linears[n][0] + linears[n][1]) for n in targets if n in ATTENTION_NAMES)
+    if shape.sparse(layer):
+        return attention + sparse_lora_params(shape.moe, shape.hidden, rank, targets)
+    if shape.moe.peft_experts:
+        return attention
+    mlp = [n for n in targets if n in linears and n not in ATTENTION_NAMES]
+    return attention + sum(rank * (linears[n][0] + linears[n][1]) for n in mlp)
 
 
 def read_model_config(model_path: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.memory_plan.shape import LINEAR_NAMES, ModelShape
+from trainer.memory_plan.moe import (
+    sparse_backward_bytes,
+    sparse_forward_peak_bytes,
+    sparse_recompute_bytes,
+    sparse_saved_bytes,
+)
+from trainer.memory_plan.shape import ATTENTION_NAMES, ModelShape
 
 FP32 = 4
 # log_probs_from_logits runs the log-softmax of half-precision logits over this many rows at a time.
@@ -55,7 +61,8 @@ FULL = Trainability(full=True)
 
 
 def layer_saved_bytes(
-    shape: ModelShape, e: int, train: Trainability = FULL, kv_repeated: bool = True, liger: bool = False
+    shape: ModelShape, e: int, train: Trainability = FULL, kv_repeated: bool = True, liger: bool = False,
+    layer: int = 0,
 ) -> int:
     """Bytes per token one decoder layer keeps for backward, without gradient checkpointing.
 
@@ -67,22 +74,32 @@ def layer_saved_bytes(
     SiLU output and up output (the product's inputs), and the product (down_proj's input) when down_proj
     keeps it; each adapter keeps its rank-r intermediate. With `liger` (model.use_liger, workers/liger_kernels.py)
     each RMSNorm keeps its input in the compute dtype and 1/rms only, and the fused SwiGLU keeps the gate and up
-    outputs (SiLU's output is recomputed in its backward).
+    outputs (SiLU's output is recomputed in its backward). A sparse layer `layer` of an MoE model keeps its
+    router's and experts' tensors instead of the gated MLP's (`moe.sparse_saved_bytes`).
     """
     h, i = shape.hidden, shape.intermediate
     norm_weight = e * h if train.full else 0
     norm = e * h + FP32 if liger else FP32 * h + FP32 + norm_weight
     qkv_keep = any(train.linear_needs_input(n) for n in ("q_proj", "k_proj", "v_proj"))
-    mlp_keep = any(train.linear_needs_input(n) for n in ("gate_proj", "up_proj"))
+    sparse = shape.sparse(layer)
+    # A sparse block's input is kept by a trained router or shared expert (the experts keep their own copies).
+    mlp_keep = train.full if sparse else any(train.linear_needs_input(n) for n in ("gate_proj", "up_proj"))
+    if sparse and shape.moe.shared_intermediate:
+        mlp_keep = any(train.linear_needs_input(n) for n in ("gate_proj", "up_proj", "shared_expert_gate"))
     saved = 2 * norm + e * h * (qkv_keep + mlp_keep)
     kv_width = shape.q_width if kv_repeated else shape.kv_width
     saved += e * shape.q_width + 2 * e * kv_width + FP32 * shape.heads + e * shape.q_width
-    saved += (2 if liger else 3) * e * i + e * i * train.linear_needs_input("down_proj")
+    if sparse:
+        saved += sparse_saved_bytes(shape.moe, h, e, train.full, liger)
+    else:
+        saved += (2 if liger else 3) * e * i + e * i * train.linear_needs_input("down_proj")
     if shape.qk_norm:
         widths = shape.q_width + shape.kv_width
         saved += FP32 * widths + FP32 * (shape.heads + shape.kv_heads) + (e * widths if train.full else 0)
     if train.lora_rank:
-        saved += e * train.lora_rank * sum(1 for n in LINEAR_NAMES if n in train.lora_targets)
+        mlp = tuple(shape.moe.shared_linears(h)) if sparse else ("gate_proj", "up_proj", "down_proj")
+        adapted = ATTENTION_NAMES + mlp
+        saved += e * train.lora_rank * sum(1 for n in adapted if n in train.lora_targets)
     return saved
 
 
@@ -99,9 +116,13 @@ def model_saved_bytes(
     With gradient checkpointing only each layer's input stays; its activations are recomputed in backward
     (`backward_peak_bytes` adds the one layer being recomputed) — except in the last `kept_layers` layers
     (`gradient_checkpointing_layers` = layers - kept_layers), which keep theirs."""
-    saved_layer = layer_saved_bytes(shape, e, train, kv_repeated, liger)
     kept = kept_layers if checkpointing else shape.layers
-    per_layers = (shape.layers - kept) * e * shape.hidden + kept * saved_layer
+    keeping = range(shape.layers - kept, shape.layers)  # the last `kept` layers keep their activations
+    if shape.moe is None:
+        saved_layers = kept * layer_saved_bytes(shape, e, train, kv_repeated, liger)
+    else:
+        saved_layers = sum(layer_saved_bytes(shape, e, train, kv_repeated, liger, layer) for layer in keeping)
+    per_layers = (shape.layers - kept) * e * shape.hidden + saved_layers
     if liger:
         final_norm = e * shape.hidden + FP32
     else:
@@ -123,13 +144,23 @@ def backward_peak_bytes(
     allocations on CPU, tests/trainer/test_memory_plan_terms.py): without checkpointing the gradients of the
     MLP's intermediates minus the saved ones they free, and the norms' float32 gradients; with
     checkpointing the recomputed layer's saved tensors plus its MLP gradients. With `kept_layers` (the last
-    layers keep their activations) the recompute comes after their backward freed what they kept."""
+    layers keep their activations) the recompute comes after their backward freed what they kept. An MoE
+    model's sparse layers have their own fitted terms (`moe.py`); the larger layer kind counts."""
     h, i = shape.hidden, shape.intermediate
     plain = e * i + 16 * h if e < FP32 else 2 * e * i + FP32 * h
-    if not checkpointing:
-        return plain
     saved_layer = layer_saved_bytes(shape, e, train, kv_repeated, liger)
     recompute = saved_layer + 2 * e * (i - h)
+    if shape.moe is not None:
+        sparse = next(layer for layer in range(shape.layers) if shape.sparse(layer))
+        sparse_saved = layer_saved_bytes(shape, e, train, kv_repeated, liger, sparse)
+        plain_sparse = sparse_backward_bytes(shape.moe, h, e)
+        recompute_sparse = sparse_saved + sparse_recompute_bytes(shape.moe, h, e)
+        dense = bool(shape.moe.dense_layers)
+        plain = max(plain_sparse, plain if dense else 0)
+        recompute = max(recompute_sparse, recompute if dense else 0)
+        saved_layer = max(sparse_saved, saved_layer if dense else 0)
+    if not checkpointing:
+        return plain
     if not kept_layers:
         return recompute
     freed = kept_layers * saved_layer
@@ -140,8 +171,12 @@ def forward_peak_bytes(shape: ModelShape, e: int) -> int:
     """Bytes per token of the largest moment inside one layer of a no-grad forward: the gated MLP's SiLU
     output, up output and their product (or attention's queries, keys and values at the query heads, their
     copies and the output, when larger), next to the residual stream, the layer's input, the norm's output
-    and its float32 temporaries (4e + 1 bytes per hidden unit, fitted on CPU)."""
+    and its float32 temporaries (4e + 1 bytes per hidden unit, fitted on CPU); an MoE model's sparse layers by
+    `moe.sparse_forward_peak_bytes` (the larger layer kind counts)."""
     mlp = 3 * e * shape.intermediate
+    if shape.moe is not None:
+        sparse = sparse_forward_peak_bytes(shape.moe, shape.hidden, e)
+        mlp = max(sparse, mlp if shape.moe.dense_layers else 0)
     attention = 6 * e * shape.q_width
     return max(mlp, attention) + (4 * e + 1) * shape.hidden
 
