@@ -13,6 +13,7 @@ import torch
 
 from workers.lora.vllm_adapter import adapter_fingerprint, register_adapter
 from workers.rollout.buckets import BucketLayout
+from workers.rollout.checkpoint_names import CheckpointNames
 from workers.rollout.kv_sleep import KV_CACHE_TAG, release_kv_cache
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
 from workers.rollout.vllm_base_views import checkpoint_views
@@ -26,6 +27,7 @@ class WeightSyncExtension:
     wake_up: Any  # vLLM's GPU worker: wake_up(tags) maps the tagged sleep-mode allocations again
 
     def _reload(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load the trainer's `(name, tensor)` pairs; returns how many it sent (before the folder's naming)."""
         count = 0
 
         def counted() -> Iterable[tuple[str, torch.Tensor]]:
@@ -34,9 +36,16 @@ class WeightSyncExtension:
                 count += 1
                 yield pair
 
-        self.model_runner.reload_weights(weights_iterator=counted())
+        self.model_runner.reload_weights(weights_iterator=self._checkpoint_names()(counted()))
         self._refresh_tied_head()
+        self._repack_cpu_experts()
         return count
+
+    def _checkpoint_names(self) -> CheckpointNames:
+        # Built at the first sync, kept for the next ones (a mixture of experts builds a meta-device model).
+        if getattr(self, "_names", None) is None:
+            self._names = CheckpointNames(self.model_runner.model_config.hf_config)
+        return self._names
 
     def _refresh_tied_head(self) -> None:
         # With tied embeddings the LM head shares the embedding's tensor but may keep a derived copy (the
@@ -52,6 +61,20 @@ class WeightSyncExtension:
         method = getattr(head, "quant_method", None)
         if config and method is not None and hasattr(method, "process_weights_after_loading"):
             method.process_weights_after_loading(head)
+
+    def _repack_cpu_experts(self) -> None:
+        # vLLM's CPU backend repacks a mixture of experts' weights into its grouped-GEMM layout once, at load; a
+        # reload writes the new weights in the checkpoint's layout and skips that step (a weight update), so the
+        # kernel would read them as packed. Pack them again (no-op off the CPU backend).
+        try:
+            from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+        except ImportError:  # a build without the CPU experts
+            return
+        for module in self.model_runner.get_model().modules():
+            kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+            experts = getattr(kernel, "fused_experts", None)
+            if isinstance(experts, CPUUnquantizedExperts):
+                experts.process_weights_after_loading(module)
 
     # ---- in-process -----------------------------------------------------------------------------------
     def sc_load_named_weights(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> int:
