@@ -59,6 +59,7 @@ LORA = (
 )
 LIGER = ("actor_rollout_ref.model.use_liger=true", "critic.model.use_liger=true")
 ALWAYS = ("actor_rollout_ref.actor.old_log_prob_pass=always",)
+MOE = ("actor_rollout_ref.model.path=outputs/tiny_moe", "actor_rollout_ref.actor.router_aux_loss_coef=0.001")
 PPO_FINITE = ("actor/pg_loss", "critic/vf_loss")
 CRITIC_OFFLOAD = ("critic.model.fsdp_config.param_offload=true", "critic.model.fsdp_config.optimizer_offload=true")
 
@@ -124,6 +125,14 @@ def one_gpu_cases() -> list[Case]:
             "vLLM hybrid engine (CUDA graphs, sleep mode), CUDA IPC sync verified",
             (_train(*VLLM, *VERIFY, steps(30)),),
             RunCheck(30, reward_rises_by=0.2, synced=True),
+        ),
+        Case(
+            "moe_vllm_hybrid",
+            "one",
+            "the tiny mixture of experts (trainer/tiny_moe.py), router load-balancing loss, vLLM hybrid engine with "
+            "its fused-MoE kernels, every sync of the experts verified",
+            (_train(*MOE, *VLLM, *VERIFY, steps(30)),),
+            RunCheck(30, finite=("actor/router_aux_loss",), reward_rises_by=0.2, synced=True),
         ),
         Case(
             "dapo",

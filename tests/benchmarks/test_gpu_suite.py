@@ -21,6 +21,7 @@ REQUIRED = {
         "readme_default",
         "hf_padded_checkpointing",
         "vllm_hybrid",
+        "moe_vllm_hybrid",
         "lora_vllm_ref_first",
         "lora_unshared",
         "lora_shared_always",
