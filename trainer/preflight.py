@@ -276,6 +276,7 @@ def check_inputs(cfg: DictConfig) -> str | None:
     from trainer.batch_checks import check_batch_split
     from trainer.data_checks import check_rows, reward_needs
     from trainer.image_checks import check_images
+    from trainer.moe_checks import moe_lora_rollout_problem
     from trainer.package_checks import check_packages
     from trainer.trackers import check_entries
 
@@ -299,6 +300,9 @@ def check_inputs(cfg: DictConfig) -> str | None:
     check_packages(cfg)
     check_engine_kwargs(cfg)
     check_lengths_fit_model(cfg)
+    moe_lora = moe_lora_rollout_problem(cfg)
+    if moe_lora:
+        raise InputError(moe_lora)
     check_memory(cfg)  # NVML only (no CUDA context); nothing on CPU
     return nothing_to_train(cfg)
 

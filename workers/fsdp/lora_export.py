@@ -22,11 +22,24 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _BASE = ".base_layer."
 
 
-def merged_state(state: dict[str, torch.Tensor], spec: LoraSpec) -> dict[str, torch.Tensor]:
-    """HF names -> tensors of the model with each adapter folded into its base weight (in the base's dtype)."""
+def _unwrapped(name: str) -> str:
+    """A base tensor's name without PEFT's wrappers (nested ones too: `experts.base_layer.base_layer.down_proj`)."""
+    while _BASE in name:
+        name = name.replace(_BASE, ".")
+    return name
+
+
+def merged_state(
+    state: dict[str, torch.Tensor], spec: LoraSpec, deltas: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """HF names -> tensors of the model with each adapter folded into its base weight (in the base's dtype).
+    `deltas` (`wrapped_parameter_deltas`) holds the adapters on bare parameters, by their base tensors' names."""
     merged: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         if is_adapter_parameter(name):
+            continue
+        if deltas and name in deltas:
+            merged[_unwrapped(name)] = (tensor.float() + deltas[name].float()).to(tensor.dtype)
             continue
         if _BASE not in name:
             merged[name] = tensor
@@ -38,6 +51,30 @@ def merged_state(state: dict[str, torch.Tensor], spec: LoraSpec) -> dict[str, to
             tensor = (tensor.float() + spec.scaling * (b @ a)).to(tensor.dtype)
         merged[f"{prefix}.{leaf}"] = tensor
     return merged
+
+
+def wrapped_parameter_deltas(
+    model: nn.Module, state: dict[str, torch.Tensor], spec: LoraSpec, auto_class: Any
+) -> dict[str, torch.Tensor]:
+    """PEFT's adapters on bare parameters rather than linear layers (`ParamWrapper`: a mixture of experts' fused
+    expert weights and its router) as deltas, by their base tensors' names in `state`. Their factors are laid out
+    PEFT's way per wrapped tensor, so PEFT computes the deltas, on a copy of the model built on the meta device
+    whose tensors are `state`'s (nothing is allocated twice). Empty for a model without such adapters."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    if not any(isinstance(module, ParamWrapper) for module in model.modules()):
+        return {}
+    with torch.device("meta"):
+        copy_of = auto_class.from_config(copy.deepcopy(model.config))
+    copy_of.add_adapter(spec.peft_config(), adapter_name=ADAPTER_NAME)
+    copy_of.load_state_dict(state, strict=True, assign=True)
+    names = {id(param): name for name, param in copy_of.named_parameters()}
+    deltas = {}
+    for module in copy_of.modules():
+        if isinstance(module, ParamWrapper):
+            base = getattr(module.get_base_layer(), module.parameter_name)
+            deltas[names[id(base)]] = module.get_delta_weight(ADAPTER_NAME).detach()
+    return deltas
 
 
 def untie_adapted_head(merged: dict[str, torch.Tensor], config: Any) -> None:
@@ -71,7 +108,8 @@ def export_lora_hf(model: nn.Module, auto_class: Any, path: str, source_path: st
     if rank == 0:
         base = os.path.abspath(source_path) if os.path.isdir(source_path) else source_path  # a local folder or a hub id
         save_adapter_folder(state, spec, os.path.join(path, ADAPTER_SUBDIR), base)
-        merged, config = merged_state(state, spec), copy.deepcopy(model.config)
+        deltas = wrapped_parameter_deltas(model, state, spec, auto_class)
+        merged, config = merged_state(state, spec, deltas), copy.deepcopy(model.config)
         untie_adapted_head(merged, config)
         save_hf_folder(merged, auto_class, config, path, source_path)
     dist.barrier()  # callers may read the export as soon as any rank returns
