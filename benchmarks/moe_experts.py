@@ -37,11 +37,12 @@ SHAPES = {
 @dataclass
 class Row:
     implementation: str
-    ms: float
-    tflops: float
+    ms: float | None  # None: the implementation ran out of memory at this size (`error` says so)
+    tflops: float | None
     peak_fraction: float | None
-    peak_gib: float
-    max_diff_vs_eager: float  # the largest output difference from the eager loop, over the output's scale
+    peak_gib: float | None
+    max_diff_vs_eager: float | None  # the largest output difference from the eager loop, over the output's scale
+    error: str | None = None
 
 
 def moe_block(shape: str, device: torch.device, dtype: torch.dtype) -> Qwen3MoeSparseMoeBlock:
@@ -105,8 +106,14 @@ def measure(shape: str, tokens: int, repeats: int, device: torch.device) -> list
     reference = output_of(block, "eager", probe)
     rows = []
     for implementation in IMPLEMENTATIONS:
-        difference = (output_of(block, implementation, probe) - reference).abs().max() / reference.abs().max()
-        seconds, peak_gib = time_block(block, implementation, tokens, repeats)
+        try:
+            difference = (output_of(block, implementation, probe) - reference).abs().max() / reference.abs().max()
+            seconds, peak_gib = time_block(block, implementation, tokens, repeats)
+        except torch.OutOfMemoryError as error:  # batched_mm gathers every token's expert weights
+            rows.append(Row(implementation, None, None, None, None, None, f"out of memory: {str(error)[:120]}"))
+            block.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            continue
         tflops = active_flops(shape, tokens) / seconds / 1e12
         share = tflops / peak_tflops if peak_tflops else None
         rows.append(Row(implementation, seconds * 1e3, tflops, share, peak_gib, float(difference)))
@@ -117,6 +124,9 @@ def table(rows: list[Row]) -> str:
     lines = ["| experts implementation | ms fwd+bwd | TFLOP/s (active) | of dense bf16 peak | peak GiB | vs eager |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
+        if row.ms is None:
+            lines.append(f"| {row.implementation} | {row.error} | | | | |")
+            continue
         share = f"{row.peak_fraction:.1%}" if row.peak_fraction is not None else "-"
         lines.append(
             f"| {row.implementation} | {row.ms:.2f} | {row.tflops:.1f} | {share} | {row.peak_gib:.2f} | "
