@@ -20,10 +20,10 @@ from workers.lora.spec import LoraSpec
 from workers.rollout.buckets import BucketLayout, payload_bytes
 from workers.rollout.engine_group import EngineGroup
 from workers.rollout.verify import (
-    DEFAULT_TOLERANCE,
     WeightFingerprint,
     WeightSyncMismatch,
     compare_log_probs,
+    default_tolerance,
     fingerprinted,
     probe_sequences,
     require_changed,
@@ -82,14 +82,15 @@ class InProcessSync:
         group: EngineGroup | None = None,
         every_rank: bool = False,
         tolerance_setting: str = "rollout.verify_tolerance",
+        experts: bool = False,
     ) -> None:
         """`engine`: None on the ranks that only feed it (a group's members). `dtype`: the engine's, which picks
         the default tolerance. `where` names the sync in errors, `tolerance_setting` the setting that changes the
         bound. `group`: the ranks sharing the engine, which all raise its error. `every_rank`: every rank of the
         default process group raises any engine's error (a rank failing alone would leave the others waiting in
-        their next collective)."""
+        their next collective). `experts`: a mixture of experts (its default tolerance, `default_tolerance`)."""
         self.engine, self.layouts, self.verify = engine, layouts, verify
-        self.tolerance = tolerance or DEFAULT_TOLERANCE[dtype]
+        self.tolerance = tolerance or default_tolerance(dtype, experts)
         self.where, self.tolerance_setting = where, tolerance_setting
         self.group, self.every_rank = group, every_rank
         # The trainer's fingerprint of what the engine holds, as sent; None until known (the first load then

@@ -10,7 +10,7 @@ from typing import Any
 from transformers import AutoConfig
 
 from workers.rollout.sync_path import CUDA_IPC, choose_sync_path
-from workers.rollout.verify import TRAINER_FINGERPRINT, require_changed, verify_engines
+from workers.rollout.verify import TRAINER_FINGERPRINT, model_has_experts, require_changed, verify_engines
 from workers.vision.models import probe_vocab_size
 
 
@@ -21,7 +21,8 @@ class _VersionedSync:
     def __init__(self, actor: Any, model_path: str, engines_start_from_trainer: bool) -> None:
         self.actor = actor
         self.engines_start_from_trainer = engines_start_from_trainer
-        self.vocab_size = probe_vocab_size(AutoConfig.from_pretrained(model_path))
+        config = AutoConfig.from_pretrained(model_path)
+        self.vocab_size, self.experts = probe_vocab_size(config), model_has_experts(config)
         self.synced_version = 0 if engines_start_from_trainer else -1  # 0: the engines loaded the actor's folder
         self.actor_version = 0  # the actor's weights version at the last sync() (synced or not)
 
@@ -85,7 +86,10 @@ class SeparateWeightSync(_VersionedSync):
             if verify:
                 dtype, tolerance = self.layouts[0].slots[0].dtype, self.cfg["verify_tolerance"]
                 metrics.update(
-                    verify_engines(self.actor, self.rollout, self.vocab_size, dtype, tolerance, "broadcast weight sync")
+                    verify_engines(
+                        self.actor, self.rollout, self.vocab_size, dtype, tolerance, "broadcast weight sync",
+                        self.experts,
+                    )
                 )
             if before is not None:
                 after = self.rollout.weights_fingerprint()
@@ -103,9 +107,9 @@ class IpcEngineSync:
     engines load each bucket in place: one device-local copy per byte, no NCCL group on one GPU."""
 
     def __init__(self, train: Any, infer: Any, feeding_rank: tuple[int, ...], vocab_size: int, verify: bool,
-                 tolerance: float | None) -> None:
+                 tolerance: float | None, experts: bool = False) -> None:
         self.train, self.infer, self.feeding_rank = train, infer, feeding_rank
-        self.vocab_size, self.verify, self.tolerance = vocab_size, verify, tolerance
+        self.vocab_size, self.verify, self.tolerance, self.experts = vocab_size, verify, tolerance, experts
         self.layouts: list | None = None
 
     def sync(self, version: int | None = None) -> dict[str, float]:
@@ -122,7 +126,9 @@ class IpcEngineSync:
         if self.verify:
             dtype = self.layouts[0].slots[0].dtype
             metrics.update(
-                verify_engines(self.train, self.infer, self.vocab_size, dtype, self.tolerance, "CUDA IPC weight sync")
+                verify_engines(
+                    self.train, self.infer, self.vocab_size, dtype, self.tolerance, "CUDA IPC weight sync", self.experts
+                )
             )
         return metrics
 
@@ -144,7 +150,7 @@ class IpcRolloutSync(_VersionedSync):
     ) -> None:
         super().__init__(actor, model_path, engines_start_from_trainer)
         verify, tolerance = bool(rollout_cfg["verify_sync"]), rollout_cfg["verify_tolerance"]
-        self.transfer = IpcEngineSync(actor, rollout, feeding_rank, self.vocab_size, verify, tolerance)
+        self.transfer = IpcEngineSync(actor, rollout, feeding_rank, self.vocab_size, verify, tolerance, self.experts)
 
     def connect(self) -> None:
         """Nothing to set up before the first sync (the staging buffers are mapped then)."""
