@@ -35,9 +35,14 @@ submit() {{  # $1: log name, $2: working dir, rest: the entrypoint
     done
     return $rc
 }}
-submit submit . python -m trainer.main {overrides}
+# Both jobs at once (the cluster's 4 CPUs hold both runs' 2 workers each): neither waits for the other's start-up.
+submit submit . python -m trainer.main {overrides} &
+trainer_job=$!
+submit recipe {recipe_dir} python my_recipe.py {recipe_overrides} &
+recipe_job=$!
+wait $trainer_job
 rc=$?
-submit recipe {recipe_dir} python my_recipe.py {recipe_overrides}
+wait $recipe_job
 rc_recipe=$?
 ray job list --address http://127.0.0.1:{dashboard} > {out}/status.log 2>&1
 kill $ray_pid  # the scoped stop: only this cluster's processes

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from tests.e2e.conftest import run_overrides
+from tests.rollout.conftest import EXPORT, LORA, SHORT_RUN, VLLM_TWO_RANKS
 from tests.rollout.shared_base_workers import SharedBaseProbe
 from tests.workers.helpers import actor_config
 from trainer.config_loader import load_config
@@ -135,18 +136,18 @@ def _steps(history: list[dict]) -> list[dict]:
     return [{k: record[k] for k in keys if k in record} for record in history]
 
 
-def test_a_grpo_run_with_sharing_trains_exactly_as_without(ray_cluster, tiny_assets, tmp_path):
-    lora = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=2e-2")
-    setup = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.verify_sync=true", "trainer.n_gpus_per_node=2",
-             "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.val_before_train=false",
-             "trainer.save_at_end=false", "trainer.export_hf_at_end=true")
-    runs = {}
-    for setting in ("true", "false"):
-        out = tmp_path / setting
-        history = run(load_config(run_overrides(tiny_assets, out, *lora, *setup, f"actor_rollout_ref.rollout.share_base_weights={setting}")))
-        adapter = load_file(str(next(out.rglob("lora_adapter/adapter_model.safetensors"))))
-        runs[setting] = (history, adapter)
-    (shared, shared_adapter), (own, own_adapter) = runs["true"], runs["false"]
+def _exported_adapter(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(next(out.rglob("lora_adapter/adapter_model.safetensors"))))
+
+
+def test_a_grpo_run_with_sharing_trains_exactly_as_without(lora_hybrid_run, tiny_assets, tmp_path):
+    # The run with sharing is the session's LoRA hybrid run (rollout.share_base_weights at its default, which
+    # shares here: checked below); the same run again with sharing off.
+    shared, shared_out = lora_hybrid_run
+    own = run(load_config(run_overrides(
+        tiny_assets, tmp_path, *LORA, *VLLM_TWO_RANKS, *SHORT_RUN, *EXPORT, "actor_rollout_ref.rollout.share_base_weights=false",
+    )))
+    shared_adapter, own_adapter = _exported_adapter(shared_out), _exported_adapter(tmp_path)
     assert shared[0]["lora/shared_base_fraction"] == 1.0 and "lora/shared_base_fraction" not in own[0]
     assert _steps(shared) == _steps(own)
     assert shared_adapter.keys() == own_adapter.keys()

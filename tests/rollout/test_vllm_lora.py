@@ -6,14 +6,13 @@ import pytest
 import torch
 
 from tests.e2e.conftest import run_overrides
+from tests.rollout.conftest import LORA, SHORT_RUN, VLLM_TWO_RANKS
 from trainer.config_loader import load_config
 from trainer.main import run
 
 pytestmark = pytest.mark.slow
 
-LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=2e-2")
-VLLM = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.verify_sync=true", "trainer.n_gpus_per_node=2")
-SHORT_RUN = ("trainer.total_training_steps=3", "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_at_end=false")
+VLLM = VLLM_TWO_RANKS
 
 
 def _adapter_and_model_bytes(model_path):
@@ -41,8 +40,8 @@ def _check_adapter_syncs(history, model_path):
     return adapter_tensors
 
 
-def test_hybrid_engines_receive_only_the_adapter(ray_cluster, tiny_assets, tmp_path):
-    history = run(load_config(run_overrides(tiny_assets, tmp_path, *LORA, *VLLM, *SHORT_RUN)))
+def test_hybrid_engines_receive_only_the_adapter(lora_hybrid_run, tiny_assets):
+    history, _ = lora_hybrid_run  # *LORA, *VLLM, *SHORT_RUN (and the adapter exported at the end)
     adapter_tensors = _check_adapter_syncs(history, tiny_assets["model"])
     assert all(record["rollout/sync_tensors"] == adapter_tensors for record in history)
 
