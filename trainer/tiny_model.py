@@ -25,7 +25,7 @@ import argparse
 import json
 import string
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -159,6 +159,15 @@ def _make_tokenizer_config_portable(config_path: Path) -> None:
     if extra:
         config["additional_special_tokens"] = list(extra)
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def run_builder(argv: list[str] | None, doc: str, build: Callable[..., Path], what: str) -> None:
+    """`python -m trainer.tiny_<kind> OUT_DIR [--seed N]`: the command line of a tiny model's builder."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    print(f"wrote {what} to {build(args.out_dir, seed=args.seed)}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,12 +10,17 @@ trains it on the default task.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from trainer.tiny_model import _make_tokenizer_config_portable, build_char_tokenizer, build_tiny_config, seeded_model
+from trainer.tiny_model import (
+    _make_tokenizer_config_portable,
+    build_char_tokenizer,
+    build_tiny_config,
+    run_builder,
+    seeded_model,
+)
 
 EXPERTS = 8
 ACTIVE_EXPERTS = 2
@@ -59,11 +64,7 @@ def build_tiny_moe(out_dir: str | Path, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    print(f"wrote tiny mixture-of-experts model to {build_tiny_moe(args.out_dir, seed=args.seed)}")
+    run_builder(argv, __doc__, build_tiny_moe, "tiny mixture-of-experts model")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ processor resizes every picture to that size (min_pixels = max_pixels), so every
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
@@ -21,6 +20,7 @@ from trainer.tiny_model import (
     _make_tokenizer_config_portable,
     build_char_tokenizer,
     build_tiny_config,
+    run_builder,
     seeded_model,
 )
 
@@ -58,11 +58,7 @@ def build_tiny_vlm(out_dir: str | Path, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    print(f"wrote tiny vision-language model to {build_tiny_vlm(args.out_dir, seed=args.seed)}")
+    run_builder(argv, __doc__, build_tiny_vlm, "tiny vision-language model")
 
 
 if __name__ == "__main__":
