@@ -141,15 +141,22 @@ class NodeChanges:
         return f"checkpoint {path}" if path else "step 0 (no checkpoint was saved: trainer.save_freq)"
 
     def _rebuild(self, cfg: DictConfig, roles: Any, tracker: Tracker) -> tuple[Any, Tracker]:
+        """The groups on `cfg`'s nodes, then the tracker reopened at the checkpoint's step. A failing build
+        leaves the run's tracker open for the launcher to close (the old groups are already released)."""
         roles.shutdown()
         step = resume_step(cfg) or 0
         if step == 0:  # nothing to resume: the new loop starts on the run's first prompts again
             self.data.train_loader.load_state_dict(self.first_loader_state)
+        rebuilt = self.build_roles(cfg)
         # The steps past the checkpoint are trained again: every backend drops what it logged of them.
         kept = [record for record in tracker.history if record["step"] <= step]
         tracker.close()
-        tracker = self.open_tracker(step)
+        try:
+            tracker = self.open_tracker(step)
+        except BaseException:
+            rebuilt.shutdown()  # the launcher releases the groups it knows of: the old ones
+            raise
         tracker.history = kept
         tracker.set_counts(self.data.prompt_counts)
         self.cfg = cfg
-        return self.build_roles(cfg), tracker
+        return rebuilt, tracker
