@@ -81,6 +81,7 @@ def _build_and_fit(
     from single_controller.errors import NodeLostError
     from trainer.node_changes import NodeChanges
     from trainer.run_setup import init_ray
+    from trainer.step_loop import StepLoop
 
     try:
         init_ray(cfg)
@@ -96,7 +97,10 @@ def _build_and_fit(
     try:
         while True:
             loop = make_loop(nodes.cfg, roles, data, tracker)
-            loop.stop_at_checkpoint = nodes.join_check()
+            # A loop of the user's own that is not a StepLoop runs as it is: it cannot stop to grow.
+            can_grow = isinstance(loop, StepLoop)
+            if can_grow:
+                loop.stop_at_checkpoint = nodes.join_check()
             try:
                 history = loop.fit()
             except NodeLostError as error:
@@ -104,7 +108,7 @@ def _build_and_fit(
                     raise
                 roles, tracker = nodes.after_loss(error, roles, tracker)
                 continue
-            if not loop.stopped_at_checkpoint:
+            if not (can_grow and loop.stopped_at_checkpoint):
                 break
             roles, tracker = nodes.after_join(roles, tracker)
         curve = tracker.plot_reward_curve(log_dir / "reward_curve.png")
