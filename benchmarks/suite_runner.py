@@ -27,6 +27,8 @@ METRICS_FILE = "metrics.jsonl"
 REWARD = "reward/mean"
 STEP_TIME = "timing/step_s"
 SYNC_GAP = "rollout/sync_logprob_max_diff"  # logged by every verified weight sync (rollout.verify_sync=true)
+ENGINE_GAP = "rollout/logprob_gap_mean"  # |engine - trainer| log-prob of the sampled tokens, per step
+SCALED_SYNC_GAP = "rollout/sync_logprob_scaled_max_diff"  # the gap over each token's bound scale (verify.py)
 SHARED_GPU_RACE = "Error in memory profiling"  # vLLM: the GPU's free memory grew while it measured its start-up
 _ERROR_LINE = re.compile(
     r"^(error: .*|[\w.]*(Error|Exception|Mismatch|Interrupt)(\(.*?\))?: .*|[\w.]*(Error|Exception))$"
@@ -169,7 +171,12 @@ class RunCheck:
         text = f"reward {rewards[0]:.2f}->{rewards[-1]:.2f}" if rewards else "no reward"
         gaps = [r[SYNC_GAP] for r in rows if SYNC_GAP in r]
         if gaps:
-            text += f"; sync gap max {max(gaps):.3f} ({len(gaps)} syncs)"
+            scaled = [r[SCALED_SYNC_GAP] for r in rows if SCALED_SYNC_GAP in r]
+            text += f"; sync gap max {max(gaps):.3f}" + (f", scaled {max(scaled):.3f}" if scaled else "")
+            text += f" ({len(gaps)} syncs)"
+        engine_gaps = [r[ENGINE_GAP] for r in rows if ENGINE_GAP in r]
+        if engine_gaps:  # the rollout's own log-probs against the trainer's of the same tokens, averaged over steps
+            text += f"; engine-trainer log-prob gap mean {sum(engine_gaps) / len(engine_gaps):.4f}"
         return text
 
 

@@ -96,7 +96,8 @@ def _metrics_writer(
         f"    for i, s in enumerate({steps}):\n"
         f"        row = {{'step': s, 'reward/mean': {reward} + {rise} * s, 'timing/step_s': 2.0 if s == 1 else 1.0,\n"
         f"               'actor/pg_loss': float('nan') if s == {nan_at} else 0.5}}\n"
-        f"        if s not in {unsynced}: row['rollout/sync_logprob_max_diff'] = 0.01\n"
+        f"        if s not in {unsynced}: row.update({{'rollout/sync_logprob_max_diff': 0.01, "
+        f"'rollout/sync_logprob_scaled_max_diff': 0.005, 'rollout/logprob_gap_mean': 0.02}})\n"
         "        f.write(json.dumps(row) + '\\n')\n"
     )
     return ("-c", code)
@@ -113,7 +114,8 @@ def test_a_passing_case_reports_its_steady_step_time(tmp_path):
     )
     assert result.passed, result.error  # the validation record (step 0) has no loss and is not a training step
     assert result.steady_step_s == 1.0 and result.runs[0]["steps"] == 7
-    assert "sync gap max 0.010 (5 syncs)" in result.detail
+    assert "sync gap max 0.010, scaled 0.005 (5 syncs)" in result.detail
+    assert "engine-trainer log-prob gap mean 0.0200" in result.detail
 
 
 def test_every_step_but_a_new_runs_first_must_be_synced(tmp_path):

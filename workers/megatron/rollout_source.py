@@ -11,6 +11,7 @@ from protocol import DataProto
 from workers.megatron.backend import MegatronBackend
 from workers.megatron.vocab_parallel import log_probs_and_entropy
 from workers.rollout.buckets import BucketLayout, plan_buckets
+from workers.rollout.verify import model_has_experts
 
 
 class MegatronWeightSource:
@@ -21,6 +22,7 @@ class MegatronWeightSource:
         self.model_path, self.device, self.dtype = engine.model_path, engine.device, engine.dtype
         self.config_overrides = engine.config_overrides
         self.vocab_size = engine.layout.vocab_size
+        self.experts = model_has_experts(engine.hf_config)
         self.lora = None  # the Megatron backend trains every weight
 
     def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]:

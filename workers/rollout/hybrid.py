@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from transformers import AutoConfig
 
 from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.model_loading import compute_dtype
@@ -20,7 +19,8 @@ from workers.rollout.buckets import BucketLayout
 from workers.rollout.engine_group import EngineGroup, group_devices
 from workers.rollout.in_process_sync import InProcessSync, WeightSource
 from workers.rollout.verify import model_has_experts, trainer_log_probs
-from workers.rollout.vllm_engine import VLLMEngine, sleeps_between_calls
+from workers.rollout.vllm_engine import VLLMEngine
+from workers.rollout.vllm_options import sleeps_between_calls
 from workers.rollout.weight_sync import named_full_parameters, plan_model_buckets
 from workers.vision.models import probe_vocab_size
 
@@ -33,6 +33,7 @@ class FSDPWeightSource:
         self.model_path, self.device, self.dtype = actor.model_path, actor.device, actor.dtype
         self.config_overrides = actor.config_overrides
         self.vocab_size = probe_vocab_size(actor.module.config)
+        self.experts = model_has_experts(actor.module.config)
         self.lora = actor.lora
 
     def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]:
@@ -76,7 +77,7 @@ class HybridRollout:
         self.weights = InProcessSync(
             self.engine, self.layouts, self.dtype, rollout_cfg["verify_sync"], rollout_cfg["verify_tolerance"],
             "in-process weight sync", group=group,
-            experts=model_has_experts(AutoConfig.from_pretrained(source.model_path)),
+            experts=source.experts,
         )
         # The folder's weights as the trainer would send them: the first sync's change check compares with them
         # (a LoRA engine has no adapter before its first sync: that sync checks the probe only).

@@ -31,7 +31,7 @@ from workers.rollout.verify import (
 )
 
 GIB = float(1 << 30)
-MAX_DIFF = "rollout/sync_logprob_max_diff"
+WORST_DIFF = "rollout/sync_logprob_scaled_max_diff"  # the engine that differs most, relative to its bound
 
 # What the engine's rank concludes from a check: its metrics, or the error every rank then raises.
 Outcome = tuple[dict[str, float] | None, str | None]
@@ -45,6 +45,7 @@ class WeightSource(Protocol):
     device: torch.device
     dtype: torch.dtype
     vocab_size: int
+    experts: bool  # a mixture of experts (its sync check's default bound, verify.default_tolerance)
     lora: LoraSpec | None  # a LoRA trainer sends only its adapter; the engine keeps the folder's base weights
 
     def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]: ...
@@ -140,7 +141,9 @@ class InProcessSync:
         outcome: Outcome = (None, None)
         if self.engine is not None:
             try:
-                check = compare_log_probs(trainer, self.engine.prompt_log_probs(probe), self.tolerance)
+                check = compare_log_probs(
+                    trainer, self.engine.prompt_log_probs(probe), self.tolerance, source.vocab_size
+                )
                 require_match(check, where, self.tolerance_setting)
                 if before is not None:
                     require_changed(before, self.engine.fingerprint(), self.trainer_fingerprint, sent, where)
@@ -164,4 +167,4 @@ class InProcessSync:
         errors = [error for _, error in everyone if error is not None]
         if errors:
             return None, errors[0]
-        return max((metrics for metrics, _ in everyone), key=lambda metrics: metrics[MAX_DIFF]), None
+        return max((metrics for metrics, _ in everyone), key=lambda metrics: metrics[WORST_DIFF]), None
