@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from trainer.memory_plan.moe import expert_count
 from trainer.memory_plan.shape import language_model_config, read_model_config
 from trainer.run_setup import runs_on_gpu, visible_gpu_count
 
@@ -16,8 +17,7 @@ ATTENTION_AND_ROUTER = "[q_proj,k_proj,v_proj,o_proj,gate]"
 
 
 def has_experts(model_path: str) -> bool:
-    config = language_model_config(read_model_config(model_path))
-    return int(config.get("num_experts") or config.get("num_local_experts") or 0) > 0
+    return expert_count(language_model_config(read_model_config(model_path))) > 0
 
 
 def moe_lora_rollout_problem(cfg: DictConfig) -> str | None:

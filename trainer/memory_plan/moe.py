@@ -77,11 +77,16 @@ def sparse_lora_params(moe: MoeShape, hidden: int, rank: int, targets: tuple[str
     return params + (rank * e * (m + h) if "down_proj" in targets else 0)
 
 
+def expert_count(config: Mapping[str, Any]) -> int:
+    """Experts per sparse layer of a language model's config dict; 0 for a dense model."""
+    # transformers 5 writes num_experts as `num_local_experts` (its attribute map); the Hub configs say num_experts.
+    return int(config.get("num_experts") or config.get("num_local_experts") or 0)
+
+
 def moe_from_config(config: Mapping[str, Any], layers: int) -> MoeShape | None:
     """The MoE fields of a language model's config dict (transformers' names and defaults), or None for a dense
     model (no `moe_intermediate_size`, or no experts)."""
-    # transformers 5 writes num_experts as `num_local_experts` (its attribute map); the Hub configs say num_experts.
-    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    experts = expert_count(config)
     if not experts or "moe_intermediate_size" not in config:
         return None
     step = int(config.get("decoder_sparse_step") or 1)
