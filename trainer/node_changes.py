@@ -97,6 +97,7 @@ class NodeChanges:
         self.data, self.build_roles, self.open_tracker = data, build_roles, open_tracker
         # Where the run started: with no checkpoint yet, a loss starts the prompts over from here.
         self.first_loader_state = data.train_loader.state_dict()
+        self.joined = 0  # pool nodes found free by the last join check
 
     @property
     def nnodes(self) -> int:
@@ -106,7 +107,12 @@ class NodeChanges:
         """What the loop asks after each checkpoint (None when the run cannot grow): is a node free to take?"""
         if not self.policy.grow_on_join or self.nnodes >= self.policy.full_nnodes:
             return None
-        return lambda: free_pool_nodes(self.cfg, 1) > 0
+        return self._nodes_joined
+
+    def _nodes_joined(self) -> bool:
+        # One probe for as many nodes as the run lacks: after_join grows by the count found here.
+        self.joined = free_pool_nodes(self.cfg, self.policy.full_nnodes - self.nnodes)
+        return self.joined > 0
 
     def after_loss(self, error: NodeLostError, roles: Any, tracker: Tracker) -> tuple[Any, Tracker]:
         """Report the loss, then the worker groups on the nodes left, from the newest whole checkpoint."""
@@ -126,7 +132,7 @@ class NodeChanges:
 
     def after_join(self, roles: Any, tracker: Tracker) -> tuple[Any, Tracker]:
         """The worker groups on the nodes the run had plus those that joined, from the checkpoint just saved."""
-        more = self.nnodes + free_pool_nodes(self.cfg, self.policy.full_nnodes - self.nnodes)
+        more = self.nnodes + self.joined
         larger = config_on_nodes(self.cfg, more)
         print(
             f"node join (trainer.on_node_join=grow): growing from {self.nnodes} to {more} of "
