@@ -11,7 +11,7 @@ import torch
 
 from workers.rollout.buckets import BucketLayout, plan_buckets
 from workers.rollout.sync_group import SyncGroupAddress
-from workers.rollout.vllm_engine import cpu_thread_binding
+from workers.rollout.vllm_options import cpu_thread_binding
 
 
 def _through_msgpack(value):

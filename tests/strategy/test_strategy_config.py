@@ -37,7 +37,7 @@ def test_settings_fill_defaults_and_parse_nested_megatron():
 def test_the_engine_api_passes_a_fixed_kv_cache_size_to_the_engine():
     import torch
 
-    from workers.rollout.vllm_engine import device_options
+    from workers.rollout.vllm_options import device_options
 
     assert InferenceConfig.parse({"model_path": "/m"}).vllm_rollout_options()["kv_cache_gib"] is None
     options = InferenceConfig.parse({"model_path": "/m", "kv_cache_gib": 4}).vllm_rollout_options()

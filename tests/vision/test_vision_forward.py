@@ -123,7 +123,7 @@ def test_lora_leaves_the_vision_tower_alone_by_default(tiny_vlm_dir):
 
 def test_vllm_requests_never_sample_vision_tokens(tiny_vlm_dir):
     pytest.importorskip("vllm")
-    from workers.rollout.vllm_engine import vllm_sampling
+    from workers.rollout.vllm_requests import vllm_sampling
 
     params = _params(tiny_vlm_dir, True)
     request = vllm_sampling(params, 8, seed=1)

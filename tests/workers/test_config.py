@@ -106,7 +106,7 @@ def test_the_engine_fixes_its_kv_cache_on_a_gpu_only_when_kv_cache_gib_is_set():
     fraction free at its start); CPU sizes its cache from cpu_kv_cache_mb either way."""
     import torch
 
-    from workers.rollout.vllm_engine import device_options
+    from workers.rollout.vllm_options import device_options
 
     rollout = actor_rollout_ref_config({"model": {"path": "/m"}, "rollout": {"name": "vllm", "cuda_graph_max_batch": 16}})["rollout"]
     cuda = torch.device("cuda")
@@ -190,7 +190,7 @@ def test_cuda_graphs_are_on_by_default_on_a_gpu_only_and_capture_what_one_engine
 
     from trainer.config_loader import load_config
     from trainer.role_groups import actor_worker_config
-    from workers.rollout.vllm_engine import eager_mode
+    from workers.rollout.vllm_options import eager_mode
 
     rollout = actor_rollout_ref_config({"model": {"path": "/m"}})["rollout"]
     assert rollout["enforce_eager"] is None and rollout["cuda_graph_max_batch"] is None

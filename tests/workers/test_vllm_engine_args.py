@@ -12,7 +12,7 @@ from trainer.config_loader import load_config
 from trainer.role_groups import actor_worker_config
 from workers.config import actor_rollout_ref_config
 from workers.rollout.sampling import sampling_params
-from workers.rollout.vllm_engine import scheduler_options
+from workers.rollout.vllm_options import scheduler_options
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 R = "actor_rollout_ref.rollout."

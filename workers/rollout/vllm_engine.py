@@ -24,136 +24,17 @@ from workers.rollout.engine_processes import devices_visible, transfer_chunks
 from workers.rollout.shaping import sampled_rollout
 from workers.rollout.sync_group import SyncGroupAddress
 from workers.rollout.vllm_base_views import keep_plain_cpu_weights
+from workers.rollout.vllm_options import (
+    cpu_thread_binding,
+    device_options,
+    eager_mode,
+    scheduler_options,
+)
+from workers.rollout.vllm_requests import row_seed, sampled_tokens, vllm_sampling
 from workers.vision.models import collapse_image_placeholders
 
 EXTENSION = "workers.rollout.vllm_extension.WeightSyncExtension"
-_REQUEST_IDS = itertools.count()  # vLLM refuses an id it still serves: every (re)submission gets a new one
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def cpu_thread_binding(tp: int) -> str:
-    """vLLM's CPU backend binds each tensor-parallel worker's threads to cores of a NUMA node of its own and
-    refuses when the process may use fewer nodes than workers (a one-node machine): split the cores this
-    process may use into `tp` disjoint groups instead, in its `VLLM_CPU_OMP_THREADS_BIND` form (comma lists joined
-    by "|": "0,1,2,3|4,5,6,7")."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < tp:
-        raise ValueError(
-            f"rollout.tensor_model_parallel_size={tp} on CPU needs a core per engine worker; "
-            f"this process may use {len(cores)}"
-        )
-    share = len(cores) // tp
-    groups = [cores[i * share : (i + 1) * share] for i in range(tp)]
-    return "|".join(",".join(str(c) for c in group) for group in groups)
-
-
-def row_seed(call_seed: int, rank: int, row: int) -> int:
-    """Each response's own sampling seed: depends only on (call seed, rank, row)."""
-    return (call_seed * 1_000_003 + rank * 65_537 + row) % (2**31 - 1)
-
-
-def vllm_sampling(params: Any, max_tokens: int, seed: int | None, min_tokens: int = 0) -> Any:
-    """vLLM's SamplingParams for one request from the rollout's sampling settings (greedy when not sampling),
-    with the engine's log-prob of each sampled token. `min_tokens` keeps EOS out until that many tokens
-    (a forced response length)."""
-    from vllm import SamplingParams
-
-    return SamplingParams(
-        n=1,
-        max_tokens=max_tokens,
-        min_tokens=min_tokens,
-        temperature=params.temperature if params.do_sample else 0.0,
-        top_p=params.top_p if params.do_sample else 1.0,
-        top_k=params.top_k if params.do_sample else 0,
-        # ignore_eos: vLLM skips its own EOS check, and no stop token may end the response early either.
-        stop_token_ids=[] if params.ignore_eos else list(params.eos_token_ids),
-        ignore_eos=params.ignore_eos,
-        logprobs=0,
-        detokenize=False,
-        seed=seed,
-        # vLLM's strongest bias (it clamps to +-100): a probability of about e^-100, never drawn.
-        logit_bias={token: -100.0 for token in params.suppress_token_ids} or None,
-    )
-
-
-def add_token_request(
-    engine: Any, prefix: str, tokens: list[int], sampling: Any, lora_request: Any, final_only: bool
-) -> str:
-    """Add a token-id prompt to vLLM's `LLMEngine` under a fresh request id (returned). `final_only`: one output
-    at the request's end; else each engine step hands back only its new tokens."""
-    from vllm import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
-
-    sampling.output_kind = RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.DELTA
-    request_id = f"{prefix}-{next(_REQUEST_IDS)}"
-    engine.add_request(request_id, TokensPrompt(prompt_token_ids=tokens), sampling, lora_request=lora_request)
-    return request_id
-
-
-def sampled_tokens(output: Any) -> tuple[list[int], list[float]]:
-    """A finished request's sampled tokens and the engine's log-prob of each (its first completion)."""
-    completion = output.outputs[0]
-    tokens = list(completion.token_ids)
-    return tokens, [float(step[t].logprob) for step, t in zip(completion.logprobs or [], tokens)]
-
-
-def eager_mode(rollout: dict[str, Any], device: torch.device) -> bool:
-    """`rollout.enforce_eager`, where None means CUDA graphs on a GPU and eager on CPU (vLLM's CPU build would
-    spend 30-50 s in torch.compile at every engine start)."""
-    setting = rollout.get("enforce_eager")
-    return device.type != "cuda" if setting is None else bool(setting)
-
-
-def device_options(rollout: dict[str, Any], device: torch.device, sleep: bool) -> dict[str, Any]:
-    """The `LLM` arguments that depend on the device: how the KV cache is sized, sleep mode and the CUDA graphs'
-    sizes on a GPU, whole-prompt scheduling on CPU. Pure (nothing starts), so it is tested without vLLM."""
-    if device.type != "cuda":
-        # vLLM's CPU backend sizes its KV cache from this (its GPU-memory fraction does not apply).
-        # Seeded sampling of a prompt split across steps (chunked prefill) fails there ("CPU
-        # Generator does not use offset"), so prompts are scheduled whole.
-        return {"kv_cache_memory_bytes": int(rollout["cpu_kv_cache_mb"]) << 20, "enable_chunked_prefill": False}
-    # vLLM still needs the fraction with a fixed KV cache: its start requires that much of the GPU free.
-    options: dict[str, Any] = {
-        "gpu_memory_utilization": float(rollout["gpu_memory_utilization"]),
-        "enable_sleep_mode": sleep,
-    }
-    if rollout.get("kv_cache_gib") is not None:
-        # A fixed KV cache skips vLLM's start-up measurement of its own memory (free memory before and after a
-        # profiling forward), which fails when processes sharing the GPU allocate or free meanwhile.
-        options["kv_cache_memory_bytes"] = int(float(rollout["kv_cache_gib"]) * (1 << 30))
-    if not eager_mode(rollout, device) and rollout.get("cuda_graph_max_batch"):
-        # Graphs for decode batches up to what this engine runs at once, not vLLM's default 512: each
-        # captured size keeps memory outside the sleep-mode pool while the engine sleeps.
-        options["compilation_config"] = {"max_cudagraph_capture_size": int(rollout["cuda_graph_max_batch"])}
-    return options
-
-
-def scheduler_options(rollout: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """The `LLM` arguments of verl's scheduler keys: rollout.enable_chunked_prefill (on a GPU; CPU prompts are
-    scheduled whole, see `device_options`), max_num_batched_tokens and max_num_seqs (None: vLLM's default).
-    Pure (nothing starts), so it is tested without vLLM."""
-    options: dict[str, Any] = {}
-    chunked = rollout.get("enable_chunked_prefill")
-    if device.type == "cuda" and chunked is not None:
-        options["enable_chunked_prefill"] = bool(chunked)
-    for key in ("max_num_batched_tokens", "max_num_seqs"):
-        if rollout.get(key) is not None:
-            options[key] = int(rollout[key])
-    tokens, longest = options.get("max_num_batched_tokens"), rollout.get("max_model_len")
-    whole_prompts = device.type != "cuda" or chunked is False
-    if tokens is not None and longest is not None and whole_prompts and tokens < int(longest):
-        raise ValueError(
-            f"rollout.max_num_batched_tokens={tokens} is below max_model_len={longest} (prompt + response) while "
-            "prompts are prefilled whole (enable_chunked_prefill off, always on CPU): raise it to at least "
-            f"{longest}, or leave it null"
-        )
-    return options
-
-
-def sleeps_between_calls(rollout: dict[str, Any], device: torch.device) -> bool:
-    """Whether an engine of these settings releases its weights after each call (GPU sleep mode with
-    free_cache_engine): known on every rank of a hybrid group, engine or not."""
-    return bool(rollout["enable_sleep"]) and device.type == "cuda" and bool(rollout["free_cache_engine"])
 
 
 class VLLMEngine:

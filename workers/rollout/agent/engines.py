@@ -17,7 +17,7 @@ from torch import nn
 from workers.rollout.agent.loop import TurnOutput, TurnRequest
 from workers.rollout.hf_generate import generate_token_lists
 from workers.rollout.sampling import SamplingParams
-from workers.rollout.vllm_engine import add_token_request, sampled_tokens, vllm_sampling
+from workers.rollout.vllm_requests import add_token_request, sampled_tokens, vllm_sampling
 
 
 def turn_seed(call_seed: int, rank: int, row: int, turn: int) -> int:

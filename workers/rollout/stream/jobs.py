@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.rollout.sampling import SamplingParams
-from workers.rollout.vllm_engine import add_token_request, sampled_tokens, vllm_sampling
+from workers.rollout.vllm_requests import add_token_request, sampled_tokens, vllm_sampling
 
 SEED_MODULUS = 2**31 - 1
 
