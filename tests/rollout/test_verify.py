@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from workers.rollout.verify import (
-    DEFAULT_TOLERANCE,
+    MOE_ROUTING_OUTLIERS,
+    SyncBound,
     WeightFingerprint,
     WeightSyncMismatch,
     compare_log_probs,
@@ -27,11 +28,12 @@ def test_probe_is_fixed_and_within_the_vocabulary():
 
 def test_matching_log_probs_pass_and_report_their_gap():
     trainer = torch.randn(4, 23)
-    check = compare_log_probs(trainer, trainer + 5e-4, DEFAULT_TOLERANCE[torch.float32], vocab_size=50)
+    check = compare_log_probs(trainer, trainer + 5e-4, SyncBound.of(torch.float32), vocab_size=50)
     assert check.ok and check.max_abs_diff == pytest.approx(5e-4, rel=1e-3)
     require_match(check, "test")
     assert set(check.metrics()) == {
-        "rollout/sync_logprob_max_diff", "rollout/sync_logprob_mean_diff", "rollout/sync_logprob_scaled_max_diff"
+        "rollout/sync_logprob_max_diff", "rollout/sync_logprob_mean_diff", "rollout/sync_logprob_scaled_max_diff",
+        "rollout/sync_tokens_over_bound",
     }
 
 
@@ -39,12 +41,12 @@ def test_a_wrong_engine_is_named_with_the_gap_and_the_tolerance():
     trainer = torch.randn(4, 23)
     engine = trainer.clone()
     engine[2, 7] += 1.5  # one mis-loaded weight shows up as a large gap somewhere
-    check = compare_log_probs(trainer, engine, 1e-3, vocab_size=50)
+    check = compare_log_probs(trainer, engine, SyncBound(1e-3), vocab_size=50)
     assert not check.ok
     with pytest.raises(WeightSyncMismatch, match=r"in-process weight sync: .* differ from the trainer's by up to 1.5 .*tolerance 0.001"):
         require_match(check, "in-process weight sync")
     with pytest.raises(WeightSyncMismatch, match="shapes differ"):
-        compare_log_probs(trainer, engine[:, :5], 1e-3, vocab_size=50)
+        compare_log_probs(trainer, engine[:, :5], SyncBound(1e-3), vocab_size=50)
 
 
 def test_the_bound_grows_with_how_far_a_token_lies_below_the_uniform_log_prob():
@@ -53,15 +55,32 @@ def test_the_bound_grows_with_how_far_a_token_lies_below_the_uniform_log_prob():
     trainer[1, 2] = -4 * uniform  # a tail token of a sharpened policy: four times the uniform's distance
     engine = trainer.clone()
     engine[1, 2] += 0.9  # within 0.25 x 4
-    check = compare_log_probs(trainer, engine, 0.25, vocab_size=100)
+    check = compare_log_probs(trainer, engine, SyncBound(0.25), vocab_size=100)
     assert check.ok and check.max_abs_diff == pytest.approx(0.9) and check.scaled_max_diff == pytest.approx(0.225)
     engine[0, 1] += 0.3  # at the uniform log-prob the bound is the tolerance itself
-    check = compare_log_probs(trainer, engine, 0.25, vocab_size=100)
+    check = compare_log_probs(trainer, engine, SyncBound(0.25), vocab_size=100)
     assert not check.ok and check.worst_diff == pytest.approx(0.3) and check.max_abs_diff == pytest.approx(0.9)
-    with pytest.raises(WeightSyncMismatch, match=r"log-prob -4.61 differs by 0.3, above its bound 0.25"):
+    with pytest.raises(WeightSyncMismatch, match=r"1 of 8 tokens exceed their bound; .* log-prob -4.61, differs by 0.3, above its bound 0.25"):
         require_match(check, "sync")
     likelier = torch.full((2, 4), -0.1)  # a likely token never gets a bound below the tolerance
-    assert not compare_log_probs(likelier, likelier + 0.3, 0.25, vocab_size=100).ok
+    assert not compare_log_probs(likelier, likelier + 0.3, SyncBound(0.25), vocab_size=100).ok
+
+
+def test_a_mixture_of_experts_in_half_precision_may_route_a_few_tokens_otherwise():
+    dense, moe = SyncBound.of(torch.bfloat16), SyncBound.of(torch.bfloat16, experts=True)
+    assert dense.outlier_fraction == 0 and moe.outlier_fraction == MOE_ROUTING_OUTLIERS
+    assert SyncBound.of(torch.float32, experts=True) == SyncBound.of(torch.float32)  # fp32 routes alike
+    assert SyncBound.of(torch.bfloat16, experts=True, tolerance=0.5).tolerance == 0.5  # the user's bound kept
+    trainer = torch.full((4, 23), -math.log(100))
+    engine = trainer.clone()
+    engine.view(-1)[:4] += 3.0  # four near-tie tokens went to another expert: 4 <= 5% of 92
+    assert compare_log_probs(trainer, engine, moe, vocab_size=100).ok
+    assert not compare_log_probs(trainer, engine, dense, vocab_size=100).ok
+    engine.view(-1)[:5] += 3.0  # a fifth: more than routing ties explain
+    check = compare_log_probs(trainer, engine, moe, vocab_size=100)
+    assert not check.ok and check.over_bound == 5 and check.allowed_over_bound == 4
+    with pytest.raises(WeightSyncMismatch, match=r"5 of 92 tokens exceed their bound \(at most 4 may: routing"):
+        require_match(check, "sync")
 
 
 def test_the_engine_changes_exactly_when_the_trainer_does():

@@ -20,10 +20,10 @@ from workers.lora.spec import LoraSpec
 from workers.rollout.buckets import BucketLayout, payload_bytes
 from workers.rollout.engine_group import EngineGroup
 from workers.rollout.verify import (
+    SyncBound,
     WeightFingerprint,
     WeightSyncMismatch,
     compare_log_probs,
-    default_tolerance,
     fingerprinted,
     probe_sequences,
     require_changed,
@@ -45,7 +45,7 @@ class WeightSource(Protocol):
     device: torch.device
     dtype: torch.dtype
     vocab_size: int
-    experts: bool  # a mixture of experts (its sync check's default bound, verify.default_tolerance)
+    experts: bool  # a mixture of experts (its sync check's default bound, verify.SyncBound.of)
     lora: LoraSpec | None  # a LoRA trainer sends only its adapter; the engine keeps the folder's base weights
 
     def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]: ...
@@ -89,9 +89,9 @@ class InProcessSync:
         the default tolerance. `where` names the sync in errors, `tolerance_setting` the setting that changes the
         bound. `group`: the ranks sharing the engine, which all raise its error. `every_rank`: every rank of the
         default process group raises any engine's error (a rank failing alone would leave the others waiting in
-        their next collective). `experts`: a mixture of experts (its default tolerance, `default_tolerance`)."""
+        their next collective). `experts`: a mixture of experts (its default bound, `SyncBound.of`)."""
         self.engine, self.layouts, self.verify = engine, layouts, verify
-        self.tolerance = tolerance or default_tolerance(dtype, experts)
+        self.bound = SyncBound.of(dtype, experts, tolerance)
         self.where, self.tolerance_setting = where, tolerance_setting
         self.group, self.every_rank = group, every_rank
         # The trainer's fingerprint of what the engine holds, as sent; None until known (the first load then
@@ -142,7 +142,7 @@ class InProcessSync:
         if self.engine is not None:
             try:
                 check = compare_log_probs(
-                    trainer, self.engine.prompt_log_probs(probe), self.tolerance, source.vocab_size
+                    trainer, self.engine.prompt_log_probs(probe), self.bound, source.vocab_size
                 )
                 require_match(check, where, self.tolerance_setting)
                 if before is not None:
