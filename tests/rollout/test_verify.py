@@ -64,6 +64,12 @@ def test_the_bound_grows_with_how_far_a_token_lies_below_the_uniform_log_prob():
         require_match(check, "sync")
     likelier = torch.full((2, 4), -0.1)  # a likely token never gets a bound below the tolerance
     assert not compare_log_probs(likelier, likelier + 0.3, SyncBound(0.25), vocab_size=100).ok
+    broken = likelier.clone()
+    broken[0, 0] = float("nan")  # an engine that computes NaN fails, even where routing outliers are allowed
+    check = compare_log_probs(likelier, broken, SyncBound(0.25, outlier_fraction=0.5), vocab_size=100)
+    assert not check.ok and check.over_bound == 1 and check.allowed_over_bound == 4
+    with pytest.raises(WeightSyncMismatch, match="1 of 8 tokens exceed their bound .NaN or infinite"):
+        require_match(check, "sync")
 
 
 def test_a_mixture_of_experts_in_half_precision_may_route_a_few_tokens_otherwise():

@@ -90,6 +90,7 @@ class SyncCheck:
     uniform_log_prob: float
     tokens: int
     over_bound: int  # tokens whose difference exceeds their bound
+    finite: bool  # no NaN or infinite difference: never a routing tie
 
     @property
     def allowed_over_bound(self) -> int:
@@ -97,7 +98,7 @@ class SyncCheck:
 
     @property
     def ok(self) -> bool:
-        return self.over_bound <= self.allowed_over_bound
+        return self.finite and self.over_bound <= self.allowed_over_bound
 
     def metrics(self, prefix: str = "rollout/sync") -> dict[str, float]:
         return {
@@ -131,7 +132,8 @@ def compare_log_probs(trainer: torch.Tensor, engine: torch.Tensor, bound: SyncBo
         worst_log_prob=float(trainer.flatten()[worst]),
         uniform_log_prob=-uniform,
         tokens=diff.numel(),
-        over_bound=int((scaled > bound.tolerance).sum()),
+        over_bound=int((~(scaled <= bound.tolerance)).sum()),  # a NaN counts as over
+        finite=bool(torch.isfinite(diff).all()),
     )
 
 
@@ -141,10 +143,11 @@ def require_match(check: SyncCheck, where: str, setting: str = "rollout.verify_t
         return
     tolerance = check.bound.tolerance
     worst_bound = tolerance * max(1.0, abs(check.worst_log_prob) / abs(check.uniform_log_prob))
-    allowed = (
-        f" (at most {check.allowed_over_bound} may: routing near-ties of a mixture of experts)"
-        if check.bound.outlier_fraction else ""
-    )
+    allowed = ""
+    if not check.finite:
+        allowed = " (NaN or infinite differences included: never allowed)"
+    elif check.bound.outlier_fraction:
+        allowed = f" (at most {check.allowed_over_bound} may: routing near-ties of a mixture of experts)"
     raise WeightSyncMismatch(
         f"{where}: after the weight sync the rollout engine's log-probs of the probe batch differ from the "
         f"trainer's by up to {check.max_abs_diff:.3g} (mean {check.mean_abs_diff:.3g}); {check.over_bound} of "
