@@ -5,6 +5,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from tests.megatron.moe_models import per_expert_state, qwen3_moe
 from workers.megatron.convert import gather_tp, hf_to_megatron, megatron_to_hf, merge_pp, shard_tp, split_pp
 from workers.megatron.layout import layout_from_hf_config
 
@@ -77,45 +78,12 @@ def test_sizes_that_cannot_be_split_are_named_with_the_valid_choices():
         layout_from_hf_config(config)
 
 
-def _moe_model(tp_heads: int = 4, norm_topk_prob: bool = True):
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(
-        vocab_size=100, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=4,
-        num_experts_per_tok=2, norm_topk_prob=norm_topk_prob, num_hidden_layers=4, num_attention_heads=tp_heads,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=64, tie_word_embeddings=False,
-    )
-    return Qwen3MoeForCausalLM(config)
-
-
-def _per_expert_hf_state(model) -> dict[str, torch.Tensor]:
-    """The per-expert names an HF checkpoint holds on disk (transformers fuses the experts only in memory)."""
-    from workers.megatron.moe import MOE_MODEL_TYPES
-
-    assert model.config.model_type in MOE_MODEL_TYPES
-    out = {}
-    for name, tensor in model.state_dict().items():
-        if name.endswith("mlp.experts.gate_up_proj"):
-            prefix = name[: -len("gate_up_proj")]
-            for e, fused in enumerate(tensor):
-                gate, up = torch.chunk(fused, 2, dim=0)
-                out[f"{prefix}{e}.gate_proj.weight"], out[f"{prefix}{e}.up_proj.weight"] = gate.clone(), up.clone()
-        elif name.endswith("mlp.experts.down_proj"):
-            prefix = name[: -len("down_proj")]
-            for e, down in enumerate(tensor):
-                out[f"{prefix}{e}.down_proj.weight"] = down.clone()
-        else:
-            out[name] = tensor.clone()
-    return out
-
-
 @pytest.mark.parametrize("tp, pp, ep", [(1, 1, 1), (1, 1, 2), (2, 1, 2), (2, 2, 4), (1, 2, 2)])
 def test_moe_round_trip_through_tp_pp_and_ep_splits_is_exact(tp, pp, ep):
     from workers.megatron.moe import select_ep
 
-    model = _moe_model()
-    hf = _per_expert_hf_state(model)
+    model = qwen3_moe()
+    hf = per_expert_state(model)
     layout = layout_from_hf_config(model.config, tp=tp, pp=pp, ep=ep)
     assert layout.qk_layernorm and layout.moe.num_experts == 4 and layout.moe.ffn_hidden_size == 32
     mc = hf_to_megatron(hf, layout)
@@ -146,9 +114,9 @@ def test_moe_round_trip_through_tp_pp_and_ep_splits_is_exact(tp, pp, ep):
 
 
 def test_expert_fc1_shards_compute_the_experts_gate_and_up_per_tp_rank():
-    model = _moe_model()
+    model = qwen3_moe()
     layout = layout_from_hf_config(model.config, tp=2)
-    hf = _per_expert_hf_state(model)
+    hf = per_expert_state(model)
     x = torch.randn(5, 64)
     for rank, shard in enumerate(shard_tp(hf_to_megatron(hf, layout), 2)):
         gate, up = torch.chunk(x @ shard["decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight"].T, 2, dim=-1)
@@ -159,7 +127,7 @@ def test_expert_fc1_shards_compute_the_experts_gate_and_up_per_tp_rank():
 
 
 def test_expert_parallel_sizes_that_cannot_split_are_named():
-    config = _moe_model().config
+    config = qwen3_moe().config
     with pytest.raises(ValueError, match=r"expert_model_parallel_size 3 must divide the number of experts \(4\); valid EP sizes: \[1, 2, 4\]"):
         layout_from_hf_config(config, ep=3)
     dense = _model("qwen2", False).config

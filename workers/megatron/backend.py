@@ -106,7 +106,7 @@ class MegatronBackend:
         self.config_overrides: dict[str, Any] = dict(model_cfg.get("override_config") or {})  # verl's key
         for key, value in self.config_overrides.items():
             setattr(self.hf_config, key, value)
-        self.layout = layout_from_hf_config(self.hf_config, settings.tp, settings.pp)
+        self.layout = layout_from_hf_config(self.hf_config, settings.tp, settings.pp, ep=settings.ep)
         if self.device.type == "cuda":
             from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -117,6 +117,7 @@ class MegatronBackend:
         state = stage_state(
             HFCheckpointReader(self.model_path), self.layout, settings.tp, settings.pp,
             ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), value_head,
+            settings.ep, ps.get_expert_model_parallel_rank(),
         )
         load_stage_state(self.gpt, state, value_head)
         ignore_padding_lookups(self.gpt, getattr(self.hf_config, "pad_token_id", None))
@@ -279,7 +280,7 @@ class MegatronBackend:
         """The whole model as (HF name, tensor) pairs, on every rank; a collective (see export.py)."""
         if self.value_head:
             raise RuntimeError("hf_weights: a value model has no HF causal-LM weights to export")
-        return iter_hf_weights(self.gpt, self.hf_config, self.layout, dtype or self.dtype, self.device)
+        return iter_hf_weights(self.gpt, self.layout, dtype or self.dtype, self.device)
 
     def export_hf(self, path: str) -> None:
         """Write the model as an HF checkpoint (safetensors) from rank 0, tokenizer files copied along."""
