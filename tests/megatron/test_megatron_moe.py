@@ -1,8 +1,8 @@
 """`MegatronBackend` on a Qwen3 mixture of experts against the HF model it was loaded from (fp32, megatron-core's
 MoE layer with SequentialMLP experts and the all-to-all dispatcher on CPU over gloo, real Ray workers): response
 log-probs and entropies, one training step's gradient norm and the weights after one Adam step (streamed back out
-under the per-expert HF names, gathered over the EP group) agree at EP=1, EP=2 and TP=2, with normalised and
-unnormalised top-k routing weights."""
+under the per-expert HF names, gathered over the EP group) agree at EP=1, EP=2, TP=2 and PP=2, with normalised and
+unnormalised top-k routing weights; the weights streamed out right after loading are the checkpoint's, exactly."""
 
 import glob
 
@@ -19,11 +19,12 @@ pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 
 
 @pytest.mark.parametrize(
-    "tp, ep, dp, norm_topk_prob, tied",
-    [(1, 1, 1, True, True), (1, 2, 2, True, True), (1, 2, 2, False, False), (2, 1, 1, True, False)],
-    ids=["ep1", "ep2", "ep2-unnormalised-topk", "tp2"],
+    "tp, pp, ep, dp, norm_topk_prob, tied",
+    [(1, 1, 1, 1, True, True), (1, 1, 2, 2, True, True), (1, 1, 2, 2, False, False), (2, 1, 1, 1, True, False),
+     (1, 2, 1, 1, True, True)],
+    ids=["ep1", "ep2", "ep2-unnormalised-topk", "tp2", "pp2"],
 )
-def test_moe_engine_matches_the_hf_model(ray_cluster, tmp_path, tp, ep, dp, norm_topk_prob, tied):
+def test_moe_engine_matches_the_hf_model(ray_cluster, tmp_path, tp, pp, ep, dp, norm_topk_prob, tied):
     model = qwen3_moe(tmp_path, norm_topk_prob=norm_topk_prob, tied=tied)
     initial = per_expert_state(model)
     # The loader reads the checkpoint's per-expert names; the helper's split of the fused experts must match them.
@@ -31,16 +32,20 @@ def test_moe_engine_matches_the_hf_model(ray_cluster, tmp_path, tp, ep, dp, norm
     assert sorted(on_disk) == sorted(k for k in initial if not (tied and k == "lm_head.weight"))
     assert all(torch.equal(on_disk[k], initial[k]) for k in on_disk)
     hf = _hf_reference(model, _batch())
-    world = tp * dp
-    name = f"mmoe_{tp}{ep}{int(norm_topk_prob)}"
+    world = tp * pp * dp
+    name = f"mmoe_{tp}{pp}{ep}{int(norm_topk_prob)}"
     pool = RayResourcePool([world], use_gpu=False, name_prefix=name + "_")
     group = RayWorkerGroup(pool, RayClassWithInitArgs(MegatronBackendProbe), name_prefix=name)
     try:
-        outputs = group.run(str(tmp_path), tp, 1, tp > 1, False, _batch(), LR, ep)
+        outputs = group.run(str(tmp_path), tp, pp, tp > 1, False, _batch(), LR, ep)
     finally:
         group.kill()
         pool.release()
     (result,) = [o for o in outputs if o is not None]
+    # HF -> Megatron (split over TP / PP / EP) -> HF gives back the checkpoint's tensors exactly.
+    assert result["loaded_weights"].keys() == on_disk.keys()
+    for key, tensor in on_disk.items():
+        assert torch.equal(result["loaded_weights"][key], tensor), key
     valid = _batch()["response_mask"].bool()
     torch.testing.assert_close(result["log_probs"][valid], hf["log_probs"][valid], atol=2e-6, rtol=0)
     torch.testing.assert_close(result["entropy"][valid], hf["entropy"][valid], atol=2e-6, rtol=0)

@@ -73,6 +73,7 @@ class MegatronBackendProbe(Worker):
             return -(outputs.log_probs * mask).sum() / mask.sum() / len(micros), {}
 
         # Through the TrainBackend methods the training logic calls (workers/training/backend.py).
+        loaded = {name: t.clone() for name, t in engine.hf_weights(torch.float32)}  # before any step
         kept = engine.forward_only(micros, ResponseForward("log_probs", 1.0, with_entropy=True), keep)
         engine.zero_grad()
         engine.forward_backward(micros, ResponseForward("log_probs", 1.0), loss)
@@ -85,4 +86,5 @@ class MegatronBackendProbe(Worker):
             "entropy": torch.cat([k["entropy"] for k in kept]),
             "grad_norm": grad_norm,
             "weights": weights,
+            "loaded_weights": loaded,
         }
