@@ -1,6 +1,7 @@
 """`actor.strategy=megatron` / `critic.strategy=megatron` in the unchanged PPO/GRPO and online-DPO loops
 (real Ray, megatron-core on CPU over gloo): the first step matches the FSDP backend, pipeline parallel
-runs, a resumed run reproduces a straight one, the critic and the DPO update run."""
+runs, a resumed run reproduces a straight one, the critic and the DPO update run, and the tiny mixture of
+experts trains with its experts split over two ranks (expert parallel) as the FSDP backend trains it."""
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from tests.e2e.conftest import run_overrides
 from trainer.config_loader import load_config
 from trainer.main import run
+from trainer.tiny_moe import build_tiny_moe
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 pytestmark = pytest.mark.slow
@@ -29,6 +31,24 @@ def test_first_grpo_step_matches_the_fsdp_backend(ray_cluster, tiny_assets, tmp_
     keys = ("reward/mean", "response/length_mean", "advantage/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
     for key in keys:
         assert megatron[0][key] == pytest.approx(fsdp[0][key], rel=1e-4, abs=1e-6), key
+
+
+def test_tiny_moe_grpo_steps_with_expert_parallel_match_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):
+    """trainer/tiny_moe.py (8 experts, 2 active) with actor.megatron.expert_model_parallel_size=2 (4 experts per
+    rank): two GRPO steps agree with the FSDP backend; step 2's rollouts come from the weights step 1 trained,
+    synced per expert into the HF rollout replica (which fuses the experts)."""
+    assets = {**tiny_assets, "model": str(build_tiny_moe(tmp_path / "tiny_moe", seed=0))}
+    common = (*QUIET, "trainer.total_training_steps=2", "trainer.save_at_end=false", "actor_rollout_ref.actor.ppo_mini_batch_size=16")
+    fsdp = run(load_config(run_overrides(assets, tmp_path / "fsdp", *common)))
+    megatron = run(load_config(run_overrides(
+        assets, tmp_path / "mcore", *common, MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+    )))
+    keys = ("reward/mean", "response/length_mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
+    assert len(megatron) == len(fsdp) == 2
+    for step in range(2):
+        for key in keys:
+            assert megatron[step][key] == pytest.approx(fsdp[step][key], rel=1e-4, abs=1e-6), (step, key)
+    assert megatron[1]["actor/kl_loss"] > 0  # step 2 trains away from the reference: the weights moved
 
 
 def test_gspo_steps_match_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):

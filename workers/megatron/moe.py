@@ -146,3 +146,25 @@ def allow_router_without_transformer_engine() -> None:
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+
+
+_HF_EXPERT = re.compile(r"^(.*\.mlp\.experts\.)(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def copy_into_hf_model(params: dict[str, torch.Tensor], name: str, tensor: torch.Tensor) -> None:
+    """Copy one checkpoint-named tensor into an in-memory HF model's parameters. transformers 5 holds a Qwen3-MoE
+    layer's experts fused (`mlp.experts.gate_up_proj` [E, 2F, H]: per expert its gate rows then its up rows;
+    `mlp.experts.down_proj` [E, H, F]), so a per-expert tensor goes into its expert's slice there."""
+    if name in params:
+        params[name].copy_(tensor)
+        return
+    match = _HF_EXPERT.match(name)
+    if match is None:
+        raise KeyError(f"the HF model has no parameter {name!r}")
+    prefix, expert, kind = match.group(1), int(match.group(2)), match.group(3)
+    if kind == "down":
+        params[prefix + "down_proj"][expert].copy_(tensor)
+        return
+    fused = params[prefix + "gate_up_proj"][expert]
+    rows = tensor.shape[0]
+    (fused[:rows] if kind == "gate" else fused[rows:]).copy_(tensor)
