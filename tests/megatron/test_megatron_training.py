@@ -77,6 +77,20 @@ def test_pipeline_parallel_resume_reproduces_a_straight_run(ray_cluster, tiny_as
     ]
 
 
+def test_expert_parallel_resume_reproduces_a_straight_run(ray_cluster, tiny_assets, tmp_path):
+    """Each EP rank saves its own experts and their Adam state, and reads them back."""
+    assets = {**tiny_assets, "model": str(build_tiny_moe(tmp_path / "tiny_moe", seed=0))}
+    common = (*QUIET, "trainer.save_freq=1", MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2")
+    straight = run(load_config(run_overrides(assets, tmp_path / "straight", "trainer.total_training_steps=2", *common)))
+    first = run(load_config(run_overrides(assets, tmp_path / "resumed", "trainer.total_training_steps=1", *common)))
+    second = run(load_config(run_overrides(assets, tmp_path / "resumed", "trainer.total_training_steps=2", *common)))
+    assert [r["step"] for r in second] == [2]
+    assert _comparable(first + second) == _comparable(straight)
+    assert sorted(p.name for p in (tmp_path / "resumed" / "global_step_1" / "actor").iterdir()) == [
+        "model_optim_tp0_pp0_ep0.pt", "model_optim_tp0_pp0_ep1.pt"
+    ]
+
+
 def test_ppo_with_megatron_critic_and_distributed_optimizer(ray_cluster, tiny_assets, tmp_path):
     cfg = load_config(run_overrides(
         tiny_assets, tmp_path, "algorithm=ppo", "trainer.total_training_steps=2", *QUIET, MEGATRON,

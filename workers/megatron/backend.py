@@ -300,18 +300,28 @@ class MegatronBackend:
         from megatron.core import parallel_state as ps
 
         tp, pp = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
-        return os.path.join(path, f"{kind}_tp{tp}_pp{pp}.pt")
+        # Expert parallel ranks of one TP x PP coordinate hold different experts: one file each.
+        ep = f"_ep{ps.get_expert_model_parallel_rank()}" if self.settings.ep > 1 else ""
+        return os.path.join(path, f"{kind}_tp{tp}_pp{pp}{ep}.pt")
 
-    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
-        """One file per TP x PP rank (model slice, optimizer, LR position, RNG, `extra`), written by DP rank 0;
-        the distributed optimizer's sharded state is gathered over DP into its own file per TP x PP rank."""
+    def _writes_model_shard(self) -> bool:
+        """One rank per file: DP rank 0, or with expert parallelism the first expert-data-parallel rank of each
+        EP rank (the DP ranks 0 .. EP-1)."""
         from megatron.core import parallel_state as ps
 
+        if self.settings.ep > 1:
+            return ps.get_expert_data_parallel_rank() == 0
+        return ps.get_data_parallel_rank() == 0
+
+    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
+        """One file per TP x PP (x EP) rank (model slice, optimizer, LR position, RNG, `extra`), written by DP rank 0
+        (`_writes_model_shard`); the distributed optimizer's sharded state is gathered over DP into its own file per
+        TP x PP (x EP) rank."""
         require_trainable(self.optimizer, "save_checkpoint")
         os.makedirs(path, exist_ok=True)
         if self.settings.use_distributed_optimizer:
             self.optimizer.save_parameter_state(self._shard_file(path, "optimizer_params"))
-        if ps.get_data_parallel_rank() == 0:
+        if self._writes_model_shard():
             state = {
                 "model": {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")},
                 "optimizer": self.optimizer.state_dict(),
@@ -323,13 +333,13 @@ class MegatronBackend:
         dist.barrier()
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        """Restore what `save_checkpoint` wrote (same TP/PP sizes); returns the caller's `extra` entries."""
+        """Restore what `save_checkpoint` wrote (same TP/PP/EP sizes); returns the caller's `extra` entries."""
         require_trainable(self.optimizer, "load_checkpoint")
         file = self._shard_file(path, "model_optim")
         if not os.path.exists(file):
             raise FileNotFoundError(
-                f"{file} not found: a Megatron checkpoint is read with the TP/PP sizes it was saved with "
-                f"(tp={self.settings.tp}, pp={self.settings.pp} here)"
+                f"{file} not found: a Megatron checkpoint is read with the TP/PP/EP sizes it was saved with "
+                f"(tp={self.settings.tp}, pp={self.settings.pp}, ep={self.settings.ep} here)"
             )
         state = torch.load(file, map_location="cpu", weights_only=True)
         self.gpt.load_state_dict(state["model"], strict=False)
