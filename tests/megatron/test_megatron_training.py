@@ -126,6 +126,26 @@ def test_grpo_with_hybrid_vllm_fed_from_pipeline_stages(ray_cluster, tiny_assets
         assert record["rollout/sync_tensors"] == _param_count(tiny_assets["model"])
 
 
+def test_grpo_with_hybrid_vllm_on_the_tiny_moe_with_expert_parallel(ray_cluster, tiny_assets, tmp_path):
+    """EP=2: each rank holds half the experts and a vLLM engine of the whole model; after every update each
+    expert is broadcast from its EP rank into both engines under its checkpoint name, and the sync is verified."""
+    from safetensors import safe_open
+
+    from tests.rollout.test_vllm_rollout import SHORT_RUN, VLLM, _check_verified_run
+
+    model = build_tiny_moe(tmp_path / "tiny_moe", seed=0)
+    cfg = load_config(run_overrides(
+        {**tiny_assets, "model": str(model)}, tmp_path / "run", *VLLM, *SHORT_RUN, MEGATRON,
+        "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+    ))
+    history = _check_verified_run(run(cfg), str(model))
+    (weights,) = model.glob("*.safetensors")
+    with safe_open(weights, framework="pt") as handle:
+        on_disk = len(list(handle.keys()))  # per-expert tensors, as vLLM loads them
+    for record in history[1:]:
+        assert record["rollout/sync_tensors"] == on_disk
+
+
 def test_online_dpo_step_matches_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):
     """The unchanged online-DPO recipe: same pairs, same reference log-probs, same loss and gradient."""
     from recipes.config import load_recipe_config
