@@ -82,6 +82,12 @@ def data_parallel_ranks(cfg: DictConfig, section: str, strategy: str) -> tuple[R
             f"{described} cannot be split into model copies of {sizes} ranks each; use a worker count that is a "
             f"multiple of {per_copy}, or smaller parallel sizes"
         )
+    ep = _get(cfg, f"{section}.megatron.expert_model_parallel_size", 1) or 1
+    if (workers // per_copy) % ep:
+        return None, (
+            f"{section}.megatron.expert_model_parallel_size={ep} must divide the {workers // per_copy} data-parallel "
+            f"ranks ({described} ÷ ({sizes})); use one of {_listed(_divisors(workers // per_copy))}"
+        )
     return Ranks(workers // per_copy, f"{described} ÷ ({sizes}) = {workers // per_copy} data-parallel ranks"), None
 
 
@@ -159,7 +165,7 @@ def _model_config(path: str) -> dict[str, Any] | None:
 
 
 def megatron_layout_problem(cfg: DictConfig, section: str, model_key: str) -> str | None:
-    """TP and PP must split the model's heads, MLP and layers (workers/megatron/layout.py)."""
+    """TP and PP must split the model's heads, MLP and layers, EP its experts (workers/megatron/layout.py)."""
     from transformers import AutoConfig
 
     from workers.megatron.layout import layout_from_hf_config
@@ -167,11 +173,14 @@ def megatron_layout_problem(cfg: DictConfig, section: str, model_key: str) -> st
     path = _get(cfg, model_key)
     tp = _get(cfg, f"{section}.megatron.tensor_model_parallel_size", 1)
     pp = _get(cfg, f"{section}.megatron.pipeline_model_parallel_size", 1)
+    ep = _get(cfg, f"{section}.megatron.expert_model_parallel_size", 1) or 1
     try:
-        layout_from_hf_config(AutoConfig.from_pretrained(path), tp=tp, pp=pp)
+        layout_from_hf_config(AutoConfig.from_pretrained(path), tp=tp, pp=pp, ep=ep)
     except ValueError as error:
         reasons = str(error).replace(":\n  ", ": ", 1).replace("\n  ", "; ")
-        sizes = f"tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}"
+        sizes = f"tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}" + (
+            f", expert_model_parallel_size={ep}" if ep != 1 else ""
+        )
         return f"{section}.megatron ({sizes}) with {model_key}={path!r}: {reasons}"
     return None
 

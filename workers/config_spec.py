@@ -46,6 +46,9 @@ def megatron_spec() -> dict[str, Any]:
             int_at_least(1), "an int >= 1 (must divide the attention and key/value heads)"
         ),
         "pipeline_model_parallel_size": Field(int_at_least(1), "an int >= 1 (must divide the layers)"),
+        "expert_model_parallel_size": Field(
+            int_at_least(1), "an int >= 1 (mixture of experts: must divide the experts and the data-parallel size)"
+        ),
         "sequence_parallel": Field(boolean, "a bool (split activations along the sequence over the TP ranks)"),
         "use_distributed_optimizer": Field(boolean, "a bool (shard the fp32 weights and Adam state over DP ranks)"),
     }

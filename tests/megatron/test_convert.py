@@ -5,6 +5,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from tests.megatron.moe_models import per_expert_state, qwen3_moe
 from workers.megatron.convert import gather_tp, hf_to_megatron, megatron_to_hf, merge_pp, shard_tp, split_pp
 from workers.megatron.layout import layout_from_hf_config
 
@@ -73,5 +74,63 @@ def test_sizes_that_cannot_be_split_are_named_with_the_valid_choices():
     with pytest.raises(ValueError, match=r"must divide the number of key/value heads \(2\)"):
         layout_from_hf_config(config, tp=4)
     config.model_type = "gpt2"
-    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported .* \['qwen2', 'llama'\]"):
+    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported .* \['qwen2', 'llama', 'qwen3', 'qwen3_moe'\]"):
         layout_from_hf_config(config)
+
+
+@pytest.mark.parametrize("tp, pp, ep", [(1, 1, 1), (1, 1, 2), (2, 1, 2), (2, 2, 4), (1, 2, 2)])
+def test_moe_round_trip_through_tp_pp_and_ep_splits_is_exact(tp, pp, ep):
+    from workers.megatron.moe import select_ep
+
+    model = qwen3_moe()
+    hf = per_expert_state(model)
+    layout = layout_from_hf_config(model.config, tp=tp, pp=pp, ep=ep)
+    assert layout.qk_layernorm and layout.moe.num_experts == 4 and layout.moe.ffn_hidden_size == 32
+    mc = hf_to_megatron(hf, layout)
+    per = 4 // ep
+    pieces = [select_ep(mc, layout.moe, ep, r) for r in range(ep)]
+    for r, piece in enumerate(pieces):
+        local = sorted({n.split("local_experts.")[1].split(".")[0] for n in piece if "local_experts" in n})
+        assert local == [str(j) for j in range(per)]
+        # Local expert j of EP rank r is global expert r * E/EP + j.
+        assert torch.equal(
+            piece["decoder.layers.1.mlp.experts.local_experts.0.linear_fc2.weight"],
+            hf[f"model.layers.1.mlp.experts.{r * per}.down_proj.weight"],
+        )
+    # Back: TP gather and PP merge per EP rank, then the experts renumbered globally.
+    back_mc = {}
+    for r, piece in enumerate(pieces):
+        merged = gather_tp([merge_pp(split_pp(shard, layout, pp), layout) for shard in shard_tp(piece, tp)])
+        for name, tensor in merged.items():
+            if "local_experts." in name:
+                head, tail = name.split("local_experts.")
+                j, rest = tail.split(".", 1)
+                name = f"{head}local_experts.{r * per + int(j)}.{rest}"
+            back_mc[name] = tensor
+    back = megatron_to_hf(back_mc, layout)
+    assert sorted(back) == sorted(hf)
+    for name, tensor in hf.items():
+        assert torch.equal(back[name], tensor), name
+
+
+def test_expert_fc1_shards_compute_the_experts_gate_and_up_per_tp_rank():
+    model = qwen3_moe()
+    layout = layout_from_hf_config(model.config, tp=2)
+    hf = per_expert_state(model)
+    x = torch.randn(5, 64)
+    for rank, shard in enumerate(shard_tp(hf_to_megatron(hf, layout), 2)):
+        gate, up = torch.chunk(x @ shard["decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight"].T, 2, dim=-1)
+        rows = slice(rank * 16, (rank + 1) * 16)
+        torch.testing.assert_close(gate, x @ hf["model.layers.0.mlp.experts.3.gate_proj.weight"][rows].T)
+        torch.testing.assert_close(up, x @ hf["model.layers.0.mlp.experts.3.up_proj.weight"][rows].T)
+        assert torch.equal(shard["decoder.layers.0.mlp.router.weight"], hf["model.layers.0.mlp.gate.weight"])
+
+
+def test_expert_parallel_sizes_that_cannot_split_are_named():
+    config = qwen3_moe().config
+    with pytest.raises(ValueError, match=r"expert_model_parallel_size 3 must divide the number of experts \(4\); valid EP sizes: \[1, 2, 4\]"):
+        layout_from_hf_config(config, ep=3)
+    dense = _model("qwen2", False).config
+    with pytest.raises(ValueError, match=r"expert_model_parallel_size=2 needs a mixture-of-experts model; model_type 'qwen2' is dense"):
+        layout_from_hf_config(dense, ep=2)
+    assert layout_from_hf_config(dense).moe is None

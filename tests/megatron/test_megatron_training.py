@@ -1,6 +1,7 @@
 """`actor.strategy=megatron` / `critic.strategy=megatron` in the unchanged PPO/GRPO and online-DPO loops
 (real Ray, megatron-core on CPU over gloo): the first step matches the FSDP backend, pipeline parallel
-runs, a resumed run reproduces a straight one, the critic and the DPO update run."""
+runs, a resumed run reproduces a straight one, the critic and the DPO update run, and the tiny mixture of
+experts trains with its experts split over two ranks (expert parallel) as the FSDP backend trains it."""
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from tests.e2e.conftest import run_overrides
 from trainer.config_loader import load_config
 from trainer.main import run
+from trainer.tiny_moe import build_tiny_moe
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 pytestmark = pytest.mark.slow
@@ -29,6 +31,24 @@ def test_first_grpo_step_matches_the_fsdp_backend(ray_cluster, tiny_assets, tmp_
     keys = ("reward/mean", "response/length_mean", "advantage/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
     for key in keys:
         assert megatron[0][key] == pytest.approx(fsdp[0][key], rel=1e-4, abs=1e-6), key
+
+
+def test_tiny_moe_grpo_steps_with_expert_parallel_match_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):
+    """trainer/tiny_moe.py (8 experts, 2 active) with actor.megatron.expert_model_parallel_size=2 (4 experts per
+    rank): two GRPO steps agree with the FSDP backend; step 2's rollouts come from the weights step 1 trained,
+    synced per expert into the HF rollout replica (which fuses the experts)."""
+    assets = {**tiny_assets, "model": str(build_tiny_moe(tmp_path / "tiny_moe", seed=0))}
+    common = (*QUIET, "trainer.total_training_steps=2", "trainer.save_at_end=false", "actor_rollout_ref.actor.ppo_mini_batch_size=16")
+    fsdp = run(load_config(run_overrides(assets, tmp_path / "fsdp", *common)))
+    megatron = run(load_config(run_overrides(
+        assets, tmp_path / "mcore", *common, MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+    )))
+    keys = ("reward/mean", "response/length_mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
+    assert len(megatron) == len(fsdp) == 2
+    for step in range(2):
+        for key in keys:
+            assert megatron[step][key] == pytest.approx(fsdp[step][key], rel=1e-4, abs=1e-6), (step, key)
+    assert megatron[1]["actor/kl_loss"] > 0  # step 2 trains away from the reference: the weights moved
 
 
 def test_gspo_steps_match_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):
@@ -54,6 +74,20 @@ def test_pipeline_parallel_resume_reproduces_a_straight_run(ray_cluster, tiny_as
     assert _comparable(first + second) == _comparable(straight)
     assert sorted(p.name for p in (tmp_path / "resumed" / "global_step_2" / "actor").iterdir()) == [
         "model_optim_tp0_pp0.pt", "model_optim_tp0_pp1.pt"
+    ]
+
+
+def test_expert_parallel_resume_reproduces_a_straight_run(ray_cluster, tiny_assets, tmp_path):
+    """Each EP rank saves its own experts and their Adam state, and reads them back."""
+    assets = {**tiny_assets, "model": str(build_tiny_moe(tmp_path / "tiny_moe", seed=0))}
+    common = (*QUIET, "trainer.save_freq=1", MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2")
+    straight = run(load_config(run_overrides(assets, tmp_path / "straight", "trainer.total_training_steps=2", *common)))
+    first = run(load_config(run_overrides(assets, tmp_path / "resumed", "trainer.total_training_steps=1", *common)))
+    second = run(load_config(run_overrides(assets, tmp_path / "resumed", "trainer.total_training_steps=2", *common)))
+    assert [r["step"] for r in second] == [2]
+    assert _comparable(first + second) == _comparable(straight)
+    assert sorted(p.name for p in (tmp_path / "resumed" / "global_step_1" / "actor").iterdir()) == [
+        "model_optim_tp0_pp0_ep0.pt", "model_optim_tp0_pp0_ep1.pt"
     ]
 
 
@@ -90,6 +124,26 @@ def test_grpo_with_hybrid_vllm_fed_from_pipeline_stages(ray_cluster, tiny_assets
     history = _check_verified_run(run(cfg), tiny_assets["model"])
     for record in history[1:]:
         assert record["rollout/sync_tensors"] == _param_count(tiny_assets["model"])
+
+
+def test_grpo_with_hybrid_vllm_on_the_tiny_moe_with_expert_parallel(ray_cluster, tiny_assets, tmp_path):
+    """EP=2: each rank holds half the experts and a vLLM engine of the whole model; after every update each
+    expert is broadcast from its EP rank into both engines under its checkpoint name, and the sync is verified."""
+    from safetensors import safe_open
+
+    from tests.rollout.test_vllm_rollout import SHORT_RUN, VLLM, _check_verified_run
+
+    model = build_tiny_moe(tmp_path / "tiny_moe", seed=0)
+    cfg = load_config(run_overrides(
+        {**tiny_assets, "model": str(model)}, tmp_path / "run", *VLLM, *SHORT_RUN, MEGATRON,
+        "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+    ))
+    history = _check_verified_run(run(cfg), str(model))
+    (weights,) = model.glob("*.safetensors")
+    with safe_open(weights, framework="pt") as handle:
+        on_disk = len(list(handle.keys()))  # per-expert tensors, as vLLM loads them
+    for record in history[1:]:
+        assert record["rollout/sync_tensors"] == on_disk
 
 
 def test_online_dpo_step_matches_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):

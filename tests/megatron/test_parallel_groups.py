@@ -39,3 +39,6 @@ def test_world_sizes_that_cannot_hold_the_split_are_named():
     assert megatron_mesh_shape(8, 2, 2) == {"pp": 2, "dp": 2, "tp": 2}
     with pytest.raises(ValueError, match=r"6 workers cannot hold tensor parallel 2 x pipeline parallel 2"):
         megatron_mesh_shape(6, 2, 2)
+    assert megatron_mesh_shape(8, 2, 1, ep=4) == {"pp": 1, "dp": 4, "tp": 2}  # EP splits the DP ranks' experts
+    with pytest.raises(ValueError, match=r"expert_model_parallel_size=4 must divide the data-parallel size 2 .* valid EP sizes: \[1, 2\]"):
+        megatron_mesh_shape(8, 2, 2, ep=4)

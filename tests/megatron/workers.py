@@ -50,18 +50,20 @@ class MegatronBackendProbe(Worker):
     log-probs and entropies of a fixed batch, a training step's gradient norm and the exported weights."""
 
     @register(Dispatch.ONE_TO_ALL)
-    def run(self, model_path: str, tp: int, pp: int, sp: bool, dist_opt: bool, batch: dict, lr: float) -> dict | None:
+    def run(
+        self, model_path: str, tp: int, pp: int, sp: bool, dist_opt: bool, batch: dict, lr: float, ep: int = 1
+    ) -> dict | None:
         from megatron.core import parallel_state as ps
 
         from workers.megatron.backend import MegatronBackend
         from workers.megatron.model import ParallelSettings
         from workers.training.backend import ResponseForward
 
-        init_megatron_parallel(self, tp, pp)
+        init_megatron_parallel(self, tp, pp, ep)
         optim = {"lr": lr, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": ADAM_EPS, "lr_warmup_steps": 0,
                  "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
-        engine = MegatronBackend({"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, sp, dist_opt), optim)
-        micros = list(DataProto.from_dict(batch).split(2))
+        engine = MegatronBackend({"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, sp, dist_opt, ep), optim)
+        micros = list(DataProto.from_dict(batch).split(2))  # the whole batch on every rank (each DP rank too)
 
         def keep(outputs, micro):
             return {"log_probs": outputs.log_probs.detach(), "entropy": outputs.entropy.detach()}
@@ -71,6 +73,7 @@ class MegatronBackendProbe(Worker):
             return -(outputs.log_probs * mask).sum() / mask.sum() / len(micros), {}
 
         # Through the TrainBackend methods the training logic calls (workers/training/backend.py).
+        loaded = {name: t.clone() for name, t in engine.hf_weights(torch.float32)}  # before any step
         kept = engine.forward_only(micros, ResponseForward("log_probs", 1.0, with_entropy=True), keep)
         engine.zero_grad()
         engine.forward_backward(micros, ResponseForward("log_probs", 1.0), loss)
@@ -83,4 +86,5 @@ class MegatronBackendProbe(Worker):
             "entropy": torch.cat([k["entropy"] for k in kept]),
             "grad_norm": grad_norm,
             "weights": weights,
+            "loaded_weights": loaded,
         }

@@ -68,7 +68,13 @@ MEGATRON = "actor_rollout_ref.actor.strategy=megatron"
       "actor_rollout_ref.rollout.tensor_model_parallel_size=4"),
      "error: actor_rollout_ref.rollout.tensor_model_parallel_size=4 cannot split the model's 2 attention heads (1 "
      "key/value heads) of actor_rollout_ref.model.path="),
-], ids=["megatron_tp_vs_workers", "megatron_data_parallel_ranks", "megatron_pp_vs_layers", "vllm_tp_vs_heads"])
+    ((MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", "trainer.n_gpus_per_node=2"),
+     "error: actor_rollout_ref.actor.megatron (tensor_model_parallel_size=1, pipeline_model_parallel_size=1, "
+     "expert_model_parallel_size=2) with actor_rollout_ref.model.path="),
+    ((MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", "trainer.n_gpus_per_node=3"),
+     "error: actor_rollout_ref.actor.megatron.expert_model_parallel_size=2 must divide the 3 data-parallel ranks"),
+], ids=["megatron_tp_vs_workers", "megatron_data_parallel_ranks", "megatron_pp_vs_layers", "vllm_tp_vs_heads",
+        "megatron_ep_on_a_dense_model", "megatron_ep_vs_data_parallel_ranks"])
 def test_model_parallel_sizes(no_ray, small_assets, tmp_path, capsys, overrides, expected):
     assert main(short_run(small_assets, tmp_path, *overrides)) == 2
     lines = error_lines(capsys)

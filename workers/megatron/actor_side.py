@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM
 from protocol import DataProto
 from workers.config import mini_batch_per_rank
 from workers.megatron.backend import MegatronBackend
+from workers.megatron.moe import copy_into_hf_model
 from workers.megatron.side import MegatronSide
 from workers.rollout.agent.worker_glue import PROMPT_KEYS
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
@@ -84,7 +85,7 @@ class MegatronActorSide(MegatronSide):
         count = 0
         with torch.no_grad():
             for name, tensor in self.actor.hf_weights():
-                params[name].copy_(tensor)
+                copy_into_hf_model(params, name, tensor)  # checkpoint names; fused experts in memory
                 count += 1
         self.rollout_version = weights_version
         return {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_tensors": float(count)}

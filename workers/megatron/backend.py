@@ -106,7 +106,7 @@ class MegatronBackend:
         self.config_overrides: dict[str, Any] = dict(model_cfg.get("override_config") or {})  # verl's key
         for key, value in self.config_overrides.items():
             setattr(self.hf_config, key, value)
-        self.layout = layout_from_hf_config(self.hf_config, settings.tp, settings.pp)
+        self.layout = layout_from_hf_config(self.hf_config, settings.tp, settings.pp, ep=settings.ep)
         if self.device.type == "cuda":
             from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -117,6 +117,7 @@ class MegatronBackend:
         state = stage_state(
             HFCheckpointReader(self.model_path), self.layout, settings.tp, settings.pp,
             ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), value_head,
+            settings.ep, ps.get_expert_model_parallel_rank(),
         )
         load_stage_state(self.gpt, state, value_head)
         ignore_padding_lookups(self.gpt, getattr(self.hf_config, "pad_token_id", None))
@@ -279,7 +280,7 @@ class MegatronBackend:
         """The whole model as (HF name, tensor) pairs, on every rank; a collective (see export.py)."""
         if self.value_head:
             raise RuntimeError("hf_weights: a value model has no HF causal-LM weights to export")
-        return iter_hf_weights(self.gpt, self.hf_config, self.layout, dtype or self.dtype, self.device)
+        return iter_hf_weights(self.gpt, self.layout, dtype or self.dtype, self.device)
 
     def export_hf(self, path: str) -> None:
         """Write the model as an HF checkpoint (safetensors) from rank 0, tokenizer files copied along."""
@@ -299,18 +300,28 @@ class MegatronBackend:
         from megatron.core import parallel_state as ps
 
         tp, pp = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
-        return os.path.join(path, f"{kind}_tp{tp}_pp{pp}.pt")
+        # Expert parallel ranks of one TP x PP coordinate hold different experts: one file each.
+        ep = f"_ep{ps.get_expert_model_parallel_rank()}" if self.settings.ep > 1 else ""
+        return os.path.join(path, f"{kind}_tp{tp}_pp{pp}{ep}.pt")
 
-    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
-        """One file per TP x PP rank (model slice, optimizer, LR position, RNG, `extra`), written by DP rank 0;
-        the distributed optimizer's sharded state is gathered over DP into its own file per TP x PP rank."""
+    def _writes_model_shard(self) -> bool:
+        """One rank per file: DP rank 0, or with expert parallelism the first expert-data-parallel rank of each
+        EP rank (the DP ranks 0 .. EP-1)."""
         from megatron.core import parallel_state as ps
 
+        if self.settings.ep > 1:
+            return ps.get_expert_data_parallel_rank() == 0
+        return ps.get_data_parallel_rank() == 0
+
+    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
+        """One file per TP x PP (x EP) rank (model slice, optimizer, LR position, RNG, `extra`), written by DP rank 0
+        (`_writes_model_shard`); the distributed optimizer's sharded state is gathered over DP into its own file per
+        TP x PP (x EP) rank."""
         require_trainable(self.optimizer, "save_checkpoint")
         os.makedirs(path, exist_ok=True)
         if self.settings.use_distributed_optimizer:
             self.optimizer.save_parameter_state(self._shard_file(path, "optimizer_params"))
-        if ps.get_data_parallel_rank() == 0:
+        if self._writes_model_shard():
             state = {
                 "model": {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")},
                 "optimizer": self.optimizer.state_dict(),
@@ -322,13 +333,13 @@ class MegatronBackend:
         dist.barrier()
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        """Restore what `save_checkpoint` wrote (same TP/PP sizes); returns the caller's `extra` entries."""
+        """Restore what `save_checkpoint` wrote (same TP/PP/EP sizes); returns the caller's `extra` entries."""
         require_trainable(self.optimizer, "load_checkpoint")
         file = self._shard_file(path, "model_optim")
         if not os.path.exists(file):
             raise FileNotFoundError(
-                f"{file} not found: a Megatron checkpoint is read with the TP/PP sizes it was saved with "
-                f"(tp={self.settings.tp}, pp={self.settings.pp} here)"
+                f"{file} not found: a Megatron checkpoint is read with the TP/PP/EP sizes it was saved with "
+                f"(tp={self.settings.tp}, pp={self.settings.pp}, ep={self.settings.ep} here)"
             )
         state = torch.load(file, map_location="cpu", weights_only=True)
         self.gpt.load_state_dict(state["model"], strict=False)

@@ -14,6 +14,7 @@ import re
 import torch
 
 from workers.megatron.layout import GPTLayout
+from workers.megatron.moe import hf_moe_mlp_to_megatron, megatron_moe_tensor_to_hf
 
 State = dict[str, torch.Tensor]
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
@@ -56,7 +57,13 @@ def hf_to_megatron(hf: State, layout: GPTLayout) -> State:
                 *(hf[src + f"self_attn.{p}_proj.{kind}"] for p in "qkv"), layout
             )
         out[dst + "self_attention.linear_proj.weight"] = hf[src + "self_attn.o_proj.weight"]
+        if layout.qk_layernorm:
+            out[dst + "self_attention.q_layernorm.weight"] = hf[src + "self_attn.q_norm.weight"]
+            out[dst + "self_attention.k_layernorm.weight"] = hf[src + "self_attn.k_norm.weight"]
         out[dst + "pre_mlp_layernorm.weight"] = hf[src + "post_attention_layernorm.weight"]
+        if layout.moe is not None:
+            out.update(hf_moe_mlp_to_megatron(hf, src, dst, layout.moe))
+            continue
         out[dst + "mlp.linear_fc1.weight"] = torch.cat(
             [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]]
         )
@@ -73,6 +80,8 @@ _LAYER_RENAMES = {
     "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
     "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
     "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+    "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+    "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
 }
 
 
@@ -80,7 +89,8 @@ def megatron_tensor_to_hf(
     name: str, tensor: torch.Tensor, layout: GPTLayout, layer_offset: int = 0
 ) -> list[tuple[str, torch.Tensor]]:
     """One whole (TP-gathered) Megatron tensor as its HF tensors; layer numbers are shifted by `layer_offset`
-    (a pipeline stage's first layer). A tied model's output layer maps to nothing (HF ties it)."""
+    (a pipeline stage's first layer), expert numbers are taken as global. A tied model's output layer maps to
+    nothing (HF ties it)."""
     vocab = layout.vocab_size
     match = _LAYER.match(name)
     if match is None:
@@ -97,6 +107,9 @@ def megatron_tensor_to_hf(
     if rest.startswith("self_attention.linear_qkv."):
         kind = rest.rsplit(".", 1)[1]
         return [(dst + f"self_attn.{p}_proj.{kind}", t) for p, t in zip("qkv", _split_qkv(tensor, layout))]
+    moe = megatron_moe_tensor_to_hf(rest, tensor, dst)
+    if moe is not None:
+        return moe
     if rest == "mlp.linear_fc1.weight":
         gate, up = torch.chunk(tensor, 2, dim=0)
         return [(dst + "mlp.gate_proj.weight", gate), (dst + "mlp.up_proj.weight", up)]
@@ -115,8 +128,9 @@ _COLUMN = (
     "embedding.word_embeddings.weight",
     "output_layer.weight",
 )
-_ROW = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
-_FC1 = "mlp.linear_fc1.weight"
+# The dense MLP's and every expert's (`mlp.experts.local_experts.{j}.linear_fc*`) split the same way.
+_ROW = ("self_attention.linear_proj.weight", ".linear_fc2.weight")
+_FC1 = ".linear_fc1.weight"
 
 
 def _tp_kind(name: str) -> str:

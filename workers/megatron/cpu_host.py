@@ -8,6 +8,7 @@ when CUDA is available, so the same worker code runs unchanged on GPU machines.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -41,6 +42,50 @@ def _is_cuda(value: str | torch.device) -> bool:
         return False  # a string argument that is not a device (e.g. an einsum equation)
 
 
+class _CpuEvent:
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+
+class _CpuStream:
+    """Stands in for a CUDA stream: CPU work is synchronous, so waiting and events do nothing (the MoE all-to-all
+    dispatcher copies its token counts to the host on a side stream)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> _CpuEvent:
+        return _CpuEvent()
+
+    def synchronize(self) -> None:
+        pass
+
+
+_CURRENT_STREAM = _CpuStream()
+
+
+def _host_copy(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    """megatron-core's `maybe_move_tensor_to_cpu` turns only CUDA tensors into host numpy arrays; its all-to-all
+    then passes the split sizes to `all_to_all_single`, which takes lists, not tensors. Here every tensor is on the
+    host already: make the same numpy arrays."""
+    if as_numpy and torch.is_tensor(tensor):
+        return tensor.numpy()
+    return tensor
+
+
+def _route_moe_host_copies() -> None:
+    from megatron.core.transformer.moe import token_dispatcher
+
+    if hasattr(token_dispatcher, "maybe_move_tensor_to_cpu"):
+        token_dispatcher.maybe_move_tensor_to_cpu = _host_copy
+
+
 def enable() -> None:
     """On a host without CUDA: route megatron-core's CUDA device lookups to the CPU and use its no-op RNG
     tracker (RL training here runs without dropout, so no model-parallel RNG streams are needed)."""
@@ -51,6 +96,10 @@ def enable() -> None:
 
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.synchronize = lambda device=None: None  # CPU work is already synchronous
+    torch.cuda.Stream = _CpuStream  # type: ignore[assignment, misc]
+    torch.cuda.current_stream = lambda device=None: _CURRENT_STREAM  # type: ignore[assignment]
+    torch.cuda.stream = lambda stream: nullcontext()  # type: ignore[assignment]
     _CudaToCpu().__enter__()  # stays active for the life of this worker process
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    _route_moe_host_copies()
     _enabled = True

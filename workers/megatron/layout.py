@@ -1,11 +1,15 @@
-"""The shape of a Qwen2/Llama-style model in Megatron terms, and the parallel sizes it allows."""
+"""The shape of a Qwen2/Qwen3/Llama-style model (dense, or Qwen3-MoE) in Megatron terms, and the parallel sizes it
+allows."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+from workers.megatron.moe import MOE_MODEL_TYPES, MoELayout, moe_layout_from_hf_config
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3", *MOE_MODEL_TYPES)
+_QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")  # per-head RMSNorm of queries and keys before RoPE
 
 
 @dataclass(frozen=True)
@@ -20,15 +24,19 @@ class GPTLayout:
     padded_vocab_size: int  # Megatron pads the vocabulary so every TP rank holds an equal slice
     tied_embeddings: bool
     qkv_bias: bool
+    qk_layernorm: bool = False
+    moe: MoELayout | None = None  # None: a dense MLP in every layer
 
     @property
     def heads_per_group(self) -> int:
         return self.num_heads // self.num_kv_heads
 
 
-def layout_from_hf_config(config: Any, tp: int = 1, pp: int = 1, make_vocab_size_divisible_by: int = 128) -> GPTLayout:
-    """Read an HF config (Qwen2 or Llama family) and check that TP `tp` and PP `pp` can split it; every
-    problem is listed in one error naming the sizes involved."""
+def layout_from_hf_config(
+    config: Any, tp: int = 1, pp: int = 1, make_vocab_size_divisible_by: int = 128, ep: int = 1
+) -> GPTLayout:
+    """Read an HF config (Qwen2, Qwen3, Qwen3-MoE or Llama family) and check that TP `tp`, PP `pp` and expert
+    parallel `ep` can split it; every problem is listed in one error naming the sizes involved."""
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
@@ -50,7 +58,7 @@ def layout_from_hf_config(config: Any, tp: int = 1, pp: int = 1, make_vocab_size
                 "valid TP sizes for this model: "
                 f"{[t for t in range(1, kv_heads + 1) if kv_heads % t == 0 and heads % t == 0]}"
             )
-        if config.intermediate_size % tp:
+        if model_type not in MOE_MODEL_TYPES and config.intermediate_size % tp:
             problems.append(f"tensor parallel size {tp} must divide the MLP size ({config.intermediate_size})")
         if config.num_hidden_layers % pp:
             problems.append(
@@ -58,6 +66,8 @@ def layout_from_hf_config(config: Any, tp: int = 1, pp: int = 1, make_vocab_size
             )
     if heads % kv_heads:
         problems.append(f"attention heads ({heads}) must be a multiple of key/value heads ({kv_heads})")
+    moe, moe_problems = moe_layout_from_hf_config(config, max(tp, 1), ep)
+    problems += moe_problems
     if problems:
         raise ValueError("cannot lay this model out for Megatron:\n  " + "\n  ".join(problems))
     vocab_multiple = make_vocab_size_divisible_by * tp
@@ -72,4 +82,6 @@ def layout_from_hf_config(config: Any, tp: int = 1, pp: int = 1, make_vocab_size
         padded_vocab_size=-(-config.vocab_size // vocab_multiple) * vocab_multiple,
         tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+        qk_layernorm=model_type in _QK_NORM_MODEL_TYPES,
+        moe=moe,
     )

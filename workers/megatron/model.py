@@ -1,4 +1,5 @@
-"""megatron-core `GPTModel` for a Qwen2/Llama-style HF config, and loading its HF weights per TP/PP rank."""
+"""megatron-core `GPTModel` for a Qwen2/Qwen3/Llama-style HF config (dense or Qwen3-MoE), and loading its HF
+weights per TP/PP/EP rank."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch import nn
 from workers.megatron.convert import hf_to_megatron, shard_tp
 from workers.megatron.hf_reader import HFCheckpointReader
 from workers.megatron.layout import GPTLayout
+from workers.megatron.moe import allow_router_without_transformer_engine, moe_config_kwargs, select_ep
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,7 @@ class ParallelSettings:
     pp: int = 1
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = False
+    ep: int = 1  # expert parallel: the experts of each MoE layer split over this many DP ranks
 
     @classmethod
     def from_config(cls, section: dict[str, Any]) -> "ParallelSettings":
@@ -28,6 +31,7 @@ class ParallelSettings:
             # One TP rank has nothing to scatter the sequence over.
             sequence_parallel=section["sequence_parallel"] and section["tensor_model_parallel_size"] > 1,
             use_distributed_optimizer=section["use_distributed_optimizer"],
+            ep=section.get("expert_model_parallel_size") or 1,
         )
 
 
@@ -45,6 +49,10 @@ def transformer_config(hf_config: Any, layout: GPTLayout, settings: ParallelSett
     SwiGLU, grouped-query attention, fused kernels off so the plain-torch paths run everywhere)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    moe = {
+        "moe_token_dispatcher_type": "alltoall",  # a dense model: only to pass the config check of variable lengths
+        **moe_config_kwargs(layout.moe, settings.ep),
+    }
     return TransformerConfig(
         num_layers=layout.num_layers,
         hidden_size=layout.hidden_size,
@@ -58,6 +66,7 @@ def transformer_config(hf_config: Any, layout: GPTLayout, settings: ParallelSett
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
         add_qkv_bias=layout.qkv_bias,
+        qk_layernorm=layout.qk_layernorm,
         attention_dropout=0.0,
         hidden_dropout=0.0,
         tensor_model_parallel_size=settings.tp,
@@ -69,7 +78,7 @@ def transformer_config(hf_config: Any, layout: GPTLayout, settings: ParallelSett
         fp16=dtype == torch.float16,
         # Every rank's stage exchanges its real shapes: micro-batches may differ in size.
         variable_seq_lengths=settings.pp > 1,
-        moe_token_dispatcher_type="alltoall",  # only to pass the config check of variable lengths (dense model)
+        **moe,
         use_cpu_initialization=True,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
@@ -90,8 +99,17 @@ def build_gpt_model(
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    layer = get_gpt_layer_local_spec()
+    if layout.moe is not None:
+        allow_router_without_transformer_engine()
+    layer = get_gpt_layer_local_spec(
+        num_experts=layout.moe.num_experts if layout.moe else None,
+        moe_grouped_gemm=False,
+        qk_layernorm=layout.qk_layernorm,
+    )
     layer.submodules = replace(layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm)
+    if layout.qk_layernorm:
+        attention = layer.submodules.self_attention
+        attention.submodules = replace(attention.submodules, q_layernorm=HeadRMSNorm, k_layernorm=HeadRMSNorm)
     per_stage = layout.num_layers // config.pipeline_model_parallel_size
     model = GPTModel(
         config=config,
@@ -145,6 +163,15 @@ class RMSNorm(nn.Module):
         return nn.functional.rms_norm(hidden, self.weight.shape, self.weight, self.eps)
 
 
+class HeadRMSNorm(RMSNorm):
+    """Qwen3's per-head query/key RMSNorm. It runs after the QKV projection, on every token of this TP rank's
+    heads, so its weight is not `sequence_parallel`: Megatron all-reduces q/k_layernorm gradients over TP by name."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+        super().__init__(config, hidden_size, eps)
+        setattr(self.weight, "sequence_parallel", False)
+
+
 class ValueHead(nn.Module):
     """hidden [s, b, h] -> values [s, b, 1], replicated on every TP rank; stands in for GPTModel's
     output layer, so it takes (and ignores) the same keyword arguments and returns (output, bias)."""
@@ -175,9 +202,11 @@ def stage_state(
     tp_rank: int,
     pp_rank: int,
     value_head: bool = False,
+    ep: int = 1,
+    ep_rank: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """This rank's tensors (Megatron names, layers numbered within the stage) read from an HF folder; with
-    `value_head` the LM head is left out (a critic's head is new)."""
+    """This rank's tensors (Megatron names, layers numbered within the stage, its EP rank's experts numbered
+    from 0) read from an HF folder; with `value_head` the LM head is left out (a critic's head is new)."""
     per_stage = layout.num_layers // pp
     last = pp_rank == pp - 1
     # The last stage of a tied model holds its own copy of the embedding, as its output layer.
@@ -185,7 +214,8 @@ def stage_state(
     hf = reader.stage_tensors(range(pp_rank * per_stage, (pp_rank + 1) * per_stage), embedding, last)
     if value_head:
         hf.pop("lm_head.weight", None)
-    state = shard_tp(hf_to_megatron(hf, replace(layout, num_layers=per_stage)), tp)[tp_rank]
+    whole = select_ep(hf_to_megatron(hf, replace(layout, num_layers=per_stage)), layout.moe, ep, ep_rank)
+    state = shard_tp(whole, tp)[tp_rank]
     if pp > 1 and last and layout.tied_embeddings and not value_head:
         state["output_layer.weight"] = state.pop("embedding.word_embeddings.weight")
     return state

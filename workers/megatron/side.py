@@ -16,7 +16,7 @@ class MegatronSide:
     def init_parallel(self, worker: Any, megatron_cfg: dict[str, Any]) -> ParallelSettings:
         """Megatron's groups over the worker group (workers/megatron/parallel.py); the settings they follow."""
         settings = ParallelSettings.from_config(megatron_cfg)
-        self.data_parallel_size = init_megatron_parallel(worker, settings.tp, settings.pp).dp_size
+        self.data_parallel_size = init_megatron_parallel(worker, settings.tp, settings.pp, settings.ep).dp_size
         return settings
 
     def where(self, role: str) -> str:
