@@ -1,7 +1,7 @@
 """`MegatronBackend` on a Qwen3 mixture of experts against the HF model it was loaded from (fp32, megatron-core's
 MoE layer with SequentialMLP experts and the all-to-all dispatcher on CPU over gloo, real Ray workers): response
 log-probs and entropies, one training step's gradient norm and the weights after one Adam step (streamed back out
-under the per-expert HF names, gathered over the EP group) agree at EP=1, EP=2, TP=2, PP=2 and PP=2 x EP=2, with normalised and
+under the per-expert HF names, gathered over the EP group) agree at EP=1, EP=2, TP=2 and PP=2 x EP=2, with normalised and
 unnormalised top-k routing weights; the weights streamed out right after loading are the checkpoint's, exactly."""
 
 import glob
@@ -20,9 +20,9 @@ pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 
 @pytest.mark.parametrize(
     "tp, pp, ep, dp, norm_topk_prob, tied",
-    [(1, 1, 1, 1, True, True), (1, 1, 2, 2, True, True), (1, 1, 2, 2, False, False), (2, 1, 1, 1, True, False),
-     (1, 2, 1, 1, True, True), (1, 2, 2, 2, True, True)],
-    ids=["ep1", "ep2", "ep2-unnormalised-topk", "tp2", "pp2", "pp2-ep2"],
+    # EP=2 alone and PP=2 alone are inside pp2-ep2 and ep2-unnormalised-topk: not run again (CI time).
+    [(1, 1, 1, 1, True, True), (1, 1, 2, 2, False, False), (2, 1, 1, 1, True, False), (1, 2, 2, 2, True, True)],
+    ids=["ep1", "ep2-unnormalised-topk", "tp2", "pp2-ep2"],
 )
 def test_moe_engine_matches_the_hf_model(ray_cluster, tmp_path, tp, pp, ep, dp, norm_topk_prob, tied):
     model = qwen3_moe(tmp_path, norm_topk_prob=norm_topk_prob, tied=tied)
