@@ -59,7 +59,8 @@ LORA = (
 )
 LIGER = ("actor_rollout_ref.model.use_liger=true", "critic.model.use_liger=true")
 ALWAYS = ("actor_rollout_ref.actor.old_log_prob_pass=always",)
-MOE = ("actor_rollout_ref.model.path=outputs/tiny_moe", "actor_rollout_ref.actor.router_aux_loss_coef=0.001")
+TINY_MOE = "actor_rollout_ref.model.path=outputs/tiny_moe"
+MOE = (TINY_MOE, "actor_rollout_ref.actor.router_aux_loss_coef=0.001")
 PPO_FINITE = ("actor/pg_loss", "critic/vf_loss")
 CRITIC_OFFLOAD = ("critic.model.fsdp_config.param_offload=true", "critic.model.fsdp_config.optimizer_offload=true")
 
@@ -133,6 +134,14 @@ def one_gpu_cases() -> list[Case]:
             "its fused-MoE kernels, every sync of the experts verified",
             (_train(*MOE, *VLLM, *VERIFY, steps(30)),),
             RunCheck(30, finite=("actor/router_aux_loss",), reward_rises_by=0.2, synced=True),
+        ),
+        Case(
+            "megatron_moe_vllm_hybrid",
+            "one",
+            "Megatron actor on the tiny mixture of experts (megatron-core's MoE layer: router, all-to-all token "
+            "dispatcher, experts), vLLM hybrid engine, every sync of the experts verified",
+            (_train(TINY_MOE, "actor_rollout_ref.actor.strategy=megatron", *VLLM, *VERIFY, steps(12)),),
+            RunCheck(12, synced=True),
         ),
         Case(
             "dapo",

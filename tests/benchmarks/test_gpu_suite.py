@@ -22,6 +22,7 @@ REQUIRED = {
         "hf_padded_checkpointing",
         "vllm_hybrid",
         "moe_vllm_hybrid",
+        "megatron_moe_vllm_hybrid",
         "lora_vllm_ref_first",
         "lora_unshared",
         "lora_shared_always",
