@@ -1,9 +1,11 @@
-"""A random-init Qwen2 model folder of any size, written fast and without the model in host memory.
+"""A random-init Qwen2 or Qwen3-MoE model folder of any size, written fast and without the model in host memory.
 
     python -m benchmarks.random_model OUT_DIR --shape '{"hidden_size": 3584, ...}' [--seed 0] [--shard-gib 4]
         [--writers N]
 
-The parameters' names and shapes come from the model built on the meta device (no memory); each tensor is
+The shape's `model_type` picks the architecture (default `qwen2`; `qwen3_moe` for a mixture of experts). The
+parameters' names and shapes come from the model built on the meta device (no memory), under the names a
+checkpoint holds (a mixture of experts' fused expert tensors as per-expert ones, which vLLM's loader reads); each tensor is
 drawn (normal(0, initializer_range) for matrices, ones for norms, zeros for biases) in bf16 on the GPU when
 there is one (a 7B model in seconds; on the host a single-threaded generator would take minutes) and written
 shard by shard as safetensors with an index, so at most one shard per writer is in host memory. A 14B or 32B
@@ -54,18 +56,31 @@ def _draw(name: str, shape: torch.Size, std: float, device: torch.device, genera
     return torch.empty(shape, dtype=DTYPE, device=device).normal_(0.0, std, generator=generator).cpu()
 
 
-def write_config(out_dir: str | Path, shape: dict) -> Any:
-    """The folder's config.json and tokenizer (all a memory plan needs); returns the Qwen2Config."""
-    from transformers import Qwen2Config
+def _config(shape: dict, **special_tokens: int) -> Any:
+    from transformers import AutoConfig
 
+    fields = dict(shape)
+    return AutoConfig.for_model(fields.pop("model_type", "qwen2"), **fields, **special_tokens, dtype="bfloat16")
+
+
+def _meta_model(config: Any) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def write_config(out_dir: str | Path, shape: dict) -> Any:
+    """The folder's config.json and tokenizer (all a memory plan needs); returns the transformers config."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_char_tokenizer()
     if shape["vocab_size"] < len(tokenizer):
         raise ValueError(f"vocab_size={shape['vocab_size']} is smaller than the character tokenizer's {len(tokenizer)} tokens")
     # `architectures` names the model class: verl's workers (benchmarks/peers) refuse a folder without it.
-    config = Qwen2Config(**shape, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.pad_token_id, dtype="bfloat16", architectures=["Qwen2ForCausalLM"])
+    config = _config(shape, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                     bos_token_id=tokenizer.pad_token_id)
+    config.architectures = [type(_meta_model(config)).__name__]
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return config
@@ -76,11 +91,10 @@ def _shard_file(index: int, count: int) -> str:
 
 
 def _model_specs(config: Any) -> list[tuple[str, torch.Size]]:
-    from transformers import Qwen2ForCausalLM
+    from workers.rollout.checkpoint_names import CheckpointNames
 
-    with torch.device("meta"):
-        meta = Qwen2ForCausalLM(config)
-    return [(name, p.shape) for name, p in meta.named_parameters()]  # tied weights appear once
+    parameters = ((name, p.detach()) for name, p in _meta_model(config).named_parameters())  # tied: once
+    return [(name, meta.shape) for name, meta in CheckpointNames(config)(parameters)]
 
 
 def write_shards(out_dir: str | Path, config: Any, seed: int, shard_gib: float, writer: int, writers: int) -> None:
@@ -95,9 +109,9 @@ def write_shards(out_dir: str | Path, config: Any, seed: int, shard_gib: float, 
 
 
 def _saved_config(out_dir: str | Path) -> Any:
-    from transformers import Qwen2Config
+    from transformers import AutoConfig
 
-    return Qwen2Config.from_pretrained(out_dir)
+    return AutoConfig.from_pretrained(out_dir)
 
 
 def _writer_env(writer: int) -> dict[str, str]:
@@ -110,7 +124,7 @@ def _writer_env(writer: int) -> dict[str, str]:
     return env
 
 
-def write_random_qwen2(
+def write_random_model(
     out_dir: str | Path, shape: dict, seed: int = 0, shard_gib: float = 4.0, writers: int | None = None
 ) -> int:
     """Write config, tokenizer and sharded bf16 safetensors + index; returns the parameter count.
@@ -144,7 +158,7 @@ def write_random_qwen2(
 
 
 def write_model_folder(out_dir: str | Path, shape: dict, seed: int = 0) -> int:
-    """`write_random_qwen2` in a child process (its GPU memory is released when it exits); returns #params."""
+    """`write_random_model` in a child process (its GPU memory is released when it exits); returns #params."""
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.random_model", str(out_dir), "--shape", json.dumps(shape), "--seed", str(seed)],
         capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parents[1],
@@ -157,7 +171,7 @@ def write_model_folder(out_dir: str | Path, shape: dict, seed: int = 0) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
-    parser.add_argument("--shape", required=True, help="Qwen2Config fields as JSON")
+    parser.add_argument("--shape", required=True, help="config fields as JSON (model_type: qwen2 or qwen3_moe)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shard-gib", type=float, default=4.0)
     parser.add_argument("--writers", type=int, default=None, help="processes writing shards (default: one per GPU)")
@@ -167,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         writer, writers = (int(part) for part in args.writer.split("/"))
         write_shards(args.out_dir, _saved_config(args.out_dir), args.seed, args.shard_gib, writer, writers)
         return
-    print(write_random_qwen2(args.out_dir, json.loads(args.shape), args.seed, args.shard_gib, args.writers))
+    print(write_random_model(args.out_dir, json.loads(args.shape), args.seed, args.shard_gib, args.writers))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """GRPO steps of 3B/7B-class models on one GPU, with the memory plan's estimate next to each measured peak.
 
-    python -m benchmarks.scale_step --sizes 7B [--lora-rank 64] [--steps 3] [--prompts 8] [--n 8]
+    python -m benchmarks.scale_step --sizes 7B [--layers N] [--lora-rank 64] [--steps 3] [--prompts 8] [--n 8]
         [--response-length 512] [--force] [--workdir /tmp/scale_step] [--out results/scale_step.json] [overrides...]
 
-Random-init Qwen2 models of the Qwen2.5-7B / -3B shapes (written in bf16 by benchmarks/random_model.py in a
-child process), the arithmetic task, GRPO with the reference KL loss, FSDP2 (bf16 compute, float32 master
+Random-init Qwen2 models of the Qwen2.5-7B / -3B shapes, or the Qwen3-30B-A3B mixture of experts (`30B-A3B`;
+`--layers N` keeps its first N decoder layers, so that one GPU holds it), written in bf16 by
+benchmarks/random_model.py in a child process, the arithmetic task, GRPO with the reference KL loss, FSDP2 (bf16 compute, float32 master
 weights) with parameter and optimizer offload and gradient checkpointing, packed sequences, the hybrid vLLM
 engine with sleep mode; `--lora-rank 64` trains LoRA adapters instead (actor_rollout_ref.model.lora_rank), their
 frozen base shared with the engine by default (actor_rollout_ref.rollout.share_base_weights=false: two copies).
@@ -34,7 +35,7 @@ import torch
 
 from benchmarks.e2e_step import phase_summary, write
 from benchmarks.gpu_grpo_step import grpo_overrides
-from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_3B, QWEN2_7B, QWEN2_14B, QWEN2_32B
+from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_3B, QWEN2_7B, QWEN2_14B, QWEN2_32B, QWEN3_30B_A3B
 from benchmarks.offload import Bandwidth, offload_table, print_offload_table, probe_in_subprocess
 from benchmarks.random_model import write_config, write_model_folder
 from benchmarks.steady_state import steady
@@ -48,10 +49,22 @@ SHAPES = {
     "14B": QWEN2_14B,
     "32B": QWEN2_32B,
     "3B": QWEN2_3B,
+    "30B-A3B": QWEN3_30B_A3B,
     # head_dim 64: the CPU vLLM backend accepts it.
     "tiny": dict(QWEN2_0_5B, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                  intermediate_size=256, vocab_size=256, tie_word_embeddings=False),
 }
+SHAPES["tiny-moe"] = dict(QWEN3_30B_A3B, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=64, moe_intermediate_size=64, num_experts=4,
+                          num_experts_per_tok=2, vocab_size=256)
+
+
+def shape_of(size: str, layers: int | None) -> tuple[str, dict[str, Any]]:
+    """The size's name and shape, cut to its first `layers` decoder layers when given (every layer is the real
+    layer: one GPU then holds a model whose per-token work is the full model's)."""
+    if not layers:
+        return size, SHAPES[size]
+    return f"{size}-{layers}L", dict(SHAPES[size], num_hidden_layers=layers)
 # Each worker memory reading (memory/<phase>/...) covers the time since the previous one, in this order; a
 # plan phase with no reading of its own falls into the next reading (e.g. the reference's log-probs into
 # update_actor when the worker records none for them).
@@ -118,9 +131,10 @@ def memory_table(history: list[dict[str, Any]], plan: Any) -> list[dict[str, Any
 
 def run_size(size: str, args: argparse.Namespace, extra: list[str], bandwidth: Bandwidth | None) -> dict[str, Any]:
     on_gpu = torch.cuda.is_available()
+    size, shape = shape_of(size, args.layers)
     model_dir = Path(args.workdir) / size / "model"  # one folder per size, shared by its full and LoRA runs
     work = Path(args.workdir) / (size if not args.lora_rank else f"{size}_lora{args.lora_rank}")
-    write_config(model_dir, SHAPES[size])  # the plan needs only the config; the weights come if it fits
+    write_config(model_dir, shape)  # the plan needs only the config; the weights come if it fits
     train, val = write_synthetic_dataset(work / "data", train_size=256, val_size=16, tasks=("arithmetic",))
     overrides = grpo_overrides(work, train, val, args.steps, "[jsonl]") + scale_overrides(args, on_gpu)
     overrides += [f"actor_rollout_ref.model.path={model_dir}", *extra]
@@ -139,7 +153,7 @@ def run_size(size: str, args: argparse.Namespace, extra: list[str], bandwidth: B
     if index.exists():  # written by an earlier run of this size (e.g. the full run before the LoRA one)
         result["params"] = json.loads(index.read_text())["metadata"]["total_size"] // 2  # bf16
     else:
-        result["params"] = write_model_folder(model_dir, SHAPES[size])
+        result["params"] = write_model_folder(model_dir, shape)
     result["build_s"] = time.perf_counter() - start
     print(f"{result['params'] / 1e9:.2f} B parameters, model folder ready in {result['build_s']:.1f} s")
     start = time.perf_counter()
@@ -176,6 +190,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="7B", help=f"comma-separated, of {list(SHAPES)}")
     parser.add_argument("--lora-rank", type=int, default=0, help="> 0: LoRA adapters of this rank (actor_rollout_ref.model.lora_rank)")
+    parser.add_argument("--layers", type=int, default=None, help="cut each size to its first N decoder layers")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=8, help="responses per prompt")

@@ -12,6 +12,7 @@ from peft import LoraConfig, get_peft_model
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, Qwen2MoeConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from benchmarks.model_shapes import QWEN3_30B_A3B
 from tests.trainer.test_memory_plan import GIB, plan_of
 from tests.trainer.test_memory_plan_terms import _peak_without_params, _per_token_saved
 from trainer.config_loader import load_config
@@ -28,11 +29,6 @@ CONFIGS = {
     "qwen2_moe, shared expert, every other layer sparse": Qwen2MoeConfig(
         **SMALL, shared_expert_intermediate_size=192, decoder_sparse_step=2, tie_word_embeddings=True),
 }
-# Qwen3-30B-A3B's config.json (the fields the plan reads).
-QWEN3_30B_A3B = dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-                     moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
-                     head_dim=128, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
-                     mlp_only_layers=[], tie_word_embeddings=False)
 
 
 def _count(model) -> int:

@@ -1,4 +1,4 @@
-"""`benchmarks/scale_step.py` runs end to end on CPU at its tiny shape (HF generate here, for speed; the GPU
+"""`benchmarks/scale_step.py` runs end to end on CPU at its tiny mixture-of-experts shape (HF generate here, for speed; the GPU
 command uses the hybrid vLLM engine, checked by hand with vLLM's CPU build), and puts the memory plan next to
 every worker memory reading."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from transformers import AutoConfig
 
 from benchmarks.scale_step import main
 from trainer.memory_plan.shape import ModelShape
@@ -15,11 +16,13 @@ from trainer.memory_plan.shape import ModelShape
 @pytest.mark.slow
 def test_scale_step_tiny_cpu_run(tmp_path):
     out = tmp_path / "scale.json"
-    (result,) = main(["--sizes", "tiny", "--steps", "2", "--prompts", "2", "--n", "2", "--response-length", "8",
+    (result,) = main(["--sizes", "tiny-moe", "--layers", "1", "--steps", "2", "--prompts", "2", "--n", "2", "--response-length", "8",
                       "--micro-rows", "2", "--workdir", str(tmp_path / "work"), "--out", str(out),
                       "actor_rollout_ref.rollout.name=hf"])
-    assert json.loads(out.read_text())["results"][0]["size"] == "tiny"
-    config = json.loads((tmp_path / "work" / "tiny" / "model" / "config.json").read_text())
+    assert json.loads(out.read_text())["results"][0]["size"] == "tiny-moe-1L"
+    folder = tmp_path / "work" / "tiny-moe-1L" / "model"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and AutoConfig.from_pretrained(folder).num_experts == 4
     assert result["params"] == ModelShape.from_config(config).total_params()  # the folder holds every weight
     assert "update_actor" in result["plan"] and {r["phase"] for r in result["plan_rows"]} >= {"generate", "update_actor"}
     phases = [m["phase"] for m in result["memory"]]
