@@ -5,8 +5,8 @@
 
 The shape's `model_type` picks the architecture (default `qwen2`; `qwen3_moe` for a mixture of experts). The
 parameters' names and shapes come from the model built on the meta device (no memory), under the names a
-checkpoint holds (a mixture of experts' fused expert tensors as per-expert ones, which vLLM's loader reads); each tensor is
-drawn (normal(0, initializer_range) for matrices, ones for norms, zeros for biases) in bf16 on the GPU when
+checkpoint holds (a mixture of experts' fused expert tensors as per-expert ones, which vLLM's loader reads); each
+tensor is drawn (normal(0, initializer_range) for matrices, ones for norms, zeros for biases) in bf16 on the GPU when
 there is one (a 7B model in seconds; on the host a single-threaded generator would take minutes) and written
 shard by shard as safetensors with an index, so at most one shard per writer is in host memory. A 14B or 32B
 folder (28 / 61 GiB) is bound by the copy to the host and the disk: `--writers N` (default: one per visible

@@ -5,9 +5,9 @@
 
 Random-init Qwen2 models of the Qwen2.5-7B / -3B shapes, or the Qwen3-30B-A3B mixture of experts (`30B-A3B`;
 `--layers N` keeps its first N decoder layers, so that one GPU holds it), written in bf16 by
-benchmarks/random_model.py in a child process, the arithmetic task, GRPO with the reference KL loss, FSDP2 (bf16 compute, float32 master
-weights) with parameter and optimizer offload and gradient checkpointing, packed sequences, the hybrid vLLM
-engine with sleep mode; `--lora-rank 64` trains LoRA adapters instead (actor_rollout_ref.model.lora_rank), their
+benchmarks/random_model.py in a child process, the arithmetic task, GRPO with the reference KL loss, FSDP2 (bf16
+compute, float32 master weights) with parameter and optimizer offload and gradient checkpointing, packed
+sequences, the hybrid vLLM engine with sleep mode; `--lora-rank 64` trains LoRA adapters instead (actor_rollout_ref.model.lora_rank), their
 frozen base shared with the engine by default (actor_rollout_ref.rollout.share_base_weights=false: two copies).
 Before running, the memory plan (trainer/memory_plan) is printed; a size whose plan does not fit the GPU is
 skipped unless `--force`. Per phase: time (steady state = mean of steps 2..N), the plan's estimate and the

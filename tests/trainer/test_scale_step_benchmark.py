@@ -1,6 +1,6 @@
-"""`benchmarks/scale_step.py` runs end to end on CPU at its tiny mixture-of-experts shape (HF generate here, for speed; the GPU
-command uses the hybrid vLLM engine, checked by hand with vLLM's CPU build), and puts the memory plan next to
-every worker memory reading."""
+"""`benchmarks/scale_step.py` runs end to end on CPU at its tiny mixture-of-experts shape (HF generate here, for
+speed; the GPU command uses the hybrid vLLM engine, checked by hand with vLLM's CPU build), and puts the memory
+plan next to every worker memory reading."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from trainer.memory_plan.shape import ModelShape
 @pytest.mark.slow
 def test_scale_step_tiny_cpu_run(tmp_path):
     out = tmp_path / "scale.json"
-    (result,) = main(["--sizes", "tiny-moe", "--layers", "1", "--steps", "2", "--prompts", "2", "--n", "2", "--response-length", "8",
-                      "--micro-rows", "2", "--workdir", str(tmp_path / "work"), "--out", str(out),
+    (result,) = main(["--sizes", "tiny-moe", "--layers", "1", "--steps", "2", "--prompts", "2", "--n", "2",
+                      "--response-length", "8", "--micro-rows", "2", "--workdir", str(tmp_path / "work"),
+                      "--out", str(out),
                       "actor_rollout_ref.rollout.name=hf"])
     assert json.loads(out.read_text())["results"][0]["size"] == "tiny-moe-1L"
     folder = tmp_path / "work" / "tiny-moe-1L" / "model"
