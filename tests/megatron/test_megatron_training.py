@@ -33,24 +33,6 @@ def test_first_grpo_step_matches_the_fsdp_backend(ray_cluster, tiny_assets, tmp_
         assert megatron[0][key] == pytest.approx(fsdp[0][key], rel=1e-4, abs=1e-6), key
 
 
-def test_tiny_moe_grpo_steps_with_expert_parallel_match_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):
-    """trainer/tiny_moe.py (8 experts, 2 active) with actor.megatron.expert_model_parallel_size=2 (4 experts per
-    rank): two GRPO steps agree with the FSDP backend; step 2's rollouts come from the weights step 1 trained,
-    synced per expert into the HF rollout replica (which fuses the experts)."""
-    assets = {**tiny_assets, "model": str(build_tiny_moe(tmp_path / "tiny_moe", seed=0))}
-    common = (*QUIET, "trainer.total_training_steps=2", "trainer.save_at_end=false", "actor_rollout_ref.actor.ppo_mini_batch_size=16")
-    fsdp = run(load_config(run_overrides(assets, tmp_path / "fsdp", *common)))
-    megatron = run(load_config(run_overrides(
-        assets, tmp_path / "mcore", *common, MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
-    )))
-    keys = ("reward/mean", "response/length_mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
-    assert len(megatron) == len(fsdp) == 2
-    for step in range(2):
-        for key in keys:
-            assert megatron[step][key] == pytest.approx(fsdp[step][key], rel=1e-4, abs=1e-6), (step, key)
-    assert megatron[1]["actor/kl_loss"] > 0  # step 2 trains away from the reference: the weights moved
-
-
 def test_gspo_steps_match_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):
     """policy_loss.loss_mode=gspo is the loss code both backends share: two epochs over one mini-batch (the
     second sees sequence ratios other than 1) agree with the FSDP backend."""
@@ -77,13 +59,26 @@ def test_pipeline_parallel_resume_reproduces_a_straight_run(ray_cluster, tiny_as
     ]
 
 
-def test_expert_parallel_resume_reproduces_a_straight_run(ray_cluster, tiny_assets, tmp_path):
-    """Each EP rank saves its own experts and their Adam state, and reads them back."""
+def test_tiny_moe_with_expert_parallel_matches_the_fsdp_backend_and_resumes(ray_cluster, tiny_assets, tmp_path):
+    """trainer/tiny_moe.py (8 experts, 2 active) with actor.megatron.expert_model_parallel_size=2 (4 experts per
+    rank): two GRPO steps agree with the FSDP backend (step 2's rollouts come from the weights step 1 trained,
+    synced per expert into the HF rollout replica, which fuses the experts); each EP rank saves its own experts and
+    their Adam state and reads them back, so a run resumed after step 1 reproduces the straight one."""
     assets = {**tiny_assets, "model": str(build_tiny_moe(tmp_path / "tiny_moe", seed=0))}
-    common = (*QUIET, "trainer.save_freq=1", MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2")
-    straight = run(load_config(run_overrides(assets, tmp_path / "straight", "trainer.total_training_steps=2", *common)))
-    first = run(load_config(run_overrides(assets, tmp_path / "resumed", "trainer.total_training_steps=1", *common)))
-    second = run(load_config(run_overrides(assets, tmp_path / "resumed", "trainer.total_training_steps=2", *common)))
+    common = (*QUIET, "actor_rollout_ref.actor.ppo_mini_batch_size=16")
+    expert_parallel = (*common, "trainer.save_freq=1", MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2")
+    fsdp = run(load_config(run_overrides(assets, tmp_path / "fsdp", *common, "trainer.total_training_steps=2",
+                                         "trainer.save_at_end=false")))
+    straight = run(load_config(run_overrides(assets, tmp_path / "straight", "trainer.total_training_steps=2", *expert_parallel)))
+    keys = ("reward/mean", "response/length_mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
+    assert len(straight) == len(fsdp) == 2
+    for step in range(2):
+        for key in keys:
+            assert straight[step][key] == pytest.approx(fsdp[step][key], rel=1e-4, abs=1e-6), (step, key)
+    assert straight[1]["actor/kl_loss"] > 0  # step 2 trains away from the reference: the weights moved
+
+    first = run(load_config(run_overrides(assets, tmp_path / "resumed", "trainer.total_training_steps=1", *expert_parallel)))
+    second = run(load_config(run_overrides(assets, tmp_path / "resumed", "trainer.total_training_steps=2", *expert_parallel)))
     assert [r["step"] for r in second] == [2]
     assert _comparable(first + second) == _comparable(straight)
     assert sorted(p.name for p in (tmp_path / "resumed" / "global_step_1" / "actor").iterdir()) == [
