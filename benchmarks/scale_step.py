@@ -7,8 +7,9 @@ Random-init Qwen2 models of the Qwen2.5-7B / -3B shapes, or the Qwen3-30B-A3B mi
 `--layers N` keeps its first N decoder layers, so that one GPU holds it), written in bf16 by
 benchmarks/random_model.py in a child process, the arithmetic task, GRPO with the reference KL loss, FSDP2 (bf16
 compute, float32 master weights) with parameter and optimizer offload and gradient checkpointing, packed
-sequences, the hybrid vLLM engine with sleep mode; `--lora-rank 64` trains LoRA adapters instead (actor_rollout_ref.model.lora_rank), their
-frozen base shared with the engine by default (actor_rollout_ref.rollout.share_base_weights=false: two copies).
+sequences, the hybrid vLLM engine with sleep mode; `--lora-rank 64` trains LoRA adapters instead
+(actor_rollout_ref.model.lora_rank), their frozen base shared with the engine by default
+(actor_rollout_ref.rollout.share_base_weights=false: two copies).
 Before running, the memory plan (trainer/memory_plan) is printed; a size whose plan does not fit the GPU is
 skipped unless `--force`. Per phase: time (steady state = mean of steps 2..N), the plan's estimate and the
 measured peak: `gpu_used_peak_gib`, the whole device's highest use during the phase (NVML, sampled in the
@@ -65,6 +66,8 @@ def shape_of(size: str, layers: int | None) -> tuple[str, dict[str, Any]]:
     if not layers:
         return size, SHAPES[size]
     return f"{size}-{layers}L", dict(SHAPES[size], num_hidden_layers=layers)
+
+
 # Each worker memory reading (memory/<phase>/...) covers the time since the previous one, in this order; a
 # plan phase with no reading of its own falls into the next reading (e.g. the reference's log-probs into
 # update_actor when the worker records none for them).
