@@ -8,7 +8,8 @@ makes one float32 temporary of the moments' size (on GPU the fused AdamW makes n
 and only the float32 adapter factors train.
 In a forward/backward FSDP2 holds unsharded compute-dtype copies of the root unit (embedding, final norm,
 head) and of the layer being computed plus the one prefetched; backward reduces one layer's gradients at a
-time (its compute-dtype gradients, a float32 copy and the float32 shard).
+time (its compute-dtype gradients, a float32 copy and the float32 shard), and the root unit's last, at the
+root's own size.
 Megatron (workers/megatron/backend.py): compute-dtype weights (Float16Module), a float32 gradient buffer and
 float32 main weights + moments (sharded over data-parallel ranks with the distributed optimizer), per
 tensor x pipeline parallel slice.
@@ -39,6 +40,7 @@ class RoleMemory:
     step_temporary: int  # foreach AdamW's temporary during optimizer.step() (CPU; the fused GPU step has none)
     gathered: int  # compute copies alive during a forward/backward (FSDP2 unsharded units)
     reduce: int  # one layer's gradient reduction buffers during backward
+    root_reduce: int  # the root unit's (embedding, final norm, head) reduction buffers, at the end of backward
     largest_tensor: int  # bytes of the largest whole parameter in the compute dtype (a weight-sync slot)
     synced_params: int  # parameters a weight sync sends (the adapters only, with LoRA)
     frozen_base: int = 0  # LoRA: the frozen base shards (part of `weights`), which a hybrid engine can hold instead
@@ -52,12 +54,13 @@ def role_memory(role: ModelRole, gpus: int) -> RoleMemory:
     if role.strategy == "megatron":
         return _megatron_memory(role, gpus, largest)
     if role.train is None:  # frozen, stored in the compute dtype
-        return RoleMemory(e * _ceil_div(total, gpus), 0, 0, 0, e * (root + 2 * layer), 0, largest, total)
+        return RoleMemory(e * _ceil_div(total, gpus), 0, 0, 0, e * (root + 2 * layer), 0, 0, largest, total)
     if role.train.full:
         local = _ceil_div(total, gpus)
+        reduce_per_param = e + FP32 + _ceil_div(FP32, gpus)
         return RoleMemory(
             weights=FP32 * local, grads=FP32 * local, optimizer=ADAM_MOMENTS * local, step_temporary=FP32 * local,
-            gathered=e * (root + 2 * layer), reduce=(e + FP32 + _ceil_div(FP32, gpus)) * layer,
+            gathered=e * (root + 2 * layer), reduce=reduce_per_param * layer, root_reduce=reduce_per_param * root,
             largest_tensor=largest, synced_params=total,
         )
     adapters = lora_params(shape, role.train.lora_rank, role.train.lora_targets)
@@ -67,7 +70,7 @@ def role_memory(role: ModelRole, gpus: int) -> RoleMemory:
         weights=e * _ceil_div(total, gpus) + FP32 * local_adapters, grads=FP32 * local_adapters,
         optimizer=ADAM_MOMENTS * local_adapters, step_temporary=FP32 * local_adapters,
         gathered=e * (root + 2 * (layer + layer_adapters)), reduce=(e + FP32 + _ceil_div(FP32, gpus)) * layer_adapters,
-        largest_tensor=largest, synced_params=adapters, frozen_base=e * _ceil_div(total, gpus),
+        root_reduce=0, largest_tensor=largest, synced_params=adapters, frozen_base=e * _ceil_div(total, gpus),
     )
 
 
@@ -86,12 +89,12 @@ def _megatron_memory(role: ModelRole, gpus: int, largest: int) -> RoleMemory:
     e = role.e
     local = _ceil_div(megatron_stage_params(role), role.tp)
     if role.train is None:
-        return RoleMemory(e * local, 0, 0, 0, 0, 0, largest, role.shape.total_params(role.head))
+        return RoleMemory(e * local, 0, 0, 0, 0, 0, 0, largest, role.shape.total_params(role.head))
     dp = max(1, gpus // (role.tp * role.pp))
     shards = dp if role.distributed_optimizer else 1
     main_weights = FP32 if e < FP32 else 0  # the mixed-precision optimizer's float32 copy
     return RoleMemory(
         weights=e * local, grads=FP32 * local, optimizer=_ceil_div((main_weights + ADAM_MOMENTS) * local, shards),
-        step_temporary=_ceil_div(FP32 * local, shards), gathered=0, reduce=0, largest_tensor=largest,
+        step_temporary=_ceil_div(FP32 * local, shards), gathered=0, reduce=0, root_reduce=0, largest_tensor=largest,
         synced_params=role.shape.total_params(role.head),
     )
