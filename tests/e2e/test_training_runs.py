@@ -74,28 +74,38 @@ def test_resume_reproduces_a_straight_run(ray_cluster, tiny_assets, tmp_path):
     assert logged == [1, 2, 3, 4]
 
 
-def test_reward_model_group_scores_beside_rule_rewards(ray_cluster, tiny_assets, tmp_path):
+def _check_estimator_step(record, cfg, algorithm):
+    assert np.isfinite(record["actor/pg_loss"]) and np.isfinite(record["advantage/mean"])
+    if algorithm == "remax":
+        assert record["timing/generate_baseline_s"] > 0
+    if cfg.algorithm.use_kl_in_reward:
+        assert "actor/reward_kl_penalty" in record
+
+
+def test_reward_model_group_scores_beside_rule_rewards_under_rloo(ray_cluster, tiny_assets, tmp_path):
+    """One run for two checks: the reward-model group scores beside the rule rewards, and the rloo estimator runs
+    its steps (the checks of test_other_estimators_run_a_step, whose run it replaces)."""
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=-1",
+        tiny_assets, tmp_path, "algorithm=rloo", "trainer.total_training_steps=2", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.save_at_end=false",
         "reward_model.enable=true", f"reward_model.model.path={tiny_assets['model']}",
     ))
     history = run(cfg)
     assert len(history) == 2
     for record in history:
+        # the reward-model group's scores
         assert np.isfinite(record["reward/reward_model_mean"]) and record["reward/reward_model_mean"] != 0.0
         assert np.isfinite(record["reward/mean"])
+        # the rloo estimator (its KL in the reward included)
+        _check_estimator_step(record, cfg, "rloo")
+    assert cfg.algorithm.use_kl_in_reward  # rloo's default: the KL penalty check above did run
 
 
-@pytest.mark.parametrize("algorithm", ["rloo", "reinforce_pp", "remax"])
+@pytest.mark.parametrize("algorithm", ["reinforce_pp", "remax"])  # rloo: with the reward model above
 def test_other_estimators_run_a_step(ray_cluster, tiny_assets, tmp_path, algorithm):
     cfg = load_config(run_overrides(
         tiny_assets, tmp_path, f"algorithm={algorithm}", "trainer.total_training_steps=1", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.save_at_end=false",
     ))
     (record,) = run(cfg)
-    assert np.isfinite(record["actor/pg_loss"]) and np.isfinite(record["advantage/mean"])
-    if algorithm == "remax":
-        assert record["timing/generate_baseline_s"] > 0
-    if cfg.algorithm.use_kl_in_reward:
-        assert "actor/reward_kl_penalty" in record
+    _check_estimator_step(record, cfg, algorithm)
