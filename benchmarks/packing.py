@@ -118,7 +118,8 @@ def synchronize(device: torch.device) -> None:
 
 
 class Phase:
-    """Wall time and the allocator's peak (CUDA) of one phase."""
+    """Wall time and the allocator's peaks (CUDA) of one phase: allocated, and reserved (what the device sees of
+    the process's tensors, cached free blocks included)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -133,7 +134,9 @@ class Phase:
     def __exit__(self, *exc: Any) -> None:
         synchronize(self.device)
         self.seconds = time.perf_counter() - self.start
-        self.peak_gib = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
+        on_cuda = self.device.type == "cuda"
+        self.peak_gib = torch.cuda.max_memory_allocated(self.device) / 2**30 if on_cuda else None
+        self.peak_reserved_gib = torch.cuda.max_memory_reserved(self.device) / 2**30 if on_cuda else None
 
 
 def free_device_memory(device: torch.device) -> None:

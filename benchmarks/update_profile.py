@@ -213,6 +213,7 @@ def run_variant(
         update_s = sum(seconds) / len(seconds)
         row.update(
             update_s=update_s, update_s_each=seconds, peak_allocated_gib=phase.peak_gib,
+            peak_reserved_gib=phase.peak_reserved_gib,
             reserved_gib=torch.cuda.memory_reserved(device) / 2**30 if device.type == "cuda" else None,
             device_allocs=after.get("num_device_alloc", 0) - before.get("num_device_alloc", 0),
             alloc_retries=after.get("num_alloc_retries", 0) - before.get("num_alloc_retries", 0),
@@ -235,15 +236,16 @@ def run_variant(
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print("| variant (budget/recompute/release) | update s | MFU | HFU | tokens/s | peak alloc GiB | device allocs |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| variant (budget/recompute/release) | update s | MFU | HFU | tokens/s | peak alloc GiB | peak reserved GiB "
+          "| device allocs |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         if "error" in r:
             print(f"| {r['variant']} | {r['error']} |")
             continue
         pct = lambda v: f"{100 * v:.1f}%" if v is not None else "n/a"  # noqa: E731
         print(f"| {r['variant']} | {r['update_s']:.2f} | {pct(r['mfu'])} | {pct(r['hfu'])} | {r['tokens_per_s']:.0f} | "
-              f"{r['peak_allocated_gib'] or 0:.1f} | {r['device_allocs']} |")
+              f"{r['peak_allocated_gib'] or 0:.1f} | {r['peak_reserved_gib'] or 0:.1f} | {r['device_allocs']} |")
     for r in rows:
         if "profile" in r:
             print(f"profile of {r['variant']}:", json.dumps(r["profile"], indent=1))

@@ -93,17 +93,17 @@ def test_full_fine_tuning_state_is_16_bytes_per_parameter_and_shards_over_the_po
 
 
 def test_the_root_units_gradient_reduction_adds_its_buffers_to_the_backward_where_they_outgrow_a_layers(folders):
-    """FSDP reduces the root unit (embedding, final norm, head) last: its compute-dtype gradients, their float32
-    copy and the float32 shard, at the root's size (measured at the Qwen2.5-14B shape on an H200: the peak
-    without this term was 13% above the plan)."""
+    """FSDP reduces the root unit (embedding, final norm, head) last: the float32 reduce-scatter input beside
+    first the compute-dtype gradients it copies and then the float32 shard, at the root's size (a CUDA memory
+    trace at the Qwen2.5-14B shape on an H200: NVML's update peak was 13% above the plan without this term)."""
     shape = ModelShape.from_config(QWEN_7B)
     assert shape.root_params() > shape.layer_params()
     kept = ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=false",)
-    for gpus, shard_bytes in ((1, 4), (2, 2)):
+    for gpus, bytes_per_param in ((1, 4 + 4), (2, 4 + 2), (4, 4 + 2)):  # + max(bf16 gradients, float32 shard)
         plan = plan_of(scale_config(folders["7B"], *kept, f"trainer.n_gpus_per_node={gpus}"))
         rows = {r.moment: r for g in plan.groups for r in g.rows if r.phase == "update_actor"}
         extra = rows["root gradient reduction"].total - rows["forward/backward"].total
-        assert extra == (2 + 4 + shard_bytes) * shape.root_params()
+        assert extra == bytes_per_param * shape.root_params()
     # LoRA reduces only the adapters' gradients: no such moment
     lora = plan_of(scale_config(folders["7B"], *kept, lora_rank=64))
     assert {r.moment for g in lora.groups for r in g.rows if r.phase == "update_actor"} == {"forward/backward"}

@@ -9,7 +9,7 @@ and only the float32 adapter factors train.
 In a forward/backward FSDP2 holds unsharded compute-dtype copies of the root unit (embedding, final norm,
 head) and of the layer being computed plus the one prefetched; backward reduces one layer's gradients at a
 time (its compute-dtype gradients, a float32 copy and the float32 shard), and the root unit's last, at the
-root's own size.
+root's own size (its compute-dtype gradients are freed once copied into the float32 input).
 Megatron (workers/megatron/backend.py): compute-dtype weights (Float16Module), a float32 gradient buffer and
 float32 main weights + moments (sharded over data-parallel ranks with the distributed optimizer), per
 tensor x pipeline parallel slice.
@@ -57,10 +57,12 @@ def role_memory(role: ModelRole, gpus: int) -> RoleMemory:
         return RoleMemory(e * _ceil_div(total, gpus), 0, 0, 0, e * (root + 2 * layer), 0, 0, largest, total)
     if role.train.full:
         local = _ceil_div(total, gpus)
-        reduce_per_param = e + FP32 + _ceil_div(FP32, gpus)
+        # The root's float32 reduce-scatter input, beside first its compute-dtype gradients (freed once copied
+        # in) and then the float32 output: the larger pair is the peak (a CUDA memory trace at the 14B shape).
+        root_reduce = (FP32 + max(e, _ceil_div(FP32, gpus))) * root
         return RoleMemory(
             weights=FP32 * local, grads=FP32 * local, optimizer=ADAM_MOMENTS * local, step_temporary=FP32 * local,
-            gathered=e * (root + 2 * layer), reduce=reduce_per_param * layer, root_reduce=reduce_per_param * root,
+            gathered=e * (root + 2 * layer), reduce=(e + FP32 + _ceil_div(FP32, gpus)) * layer, root_reduce=root_reduce,
             largest_tensor=largest, synced_params=total,
         )
     adapters = lora_params(shape, role.train.lora_rank, role.train.lora_targets)
