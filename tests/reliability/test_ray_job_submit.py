@@ -1,6 +1,7 @@
 """`ray start --head --block &` → `ray job submit --working-dir . -- python -m trainer.main ...` and
-`ray job submit --working-dir <user folder> -- python my_recipe.py ...` → `kill <ray start pid>`, all on
-127.0.0.1: each job's log shows finished steps and where its outputs went, both jobs SUCCEEDED, and the
+`ray job submit --working-dir <user folder> -- python my_recipe.py ...` → `kill <ray start pid>`, on one machine
+(`--node-ip-address 127.0.0.1`, which Ray replaces with the machine's address; the dashboard on 127.0.0.1): each
+job's log shows finished steps and where its outputs went, both jobs SUCCEEDED, and the
 scoped stop (docs/operations.md) leaves no process of this cluster behind, without touching any other
 Ray on the machine (no `ray stop`).
 """
