@@ -272,6 +272,23 @@ def two_gpu_cases() -> list[Case]:
             RunCheck(10, synced=True),
         ),
         Case(
+            "megatron_moe_ep2",
+            "two",
+            "Megatron actor on the tiny mixture of experts, expert parallel 2 (each GPU holds half of every layer's "
+            "experts; NCCL all-to-all token dispatch), vLLM hybrid on each GPU, every sync of the experts verified",
+            (
+                _train(
+                    TINY_MOE,
+                    *VLLM,
+                    *VERIFY,
+                    "actor_rollout_ref.actor.strategy=megatron",
+                    "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+                    steps(10),
+                ),
+            ),
+            RunCheck(10, synced=True),
+        ),
+        Case(
             "engine_quickstart_two_gpus",
             "two",
             "engine-API quick start, train engine colocated and on its own GPU (NCCL)",

@@ -35,7 +35,8 @@ REQUIRED = {
         "checkpoint_resume",
         "engine_examples",
     },
-    "two": {"fsdp_two_gpus", "hybrid_tp2", "ulysses_two", "separate_async_nccl", "megatron_tp2", "engine_quickstart_two_gpus"},
+    "two": {"fsdp_two_gpus", "hybrid_tp2", "ulysses_two", "separate_async_nccl", "megatron_tp2", "megatron_moe_ep2",
+            "engine_quickstart_two_gpus"},
 }
 
 
