@@ -1,8 +1,8 @@
 """A LoRA run of a mixture-of-experts model with vLLM rollouts, checked before Ray starts.
 
-vLLM takes a LoRA adapter per expert module, while the trainer (PEFT over transformers 5's fused experts) adapts
-each layer's experts as one fused weight: `target_modules=all-linear`, which takes the experts, cannot be synced.
-And vLLM's CPU backend runs a mixture of experts with an adapter only through its Triton kernels, which need a GPU.
+vLLM's CPU backend runs a mixture of experts with an adapter only through its Triton kernels, which need a GPU.
+The trainer (PEFT over transformers 5's fused experts) adapts each layer's experts as one fused weight; vLLM
+splits those factors per expert itself (workers/lora/moe_vllm.py), a split checked here for Qwen3-MoE only.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from omegaconf import DictConfig
 from trainer.memory_plan.moe import expert_count
 from trainer.memory_plan.shape import language_model_config, read_model_config
 from trainer.run_setup import runs_on_gpu, visible_gpu_count
+from workers.lora.moe_vllm import FUSED_EXPERT_MODEL_TYPES, adapts_experts
+from workers.lora.spec import LoraSpec
 
 ATTENTION_AND_ROUTER = "[q_proj,k_proj,v_proj,o_proj,gate]"
 
@@ -31,10 +33,12 @@ def moe_lora_rollout_problem(cfg: DictConfig) -> str | None:
             f"{lora} with rollout.name=vllm needs a GPU: vLLM's CPU backend runs experts under a LoRA adapter only "
             "through its Triton kernels; use actor_rollout_ref.rollout.name=hf on CPU"
         )
-    if str(model.target_modules) == "all-linear":
+    model_type = language_model_config(read_model_config(model.path)).get("model_type")
+    spec = LoraSpec.from_model_config(model)
+    if spec is not None and adapts_experts(spec) and model_type not in FUSED_EXPERT_MODEL_TYPES:
         return (
-            f"{lora} adapts every linear layer, the experts too, which the trainer holds as one fused weight per layer "
-            "and vLLM takes only per expert: set actor_rollout_ref.model.target_modules to the attention and the "
+            f"{lora} adapts the experts of a {model_type!r} model; their adapter reaches vLLM only for "
+            f"{list(FUSED_EXPERT_MODEL_TYPES)}: set actor_rollout_ref.model.target_modules to the attention and the "
             f"router, e.g. {ATTENTION_AND_ROUTER}, or use actor_rollout_ref.rollout.name=hf"
         )
     return None

@@ -34,6 +34,7 @@ REQUIRED = {
         "image_task",
         "checkpoint_resume",
         "engine_examples",
+        "moe_lora_vllm_hybrid",
     },
     "two": {"fsdp_two_gpus", "hybrid_tp2", "ulysses_two", "separate_async_nccl", "megatron_tp2", "megatron_moe_ep2",
             "engine_quickstart_two_gpus"},

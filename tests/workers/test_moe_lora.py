@@ -1,8 +1,11 @@
 """LoRA on a mixture of experts: the merged export folds PEFT's adapters on the fused experts and the router in
-(the merged model computes what the adapted one does), and a vLLM rollout that cannot take such an adapter is
-refused before Ray starts, naming what to set."""
+(the merged model computes what the adapted one does), and a vLLM rollout that cannot take such an adapter (on
+CPU; an expert layout vLLM's split is not checked for) is refused before Ray starts, naming what to set."""
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -42,20 +45,26 @@ def test_the_merged_moe_computes_what_the_adapted_one_does():
         assert torch.allclose(adapted(input_ids=ids).logits, plain(input_ids=ids).logits, atol=1e-5)
 
 
-def test_vllm_rollouts_of_a_moe_lora_are_refused_with_what_to_set(small_assets, tmp_path, monkeypatch):  # noqa: F811
+def test_vllm_rollouts_of_a_moe_lora_are_refused_on_cpu_and_for_unchecked_expert_layouts(
+    small_assets, tmp_path, monkeypatch  # noqa: F811
+):
     moe = build_tiny_moe(tmp_path / "moe")
-    lora = (
-        "actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.model.lora_rank=8",
-        f"actor_rollout_ref.model.path={moe}",
-    )
-    on_cpu = moe_lora_rollout_problem(load_config(short_run(small_assets, tmp_path, *lora)))
+    lora = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.lora_rank=8")
+    on_moe = (*lora, f"actor_rollout_ref.model.path={moe}")
+    on_cpu = moe_lora_rollout_problem(load_config(short_run(small_assets, tmp_path, *on_moe)))
     assert on_cpu and on_cpu.endswith("use actor_rollout_ref.rollout.name=hf on CPU")
     monkeypatch.setattr("trainer.moe_checks.visible_gpu_count", lambda: 1)  # as on a GPU node
-    experts = moe_lora_rollout_problem(load_config(short_run(small_assets, tmp_path, *lora)))
+    # Qwen3-MoE: vLLM splits the fused expert factors itself (tests/workers/test_moe_lora_vllm.py).
+    assert moe_lora_rollout_problem(load_config(short_run(small_assets, tmp_path, *on_moe))) is None
+    # Another mixture of experts' fused layout is not checked against vLLM's split: its experts are refused.
+    other = tmp_path / "other_moe"
+    shutil.copytree(moe, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "qwen2_moe"}))
+    on_other = (*lora, f"actor_rollout_ref.model.path={other}")
+    experts = moe_lora_rollout_problem(load_config(short_run(small_assets, tmp_path, *on_other)))
     assert experts and f"target_modules to the attention and the router, e.g. {ATTENTION_AND_ROUTER}" in experts
     targets = f"actor_rollout_ref.model.target_modules={ATTENTION_AND_ROUTER}"
-    attention = load_config(short_run(small_assets, tmp_path, *lora, targets))
-    assert moe_lora_rollout_problem(attention) is None
-    dense = load_config(short_run(small_assets, tmp_path, *lora[:2]))
+    assert moe_lora_rollout_problem(load_config(short_run(small_assets, tmp_path, *on_other, targets))) is None
+    dense = load_config(short_run(small_assets, tmp_path, *lora))
     assert moe_lora_rollout_problem(dense) is None

@@ -66,6 +66,9 @@ class MoeShape:
         return self.router_params(hidden) + self.top_k * 3 * hidden * self.expert_intermediate + shared
 
 
+EXPERT_PROJECTIONS = frozenset({"gate_proj", "up_proj", "down_proj"})  # PEFT maps these onto the fused experts
+
+
 def sparse_lora_params(moe: MoeShape, hidden: int, rank: int, targets: tuple[str, ...]) -> int:
     """Adapter parameters of one sparse block (PEFT's layout: per expert A is rank x in, B out x rank)."""
     if not moe.peft_experts:
@@ -75,6 +78,17 @@ def sparse_lora_params(moe: MoeShape, hidden: int, rank: int, targets: tuple[str
     params = rank * (h + e) if "gate" in targets else 0
     params += 2 * rank * e * (h + 2 * m) if {"gate_proj", "up_proj"} <= set(targets) else 0
     return params + (rank * e * (m + h) if "down_proj" in targets else 0)
+
+
+def engine_sparse_lora_params(moe: MoeShape, hidden: int, slot: int, targets: tuple[str, ...]) -> int:
+    """vLLM's adapter buffers of one sparse block at its rank slot `slot`: the router's, and for fused experts a
+    gate, an up and a down slice per expert (vLLM splits PEFT's fused factors per expert: E x slot x (3H + 3F))."""
+    if not moe.peft_experts:
+        return sparse_lora_params(moe, hidden, slot, targets)
+    params = slot * (hidden + moe.experts) if "gate" in targets else 0
+    if set(targets) & EXPERT_PROJECTIONS:
+        params += moe.experts * slot * 3 * (hidden + moe.expert_intermediate)
+    return params
 
 
 def expert_count(config: Mapping[str, Any]) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from trainer.memory_plan.residency import RoleMemory, role_memory
 from trainer.memory_plan.setup import Batching, ModelRole, PlanSetup
-from trainer.memory_plan.shape import lora_params
+from trainer.memory_plan.shape import engine_lora_params
 from trainer.memory_plan.terms import (
     Trainability,
     backward_peak_bytes,
@@ -29,7 +29,6 @@ from trainer.memory_plan.terms import (
     model_saved_bytes,
 )
 from workers.cached_blocks_limit import CACHED_BLOCKS_LIMIT
-from workers.lora.spec import VLLM_MAX_LORA_RANKS
 
 COLUMNS = ("weights", "grads", "optimizer", "activations", "logits", "engine", "other")
 # Per GPU process: CUDA context, cuBLAS/NCCL workspaces, allocator slack (an allowance, not computed).
@@ -102,7 +101,7 @@ def engine_weight_bytes(setup: PlanSetup) -> int:
     actor = setup.actor
     params = actor.shape.total_params()
     if actor.train is not None and actor.train.lora_rank:
-        params += lora_params(actor.shape, vllm_lora_rank(actor.train.lora_rank), actor.train.lora_targets)
+        params += engine_lora_params(actor.shape, actor.train.lora_rank, actor.train.lora_targets)
     return setup.rollout.engine_e * params // setup.rollout.tp
 
 
@@ -267,11 +266,6 @@ class _TrainerGpu:
                               shape.hidden) // tp if logits_use else 0
         return _parts(weights=self.memory[name].gathered, grads=grads, activations=batch.tokens * per_token // tp,
                       logits=logits, other=self._cached_blocks(name))
-
-
-def vllm_lora_rank(rank: int) -> int:
-    """The adapter slot rank vLLM allocates for `rank` (its `max_lora_rank`, workers/lora/spec.py)."""
-    return next((size for size in VLLM_MAX_LORA_RANKS if size >= rank), rank)
 
 
 def _add(parts: dict[str, int], *more: dict[str, int], **extra: int) -> dict[str, int]:

@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from trainer.memory_plan.moe import EXACT_MOE_TYPES, MoeShape, moe_from_config, sparse_lora_params
+from trainer.memory_plan.moe import (
+    EXACT_MOE_TYPES,
+    EXPERT_PROJECTIONS,
+    MoeShape,
+    engine_sparse_lora_params,
+    moe_from_config,
+    sparse_lora_params,
+)
+from workers.lora.spec import VLLM_MAX_LORA_RANKS
 
 # Model types whose parameters these formulas count exactly (checked against transformers in the tests).
 EXACT_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral", *EXACT_MOE_TYPES)
@@ -243,6 +251,25 @@ def layer_lora_params(shape: ModelShape, layer: int, rank: int, targets: tuple[s
         return attention
     mlp = [n for n in targets if n in linears and n not in ATTENTION_NAMES]
     return attention + sum(rank * (linears[n][0] + linears[n][1]) for n in mlp)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The adapter slot rank vLLM allocates for `rank` (its `max_lora_rank`, workers/lora/spec.py)."""
+    return next((size for size in VLLM_MAX_LORA_RANKS if size >= rank), rank)
+
+
+def engine_lora_params(shape: ModelShape, rank: int, targets: tuple[str, ...]) -> int:
+    """A vLLM engine's adapter buffers for LoRA rank `rank`: every adapted module at the engine's one slot rank,
+    which must hold 2r when a mixture of experts' fused experts are adapted (their gate_up factors have rank 2r;
+    workers/lora/moe_vllm.py), with per-expert slices for the experts."""
+    fused = shape.moe is not None and shape.moe.peft_experts and bool(set(targets) & EXPERT_PROJECTIONS)
+    if not fused:
+        return lora_params(shape, vllm_lora_rank(rank), targets)
+    slot = vllm_lora_rank(2 * rank)
+    linears = shape.linear_shapes()
+    attention = sum(slot * (linears[n][0] + linears[n][1]) for n in targets if n in ATTENTION_NAMES)
+    sparse = engine_sparse_lora_params(shape.moe, shape.hidden, slot, targets)
+    return sum(attention + (sparse if shape.sparse(layer) else 0) for layer in range(shape.layers))
 
 
 def read_model_config(model_path: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -72,9 +72,14 @@ class LoraSpec:
 
     @property
     def vllm_max_lora_rank(self) -> int:
-        if self.rank <= VLLM_MAX_LORA_RANKS[-1]:
-            return next(size for size in VLLM_MAX_LORA_RANKS if size >= self.rank)
-        raise ValueError(f"lora_rank={self.rank} is above vLLM's largest adapter rank {VLLM_MAX_LORA_RANKS[-1]}")
+        return vllm_rank_slot(self.rank)
+
+
+def vllm_rank_slot(rank: int) -> int:
+    """The smallest of vLLM's adapter slots that holds factors of `rank`."""
+    if rank <= VLLM_MAX_LORA_RANKS[-1]:
+        return next(size for size in VLLM_MAX_LORA_RANKS if size >= rank)
+    raise ValueError(f"an adapter rank of {rank} is above vLLM's largest adapter rank {VLLM_MAX_LORA_RANKS[-1]}")
 
 
 def _names(value: Any) -> str | tuple[str, ...]:

@@ -16,16 +16,26 @@ from typing import Any
 
 import torch
 
-from workers.lora.spec import LoraSpec, peft_tensor_name
+from workers.lora.moe_vllm import expert_lora_rank, has_fused_expert_factors, module_kind
+from workers.lora.spec import LoraSpec, peft_tensor_name, vllm_rank_slot
 
 ADAPTER_ID = 1  # one adapter per engine, replaced in place by every sync
 ADAPTER_LABEL = "actor_lora"
 ADAPTER_PATH = "in-memory:actor_lora (sent by the trainer's weight sync)"
 
 
-def engine_options(spec: LoraSpec) -> dict[str, Any]:
-    """`LLM(...)` arguments of an engine serving the trainer's adapter."""
-    return {"enable_lora": True, "max_lora_rank": spec.vllm_max_lora_rank, "max_loras": 1}
+def engine_options(spec: LoraSpec, fused_experts: bool = False) -> dict[str, Any]:
+    """`LLM(...)` arguments of an engine serving the trainer's adapter. `fused_experts`: the adapter adapts a
+    mixture of experts' fused experts (workers/lora/moe_vllm.py): vLLM splits them per expert itself, and their
+    gate_up factors have rank 2r."""
+    if not fused_experts:
+        return {"enable_lora": True, "max_lora_rank": spec.vllm_max_lora_rank, "max_loras": 1}
+    return {
+        "enable_lora": True,
+        "max_lora_rank": vllm_rank_slot(expert_lora_rank(spec)),
+        "max_loras": 1,
+        "enable_mixed_moe_lora_format": True,
+    }
 
 
 def adapter_request() -> Any:
@@ -74,12 +84,19 @@ def register_adapter(
         weights_mapper=_name_mapper(adapters.model),
         skip_prefixes=getattr(adapters.model, "lora_skip_prefixes", None),
     )
+    if has_fused_expert_factors(list(lora.loras)):
+        if not getattr(manager.lora_config, "enable_mixed_moe_lora_format", False):
+            raise RuntimeError(
+                "the adapter holds fused expert factors, but this vLLM engine was started without "
+                "enable_mixed_moe_lora_format (engine_options(spec, fused_experts=True) sets it)"
+            )
+        lora.is_3d_lora_weight = True  # vLLM splits them per expert when it packs the adapter
     # vLLM's LoRA layers of the model must cover every module the adapter adapts.
     supported = set()
     for module in adapters.supported_lora_modules:
         supported.update(adapters.packed_modules_mapping.get(module, [module]))
     unsupported = sorted(
-        {name.rsplit(".", 1)[-1] for name in lora.loras} - supported - set(adapters.packed_modules_mapping)
+        {module_kind(name) for name in lora.loras} - supported - set(adapters.packed_modules_mapping)
     )
     if unsupported:
         raise ValueError(

@@ -25,6 +25,7 @@ SET_BY_OTHER_KEYS = {
     "enable_lora": "actor_rollout_ref.model.lora_rank",
     "hf_overrides": "actor_rollout_ref.model.override_config",
     "max_lora_rank": "actor_rollout_ref.model.lora_rank",
+    "enable_mixed_moe_lora_format": "actor_rollout_ref.model.target_modules (set when the experts are adapted)",
     "distributed_executor_backend": "rollout.engine_process",
     "worker_extension_cls": "(the weight-sync extension: not settable)",
     "logprobs_mode": "(processed log-probs, what the trainer measures: not settable)",

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from workers.lora.moe_vllm import adapts_fused_experts
 from workers.lora.spec import LoraSpec
 from workers.lora.vllm_adapter import adapter_request, engine_options
 from workers.rollout.buckets import BucketLayout
@@ -102,7 +103,7 @@ class VLLMEngine:
         if config_overrides:  # the trainer's model.override_config: the engine builds the same model
             kwargs["hf_overrides"] = dict(config_overrides)
         if lora is not None:
-            kwargs.update(engine_options(lora))
+            kwargs.update(engine_options(lora, adapts_fused_experts(lora, model_path)))
         kwargs.update(scheduler_options(rollout, device))
         kwargs.update(vllm_engine_kwargs(rollout.get("engine_kwargs")))
         kwargs.update(device_options(rollout, device, self.sleep_enabled))
