@@ -18,14 +18,13 @@ from workers.lora.spec import LoraSpec
 ATTENTION_AND_ROUTER = "[q_proj,k_proj,v_proj,o_proj,gate]"
 
 
-def has_experts(model_path: str) -> bool:
-    return expert_count(language_model_config(read_model_config(model_path))) > 0
-
-
 def moe_lora_rollout_problem(cfg: DictConfig) -> str | None:
     """Why this LoRA run of a mixture of experts cannot sync its adapter into vLLM, or None."""
     model, rollout = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout
-    if not model.lora_rank or rollout.name != "vllm" or not has_experts(model.path):
+    if not model.lora_rank or rollout.name != "vllm":
+        return None
+    model_config = language_model_config(read_model_config(model.path))
+    if expert_count(model_config) == 0:
         return None
     lora = f"actor_rollout_ref.model.lora_rank={model.lora_rank} on the mixture of experts {model.path!r}"
     if not runs_on_gpu(str(cfg.trainer.device), visible_gpu_count()):
@@ -33,7 +32,7 @@ def moe_lora_rollout_problem(cfg: DictConfig) -> str | None:
             f"{lora} with rollout.name=vllm needs a GPU: vLLM's CPU backend runs experts under a LoRA adapter only "
             "through its Triton kernels; use actor_rollout_ref.rollout.name=hf on CPU"
         )
-    model_type = language_model_config(read_model_config(model.path)).get("model_type")
+    model_type = model_config.get("model_type")
     spec = LoraSpec.from_model_config(model)
     if spec is not None and adapts_experts(spec) and model_type not in FUSED_EXPERT_MODEL_TYPES:
         return (

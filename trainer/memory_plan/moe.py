@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from workers.lora.moe_vllm import EXPERT_TARGETS  # the names PEFT maps onto the fused experts
+
 # Model types whose sparse layers these formulas count exactly (checked against transformers in the tests).
 EXACT_MOE_TYPES = ("qwen2_moe", "qwen3_moe")
 INDEX = 8  # int64 index tensors (top-k ids, the sort permutation and its inverse)
@@ -66,9 +68,6 @@ class MoeShape:
         return self.router_params(hidden) + self.top_k * 3 * hidden * self.expert_intermediate + shared
 
 
-EXPERT_PROJECTIONS = frozenset({"gate_proj", "up_proj", "down_proj"})  # PEFT maps these onto the fused experts
-
-
 def sparse_lora_params(moe: MoeShape, hidden: int, rank: int, targets: tuple[str, ...]) -> int:
     """Adapter parameters of one sparse block (PEFT's layout: per expert A is rank x in, B out x rank)."""
     if not moe.peft_experts:
@@ -86,7 +85,7 @@ def engine_sparse_lora_params(moe: MoeShape, hidden: int, slot: int, targets: tu
     if not moe.peft_experts:
         return sparse_lora_params(moe, hidden, slot, targets)
     params = slot * (hidden + moe.experts) if "gate" in targets else 0
-    if set(targets) & EXPERT_PROJECTIONS:
+    if set(targets) & EXPERT_TARGETS:
         params += moe.experts * slot * 3 * (hidden + moe.expert_intermediate)
     return params
 

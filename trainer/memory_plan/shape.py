@@ -17,13 +17,13 @@ from typing import Any, Mapping
 
 from trainer.memory_plan.moe import (
     EXACT_MOE_TYPES,
-    EXPERT_PROJECTIONS,
     MoeShape,
     engine_sparse_lora_params,
     moe_from_config,
     sparse_lora_params,
 )
-from workers.lora.spec import VLLM_MAX_LORA_RANKS
+from workers.lora.moe_vllm import EXPERT_TARGETS
+from workers.lora.spec import smallest_rank_slot
 
 # Model types whose parameters these formulas count exactly (checked against transformers in the tests).
 EXACT_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral", *EXACT_MOE_TYPES)
@@ -254,15 +254,16 @@ def layer_lora_params(shape: ModelShape, layer: int, rank: int, targets: tuple[s
 
 
 def vllm_lora_rank(rank: int) -> int:
-    """The adapter slot rank vLLM allocates for `rank` (its `max_lora_rank`, workers/lora/spec.py)."""
-    return next((size for size in VLLM_MAX_LORA_RANKS if size >= rank), rank)
+    """The adapter slot rank vLLM allocates for `rank` (its `max_lora_rank`); the rank itself above vLLM's largest
+    slot, which preflight refuses (the plan still counts it)."""
+    return smallest_rank_slot(rank) or rank
 
 
 def engine_lora_params(shape: ModelShape, rank: int, targets: tuple[str, ...]) -> int:
     """A vLLM engine's adapter buffers for LoRA rank `rank`: every adapted module at the engine's one slot rank,
     which must hold 2r when a mixture of experts' fused experts are adapted (their gate_up factors have rank 2r;
     workers/lora/moe_vllm.py), with per-expert slices for the experts."""
-    fused = shape.moe is not None and shape.moe.peft_experts and bool(set(targets) & EXPERT_PROJECTIONS)
+    fused = shape.moe is not None and shape.moe.peft_experts and bool(set(targets) & EXPERT_TARGETS)
     if not fused:
         return lora_params(shape, vllm_lora_rank(rank), targets)
     slot = vllm_lora_rank(2 * rank)

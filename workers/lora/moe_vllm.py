@@ -44,13 +44,9 @@ def fused_expert_model_type(model_path: str | Path) -> str | None:
 
 
 def adapts_fused_experts(spec: LoraSpec | None, model_path: str | Path) -> bool:
-    """Whether this run's adapter holds fused expert factors for the engine at `model_path`."""
-    return spec is not None and adapts_experts(spec) and fused_expert_model_type(model_path) is not None
-
-
-def expert_lora_rank(spec: LoraSpec) -> int:
-    """The largest rank the engine meets: the gate_up factors' 2r."""
-    return 2 * spec.rank
+    """Whether this run's adapter holds fused expert factors, in a layout vLLM splits, for the engine at
+    `model_path`."""
+    return spec is not None and adapts_experts(spec) and fused_expert_model_type(model_path) in FUSED_EXPERT_MODEL_TYPES
 
 
 def module_kind(module_name: str) -> str:

@@ -75,11 +75,17 @@ class LoraSpec:
         return vllm_rank_slot(self.rank)
 
 
+def smallest_rank_slot(rank: int) -> int | None:
+    """The smallest of vLLM's adapter slots that holds factors of `rank`; None above the largest."""
+    return next((size for size in VLLM_MAX_LORA_RANKS if size >= rank), None)
+
+
 def vllm_rank_slot(rank: int) -> int:
     """The smallest of vLLM's adapter slots that holds factors of `rank`."""
-    if rank <= VLLM_MAX_LORA_RANKS[-1]:
-        return next(size for size in VLLM_MAX_LORA_RANKS if size >= rank)
-    raise ValueError(f"an adapter rank of {rank} is above vLLM's largest adapter rank {VLLM_MAX_LORA_RANKS[-1]}")
+    slot = smallest_rank_slot(rank)
+    if slot is None:
+        raise ValueError(f"an adapter rank of {rank} is above vLLM's largest adapter rank {VLLM_MAX_LORA_RANKS[-1]}")
+    return slot
 
 
 def _names(value: Any) -> str | tuple[str, ...]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from workers.lora.moe_vllm import expert_lora_rank, has_fused_expert_factors, module_kind
+from workers.lora.moe_vllm import has_fused_expert_factors, module_kind
 from workers.lora.spec import LoraSpec, peft_tensor_name, vllm_rank_slot
 
 ADAPTER_ID = 1  # one adapter per engine, replaced in place by every sync
@@ -32,7 +32,7 @@ def engine_options(spec: LoraSpec, fused_experts: bool = False) -> dict[str, Any
         return {"enable_lora": True, "max_lora_rank": spec.vllm_max_lora_rank, "max_loras": 1}
     return {
         "enable_lora": True,
-        "max_lora_rank": vllm_rank_slot(expert_lora_rank(spec)),
+        "max_lora_rank": vllm_rank_slot(2 * spec.rank),  # the gate_up factors' rank
         "max_loras": 1,
         "enable_mixed_moe_lora_format": True,
     }
