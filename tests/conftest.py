@@ -1,4 +1,5 @@
-"""One local Ray cluster per test session, bound to 127.0.0.1, shared by every test that needs Ray."""
+"""One local Ray cluster per test process (pytest-xdist runs two, pyproject.toml), bound to 127.0.0.1, shared by
+every test of that process that needs Ray."""
 
 import os
 from pathlib import Path
