@@ -47,3 +47,13 @@ def no_ray(monkeypatch):
         raise AssertionError("Ray was started for an input that should have failed before it")
 
     monkeypatch.setattr("trainer.run_setup.init_ray", must_not_start)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with the most `slow` tests first, the rest in their order: the two test processes take a file at a
+    time, so the long files start early and the short ones fill the end (no process left alone with a long file
+    while the other has nothing to do)."""
+    slow_per_file: dict[Path, int] = {}
+    for item in items:
+        slow_per_file[item.path] = slow_per_file.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow_per_file[item.path])  # stable: a file's tests keep their order
