@@ -124,6 +124,11 @@ def init_ray(cfg: DictConfig) -> None:
             attach(address, timeout_s, runtime_env=runtime_env)
         except ClusterUnreachable as error:
             raise InputError(str(error)) from None
+        from single_controller.ray.shared_session import check_working_dir
+
+        problem = check_working_dir()
+        if problem:
+            raise InputError(problem)
         settle_device_on_cluster(cfg)
         return
 
