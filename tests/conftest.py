@@ -2,6 +2,7 @@
 every test of that process that needs Ray."""
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with the most `slow` tests first, the rest in their order: the two test processes take a file at a
     time, so the long files start early and the short ones fill the end (no process left alone with a long file
     while the other has nothing to do)."""
-    slow_per_file: dict[Path, int] = {}
-    for item in items:
-        slow_per_file[item.path] = slow_per_file.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    slow_per_file = Counter(item.path for item in items if item.get_closest_marker("slow") is not None)
     items.sort(key=lambda item: -slow_per_file[item.path])  # stable: a file's tests keep their order

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
@@ -94,7 +95,7 @@ class RayResourcePool:
         # Steer each node's group to a different node that can hold it; Ray treats this as a hint.
         if len(self.process_on_nodes) == 1:
             return [None]
-        alive = [n for n in ray.nodes() if n.get("Alive")]
+        alive = alive_nodes()
         targets: list[str | None] = []
         used: set[str] = set()
         for count in self.process_on_nodes:
@@ -182,10 +183,14 @@ def _node_of(pg: PlacementGroup) -> str:
     return placement_group_table(pg)["bundles_to_node_id"][0]
 
 
+def alive_nodes() -> list[dict[str, Any]]:
+    """The `ray.nodes()` rows of the nodes alive now (Ray keeps dead ones listed)."""
+    return [node for node in ray.nodes() if node.get("Alive")]
+
+
 def _alive_node_resources() -> list[str]:
     return [
         f"{n['NodeManagerAddress']} (node {n['NodeID'][:12]}): {n['Resources'].get('CPU', 0):g} CPU, "
         f"{n['Resources'].get('GPU', 0):g} GPU"
-        for n in ray.nodes()
-        if n.get("Alive")
+        for n in alive_nodes()
     ]

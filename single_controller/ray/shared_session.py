@@ -15,24 +15,26 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import ray
+
+from single_controller.ray.resource_pool import alive_nodes
+
 DOCS = "docs/multi_node.md, 'Several Ray nodes on one machine'"
 
 
 def hosts_with_several_nodes(nodes: list[dict[str, Any]]) -> dict[str, int]:
-    """Address -> number of alive Ray nodes there, for the addresses holding more than one (`ray.nodes()` rows)."""
-    counts = Counter(node["NodeManagerAddress"] for node in nodes if node.get("Alive"))
+    """Address -> number of Ray nodes there, for the addresses holding more than one (`ray.nodes()` rows)."""
+    counts = Counter(node["NodeManagerAddress"] for node in nodes)
     return {address: count for address, count in counts.items() if count > 1}
 
 
-def working_dir_problem(
-    working_dir_uri: str | None, working_dir: Path, code_file: Path, nodes: list[dict[str, Any]]
-) -> str | None:
-    """Why this driver's working directory will vanish under it, or None.
+def working_dir_problem(working_dir: Path, code_file: Path, alive: list[dict[str, Any]]) -> str | None:
+    """Why the job's working directory will vanish under this driver, or None.
 
-    `working_dir_uri`: the job's runtime env `working_dir` (None: no working directory); `working_dir`: where Ray
-    unpacked it (the driver's current directory); `code_file`: a file of this toolkit as imported here."""
-    shared = hosts_with_several_nodes(nodes)
-    if not working_dir_uri or not shared or not code_file.resolve().is_relative_to(working_dir.resolve()):
+    `working_dir`: where Ray unpacked the job's working directory (the driver's current directory); `code_file`: a
+    file of this toolkit as imported here; `alive`: the alive nodes' `ray.nodes()` rows."""
+    shared = hosts_with_several_nodes(alive)
+    if not shared or not code_file.resolve().is_relative_to(working_dir.resolve()):
         return None
     where = ", ".join(f"{count} on {address}" for address, count in sorted(shared.items()))
     return (
@@ -45,10 +47,7 @@ def working_dir_problem(
 
 
 def check_working_dir() -> str | None:
-    """`working_dir_problem` for this driver, attached to its cluster."""
-    import ray
-
-    working_dir_uri = ray.get_runtime_context().runtime_env.get("working_dir")
-    if not working_dir_uri:
+    """`working_dir_problem` for this driver, attached to its cluster (None when the job has no working directory)."""
+    if not ray.get_runtime_context().runtime_env.get("working_dir"):
         return None
-    return working_dir_problem(working_dir_uri, Path(os.getcwd()), Path(__file__), ray.nodes())
+    return working_dir_problem(Path(os.getcwd()), Path(__file__), alive_nodes())

@@ -16,7 +16,7 @@ import torch
 from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.model_loading import compute_dtype
 from workers.rollout.buckets import BucketLayout
-from workers.rollout.engine_group import EngineGroup, group_devices
+from workers.rollout.engine_group import EngineGroup, group_devices, sleep_engine
 from workers.rollout.in_process_sync import InProcessSync, WeightSource
 from workers.rollout.verify import model_has_experts, trainer_log_probs
 from workers.rollout.vllm_engine import VLLMEngine
@@ -116,8 +116,7 @@ class HybridRollout:
             return {}
         released = self._wake()
         metrics = self.sync(version, force=released)
-        if self.engine is not None:
-            self.engine.sleep()
+        sleep_engine(self.engine, self.group)
         return metrics
 
     def verify(self, where: str) -> dict[str, float]:
@@ -159,6 +158,5 @@ class HybridRollout:
         else:
             result = self.engine.generate(prompts, params, call_seed, rank, images=images)
         metrics["rollout/generate_s"] = time.perf_counter() - start
-        if self.engine is not None:
-            self.engine.sleep()
+        sleep_engine(self.engine, self.group)
         return result, metrics

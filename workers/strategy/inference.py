@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers.rollout.engine_group import engine_group
+from workers.rollout.engine_group import engine_group, sleep_engine
 from workers.rollout.in_process_sync import InProcessSync, WeightSource
 from workers.strategy.config import InferenceConfig
 
@@ -87,8 +87,7 @@ class GroupedInferenceEngine:
             self.needs_weights = True
 
     def sleep(self) -> None:
-        if self.owns_engine:
-            self.engine.sleep()
+        sleep_engine(self.engine, self.group)
 
     # ---- weights --------------------------------------------------------------------------------------
     def update(self, source: WeightSource) -> dict[str, float]:
