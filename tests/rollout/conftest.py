@@ -3,7 +3,7 @@ shared by several rollout test modules (each checks its own facts of the same ru
 
 import pytest
 
-from tests.e2e.conftest import run_overrides, tiny_assets  # noqa: F401
+from tests.e2e.conftest import learning_assets, run_overrides, tiny_assets  # noqa: F401
 from tests.workers.conftest import pool_2, tiny_model_dir  # noqa: F401
 
 # LoRA on two actor ranks with vLLM, every sync verified, three steps (test_vllm_lora.py, test_lora_shared_base.py).

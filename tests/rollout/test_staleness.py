@@ -32,10 +32,11 @@ def _check_versions(history):
 
 
 @pytest.mark.slow
-def test_one_step_off_grpo_learns_the_task(ray_cluster, tiny_assets, tmp_path):
-    # 34 steps: measured, the last five average 0.98 at step 34 (0.95 at step 32, 0.89 at step 30).
+def test_one_step_off_grpo_learns_the_task(ray_cluster, learning_assets, tmp_path):
+    # 28 steps: measured on `learning_assets`, the last five average 0.97 at step 28 (0.93 at step 26; 0.90 first at
+    # step 23). The schedule is fixed (step k trains on step k-2's weights), so the run repeats exactly.
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, *OFF_BY_ONE, *IN_WORKER, "trainer.total_training_steps=34", "trainer.save_at_end=false",
+        learning_assets, tmp_path, *OFF_BY_ONE, *IN_WORKER, "trainer.total_training_steps=28", "trainer.save_at_end=false",
         "actor_rollout_ref.rollout.tis_imp_ratio_cap=2.0",
     ))
     history = run(cfg)
