@@ -50,9 +50,31 @@ def no_ray(monkeypatch):
     monkeypatch.setattr("trainer.run_setup.init_ray", must_not_start)
 
 
+# Session fixtures that cost a cluster start or a training run: the files using one run in the same test process,
+# so that it is built once (pytest-xdist's `loadgroup`, pyproject.toml).
+SHARED_EXPENSIVE_FIXTURES = ("multinode_cluster", "lora_hybrid_run")
+
+
+def test_process_groups(items: list[pytest.Item]) -> dict[str, str]:
+    """File -> the unit the test processes take one at a time: the file itself, or the expensive session fixture
+    that a test of the file uses (a file is never split: its module fixtures are built once)."""
+    groups: dict[str, str] = {}
+    for item in items:
+        file = item.nodeid.partition("::")[0]
+        shared = next((name for name in SHARED_EXPENSIVE_FIXTURES if name in item.fixturenames), None)
+        if shared or file not in groups:
+            groups[file] = shared or groups.get(file, file)
+    return groups
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with the most `slow` tests first, the rest in their order: the two test processes take a file at a
-    time, so the long files start early and the short ones fill the end (no process left alone with a long file
-    while the other has nothing to do)."""
-    slow_per_file = Counter(item.path for item in items if item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: -slow_per_file[item.path])  # stable: a file's tests keep their order
+    """Each test goes to its file's process group (`test_process_groups`); groups with the most `slow` tests first,
+    the rest in their order: the two test processes take a group at a time, so the long ones start early and the
+    short ones fill the end (no process left alone with a long group while the other has nothing to do)."""
+    groups = test_process_groups(items)
+    group_of = {item: groups[item.nodeid.partition("::")[0]] for item in items}
+    for item, group in group_of.items():
+        item.add_marker(pytest.mark.xdist_group(group))
+    slow_per_group = Counter(group for item, group in group_of.items() if item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow_per_group[group_of[item]])  # stable: a group's tests keep their order
