@@ -55,26 +55,25 @@ def no_ray(monkeypatch):
 SHARED_EXPENSIVE_FIXTURES = ("multinode_cluster", "lora_hybrid_run")
 
 
-def test_process_groups(items: list[pytest.Item]) -> dict[str, str]:
+def process_groups(items: list[pytest.Item]) -> dict[Path, str]:
     """File -> the unit the test processes take one at a time: the file itself, or the expensive session fixture
     that a test of the file uses (a file is never split: its module fixtures are built once)."""
-    groups: dict[str, str] = {}
+    groups: dict[Path, str] = {}
     for item in items:
-        file = item.nodeid.partition("::")[0]
-        shared = next((name for name in SHARED_EXPENSIVE_FIXTURES if name in item.fixturenames), None)
-        if shared or file not in groups:
-            groups[file] = shared or groups.get(file, file)
+        groups.setdefault(item.path, item.nodeid.partition("::")[0])
+        shared = [name for name in SHARED_EXPENSIVE_FIXTURES if name in item.fixturenames]
+        if shared:
+            groups[item.path] = shared[0]
     return groups
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test goes to its file's process group (`test_process_groups`); groups with the most `slow` tests first,
-    the rest in their order: the two test processes take a group at a time, so the long ones start early and the
-    short ones fill the end (no process left alone with a long group while the other has nothing to do)."""
-    groups = test_process_groups(items)
-    group_of = {item: groups[item.nodeid.partition("::")[0]] for item in items}
-    for item, group in group_of.items():
-        item.add_marker(pytest.mark.xdist_group(group))
-    slow_per_group = Counter(group for item, group in group_of.items() if item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: -slow_per_group[group_of[item]])  # stable: a group's tests keep their order
+    """Each test goes to its file's process group (`process_groups`); groups with the most `slow` tests first, the
+    rest in their order: the two test processes take a group at a time, so the long ones start early and the short
+    ones fill the end (no process left alone with a long group while the other has nothing to do)."""
+    groups = process_groups(items)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item.path]))
+    slow_per_group = Counter(groups[item.path] for item in items if item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow_per_group[groups[item.path]])  # stable: a group's tests keep their order
