@@ -4,7 +4,8 @@ weights are split over the k GPUs of the ranks sharing it."""
 import json
 
 from trainer.config_loader import load_config
-from trainer.memory_plan.plan import engine_weight_bytes
+from trainer.memory_plan import build_plan
+from trainer.memory_plan.plan import ENGINE_WORKER_PROCESS_BYTES, engine_weight_bytes
 from trainer.memory_plan.setup import plan_setup
 
 QWEN_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
@@ -22,3 +23,20 @@ def test_a_shared_hybrid_engine_holds_a_share_of_the_weights_on_each_gpu(tmp_pat
     whole = engine_weights(1)
     assert whole > 14 * (1 << 30)  # 7.6B parameters in bf16
     assert engine_weights(2) == whole // 2 and engine_weights(4) == whole // 4
+
+
+def test_a_hybrid_engine_over_several_gpus_adds_its_worker_process_to_every_phase_after_it_starts(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN_7B))
+
+    def other_by_phase(tp):
+        cfg = load_config([f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.rollout.name=vllm",
+                           "actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.rollout.share_base_weights=false",
+                           f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", "trainer.n_gpus_per_node=2"])
+        plan = build_plan(cfg, gpu_bytes=140 << 30, gpu_source="test")
+        return {row.phase: (row.moment, row.parts["other"]) for row in plan.groups[0].rows}
+
+    one, two = other_by_phase(1), other_by_phase(2)
+    assert one.keys() == two.keys() >= {"init", "generate", "ref_log_prob", "update_actor"}
+    for phase, (moment, other) in two.items():
+        started = moment != "models loaded"
+        assert other - one[phase][1] == (ENGINE_WORKER_PROCESS_BYTES if started else 0), phase
