@@ -216,6 +216,13 @@ def two_gpu_cases() -> list[Case]:
             RunCheck(20, reward_rises_by=0.2, synced=True),
         ),
         Case(
+            "hybrid_sharding_two",
+            "two",
+            "hybrid sharding (fsdp_size=1): a whole copy on each GPU, gradient shards summed once per mini-batch",
+            (_train(*VLLM, *VERIFY, "actor_rollout_ref.actor.fsdp_config.fsdp_size=1", steps(20)),),
+            RunCheck(20, reward_rises_by=0.2, synced=True),
+        ),
+        Case(
             "hybrid_tp2",
             "two",
             "verl's layout: both FSDP ranks share one hybrid vLLM engine of tensor parallel 2",

@@ -1,11 +1,9 @@
-"""verl's `fsdp_config.fsdp_size` (actor, reference, critic): the number of ranks each FSDP shard group spans. -1, or
-at least the role's ranks, is plain FSDP over all of them: what this project does. A smaller size is hybrid
-sharding (shards within groups, replicas across them), which is not provided. The key is the driver's: the
-workers shard over all their ranks and never read it."""
+"""verl's `fsdp_config.fsdp_size` (actor, reference, critic): the number of ranks in each FSDP shard group. -1, or at
+least the role's ranks, shards over all of them; a smaller size must divide the ranks: hybrid sharding, where each
+group of that many consecutive ranks holds one sharded copy and the groups are replicas (workers/fsdp/wrap.py). The
+workers check the value's type; the rank count is the driver's to check, before anything starts."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,18 +18,10 @@ def fsdp_size_problems(cfg: DictConfig) -> list[str]:
     problems = []
     for section in SECTIONS:
         size = OmegaConf.select(cfg, f"{section}.fsdp_size", default=-1)
-        if isinstance(size, bool) or not isinstance(size, int) or (size != -1 and size < 1):
-            problems.append(f"{section}.fsdp_size={size!r} must be -1 (every rank) or a positive integer")
-        elif size != -1 and size < ranks:
+        if isinstance(size, int) and not isinstance(size, bool) and 1 <= size < ranks and ranks % size:
             problems.append(
-                f"{section}.fsdp_size={size} is below the {ranks} workers (trainer.n_gpus_per_node x trainer.nnodes): "
-                "hybrid sharding (shards within groups of that size, replicas across them) is not provided; set -1 "
+                f"{section}.fsdp_size={size} does not divide the {ranks} workers (trainer.n_gpus_per_node x "
+                "trainer.nnodes): hybrid sharding makes groups of that many ranks; use a divisor of the workers, or -1 "
                 "to shard over every worker"
             )
     return problems
-
-
-def drop_driver_keys(fsdp_config: dict[str, Any]) -> dict[str, Any]:
-    """A worker's `fsdp_config` without the driver's keys."""
-    fsdp_config.pop("fsdp_size", None)
-    return fsdp_config

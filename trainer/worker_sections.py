@@ -8,7 +8,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.fsdp_settings import drop_driver_keys
 from workers.config import complete_section
 
 REWARD_DRIVER_KEYS = ("enable", "reward_manager", "overlong_buffer", "reward_kwargs")
@@ -17,15 +16,12 @@ REWARD_DRIVER_KEYS = ("enable", "reward_manager", "overlong_buffer", "reward_kwa
 def actor_section(cfg: DictConfig) -> dict[str, Any]:
     section = OmegaConf.to_container(cfg.actor_rollout_ref, resolve=True)
     section["actor"].pop("checkpoint")  # what a checkpoint holds: the driver's choice (RoleGroups.save)
-    for role in ("actor", "ref"):
-        drop_driver_keys(section[role]["fsdp_config"])
     return section
 
 
 def critic_section(cfg: DictConfig) -> dict[str, Any]:
     section = OmegaConf.to_container(cfg.critic, resolve=True)
     section.pop("checkpoint")  # the driver's choice (RoleGroups.save)
-    drop_driver_keys(section["model"]["fsdp_config"])
     return section
 
 

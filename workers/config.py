@@ -105,6 +105,7 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
         )
     check_lora_settings(config, where)
     check_base_sharing(config, where)
+    _check_lora_reference_groups(config, where)
     _fill_ref_megatron(config, where)
     _fill_ref_sequence_parallel(config, where)
     _check_sequence_parallel(config, config["actor"], _dotted(where, "actor"), where)
@@ -119,7 +120,7 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
                 "actor.strategy='megatron' supports rollout.placement='hybrid' (an HF replica or a vLLM engine in "
                 f"each actor process, fed from the Megatron weights); got placement={rollout['placement']!r}"
             )
-        _reject_offload_on_megatron(
+        _reject_fsdp_settings_on_megatron(
             {"actor.fsdp_config": config["actor"]["fsdp_config"], "ref.fsdp_config": config["ref"]["fsdp_config"]},
             where, "actor.strategy",
         )
@@ -143,15 +144,41 @@ def _fill_ref_megatron(config: dict[str, Any], where: str) -> None:
         ref[key] = actor[key]
 
 
-def _reject_offload_on_megatron(sections: dict[str, dict[str, Any]], where: str, strategy_key: str) -> None:
-    """Parameter and optimizer offload move FSDP2 shards (workers/fsdp/offload.py); Megatron has no such path."""
-    asked = [
-        _dotted(where, f"{name}.{key}=true") for name, section in sections.items() for key, on in section.items() if on
+def _reject_fsdp_settings_on_megatron(sections: dict[str, dict[str, Any]], where: str, strategy_key: str) -> None:
+    """Parameter and optimizer offload move FSDP2 shards (workers/fsdp/offload.py) and `fsdp_size` groups them;
+    Megatron has neither (its data-parallel groups follow from its tensor/pipeline sizes)."""
+    offload = [
+        _dotted(where, f"{name}.{key}=true")
+        for name, section in sections.items()
+        for key, on in section.items()
+        if key.endswith("_offload") and on
     ]
-    if asked:
+    fsdp_only = f"{_dotted(where, strategy_key)}='fsdp' only"
+    if offload:
         raise ValueError(
-            f"{', '.join(asked)}: offload applies to {_dotted(where, strategy_key)}='fsdp' only (the Megatron workers "
-            "keep their state on the GPU); set it to false or use strategy='fsdp'"
+            f"{', '.join(offload)}: offload applies to {fsdp_only} (the Megatron workers keep their state on the GPU); "
+            "set it to false or use strategy='fsdp'"
+        )
+    grouped = [
+        _dotted(where, f"{name}.fsdp_size={section['fsdp_size']}")
+        for name, section in sections.items()
+        if section["fsdp_size"] != -1
+    ]
+    if grouped:
+        raise ValueError(
+            f"{', '.join(grouped)}: FSDP's shard groups apply to {fsdp_only} (Megatron's data-parallel groups follow "
+            "from its tensor and pipeline sizes); set it to -1 or use strategy='fsdp'"
+        )
+
+
+def _check_lora_reference_groups(config: dict[str, Any], where: str) -> None:
+    """A LoRA actor's reference is its own base model (adapters off): it has the actor's shard groups."""
+    actor, ref = config["actor"]["fsdp_config"]["fsdp_size"], config["ref"]["fsdp_config"]["fsdp_size"]
+    if config["model"]["lora_rank"] > 0 and ref not in (-1, actor):
+        raise ValueError(
+            f"{_dotted(where, 'ref.fsdp_config.fsdp_size')}={ref} differs from "
+            f"{_dotted(where, 'actor.fsdp_config.fsdp_size')}={actor}: with LoRA the reference is the actor's own base "
+            "model, sharded as the actor; set the reference's to -1 or to the actor's"
         )
 
 
@@ -220,7 +247,7 @@ def critic_config(user: Any, where: str = "") -> dict[str, Any]:
     config = complete_section("critic", user, where)
     _check_sequence_parallel(config, config, where, where)
     if config["strategy"] == "megatron":
-        _reject_offload_on_megatron({"model.fsdp_config": config["model"]["fsdp_config"]}, where, "strategy")
+        _reject_fsdp_settings_on_megatron({"model.fsdp_config": config["model"]["fsdp_config"]}, where, "strategy")
         _reject_packing_on_megatron(config, ("use_dynamic_bsz",))
         _reject_hf_patches_on_megatron(config, where)
     return config

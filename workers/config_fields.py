@@ -44,6 +44,8 @@ def int_at_least(low: int) -> Any:
     return Annotated[StrictInt, Bound(ge=low)]
 
 
+# FSDP's shard group size (verl's `fsdp_size`): -1, every rank of the role; else the ranks of each group.
+shard_group_size = Union[Literal[-1], Annotated[StrictInt, Bound(ge=1)]]
 any_int = StrictInt  # negative ones included (verl's `lr_warmup_steps=-1` means "use the ratio")
 boolean = StrictBool
 non_empty_str = Annotated[StrictStr, Bound(min_length=1)]

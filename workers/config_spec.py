@@ -20,6 +20,7 @@ from workers.config_fields import (
     non_empty_str,
     one_of,
     optional,
+    shard_group_size,
     spec_list,
     token_ids,
 )
@@ -141,9 +142,19 @@ ACTOR_MODEL_SPEC: dict[str, Any] = {
 }
 
 
-def _offload_spec(role: str) -> dict[str, Any]:
-    """verl's `fsdp_config` offload switches of a trained model (workers/fsdp/residency.py moves the state)."""
+def _fsdp_size_field(role: str) -> Field:
+    return Field(
+        shard_group_size,
+        f"-1 (the {role} shards over every rank) or an int >= 1 dividing the ranks (hybrid sharding: shards within "
+        "groups of that many consecutive ranks, replicas across the groups)",
+    )
+
+
+def _fsdp_config_spec(role: str) -> dict[str, Any]:
+    """verl's `fsdp_config` of a trained model: its shard group size and its offload switches
+    (workers/fsdp/residency.py moves the state)."""
     return {
+        "fsdp_size": _fsdp_size_field(role),
         "param_offload": Field(
             boolean, f"a bool (keep the {role}'s parameters on the host between phases; GPU only)"
         ),
@@ -233,7 +244,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "strategy": _strategy_field("actor and reference"),
         "ulysses_sequence_parallel_size": _ulysses_field(),
         "megatron": megatron_spec(),
-        "fsdp_config": _offload_spec("actor"),
+        "fsdp_config": _fsdp_config_spec("actor"),
     },
     "rollout": {
         "name": Field(
@@ -345,6 +356,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         ),
         **_dynamic_forward_spec("log_prob"),
         "fsdp_config": {
+            "fsdp_size": _fsdp_size_field("reference"),
             "param_offload": Field(
                 boolean, "a bool (keep the reference's parameters on the host outside its log-prob pass; GPU only)"
             ),
@@ -354,7 +366,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
 }
 
 # verl's place for the critic's offload switches: critic.model.fsdp_config.
-CRITIC_MODEL_SPEC: dict[str, Any] = {**MODEL_SPEC, "fsdp_config": _offload_spec("critic")}
+CRITIC_MODEL_SPEC: dict[str, Any] = {**MODEL_SPEC, "fsdp_config": _fsdp_config_spec("critic")}
 
 CRITIC_SPEC: dict[str, Any] = {
     "seed": Field(int_at_least(0), "an int >= 0 (value-head init and mini-batch shuffling)"),

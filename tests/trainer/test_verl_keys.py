@@ -145,11 +145,25 @@ def test_a_users_yaml_with_bad_keys_names_them_all(tmp_path, capsys):
     assert "unknown config key 'trainer.zzz'" in err
 
 
-def test_fsdp_size_is_every_rank_or_refused():
-    assert load_config(["actor_rollout_ref.actor.fsdp_config.fsdp_size=32", "trainer.n_gpus_per_node=8"])  # >= the ranks
-    with pytest.raises(ConfigError, match=r"critic.model.fsdp_config.fsdp_size=4 is below the 8 workers .* hybrid "
-                                          r"sharding .* is not provided; set -1"):
-        load_config(["critic.model.fsdp_config.fsdp_size=4", "trainer.n_gpus_per_node=8"])
+def test_fsdp_size_is_every_rank_or_a_divisor_of_the_ranks():
+    def worker_config(*overrides):
+        return actor_rollout_ref_config(actor_worker_config(load_config(["trainer.n_gpus_per_node=8", *overrides])),
+                                        "actor_rollout_ref")
+
+    assert worker_config("actor_rollout_ref.actor.fsdp_config.fsdp_size=32")  # >= the ranks: over all of them
+    assert worker_config("actor_rollout_ref.actor.fsdp_config.fsdp_size=4")["actor"]["fsdp_config"]["fsdp_size"] == 4
+    with pytest.raises(ConfigError, match=r"critic.model.fsdp_config.fsdp_size=3 does not divide the 8 workers .* "
+                                          r"use a divisor of the workers, or -1"):
+        load_config(["critic.model.fsdp_config.fsdp_size=3", "trainer.n_gpus_per_node=8"])
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.ref.fsdp_config.fsdp_size' must be -1 .* got 0"):
+        load_config(["actor_rollout_ref.ref.fsdp_config.fsdp_size=0"])
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.fsdp_config.fsdp_size=4: FSDP's shard groups apply "
+                                         r"to actor_rollout_ref.actor.strategy='fsdp' only"):
+        worker_config("actor_rollout_ref.actor.fsdp_config.fsdp_size=4", "actor_rollout_ref.actor.strategy=megatron")
+    with pytest.raises(ValueError, match=r"ref.fsdp_config.fsdp_size=2 differs from .*actor.fsdp_config.fsdp_size=4: "
+                                         r"with LoRA the reference is the actor's own base"):
+        worker_config("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.fsdp_config.fsdp_size=4",
+                      "actor_rollout_ref.ref.fsdp_config.fsdp_size=2")
 
 
 def test_the_reference_megatron_layout_must_be_the_actors():

@@ -167,10 +167,12 @@ def test_the_critic_takes_verls_offload_switches_under_model_fsdp_config():
     from trainer.config_loader import load_config
     from trainer.role_groups import critic_worker_config
 
-    assert critic_config({"model": {"path": "/m"}})["model"]["fsdp_config"] == {"param_offload": False, "optimizer_offload": False}
+    assert critic_config({"model": {"path": "/m"}})["model"]["fsdp_config"] == {
+        "fsdp_size": -1, "param_offload": False, "optimizer_offload": False,
+    }
     both = ["critic.model.fsdp_config.param_offload=true", "critic.model.fsdp_config.optimizer_offload=true"]
     assert critic_config(critic_worker_config(load_config(both)))["model"]["fsdp_config"] == {
-        "param_offload": True, "optimizer_offload": True,
+        "fsdp_size": -1, "param_offload": True, "optimizer_offload": True,
     }
     # the actor's switches are not the critic's
     actor_only = critic_worker_config(load_config(["actor_rollout_ref.actor.fsdp_config.param_offload=true"]))

@@ -47,7 +47,10 @@ class RoleMemory:
 
 
 def role_memory(role: ModelRole, gpus: int) -> RoleMemory:
+    """One GPU's share of `role` over a pool of `gpus` (an FSDP model with hybrid sharding: over its shard group)."""
     shape, e = role.shape, role.e
+    if role.strategy == "fsdp" and 0 < role.fsdp_size < gpus:
+        gpus = role.fsdp_size
     total = shape.total_params(role.head)
     layer, root = shape.layer_params(), shape.root_params(role.head)
     largest = e * shape.largest_tensor()

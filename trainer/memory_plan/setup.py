@@ -83,6 +83,7 @@ class ModelRole:
     logits_chunk_tokens: int = 0
     kept_layers: int = 0  # with checkpointing: the last decoder layers that keep their activations
     liger: bool = False  # model.use_liger: Liger's RMSNorm and SwiGLU keep less for backward
+    fsdp_size: int = -1  # fsdp_config.fsdp_size: the ranks an FSDP model's shards spread over (-1: its whole pool)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,11 @@ class PlanSetup:
     critic_update: Batching | None
     reward_forward: Batching | None
     packed: bool
+
+
+def _fsdp_size(fsdp_config: Any) -> int:
+    """A role's `fsdp_config.fsdp_size` (-1 when unset)."""
+    return int(fsdp_config.get("fsdp_size", -1))
 
 
 def _kept_layers(model: DictConfig, shape: ModelShape) -> int:
@@ -205,13 +211,15 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         **parallel,
         logits_chunk_tokens=chunk, kept_layers=_kept_layers(arr.model, actor_shape),
         liger=bool(_get(cfg, "actor_rollout_ref.model.use_liger", False)) and strategy == "fsdp",
+        fsdp_size=_fsdp_size(offload),
     )
     uses_reference = bool(arr.actor.use_kl_loss) or bool(_get(cfg, "algorithm.use_kl_in_reward", False))
     lora_reference = uses_reference and train.lora_rank > 0
-    ref_offload = bool((arr.ref.get("fsdp_config") or {}).get("param_offload", False)) and on_gpu and strategy == "fsdp"
+    ref_fsdp = arr.ref.get("fsdp_config") or {}
+    ref_offload = bool(ref_fsdp.get("param_offload", False)) and on_gpu and strategy == "fsdp"
     ref = (
         ModelRole("ref", actor_shape, "lm", e, strategy, None, param_offload=ref_offload, logits_chunk_tokens=chunk,
-                  **parallel)
+                  fsdp_size=_fsdp_size(ref_fsdp), **parallel)
         if uses_reference and not lora_reference
         else None
     )
@@ -232,6 +240,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
             **(_megatron(section) if critic_strategy == "megatron" else {}),
             kept_layers=_kept_layers(section.model, critic_shape),
             liger=bool(_get(cfg, "critic.model.use_liger", False)) and critic_strategy == "fsdp",
+            fsdp_size=_fsdp_size(critic_offload),
         )
         dynamic = bool(section.use_dynamic_bsz)
         critic_sp = int(_get(cfg, "critic.ulysses_sequence_parallel_size", 1))

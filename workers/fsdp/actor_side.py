@@ -50,13 +50,17 @@ class FSDPActorSide(FSDPSide):
             mini_batch_per_rank(cfg["actor"], cfg["rollout"]["n"], self.layout.dp_size, self.layout.where("actor"))
             self.actor = FSDPBackend(
                 auto_class, cfg["model"], worker.rank, optim_cfg=cfg["actor"]["optim"], seed=cfg["seed"],
-                **sequence_parallel,
+                shard_size=cfg["actor"]["fsdp_config"]["fsdp_size"], **sequence_parallel,
             )
+            self.start_metrics["actor/fsdp_shard_ranks"] = float(self.actor.shard_ranks)
             if cfg["actor"].get("router_aux_loss_coef") is not None:
                 self.actor.track_router_loss()
         if worker.role == "ref" or (worker.role == "actor_rollout_ref" and self.actor.lora is None):
             # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.
-            self.ref = FSDPBackend(auto_class, cfg["model"], worker.rank, **sequence_parallel)
+            self.ref = FSDPBackend(
+                auto_class, cfg["model"], worker.rank, shard_size=cfg["ref"]["fsdp_config"]["fsdp_size"],
+                **sequence_parallel,
+            )
         vision = is_vision_language((self.actor or self.ref).module.config)
         self.images = ImageInputs(cfg["model"]["path"]) if vision else None  # the image processor (workers/vision)
         rollout = cfg["rollout"]

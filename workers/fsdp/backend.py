@@ -44,7 +44,8 @@ class FSDPBackend:
     """Build after the process group exists, e.g. `FSDPBackend(AutoModelForCausalLM, cfg["model"], rank,
     optim_cfg=cfg["actor"]["optim"])`. With `optim_cfg=None` the model is frozen: no optimizer, loaded
     directly in the compute dtype. With a `sequence_parallel` group its packed forwards are split over that
-    group (Ulysses; `sequence_parallel_setting` names the config key in errors).
+    group (Ulysses; `sequence_parallel_setting` names the config key in errors). `shard_size`: the ranks of each
+    FSDP shard group (`fsdp_config.fsdp_size`; -1 every rank).
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class FSDPBackend:
         seed: int = 0,
         sequence_parallel: SequenceParallel | None = None,
         sequence_parallel_setting: str = "ulysses_sequence_parallel_size",
+        shard_size: int = -1,
     ) -> None:
         self.auto_class = auto_class
         self.model_path: str = model_cfg["path"]
@@ -71,8 +73,12 @@ class FSDPBackend:
             LoraSpec.from_model_config(with_vision_lora_default(model_cfg)) if self.trainable else None
         )
         self.module: nn.Module = load_sharded_model(
-            auto_class, model_cfg, self.device, self.trainable, config_overrides, seed, self.lora
+            auto_class, model_cfg, self.device, self.trainable, config_overrides, seed, self.lora, shard_size
         )
+        # The ranks each parameter is sharded over, and how many shard groups hold a copy (hybrid sharding: > 1).
+        mesh = next(self.module.parameters()).device_mesh  # read while sharded: a unit's forward unshards it
+        self.shard_ranks = int(mesh.shape[-1])
+        self.replica_groups = int(mesh.shape[0]) if mesh.ndim == 2 else 1
         # Ranks sharing each packed row (Ulysses): they count a mini-batch's loss units once between them.
         self.sequence_parallel_size = 1 if sequence_parallel is None else sequence_parallel.size
         if sequence_parallel is not None:
@@ -116,7 +122,10 @@ class FSDPBackend:
         require_trainable(self.optimizer, "forward_backward")
         self.module.train()
         results = MicroResults()
-        for micro in micros:
+        replicated = self.replica_groups > 1
+        for index, micro in enumerate(micros):
+            if replicated:  # the replicas sum their gradient shards once, in the last micro-batch's backward
+                self.module.set_requires_all_reduce(index == len(micros) - 1)
             loss, kept = loss_fn(self.response_outputs(micro, forward), micro)
             loss.backward()
             results.cached_block_releases += release_after_micro_batch(self.device)

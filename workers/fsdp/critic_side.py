@@ -34,6 +34,7 @@ class FSDPCriticSide(FSDPSide):
             seed=cfg["seed"],
             sequence_parallel=self.layout.group,
             sequence_parallel_setting=setting,
+            shard_size=cfg["model"]["fsdp_config"]["fsdp_size"],
         )
         offload, critic = cfg["model"]["fsdp_config"], self.critic
         offloader = Offloader(

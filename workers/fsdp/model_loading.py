@@ -71,8 +71,10 @@ def load_sharded_model(
     config_overrides: dict[str, Any] | None = None,
     seed: int = 0,
     lora: LoraSpec | None = None,
+    shard_size: int = -1,
 ) -> nn.Module:
-    """`auto_class.from_pretrained(path)` sharded over all ranks with FSDP2 (`shard_in_units`): float32 master
+    """`auto_class.from_pretrained(path)` sharded with FSDP2 (`shard_in_units`) over all ranks, or within groups of
+    `shard_size` ranks (hybrid sharding, `fsdp_config.fsdp_size`): float32 master
     parameters when trainable, the compute dtype when frozen. With `lora` (trainable models) the base weights are
     frozen in the compute dtype and only the float32 adapter factors train. `seed` is set before loading so heads
     missing from the checkpoint (a new value or score head) get the same initial values on every rank; LoRA's random
@@ -106,7 +108,8 @@ def load_sharded_model(
         set_logits_chunk_tokens(model, model_cfg["logits_chunk_tokens"])
 
     # A frozen model was loaded in the compute dtype: no cast on gather.
-    shard_in_units(model, transformer_layers(model) + vision_units(model), device, dtype if trainable else None)
+    units = transformer_layers(model) + vision_units(model)
+    shard_in_units(model, units, device, dtype if trainable else None, shard_size)
     # FSDP2's lazy init, which its first forward would run, is run now, for two reasons:
     # - it fixes each unit's gradient dtypes from the parameters that require grad at that moment, and peft's
     #   disable_adapters clears requires_grad: a first forward with the adapters off (a LoRA actor's reference

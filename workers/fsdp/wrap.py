@@ -11,10 +11,22 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+REPLICATE_DIM, SHARD_DIM = "replicate", "shard"
 
-def device_mesh(device: torch.device) -> DeviceMesh:
-    """1-D mesh over every rank of the default process group (pure data parallel / ZeRO-3)."""
-    return init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+
+def device_mesh(device: torch.device, shard_size: int = -1) -> DeviceMesh:
+    """The mesh FSDP2 shards over. `shard_size` -1 (or at least the ranks): 1-D over every rank of the default process
+    group (ZeRO-3). Smaller: hybrid sharding, a 2-D (replicate, shard) mesh whose shard groups are `shard_size`
+    consecutive ranks (within a node when it divides the node's GPUs): FSDP2 gathers and reduce-scatters within a
+    group and all-reduces the gradient shards across the groups. ValueError when it does not divide the ranks."""
+    world = torch.distributed.get_world_size()
+    if shard_size == -1 or shard_size >= world:
+        return init_device_mesh(device.type, (world,))
+    if shard_size < 1 or world % shard_size:
+        raise ValueError(
+            f"fsdp_size={shard_size} must be -1 or a divisor of the {world} ranks (each shard group holds that many)"
+        )
+    return init_device_mesh(device.type, (world // shard_size, shard_size), mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
 
 
 def units_by_class(module: nn.Module, class_names: Iterable[str] = ()) -> list[nn.Module]:
@@ -25,16 +37,21 @@ def units_by_class(module: nn.Module, class_names: Iterable[str] = ()) -> list[n
 
 
 def shard_in_units(
-    module: nn.Module, units: Sequence[nn.Module], device: torch.device, compute_dtype: torch.dtype | None
+    module: nn.Module,
+    units: Sequence[nn.Module],
+    device: torch.device,
+    compute_dtype: torch.dtype | None,
+    shard_size: int = -1,
 ) -> None:
     """`fully_shard` each of `units`, then `module` itself (which keeps the rest: embeddings, final norm, head)
-    over all ranks; the root's wrap also moves parameters and buffers to the mesh's device. Units are gathered one
-    at a time in forward and backward, so peak memory holds one unit's full weights, not the model's.
+    over all ranks, or within groups of `shard_size` (`device_mesh`); the root's wrap also moves parameters and buffers
+    to the mesh's device. Units are gathered one at a time in forward and backward, so peak memory holds one unit's
+    full weights, not the model's.
 
     `compute_dtype` other than float32: the (float32 master) parameters are gathered in it for forward and
     backward and gradients are reduced in float32. None or float32: no cast (a frozen model already loaded in
     its compute dtype, or a float32 run)."""
-    kwargs: dict[str, Any] = {"mesh": device_mesh(device)}
+    kwargs: dict[str, Any] = {"mesh": device_mesh(device, shard_size)}
     if compute_dtype is not None and compute_dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for unit in units:
