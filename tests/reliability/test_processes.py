@@ -1,5 +1,7 @@
 """Whole training processes: kill -9 in the middle of a checkpoint save, then resume in a new process;
-Ctrl-C in the driver. Each child starts its own Ray cluster (no RAY_ADDRESS)."""
+Ctrl-C in the driver. A child whose Ray processes the test checks starts its own Ray cluster (no RAY_ADDRESS);
+the others attach to the session's cluster (RAY_ADDRESS), as on a machine with a cluster running: a cluster of
+their own would only add Ray's start and stop."""
 
 import json
 import re
@@ -11,15 +13,21 @@ import pytest
 from tests.reliability.conftest import short_run
 from tests.reliability.processes import ChildProcess
 from trainer import checkpointing
+from trainer.main import main
 
 pytestmark = pytest.mark.slow
 
 
-def test_kill_9_during_save_then_resume_from_the_last_whole_step(small_assets, tmp_path):
+def test_kill_9_during_save_then_resume_from_the_last_whole_step(ray_cluster, small_assets, tmp_path, capsys):
+    """The killed driver is attached to the session's cluster; the resume runs the command line's `main` in this
+    test process, on that cluster: a new process to the killed one."""
     out = tmp_path / "ckpt"
     marker = tmp_path / "saving_step_2"
     overrides = short_run(small_assets, out, "trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.max_ckpt_to_keep=2")
-    first = ChildProcess(["-m", "tests.reliability.pause_in_save", "2", str(marker), *overrides], tmp_path / "first.log")
+    session = {"RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    first = ChildProcess(
+        ["-m", "tests.reliability.pause_in_save", "2", str(marker), *overrides], tmp_path / "first.log", env=session
+    )
     try:
         first.wait_for(marker.exists, 180, "the save of step 2")
         partial = out / ".global_step_2.tmp"
@@ -27,18 +35,16 @@ def test_kill_9_during_save_then_resume_from_the_last_whole_step(small_assets, t
         first.proc.send_signal(signal.SIGKILL)
         assert first.wait_exit(30) == -signal.SIGKILL
     finally:
-        first.stop_leftovers(grace_s=2)  # Ray's agents outlive a SIGKILLed driver; end them
+        first.stop_leftovers(grace_s=0)  # anything of its own left after a SIGKILL goes now; Ray ends its workers
     # The previous checkpoint is whole; the interrupted one never became a global_step_N folder.
     assert checkpointing.checkpoint_problem(out / "global_step_1") is None
     assert not (out / "global_step_2").exists() and partial.is_dir()
     assert (out / checkpointing.LATEST_FILE).read_text() == "1"
 
-    second = ChildProcess(["-m", "trainer.main", *overrides], tmp_path / "second.log")
-    try:
-        assert second.wait_exit(240) == 0, second.output[-4000:]
-    finally:
-        second.stop_leftovers()
-    output = second.output
+    capsys.readouterr()  # only the resumed run's output below
+    code = main(overrides)
+    output = "".join(capsys.readouterr())
+    assert code == 0, output[-4000:]
     assert f"resumed from {out / 'global_step_1'} at step 1" in output
     assert "step 1:" not in output and "step 2:" in output and "step 3:" in output
     # Retention kept the newest two whole checkpoints; the killed save's leftovers were cleared.
@@ -109,7 +115,10 @@ def test_ctrl_c_then_resume_logs_each_step_once_to_every_tracker(ray_cluster, sm
     overrides = short_run(small_assets, out, "trainer.total_training_steps=4", "trainer.save_freq=2", trackers, *small)
     for name in ("WANDB_DIR", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(name, raising=False)
-    child = ChildProcess(["-m", "trainer.main", *overrides], tmp_path / "run.log", env={"WANDB_MODE": "offline"})
+    session = {"RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    child = ChildProcess(
+        ["-m", "trainer.main", *overrides], tmp_path / "run.log", env={"WANDB_MODE": "offline", **session}
+    )
     try:
         child.wait_for((logs / pausing_tracker.PAUSED_MARKER).exists, 240, "step 3 logged")
         child.proc.send_signal(signal.SIGINT)
