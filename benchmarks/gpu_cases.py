@@ -220,7 +220,7 @@ def two_gpu_cases() -> list[Case]:
             "two",
             "hybrid sharding (fsdp_size=1): a whole copy on each GPU, gradient shards summed once per mini-batch",
             (_train(*VLLM, *VERIFY, "actor_rollout_ref.actor.fsdp_config.fsdp_size=1", steps(20)),),
-            RunCheck(20, reward_rises_by=0.2, synced=True),
+            RunCheck(20, reward_rises_by=0.2, synced=True, first_step=(("actor/fsdp_shard_ranks", 1.0),)),
         ),
         Case(
             "hybrid_tp2",

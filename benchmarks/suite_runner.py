@@ -114,6 +114,7 @@ class RunCheck:
     synced: bool = False  # every step's weight sync was verified (SYNC_GAP logged; the run stops on a mismatch)
     offloaded: bool = False  # some phase moved bytes to the host
     resumed_after: int | None = None  # the last command resumes from this step's checkpoint
+    first_step: tuple[tuple[str, float], ...] = ()  # metrics the first logged step must hold, with these values
 
     def describe(self) -> str:
         parts = [f"reaches step {self.steps}", " and ".join(self.finite) + " finite"]
@@ -127,6 +128,7 @@ class RunCheck:
             parts.append("offload moved bytes")
         if self.resumed_after is not None:
             parts.append(f"resumed at step {self.resumed_after + 1}")
+        parts.extend(f"step 1 logs {key}={value}" for key, value in self.first_step)
         return "; ".join(parts)
 
     def judge(self, folder: Path, runs: list[CommandRun]) -> list[str]:
@@ -157,6 +159,9 @@ class RunCheck:
             k.startswith("offload/") and k.endswith("d2h_gib") and v > 0 for r in rows for k, v in r.items()
         ):
             problems.append("no offload/*/d2h_gib above 0: nothing left the GPU")
+        for key, value in self.first_step:
+            if rows[0].get(key) != value:
+                problems.append(f"step {rows[0].get('step')} logged {key}={rows[0].get(key)}, expected {value}")
         if self.resumed_after is not None:
             resumed = [r["step"] for r in training_rows(runs[-1])]
             if resumed[:1] != [self.resumed_after + 1]:

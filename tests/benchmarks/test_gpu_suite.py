@@ -146,6 +146,15 @@ def test_a_check_that_fails_names_what(tmp_path):
     assert not short.passed and "last step 3, expected 6" in short.error and "not finite at steps [2]" in short.error
 
 
+def test_a_first_step_metric_must_hold_its_value(tmp_path):
+    check = RunCheck(1, first_step=(("actor/fsdp_shard_ranks", 1.0),))
+    written = "import json, pathlib; p = pathlib.Path('run/logs'); p.mkdir(parents=True, exist_ok=True); " \
+        "(p / 'metrics.jsonl').write_text(json.dumps({'step': 1, 'actor/pg_loss': 0.5, 'actor/fsdp_shard_ranks': %s}))"
+    assert run_case(Case("held", "one", "", (_python(written % "1.0"),), check), tmp_path).passed
+    other = run_case(Case("other", "one", "", (_python(written % "2.0"),), check), tmp_path)
+    assert not other.passed and other.error == "step 1 logged actor/fsdp_shard_ranks=2.0, expected 1.0"
+
+
 def test_a_resumed_run_must_start_after_its_checkpoint(tmp_path):
     check = RunCheck(6, resumed_after=4)
     resumed = run_case(
