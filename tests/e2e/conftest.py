@@ -30,3 +30,15 @@ def run_overrides(assets: dict, out_dir, *extra: str) -> list[str]:
         "trainer.logger=[jsonl]",
         *extra,
     ]
+
+
+# What the workers report once, at the first step after they start (how they were built): a resumed run's new
+# workers report it again.
+START_REPORTS = ("actor/fsdp_shard_ranks",)
+
+
+def comparable_metrics(history: list[dict]) -> list[dict]:
+    """A run's step records without what differs run to run (timing, throughput, memory, the workers' start
+    reports): everything computed from the data must match between a straight and a resumed run."""
+    volatile = ("timing/", "perf/tokens_per_s", "memory/", "overhead/")
+    return [{k: v for k, v in r.items() if not k.startswith(volatile) and k not in START_REPORTS} for r in history]

@@ -7,7 +7,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import run_overrides
+from tests.e2e.conftest import comparable_metrics, run_overrides
 from trainer import checkpointing
 from trainer.config_loader import load_config
 from trainer.launch import run_loop
@@ -54,10 +54,6 @@ class RecordingTrainer(PPOTrainer):
         return scored, counts
 
 
-def _comparable(history):
-    return [{k: v for k, v in r.items() if not k.startswith(("timing/", "perf/tokens_per_s", "memory/", "overhead/"))} for r in history]
-
-
 def _check_mixed_groups_only(history, kept):
     all_uids = []
     for record, scored in zip(history, kept, strict=True):
@@ -94,7 +90,7 @@ def test_dynamic_sampling_keeps_mixed_groups_and_a_run_that_drew_extra_batches_r
     assert drawn >= 4 and state["dataloader"]["position"] == drawn  # the loader is past every batch drawn
     second = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", *common, "trainer.total_training_steps=3")))
     assert [r["step"] for r in second] == [3]
-    assert _comparable(first + second) == _comparable(straight)
+    assert comparable_metrics(first + second) == comparable_metrics(straight)
 
 
 def test_the_dapo_preset_learns(ray_cluster, tiny_assets, tmp_path):

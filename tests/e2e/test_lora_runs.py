@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.e2e.conftest import run_overrides
-from tests.e2e.test_training_runs import _comparable, _train_rewards
+from tests.e2e.conftest import comparable_metrics, run_overrides
+from tests.e2e.test_training_runs import _train_rewards
 from trainer.config_loader import load_config
 from trainer.main import run
 
@@ -68,7 +68,7 @@ def test_lora_resume_reproduces_a_straight_run(learning_run, tiny_assets, tmp_pa
     first = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=2", *common)))
     second = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=4", *common)))
     assert [r["step"] for r in second] == [3, 4]
-    assert _comparable(first + second) == _comparable(straight)
+    assert comparable_metrics(first + second) == comparable_metrics(straight)
     manifest = json.loads(Path(tmp_path / "resumed" / "global_step_2" / "MANIFEST.json").read_text())
     model_bytes = (Path(tiny_assets["model"]) / "model.safetensors").stat().st_size
     actor_bytes = sum(size for name, size in manifest["files"].items() if name.startswith("actor/model_optim/"))

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import run_overrides
+from tests.e2e.conftest import comparable_metrics, run_overrides
 from trainer.config_loader import load_config
 from trainer.main import run
 
@@ -58,18 +58,13 @@ def test_ppo_with_critic_runs(ray_cluster, tiny_assets, tmp_path):
         assert (hf_model / "config.json").is_file() and list(hf_model.glob("*.safetensors")), role
 
 
-def _comparable(history):
-    # Timing and throughput differ run to run; everything computed from the data must not.
-    return [{k: v for k, v in r.items() if not k.startswith(("timing/", "perf/tokens_per_s", "memory/", "overhead/"))} for r in history]
-
-
 def test_resume_reproduces_a_straight_run(ray_cluster, tiny_assets, tmp_path):
     common = ("trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=2")
     straight = run(load_config(run_overrides(tiny_assets, tmp_path / "straight", "trainer.total_training_steps=4", *common)))
     first = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=2", *common)))
     second = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=4", *common)))
     assert [r["step"] for r in second] == [3, 4]
-    assert _comparable(first + second) == _comparable(straight)
+    assert comparable_metrics(first + second) == comparable_metrics(straight)
     logged = [json.loads(l)["step"] for l in (tmp_path / "resumed" / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert logged == [1, 2, 3, 4]
 
