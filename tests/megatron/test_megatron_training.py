@@ -6,7 +6,7 @@ experts trains with its experts split over two ranks (expert parallel) as the FS
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import run_overrides
+from tests.e2e.conftest import comparable_metrics, run_overrides
 from trainer.config_loader import load_config
 from trainer.main import run
 from trainer.tiny_moe import build_tiny_moe
@@ -16,10 +16,6 @@ pytestmark = pytest.mark.slow
 
 QUIET = ("trainer.test_freq=-1", "trainer.val_before_train=false")
 MEGATRON = "actor_rollout_ref.actor.strategy=megatron"
-
-
-def _comparable(history):
-    return [{k: v for k, v in r.items() if not k.startswith(("timing/", "perf/", "memory/", "overhead/", "rollout/"))} for r in history]
 
 
 def test_first_grpo_step_matches_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):
@@ -53,7 +49,7 @@ def test_pipeline_parallel_resume_reproduces_a_straight_run(ray_cluster, tiny_as
     first = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=2", *common)))
     second = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=4", *common)))
     assert [r["step"] for r in second] == [3, 4]
-    assert _comparable(first + second) == _comparable(straight)
+    assert comparable_metrics(first + second) == comparable_metrics(straight)
     assert sorted(p.name for p in (tmp_path / "resumed" / "global_step_2" / "actor").iterdir()) == [
         "model_optim_tp0_pp0.pt", "model_optim_tp0_pp1.pt"
     ]
@@ -80,7 +76,7 @@ def test_tiny_moe_with_expert_parallel_matches_the_fsdp_backend_and_resumes(ray_
     first = run(load_config(run_overrides(assets, tmp_path / "resumed", "trainer.total_training_steps=1", *expert_parallel)))
     second = run(load_config(run_overrides(assets, tmp_path / "resumed", "trainer.total_training_steps=2", *expert_parallel)))
     assert [r["step"] for r in second] == [2]
-    assert _comparable(first + second) == _comparable(straight)
+    assert comparable_metrics(first + second) == comparable_metrics(straight)
     assert sorted(p.name for p in (tmp_path / "resumed" / "global_step_1" / "actor").iterdir()) == [
         "model_optim_tp0_pp0_ep0.pt", "model_optim_tp0_pp0_ep1.pt"
     ]

@@ -10,6 +10,7 @@ import torch
 
 from protocol import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from tests.packing.test_packed_forward import rollout_batch
 
 PAD, EOS = 0, 1
 CALL_TIMEOUT_S = 180.0  # a hang in a collective fails the test instead of blocking the session
@@ -64,6 +65,20 @@ def random_prompts(batch: int, lengths: list[int], seed: int = 0) -> DataProto:
     generator = torch.Generator().manual_seed(seed)
     tokens = [torch.randint(3, 64, (lengths[i % len(lengths)],), generator=generator).tolist() for i in range(batch)]
     return left_padded_prompts(tokens)
+
+
+def update_batch(prompt_lengths: list[int], response_lengths: list[int], seed: int = 7) -> DataProto:
+    """Rollout rows of the given lengths with what an update reads: old and reference log-probs, advantages (one per
+    row), values and returns, drawn from one seeded generator."""
+    data = rollout_batch(prompt_lengths, response_lengths, seed=seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    shape = data.batch["responses"].shape
+    data.batch["old_log_probs"] = -4.0 + 0.5 * torch.randn(shape, generator=generator)
+    data.batch["ref_log_prob"] = -4.0 + 0.5 * torch.randn(shape, generator=generator)
+    data.batch["advantages"] = torch.randn(len(data), 1, generator=generator).expand(shape).contiguous()
+    data.batch["values"] = 0.1 * torch.randn(shape, generator=generator)
+    data.batch["returns"] = torch.randn(shape, generator=generator)
+    return data
 
 
 def hf_response_log_probs(model: torch.nn.Module, data: DataProto, temperature: float = 1.0) -> torch.Tensor:

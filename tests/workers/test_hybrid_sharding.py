@@ -10,10 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from protocol import DataProto
 from single_controller.ray import RayResourcePool
-from tests.packing.test_packed_forward import rollout_batch
-from tests.workers.helpers import actor_config, make_group
+from tests.workers.helpers import actor_config, make_group, update_batch
 from workers.fsdp import ActorRolloutRefWorker
 
 ATOL = 1e-5
@@ -25,16 +23,6 @@ def pool_4(ray_cluster):
     pool = RayResourcePool(process_on_nodes=[RANKS], use_gpu=False)
     yield pool
     pool.release()
-
-
-def _batch() -> DataProto:
-    """Eight rows of uneven lengths, with the old log-probs and advantages an update reads."""
-    data = rollout_batch([9, 8, 9, 7, 2, 3, 1, 2], [12, 11, 12, 10, 3, 1, 3, 2], seed=7)
-    generator = torch.Generator().manual_seed(8)
-    shape = data.batch["responses"].shape
-    data.batch["old_log_probs"] = -4.0 + 0.5 * torch.randn(shape, generator=generator)
-    data.batch["advantages"] = torch.randn(len(data), 1, generator=generator).expand(shape).contiguous()
-    return data
 
 
 def _actor_group(pool: RayResourcePool, model_dir: str, fsdp_size: int):
@@ -53,7 +41,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_two_shard_groups_of_two_equal_fsdp_over_four_ranks_and_share_its_checkpoints(pool_4, tiny_model_dir, tmp_path):
-    data = _batch()
+    data = update_batch([9, 8, 9, 7, 2, 3, 1, 2], [12, 11, 12, 10, 3, 1, 3, 2])  # uneven rows
     mask = data.batch["response_mask"].bool()
     runs = {}
     for fsdp_size in (2, -1):

@@ -13,8 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from recipes.pair_batch import pack_pairs
-from tests.packing.test_packed_forward import rollout_batch
-from tests.workers.helpers import actor_config, make_group
+from tests.workers.helpers import actor_config, make_group, update_batch
 from workers.fsdp import ActorRolloutRefWorker, CriticWorker
 
 # Token-budget micro-batches of 26 tokens hold 21+4 = 25, 21+4 = 25, 19+4 = 23 and 17+5 = 22 tokens (the
@@ -23,18 +22,6 @@ PROMPTS = [9, 8, 9, 7, 2, 3, 1, 2]
 RESPONSES = [12, 11, 12, 10, 3, 1, 3, 2]
 MICRO_BATCH_TOKENS = 26
 ATOL = 1e-5
-
-
-def _batch():
-    data = rollout_batch(PROMPTS, RESPONSES, seed=7)
-    generator = torch.Generator().manual_seed(8)
-    shape = data.batch["responses"].shape
-    data.batch["old_log_probs"] = -4.0 + 0.5 * torch.randn(shape, generator=generator)
-    data.batch["ref_log_prob"] = -4.0 + 0.5 * torch.randn(shape, generator=generator)
-    data.batch["advantages"] = torch.randn(len(data), 1, generator=generator).expand(shape).contiguous()
-    data.batch["values"] = 0.1 * torch.randn(shape, generator=generator)
-    data.batch["returns"] = torch.randn(shape, generator=generator)
-    return data
 
 
 def _actor_group(pool, model_dir: str, size: int):
@@ -79,7 +66,7 @@ def _assert_weights_match(updated: Path, reference: Path, initial: str) -> None:
 
 
 def test_actor_and_reference_with_two_ranks_per_sequence_equal_one_rank(pool_1, pool_2, tiny_model_dir, tmp_path):
-    data = _batch()
+    data = update_batch(PROMPTS, RESPONSES)
     results = {}
     for size, pool in ((1, pool_1), (2, pool_2)):
         old, ref, metrics = _run_then_export(
@@ -104,7 +91,7 @@ def test_actor_and_reference_with_two_ranks_per_sequence_equal_one_rank(pool_1, 
 def test_dpo_update_with_two_ranks_per_sequence_equals_one_rank(pool_1, pool_2, tiny_model_dir, tmp_path):
     """Pairs of a group are counted once: the same loss, metrics, pair count and updated weights (a weight-0
     padding pair included)."""
-    data = _batch()
+    data = update_batch(PROMPTS, RESPONSES)
     half = len(PROMPTS) // 2
     pairs = pack_pairs(data, np.arange(half), np.arange(half, 2 * half))
     generator = torch.Generator().manual_seed(9)
@@ -144,7 +131,7 @@ def four_head_model_dir(tmp_path_factory) -> str:
 
 
 def test_critic_with_two_ranks_per_sequence_equals_one_rank(pool_1, pool_2, four_head_model_dir, tmp_path):
-    data = _batch()
+    data = update_batch(PROMPTS, RESPONSES)
     results = {}
     for size, pool in ((1, pool_1), (2, pool_2)):
         config = {

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from protocol import DataProto
 from workers.cached_blocks import release_after_micro_batch
@@ -75,10 +76,8 @@ class FSDPBackend:
         self.module: nn.Module = load_sharded_model(
             auto_class, model_cfg, self.device, self.trainable, config_overrides, seed, self.lora, shard_size
         )
-        # The ranks each parameter is sharded over, and how many shard groups hold a copy (hybrid sharding: > 1).
-        mesh = next(self.module.parameters()).device_mesh  # read while sharded: a unit's forward unshards it
-        self.shard_ranks = int(mesh.shape[-1])
-        self.replica_groups = int(mesh.shape[0]) if mesh.ndim == 2 else 1
+        # Read while sharded (a unit's forward unshards it): 1-D, or (replicate, shard) for hybrid sharding.
+        self.mesh: DeviceMesh = next(self.module.parameters()).device_mesh
         # Ranks sharing each packed row (Ulysses): they count a mini-batch's loss units once between them.
         self.sequence_parallel_size = 1 if sequence_parallel is None else sequence_parallel.size
         if sequence_parallel is not None:
@@ -86,6 +85,16 @@ class FSDPBackend:
         self.optimizer = build_optimizer(self.module, optim_cfg) if optim_cfg is not None else None
         self.router: RouterLogits | None = None  # track_router_loss()
         self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_cfg) if self.optimizer is not None else None
+
+    @property
+    def shard_ranks(self) -> int:
+        """The ranks each parameter is sharded over."""
+        return int(self.mesh.shape[-1])
+
+    @property
+    def replica_groups(self) -> int:
+        """How many shard groups hold a copy of the model (hybrid sharding: more than one)."""
+        return int(self.mesh.shape[0]) if self.mesh.ndim == 2 else 1
 
     # ---- micro-batches --------------------------------------------------------------------------------
     def data_parallel(self) -> DataParallel:

@@ -12,6 +12,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 REPLICATE_DIM, SHARD_DIM = "replicate", "shard"
+# One mesh per (default process group, device type, shard size): each mesh owns its communicators, so the models of
+# one process (actor, reference, critic) share them. Keyed by the group object, as tests start and end groups.
+_MESHES: dict[tuple[object, str, int], DeviceMesh] = {}
 
 
 def device_mesh(device: torch.device, shard_size: int = -1) -> DeviceMesh:
@@ -21,12 +24,24 @@ def device_mesh(device: torch.device, shard_size: int = -1) -> DeviceMesh:
     group and all-reduces the gradient shards across the groups. ValueError when it does not divide the ranks."""
     world = torch.distributed.get_world_size()
     if shard_size == -1 or shard_size >= world:
-        return init_device_mesh(device.type, (world,))
-    if shard_size < 1 or world % shard_size:
+        shard_size = world
+    elif shard_size < 1 or world % shard_size:
         raise ValueError(
             f"fsdp_size={shard_size} must be -1 or a divisor of the {world} ranks (each shard group holds that many)"
         )
-    return init_device_mesh(device.type, (world // shard_size, shard_size), mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
+    group = torch.distributed.group.WORLD
+    key = (group, device.type, shard_size)
+    if key not in _MESHES:
+        for ended in [k for k in _MESHES if k[0] is not group]:  # meshes of an ended process group are of no use
+            del _MESHES[ended]
+        _MESHES[key] = _new_mesh(device.type, world, shard_size)
+    return _MESHES[key]
+
+
+def _new_mesh(device_type: str, world: int, shard_size: int) -> DeviceMesh:
+    if shard_size == world:
+        return init_device_mesh(device_type, (world,))
+    return init_device_mesh(device_type, (world // shard_size, shard_size), mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
 
 
 def units_by_class(module: nn.Module, class_names: Iterable[str] = ()) -> list[nn.Module]:
