@@ -225,9 +225,9 @@ def two_gpu_cases() -> list[Case]:
         Case(
             "hybrid_tp2",
             "two",
-            "verl's layout: both FSDP ranks share one hybrid vLLM engine of tensor parallel 2",
+            "verl's layout: both FSDP ranks share one hybrid vLLM engine of tensor parallel 2, one shard in each",
             (_train(*VLLM, *VERIFY, "actor_rollout_ref.rollout.tensor_model_parallel_size=2", steps(20)),),
-            RunCheck(20, reward_rises_by=0.2, synced=True),
+            RunCheck(20, reward_rises_by=0.2, synced=True, first_step=(("rollout/engine_shards_in_trainers", 2.0),)),
         ),
         Case(
             "ulysses_two",

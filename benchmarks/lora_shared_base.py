@@ -112,7 +112,7 @@ def run_mode(mode: str, model: str, lora_rank: int, utilization: float) -> dict[
     out: dict[str, Any] = {"mode": mode, "device": torch.cuda.get_device_name() if on_gpu else "cpu"}
     out["actor_loaded_gib"] = used_gib(device)
     shared = SharedBase(actor.module) if mode == "shared" else None
-    hybrid, out["engine_start_s"] = timed(lambda: HybridRollout(FSDPWeightSource(actor), cfg["rollout"], seed=0, shares_weights=shared is not None))
+    hybrid, out["engine_start_s"] = timed(lambda: HybridRollout(FSDPWeightSource(actor), cfg["rollout"], seed=0, rank=0, shares_weights=shared is not None))
     out["engine_started_gib"] = used_gib(device)
     if shared is not None:
         report, out["share_s"] = timed(lambda: shared.attach(hybrid.engine.checkpoint_views()))

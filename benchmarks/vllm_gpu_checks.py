@@ -71,7 +71,7 @@ def residency(model_path: str) -> dict[str, Any]:
     readings["actor_with_optimizer_gib"] = used_gib()
     offloader = Offloader(actor.module, actor.optimizer, actor.device, True, True)
     start = time.perf_counter()
-    hybrid = HybridRollout(FSDPWeightSource(actor), cfg["rollout"], seed=0)
+    hybrid = HybridRollout(FSDPWeightSource(actor), cfg["rollout"], seed=0, rank=0)
     readings["engine_init_s"] = time.perf_counter() - start
     readings["actor_plus_engine_gib"] = used_gib()
     start = time.perf_counter()

@@ -62,7 +62,8 @@ def engine_in_own_process(cfg: DictConfig) -> bool:
 
 def engine_decode_batch(cfg: DictConfig) -> int:
     """The most sequences one vLLM engine decodes at once in a step: the generation batch's responses over the
-    engines (one per actor rank in the hybrid placement). CUDA graphs are captured up to this batch only.
+    engines (in the hybrid placement one per group of tensor_model_parallel_size actor ranks, which decodes the
+    group's rows together). CUDA graphs are captured up to this batch only.
     With rollout.async_training=true the stream keeps up to (max_staleness + 1) batches of prompt groups out
     (trainer/async_rollout.py), all of them generating at once while the pipeline fills or after a hand-out:
     a decode batch past the largest graph runs without CUDA graphs."""
@@ -70,9 +71,8 @@ def engine_decode_batch(cfg: DictConfig) -> int:
     prompts = gen_batch_size(cfg)
     if rollout.get("async_training", False):
         prompts = (int(rollout.max_staleness) + 1) * cfg.data.train_batch_size
-    engines = (
-        rollout.num_engines if rollout.placement == "separate" else cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
-    )
+    hybrid_engines = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes // int(rollout.tensor_model_parallel_size)
+    engines = rollout.num_engines if rollout.placement == "separate" else max(1, hybrid_engines)
     return max(1, -(-prompts * rollout.n // engines))
 
 

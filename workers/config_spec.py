@@ -279,7 +279,8 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         ),
         "engine_process": Field(
             optional(boolean), "None (the worker's process; the trainer picks for its separate engines) or a bool "
-            "(vllm, tensor_model_parallel_size 1: the engine's core in a process of its own)"
+            "(vllm: the engine's core in a process of its own; a hybrid engine of tensor parallel > 1: true = in the "
+            "first rank's worker processes, false = one shard in each trainer rank's process)"
         ),
         "enable_sleep": Field(
             boolean, "a bool (vllm hybrid on GPU: release weights and KV cache while the actor trains)"

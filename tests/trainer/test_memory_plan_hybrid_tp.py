@@ -25,18 +25,23 @@ def test_a_shared_hybrid_engine_holds_a_share_of_the_weights_on_each_gpu(tmp_pat
     assert engine_weights(2) == whole // 2 and engine_weights(4) == whole // 4
 
 
-def test_a_hybrid_engine_over_several_gpus_adds_its_worker_process_to_every_phase_after_it_starts(tmp_path):
+def test_a_hybrid_engine_in_processes_of_its_own_adds_them_to_every_phase_after_it_starts(tmp_path):
+    """rollout.engine_process=true: the first rank's engine computes in a worker process per GPU; one shard per
+    trainer rank (the default) adds none."""
     (tmp_path / "config.json").write_text(json.dumps(QWEN_7B))
 
-    def other_by_phase(tp):
+    def other_by_phase(tp, *extra):
         cfg = load_config([f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.rollout.name=vllm",
                            "actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.rollout.share_base_weights=false",
-                           f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", "trainer.n_gpus_per_node=2"])
+                           f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", "trainer.n_gpus_per_node=2",
+                           *extra])
         plan = build_plan(cfg, gpu_bytes=140 << 30, gpu_source="test")
         return {row.phase: (row.moment, row.parts["other"]) for row in plan.groups[0].rows}
 
-    one, two = other_by_phase(1), other_by_phase(2)
-    assert one.keys() == two.keys() >= {"init", "generate", "ref_log_prob", "update_actor"}
-    for phase, (moment, other) in two.items():
+    one, shards = other_by_phase(1), other_by_phase(2)
+    own = other_by_phase(2, "actor_rollout_ref.rollout.engine_process=true")
+    assert one.keys() == own.keys() == shards.keys() >= {"init", "generate", "ref_log_prob", "update_actor"}
+    for phase, (moment, other) in own.items():
         started = moment != "models loaded"
         assert other - one[phase][1] == (ENGINE_WORKER_PROCESS_BYTES if started else 0), phase
+        assert shards[phase][1] == one[phase][1], phase

@@ -207,6 +207,9 @@ def test_cuda_graphs_are_on_by_default_on_a_gpu_only_and_capture_what_one_engine
     # Hybrid: one engine per actor rank shares the prompts x n responses; separate: num_engines do.
     assert decode_batch("data.train_batch_size=8", "actor_rollout_ref.rollout.n=8") == 8 * 8 // 2
     assert decode_batch("data.train_batch_size=8", "actor_rollout_ref.rollout.n=8", "trainer.n_gpus_per_node=1") == 64
+    # A hybrid engine of tensor parallel 2 decodes the rows of both ranks sharing it.
+    assert decode_batch("data.train_batch_size=8", "actor_rollout_ref.rollout.n=8", "trainer.n_gpus_per_node=4",
+                        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2") == 32
     assert decode_batch("data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=6", "actor_rollout_ref.rollout.n=5",
                         "trainer.n_gpus_per_node=4") == 8  # 30 / 4, rounded up
     assert decode_batch("data.train_batch_size=8", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.placement=separate",

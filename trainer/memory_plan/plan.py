@@ -36,9 +36,10 @@ RUNTIME_BYTES = 1 << 30
 # What a sleeping hybrid vLLM engine keeps outside its sleep pool: its CUDA graphs' memory pool (captured up to
 # rollout.cuda_graph_max_batch) and bookkeeping. Measured 0.4-0.5 GiB at 7B on an H200 (2026-11-27).
 SLEEPING_ENGINE_BYTES = 1 << 29
-# A hybrid engine over k > 1 GPUs (rollout.tensor_model_parallel_size) computes in worker processes of its own, one
-# per GPU, each with its CUDA context and NCCL communicators, outside the engine's budget and kept while it sleeps
-# (an engine over one GPU runs inside the trainer's process). Measured at 7B, two H200s (2026-11-30): 3.6 GiB
+# A hybrid engine over k > 1 GPUs (rollout.tensor_model_parallel_size) held by the group's first rank
+# (rollout.engine_process=true) computes in worker processes of its own, one per GPU, each with its CUDA context and
+# NCCL communicators, outside the engine's budget and kept while it sleeps (an engine over one GPU, or one shard per
+# trainer rank, runs inside the trainer's process). Measured at 7B, two H200s (2026-11-30): 3.6 GiB
 # outside the trainer's allocator at the generate phase's end, 2.1 GiB above RUNTIME_BYTES + SLEEPING_ENGINE_BYTES.
 ENGINE_WORKER_PROCESS_BYTES = 2 << 30
 # A vLLM engine with a fixed KV cache (rollout.kv_cache_gib) holds, besides its weights and that cache, the
@@ -234,7 +235,8 @@ class _TrainerGpu:
         engine = self.engine if engine_holds_budget else 0
         other = RUNTIME_BYTES + self.staging
         rollout = self.setup.rollout
-        if engine_started and self.engine and rollout.placement == "hybrid" and rollout.tp > 1:
+        engine_processes = rollout.placement == "hybrid" and rollout.tp > 1 and rollout.own_processes
+        if engine_started and self.engine and engine_processes:
             other += ENGINE_WORKER_PROCESS_BYTES
         if engine_started and not engine_holds_budget:
             weights += self.engine_weights

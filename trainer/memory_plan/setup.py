@@ -106,6 +106,9 @@ class RolloutSetup:
     # always on CPU, where vLLM's cache is rollout.cpu_kv_cache_mb).
     kv_cache_bytes: int | None = None
     max_model_len: int = 0  # tokens of the longest sequence the engine serves (rollout.max_model_len)
+    # A hybrid engine of tp > 1 computes in worker processes of its own (rollout.engine_process=true), not as one
+    # shard in each trainer process.
+    own_processes: bool = False
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         engine_e=dtype_bytes(_engine_dtype(cfg, on_gpu), on_gpu),
         kv_cache_bytes=int(float(kv_cache_gib) * GIB) if kv_cache_gib is not None and on_gpu else None,
         max_model_len=int(_get(cfg, "actor_rollout_ref.rollout.max_model_len", prompt + response)),
+        own_processes=bool(_get(cfg, "actor_rollout_ref.rollout.engine_process", None)),
     )
     log_dynamic = bool(ro.log_prob_use_dynamic_bsz)
     return PlanSetup(

@@ -109,10 +109,11 @@ class FSDPActorSide(FSDPSide):
         if rollout["verify_sync"]:
             self.residency.trained_needed()  # the engine's first check reads the actor's initial weights
         hybrid = HybridRollout(
-            FSDPWeightSource(self.actor), rollout, seed=self.config["seed"] + self.worker.rank,
+            FSDPWeightSource(self.actor), rollout, seed=self.config["seed"], rank=self.worker.rank,
             shares_weights=self.shared_base is not None,
-            group=engine_group(rollout["tensor_model_parallel_size"], self.actor.device),
+            group=engine_group(rollout["tensor_model_parallel_size"], self.actor.device, not rollout["engine_process"]),
         )
+        self.start_metrics.update(hybrid.start_metrics)
         if self.shared_base is not None:
             self.start_metrics.update(self.shared_base.attach(hybrid.engine.checkpoint_views()).metrics())
         return hybrid

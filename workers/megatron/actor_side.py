@@ -49,10 +49,14 @@ class MegatronActorSide(MegatronSide):
                 from workers.rollout.engine_group import engine_group
                 from workers.rollout.hybrid import HybridRollout
 
-                group = engine_group(cfg["rollout"]["tensor_model_parallel_size"], self.actor.device)
-                self.hybrid_rollout = HybridRollout(
-                    MegatronWeightSource(self.actor), cfg["rollout"], seed=cfg["seed"] + worker.rank, group=group
+                rollout = cfg["rollout"]
+                group = engine_group(
+                    rollout["tensor_model_parallel_size"], self.actor.device, not rollout["engine_process"]
                 )
+                self.hybrid_rollout = HybridRollout(
+                    MegatronWeightSource(self.actor), rollout, seed=cfg["seed"], rank=worker.rank, group=group
+                )
+                self.start_metrics.update(self.hybrid_rollout.start_metrics)
             else:
                 self.rollout_model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=self.actor.dtype)
                 self.rollout_model.to(self.actor.device).eval()

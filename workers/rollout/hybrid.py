@@ -21,6 +21,7 @@ from workers.rollout.in_process_sync import InProcessSync, WeightSource
 from workers.rollout.verify import model_has_experts, trainer_log_probs
 from workers.rollout.vllm_engine import VLLMEngine
 from workers.rollout.vllm_options import sleeps_between_calls
+from workers.rollout.vllm_requests import draw_seed
 from workers.rollout.weight_sync import named_full_parameters, plan_model_buckets
 from workers.vision.models import probe_vocab_size
 
@@ -53,23 +54,30 @@ def engine_dtype(rollout_cfg: dict[str, Any], source: WeightSource) -> torch.dty
 
 class HybridRollout:
     def __init__(
-        self, source: WeightSource, rollout_cfg: dict[str, Any], seed: int, shares_weights: bool = False,
+        self, source: WeightSource, rollout_cfg: dict[str, Any], seed: int, rank: int, shares_weights: bool = False,
         group: EngineGroup | None = None,
     ) -> None:
-        """`shares_weights`: the source's frozen base will point into the engine's weights (LoRA,
-        workers/fsdp/shared_base.py); the engine then keeps them in place while asleep. `group`: the trainer ranks
-        sharing one tensor-parallel engine (workers/rollout/engine_group.py); only its leader holds the engine."""
+        """`seed`: the run's; an engine samples from `seed` + its (first) trainer rank. `shares_weights`: the
+        source's frozen base will point into the engine's weights (LoRA, workers/fsdp/shared_base.py); the engine
+        then keeps them in place while asleep. `group`: the trainer ranks sharing one tensor-parallel engine
+        (workers/rollout/engine_group.py): one shard on each, or the whole engine on the leader."""
         self.source = source
         self.cfg = rollout_cfg
         self.group = group
         self.dtype = engine_dtype(rollout_cfg, source)
         devices = group_devices(group, source.device) if group is not None else None
         self.engine: VLLMEngine | None = None
-        if group is None or group.is_leader:
+        if group is None or group.holds_engine:
+            first_rank = rank if group is None else group.leader  # the shards of one engine sample alike
             self.engine = VLLMEngine(
-                source.model_path, rollout_cfg, self.dtype, source.device, seed, lora=source.lora,
-                shares_weights=shares_weights, config_overrides=source.config_overrides, visible_devices=devices,
+                source.model_path, rollout_cfg, self.dtype, source.device, seed + first_rank,
+                lora=source.lora, shares_weights=shares_weights, config_overrides=source.config_overrides,
+                visible_devices=devices, shard_per_process=group is not None and group.per_rank,
             )
+        # Reported once at the start: an engine's tensor-parallel shards held in trainer processes (k for a shard
+        # per rank, 1 for an engine over one GPU, 0 when the engine computes in processes of its own).
+        in_trainers = 1 if group is None else group.size if group.per_rank else 0
+        self.start_metrics = {"rollout/engine_shards_in_trainers": float(in_trainers)}
         self.layouts: list[BucketLayout] = source.sync_layouts(self.dtype, rollout_cfg["weight_sync_bucket_mb"] << 20)
         # The engine loaded the same folder the actor started from; a LoRA engine has no adapter yet, so its
         # first sync (before the first generate) always runs.
@@ -86,8 +94,9 @@ class HybridRollout:
 
     def _wake(self) -> bool:
         """Wake the engine; whether its weights were released (then a sync must send them), on every rank. In a
-        group on GPUs every rank first returns its cached blocks, since the engine's workers wake on all their GPUs."""
-        if self.group is not None and self.source.device.type == "cuda":
+        group whose leader holds the engine, on GPUs every rank first returns its cached blocks, since the engine's
+        workers wake on all their GPUs (a shard per rank wakes on its own GPU, which `wake_up` readies)."""
+        if self.group is not None and not self.group.per_rank and self.source.device.type == "cuda":
             torch.cuda.empty_cache()
             self.group.from_leader(None)  # every rank's cache is back before the leader wakes the engine
         released = self.engine.wake_up() if self.engine is not None else False
@@ -139,7 +148,8 @@ class HybridRollout:
         """Wake; if the engine needs weights, run `before_sync` (e.g. bring the offloaded actor's parameters
         to the GPU: skipped when nothing is sent) and sync; run `after_sync` (e.g. offload them again so the
         engine has the memory), generate (or `run(engine)`, e.g. a multi-turn rollout; not in a group), sleep.
-        In a group the leader generates the prompts of every rank in one call; each rank returns its own rows."""
+        In a group the prompts of every rank are generated in one engine call (on every rank holding a shard, with
+        the same requests and seeds, or on the leader); each rank returns its own rows."""
         if run is not None and self.group is not None:
             raise ValueError("a hybrid engine shared by several trainer ranks generates single-turn batches only")
         released = self._wake()
@@ -149,7 +159,12 @@ class HybridRollout:
         if after_sync is not None:
             after_sync()
         start = time.perf_counter()
-        if self.group is not None:
+        if self.group is not None and self.group.per_rank:
+            batches = self.group.all_gather(({k: v.cpu() for k, v in prompts.items()}, rank, images))
+            # The shards must sample alike: seeded requests, the seed drawn once (the leader's) when unseeded.
+            shared_seed = self.group.from_leader(draw_seed() if call_seed is None else call_seed)
+            result = self.engine.generate_many(batches, params, shared_seed)[self.group.ranks.index(rank)]
+        elif self.group is not None:
             batches = self.group.gather(({k: v.cpu() for k, v in prompts.items()}, rank, images))
             results = self.engine.generate_many(batches, params, call_seed) if self.engine is not None else None
             result = self.group.scatter(results)

@@ -1,13 +1,15 @@
 """`VLLMEngine`: a vLLM `LLM` used as the rollout engine, with the same batch contract as HF generate.
 
 With tensor_model_parallel_size 1 the engine runs inside the calling process (vLLM's "uni" executor and
-no engine-core subprocess), so the trainer can hand it tensors directly; with TP > 1 vLLM starts its own
-worker processes and weights reach them by broadcast. Weight loading, the broadcast group and the
-fingerprint are methods of `WeightSyncExtension`, installed in every vLLM worker.
+no engine-core subprocess), so the trainer can hand it tensors directly; so does each shard of a hybrid group's
+engine held one per trainer process (vLLM's external launcher, workers/rollout/engine_shards.py). Otherwise with
+TP > 1 vLLM starts its own worker processes and weights reach them as bytes or by broadcast. Weight loading, the
+broadcast group and the fingerprint are methods of `WeightSyncExtension`, installed in every vLLM worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -22,6 +24,7 @@ from workers.lora.vllm_adapter import adapter_request, engine_options
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.engine_kwargs import vllm_engine_kwargs
 from workers.rollout.engine_processes import devices_visible, transfer_chunks
+from workers.rollout.engine_shards import executor_backend, launcher_ranks, summed_over_shards
 from workers.rollout.shaping import sampled_rollout
 from workers.rollout.sync_group import SyncGroupAddress
 from workers.rollout.vllm_base_views import keep_plain_cpu_weights
@@ -42,7 +45,7 @@ class VLLMEngine:
     def __init__(
         self, model_path: str, rollout: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int,
         lora: LoraSpec | None = None, shares_weights: bool = False, config_overrides: dict[str, Any] | None = None,
-        visible_devices: str | None = None,
+        visible_devices: str | None = None, shard_per_process: bool = False,
     ) -> None:
         """With `lora` the engine serves the trainer's LoRA adapter over the model folder's weights: each sync
         replaces the adapter (`load_adapter` / `receive_adapter`) and every generate uses it.
@@ -51,11 +54,15 @@ class VLLMEngine:
         its first the caller's: the trainer ranks sharing it hold one each (workers/rollout/engine_group.py).
         `shares_weights`: the trainer's frozen base will point into this engine's weight tensors
         (workers/fsdp/shared_base.py): they must stay where they are, so sleep frees only the KV cache, and
-        on CPU the linears keep their [out, in] weights (`keep_plain_cpu_weights`)."""
+        on CPU the linears keep their [out, in] weights (`keep_plain_cpu_weights`).
+        `shard_per_process`: this process holds one tensor-parallel shard of an engine spread over the trainer
+        ranks of its hybrid group, every shard called with the same requests (workers/rollout/engine_shards.py)."""
         tp = rollout["tensor_model_parallel_size"]
-        # In this process (tensor parallel 1, engine_process false) the trainer can pass tensors to the engine
-        # without serialization; in its own, the engine steps without holding this process's GIL.
-        own_process = tp > 1 or bool(rollout.get("engine_process"))
+        # In this process (tensor parallel 1 with engine_process false, or one shard per process) the trainer can
+        # pass tensors to the engine without serialization; in its own, the engine steps without holding this
+        # process's GIL.
+        own_process = not shard_per_process and (tp > 1 or bool(rollout.get("engine_process")))
+        self.shard_per_process = shard_per_process
         self.in_process = not own_process
         # Weights cross to an engine in processes of its own in chunks of a sync bucket (`load_weights`).
         self.transfer_bytes = int(rollout["weight_sync_bucket_mb"]) << 20 if own_process else 0
@@ -66,10 +73,9 @@ class VLLMEngine:
         if device.type == "cuda":
             # The CUDA build's FlashInfer sampler needs a JIT toolchain the workers may not have.
             os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-        elif tp > 1:
+        elif tp > 1 and own_process:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_thread_binding(tp))
         from transformers import AutoConfig
-        from vllm import LLM
 
         self.device = device
         self.dtype = dtype
@@ -90,7 +96,7 @@ class VLLMEngine:
             dtype=_DTYPE_NAMES[dtype],
             seed=seed,
             tensor_parallel_size=tp,
-            distributed_executor_backend="uni" if tp == 1 else "mp",
+            distributed_executor_backend=executor_backend(tp, shard_per_process),
             enforce_eager=eager_mode(rollout, device),
             max_model_len=rollout["max_model_len"],
             worker_extension_cls=EXTENSION,
@@ -100,6 +106,10 @@ class VLLMEngine:
             # The checkpoint's generation_config.json must not change sampling defaults.
             generation_config="vllm",
         )
+        if shard_per_process:
+            # vLLM's custom all-reduce maps its peers' buffers through CUDA IPC, which needs their GPUs visible to this
+            # process; Ray shows each trainer process its one GPU. NCCL's all-reduce (inside CUDA graphs as well) works.
+            kwargs["disable_custom_all_reduce"] = True
         if config_overrides:  # the trainer's model.override_config: the engine builds the same model
             kwargs["hf_overrides"] = dict(config_overrides)
         if lora is not None:
@@ -113,10 +123,16 @@ class VLLMEngine:
             if device.type != "cuda" and rollout.get(key):
                 print(f"note: rollout.{key} has no effect on CPU ({why})", file=sys.stderr)
         self._llm_kwargs = kwargs
-        with devices_visible(self.visible_devices):
-            self.llm = LLM(**kwargs)
+        self.llm = self._start()
         # A vision-language model's image placeholder (None for a text model): see `generate`.
         self.image_token_id = getattr(AutoConfig.from_pretrained(model_path), "image_token_id", None)
+
+    def _start(self) -> Any:
+        from vllm import LLM
+
+        launch = launcher_ranks(self.device) if self.shard_per_process else contextlib.nullcontext()
+        with devices_visible(self.visible_devices), launch:
+            return LLM(**self._llm_kwargs)
 
     # ---- generation -----------------------------------------------------------------------------------
     def generate(
@@ -260,7 +276,10 @@ class VLLMEngine:
             self.llm.llm_engine.reset_encoder_cache()
 
     def fingerprint(self) -> float:
-        return float(sum(self.llm.collective_rpc("sc_weights_fingerprint")))
+        """Sum of |w| over the engine's weights and adapter (over all its shards: a collective for one shard
+        per process)."""
+        value = float(sum(self.llm.collective_rpc("sc_weights_fingerprint")))
+        return summed_over_shards(value) if self.shard_per_process else value
 
     # ---- residency ------------------------------------------------------------------------------------
     @property
@@ -289,10 +308,10 @@ class VLLMEngine:
     def release_all(self) -> None:
         """Free the weights and the KV cache: sleep (GPU, sleep mode) or shut the engine down (it is rebuilt
         from the model folder by `restore`, then needs a weight sync for trained weights)."""
-        if self.shares_weights:
+        if self.shares_weights or self.shard_per_process:
             raise RuntimeError(
-                "this engine's weights are shared with the trainer's base (rollout.share_base_weights); "
-                "they cannot be released"
+                "this engine's weights are shared with the trainer's base (rollout.share_base_weights) or are one "
+                "shard of a hybrid group's engine; they cannot be released"
             )
         if self.sleep_enabled:
             if not self.asleep:
@@ -314,10 +333,7 @@ class VLLMEngine:
         if what not in ("all", "weights", "kv_cache"):
             raise ValueError(f"restore what={what!r}; valid: 'all', 'weights', 'kv_cache'")
         if self.llm is None:
-            from vllm import LLM
-
-            with devices_visible(self.visible_devices):
-                self.llm = LLM(**self._llm_kwargs)
+            self.llm = self._start()
             return
         if self.asleep:
             # The trainer's freed activations and gradients sit in PyTorch's cache, invisible to vLLM's

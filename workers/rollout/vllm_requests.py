@@ -4,9 +4,15 @@ engine under fresh ids, and what a finished request sampled (with the engine's l
 from __future__ import annotations
 
 import itertools
+import random
 from typing import Any
 
 _REQUEST_IDS = itertools.count()  # vLLM refuses an id it still serves: every (re)submission gets a new one
+
+
+def draw_seed() -> int:
+    """A fresh call seed, for unseeded sampling that several engine shards must still do alike."""
+    return random.SystemRandom().randrange(2**31 - 1)
 
 
 def row_seed(call_seed: int, rank: int, row: int) -> int:
