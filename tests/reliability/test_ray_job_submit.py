@@ -26,9 +26,16 @@ ray start --head --block --node-ip-address 127.0.0.1 --port {gcs} --dashboard-ho
     --ray-client-server-port {client} --dashboard-agent-listen-port {agent} --num-cpus 4 --disable-usage-stats \
     > {out}/start.log 2>&1 &
 ray_pid=$!
+# `ray start` prints this once the head's processes are up. Until then a `ray job submit` could only fail, and each
+# try is a Python start of its own (seconds of CPU) competing with the head's start for the machine's cores.
+for attempt in $(seq 600); do
+    grep -q "Ray runtime started" {out}/start.log && break
+    kill -0 $ray_pid 2>/dev/null || exit {head_died}  # the head is gone: no use waiting for it
+    sleep 0.5
+done
 submit() {{  # $1: log name, $2: working dir, rest: the entrypoint
     log=$1 dir=$2; shift 2
-    for attempt in $(seq 60); do  # the job agent comes up some seconds after the head starts
+    for attempt in $(seq 60); do  # the job agent may come up some seconds after the head has started
         kill -0 $ray_pid 2>/dev/null || return {head_died}  # the head is gone: no use waiting for it
         ray job submit --address http://127.0.0.1:{dashboard} --working-dir "$dir" -- "$@" > {out}/$log.log 2>&1
         rc=$?
