@@ -84,7 +84,10 @@ def test_grpo_lora_with_a_hybrid_engine_shared_by_two_ranks(ray_cluster, tiny_as
         runs[engine_process] = _check_verified_run(run(cfg), tiny_assets["model"])
     shards, leader = runs[False], runs[True]
     assert shards[0]["rollout/engine_shards_in_trainers"] == 2.0 and leader[0]["rollout/engine_shards_in_trainers"] == 0.0
-    assert shards[0]["lora/shared_base_fraction"] == 1.0 and "lora/shared_base_fraction" not in leader[0]
+    # Every base tensor is its engine shard's but the embedding (tied to the head): vLLM pads the 100-row vocabulary
+    # to 128 and gives the shards 64 and 36 rows of it, FSDP 50 and 50.
+    assert shards[0]["lora/unshared_base_tensors"] == 1.0 and shards[0]["lora/shared_base_fraction"] > 0.9
+    assert "lora/shared_base_fraction" not in leader[0]
     steps = ("reward/mean", "response/length_mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy")
     for with_shards, with_leader in zip(shards, leader):
         assert with_shards["response/length_mean"] > 0  # the log-prob gap above also fails for rows sent to the wrong rank
