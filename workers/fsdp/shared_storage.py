@@ -81,15 +81,14 @@ def why_not_shareable(param: Any, whole: torch.Tensor) -> str | None:
         return f"dtype {whole.dtype} in the engine, {local.dtype} in the trainer"
     if whole.device != local.device:
         return f"on {whole.device} in the engine, {local.device} in the trainer"
+    this_shard = holds_this_shard(param, whole)
+    if not this_shard and tuple(whole.shape) != tuple(param._orig_size):
+        sharded = f" (this rank's shard: {tuple(local.shape)})" if tuple(local.shape) != tuple(param._orig_size) else ""
+        return f"shape {tuple(whole.shape)} in the engine, {tuple(param._orig_size)} in the trainer{sharded}"
     if not whole.is_contiguous():
         return "not contiguous in the engine"
-    if holds_this_shard(param, whole):
+    if this_shard:
         return None
-    if tuple(whole.shape) != tuple(param._orig_size):
-        return (
-            f"shape {tuple(whole.shape)} in the engine, {tuple(param._orig_size)} in the trainer (this rank's shard: "
-            f"{tuple(local.shape)})"
-        )
     if param.fsdp_placement.dim != 0:
         return f"sharded on dim {param.fsdp_placement.dim} (rows only)"
     window = _window(param, whole)
