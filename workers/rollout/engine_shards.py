@@ -18,6 +18,10 @@ import torch.distributed as dist
 EXTERNAL_LAUNCHER = "external_launcher"  # vLLM's distributed_executor_backend for this layout
 # The launcher reads the process's rank and local device from the environment (as torchrun sets them).
 _RANK, _LOCAL_RANK = "RANK", "LOCAL_RANK"
+# Where the shards keep vLLM's compiled graphs, under vLLM's cache root: a shard compiles on its process's one
+# visible GPU (index 0) and Inductor writes that index into the code it caches, keyed by the shard's rank only, so
+# an engine whose rank r runs on GPU r (in processes of its own) must not load a shard's code, nor the reverse.
+SHARD_COMPILE_CACHE = "shard_per_process"
 
 
 def executor_backend(tensor_parallel: int, shard_per_process: bool) -> str:
@@ -38,6 +42,7 @@ def launcher_ranks(device: torch.device) -> Iterator[None]:
     os.environ[_LOCAL_RANK] = str(torch.cuda.current_device() if device.type == "cuda" else 0)
     try:
         if device.type == "cuda":
+            _compile_cache_apart()
             yield
         else:
             with _cpu_segments_of_this_run():
@@ -48,6 +53,17 @@ def launcher_ranks(device: torch.device) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _compile_cache_apart() -> None:
+    """vLLM's compile cache for this process's shards in a folder of their own (SHARD_COMPILE_CACHE): vLLM's cache
+    key leaves out the executor and the visible devices. Measured on two H200s (2026-11-30): a TP2 engine in processes
+    of its own started after a per-rank run failed in a cached kernel ("CUDA driver error: invalid argument")."""
+    import vllm.envs as vllm_envs
+
+    root = Path(vllm_envs.VLLM_CACHE_ROOT)
+    if root.name != SHARD_COMPILE_CACHE:  # the process keeps it: its later shards read the same root
+        os.environ["VLLM_CACHE_ROOT"] = str(root / SHARD_COMPILE_CACHE)
 
 
 @contextmanager
