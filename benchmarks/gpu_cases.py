@@ -230,6 +230,17 @@ def two_gpu_cases() -> list[Case]:
             RunCheck(20, reward_rises_by=0.2, synced=True, first_step=(("rollout/engine_shards_in_trainers", 2.0),)),
         ),
         Case(
+            "lora_shared_tp2",
+            "two",
+            "LoRA, its frozen base shared with a TP2 hybrid engine held one shard per rank (o_proj and down_proj "
+            "sharded on their input); the tiny vocabulary is split otherwise by vLLM and stays the trainer's",
+            (_train(*VLLM, *LORA, *VERIFY, "actor_rollout_ref.rollout.tensor_model_parallel_size=2", steps(12)),),
+            RunCheck(
+                12, synced=True,
+                first_step=(("rollout/engine_shards_in_trainers", 2.0), ("lora/unshared_base_tensors", 1.0)),
+            ),
+        ),
+        Case(
             "ulysses_two",
             "two",
             "PPO with Ulysses sequence parallel k=2 (actor, reference, critic)",

@@ -64,24 +64,34 @@ def test_grpo_with_a_tensor_parallel_2_separate_engine(ray_cluster, tiny_assets,
     _check_verified_run(run(cfg), tiny_assets["model"])
 
 
-@pytest.mark.parametrize("engine_process", [False, True], ids=["shard_per_rank", "leader_processes"])
-def test_grpo_lora_with_a_hybrid_engine_shared_by_two_ranks(ray_cluster, tiny_assets, tmp_path, engine_process):
+def test_grpo_lora_with_a_hybrid_engine_shared_by_two_ranks(ray_cluster, tiny_assets, tmp_path):
     """verl's usual layout: rollout.tensor_model_parallel_size=2 with the hybrid placement, the two actor ranks
     sharing one engine of tensor parallel 2 (workers/rollout/engine_group.py). By default each rank holds one shard
-    in its own process (vLLM's external launcher): both load the LoRA adapter, generate both ranks' prompts
-    together and keep their own rows. With rollout.engine_process=true the first rank's engine computes in
-    processes of its own: it loads what both gather and each rank's prompts come back to it generated (full
+    in its own process (vLLM's external launcher): both load the LoRA adapter, generate both ranks' prompts together
+    and keep their own rows, and each rank's frozen base is its engine shard's weights (the FSDP group is the
+    engine's two ranks; o_proj and down_proj sharded on their input). With rollout.engine_process=true the first
+    rank's engine computes in processes of its own, with the base weights of its own: it loads the adapter both
+    gather and each rank's prompts come back to it generated. The two layouts train alike, step for step (full
     weights: verl's GRPO script in tests/trainer/test_verl_launch_scripts.py)."""
-    cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, *VLLM, *SHORT_RUN, "trainer.n_gpus_per_node=2",
-        "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.weight_sync_bucket_mb=1",
-        f"actor_rollout_ref.rollout.engine_process={str(engine_process).lower()}",
-    ))
-    history = _check_verified_run(run(cfg), tiny_assets["model"])
-    assert history[0]["rollout/engine_shards_in_trainers"] == (0.0 if engine_process else 2.0)
-    for record in history:
-        assert record["response/length_mean"] > 0  # the log-prob gap above also fails for rows sent to the wrong rank
+    runs = {}
+    for engine_process in (False, True):
+        cfg = load_config(run_overrides(
+            tiny_assets, tmp_path / str(engine_process), *VLLM, *SHORT_RUN, "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.weight_sync_bucket_mb=1",
+            f"actor_rollout_ref.rollout.engine_process={str(engine_process).lower()}",
+        ))
+        runs[engine_process] = _check_verified_run(run(cfg), tiny_assets["model"])
+    shards, leader = runs[False], runs[True]
+    assert shards[0]["rollout/engine_shards_in_trainers"] == 2.0 and leader[0]["rollout/engine_shards_in_trainers"] == 0.0
+    # Every base tensor is its engine shard's but the embedding (tied to the head): vLLM pads the 100-row vocabulary
+    # to 128 and gives the shards 64 and 36 rows of it, FSDP 50 and 50.
+    assert shards[0]["lora/unshared_base_tensors"] == 1.0 and shards[0]["lora/shared_base_fraction"] > 0.9
+    assert "lora/shared_base_fraction" not in leader[0]
+    steps = ("reward/mean", "response/length_mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy")
+    for with_shards, with_leader in zip(shards, leader):
+        assert with_shards["response/length_mean"] > 0  # the log-prob gap above also fails for rows sent to the wrong rank
+        assert {k: with_shards[k] for k in steps} == pytest.approx({k: with_leader[k] for k in steps}, rel=1e-5, abs=1e-6)
 
 
 def _prompts(rows=8, seed=0):

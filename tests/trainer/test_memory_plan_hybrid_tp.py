@@ -45,3 +45,21 @@ def test_a_hybrid_engine_in_processes_of_its_own_adds_them_to_every_phase_after_
         started = moment != "models loaded"
         assert other - one[phase][1] == (ENGINE_WORKER_PROCESS_BYTES if started else 0), phase
         assert shards[phase][1] == one[phase][1], phase
+
+
+def test_a_lora_base_is_planned_shared_with_per_rank_shards_over_its_fsdp_group(tmp_path):
+    """The workers' rule (workers/fsdp/shared_base.py): an engine of tensor parallel k shares the base when each
+    rank holds one shard and the actor's FSDP shard group is the engine's k ranks."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN_7B))
+
+    def shares(gpus, *extra):
+        cfg = load_config([f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.rollout.name=vllm",
+                           "actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                           f"trainer.n_gpus_per_node={gpus}", *extra])
+        return plan_setup(cfg, on_gpu=True).rollout.shares_base
+
+    assert shares(2) is True  # fsdp_size -1 over the engine's two ranks
+    assert shares(4) is False  # FSDP over four ranks, engine shards over two
+    assert shares(4, "actor_rollout_ref.actor.fsdp_config.fsdp_size=2") is True
+    assert shares(2, "actor_rollout_ref.rollout.engine_process=true") is False
+    assert shares(2, "actor_rollout_ref.rollout.share_base_weights=false") is False

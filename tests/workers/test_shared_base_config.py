@@ -27,6 +27,11 @@ def config(share=None, **sections):
     ({"rollout": {"name": "hf"}}, "rollout.name='hf' (HF generate already runs on the actor's own weights)"),
     ({"rollout": {"placement": "separate"}}, "rollout.placement='separate' (the engine must live in the actor's process"),
     ({"rollout": {"dtype": "float16"}, "model": {"dtype": "bfloat16"}}, "rollout.dtype='float16' differs from model.dtype='bfloat16'"),
+    ({"rollout": {"tensor_model_parallel_size": 2, "engine_process": True}},
+     "rollout.tensor_model_parallel_size=2 with rollout.engine_process=true (the engine's own processes hold its weights"),
+    ({"rollout": {"tensor_model_parallel_size": 2}, "actor": {"fsdp_config": {"fsdp_size": 4}}},
+     "actor.fsdp_config.fsdp_size=4 with rollout.tensor_model_parallel_size=2 (a rank's base shard must be its engine "
+     "shard: fsdp_size=2, or -1 on 2 ranks)"),
 ])
 def test_true_where_the_config_cannot_share_names_why(sections, reason):
     with pytest.raises(ValueError, match="rollout.share_base_weights=true cannot share the actor's base weights") as error:
@@ -43,6 +48,20 @@ def test_null_shares_where_possible_and_false_never():
     assert resolve_base_sharing(config(False), bf16, bf16) is False
     assert resolve_base_sharing(config(None, model={"lora_rank": 0}), bf16, bf16) is False
     assert resolve_base_sharing(config(None, rollout={"placement": "separate"}), bf16, bf16) is False
+
+
+def test_a_tensor_parallel_engine_shares_with_an_fsdp_group_of_its_ranks():
+    """One engine shard per trainer rank (the default layout): the actor's FSDP shards must span the engine's ranks,
+    known on the worker for fsdp_size=-1."""
+    bf16 = torch.bfloat16
+    tp2 = config(None, rollout={"tensor_model_parallel_size": 2})
+    assert resolve_base_sharing(tp2, bf16, bf16, shard_ranks=2) is True
+    assert resolve_base_sharing(tp2, bf16, bf16, shard_ranks=4) is False
+    assert resolve_base_sharing(config(None, rollout={"tensor_model_parallel_size": 2},
+                                       actor={"fsdp_config": {"fsdp_size": 2}}), bf16, bf16, shard_ranks=2) is True
+    with pytest.raises(ValueError, match=r"the actor's FSDP shards span 4 ranks and the engine's shards 2 "
+                                         r"\(actor.fsdp_config.fsdp_size=2 makes them the same ranks\)"):
+        resolve_base_sharing(config(True, rollout={"tensor_model_parallel_size": 2}), bf16, bf16, shard_ranks=4)
 
 
 def test_the_resolved_dtypes_must_agree():

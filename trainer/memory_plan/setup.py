@@ -174,7 +174,19 @@ def _shares_base(cfg: DictConfig, train: Trainability, strategy: str, on_gpu: bo
     if _get(cfg, "actor_rollout_ref.rollout.share_base_weights", None) is False:
         return False
     return (train.lora_rank > 0 and strategy == "fsdp" and str(ro.name) == "vllm" and str(ro.placement) == "hybrid"
-            and int(ro.tensor_model_parallel_size) == 1 and _engine_dtype(cfg, on_gpu) == _base_dtype(cfg, on_gpu))
+            and _tensor_parallel_shares(cfg) and _engine_dtype(cfg, on_gpu) == _base_dtype(cfg, on_gpu))
+
+
+def _tensor_parallel_shares(cfg: DictConfig) -> bool:
+    """An engine of tensor parallel k > 1 shares its base as one shard per trainer rank whose FSDP shard group is
+    its k ranks (workers/fsdp/shared_base.py)."""
+    tp = int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
+    if tp == 1:
+        return True
+    fsdp_size = int(_get(cfg, "actor_rollout_ref.actor.fsdp_config.fsdp_size", -1))
+    ranks = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
+    shard_group = ranks if fsdp_size == -1 else fsdp_size
+    return not _get(cfg, "actor_rollout_ref.rollout.engine_process", None) and shard_group == tp
 
 
 def _megatron(section: DictConfig) -> dict[str, Any]:

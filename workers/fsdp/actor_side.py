@@ -20,7 +20,7 @@ from workers.config import mini_batch_per_rank
 from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.offload import Offloader
 from workers.fsdp.residency import ACTOR, Residency, process_tenants
-from workers.fsdp.shared_base import SharedBase, resolve_base_sharing
+from workers.fsdp.shared_base import SharedBase, resolve_base_sharing, row_parallel_base_wanted
 from workers.fsdp.side import FSDPSide
 from workers.fsdp.ulysses import init_sequence_layout
 from workers.lora.model import adapters_disabled
@@ -48,9 +48,12 @@ class FSDPActorSide(FSDPSide):
         self.ref: FSDPBackend | None = None
         if worker.role != "ref":
             mini_batch_per_rank(cfg["actor"], cfg["rollout"]["n"], self.layout.dp_size, self.layout.where("actor"))
+            shard_size = cfg["actor"]["fsdp_config"]["fsdp_size"]
+            shard_group = worker.world_size if shard_size == -1 else min(shard_size, worker.world_size)
             self.actor = FSDPBackend(
                 auto_class, cfg["model"], worker.rank, optim_cfg=cfg["actor"]["optim"], seed=cfg["seed"],
-                shard_size=cfg["actor"]["fsdp_config"]["fsdp_size"], **sequence_parallel,
+                shard_size=shard_size, row_parallel_base=row_parallel_base_wanted(cfg, shard_group),
+                **sequence_parallel,
             )
             self.start_metrics["actor/fsdp_shard_ranks"] = float(self.actor.shard_ranks)
             if cfg["actor"].get("router_aux_loss_coef") is not None:
@@ -71,7 +74,7 @@ class FSDPActorSide(FSDPSide):
             from workers.rollout.hybrid import FSDPWeightSource, engine_dtype
 
             engine = engine_dtype(rollout, FSDPWeightSource(self.actor))
-            if resolve_base_sharing(cfg, self.actor.dtype, engine):
+            if resolve_base_sharing(cfg, self.actor.dtype, engine, self.actor.shard_ranks):
                 self.shared_base = SharedBase(self.actor.module)
         self.residency = self._build_residency()
         # Offloaded models leave the GPU before the engine starts: it then finds its whole budget free, and

@@ -46,7 +46,8 @@ class FSDPBackend:
     optim_cfg=cfg["actor"]["optim"])`. With `optim_cfg=None` the model is frozen: no optimizer, loaded
     directly in the compute dtype. With a `sequence_parallel` group its packed forwards are split over that
     group (Ulysses; `sequence_parallel_setting` names the config key in errors). `shard_size`: the ranks of each
-    FSDP shard group (`fsdp_config.fsdp_size`; -1 every rank).
+    FSDP shard group (`fsdp_config.fsdp_size`; -1 every rank). `row_parallel_base`: a LoRA base sharded as the
+    tensor-parallel engine it will be shared with holds it (workers/fsdp/shared_base.py).
     """
 
     def __init__(
@@ -60,6 +61,7 @@ class FSDPBackend:
         sequence_parallel: SequenceParallel | None = None,
         sequence_parallel_setting: str = "ulysses_sequence_parallel_size",
         shard_size: int = -1,
+        row_parallel_base: bool = False,
     ) -> None:
         self.auto_class = auto_class
         self.model_path: str = model_cfg["path"]
@@ -74,7 +76,8 @@ class FSDPBackend:
             LoraSpec.from_model_config(with_vision_lora_default(model_cfg)) if self.trainable else None
         )
         self.module: nn.Module = load_sharded_model(
-            auto_class, model_cfg, self.device, self.trainable, config_overrides, seed, self.lora, shard_size
+            auto_class, model_cfg, self.device, self.trainable, config_overrides, seed, self.lora, shard_size,
+            row_parallel_base,
         )
         # Read while sharded (a unit's forward unshards it): 1-D, or (replicate, shard) for hybrid sharding.
         self.mesh: DeviceMesh = next(self.module.parameters()).device_mesh

@@ -10,6 +10,7 @@ from transformers import AutoConfig
 
 from workers.checkpointed_layers import kept_layers
 from workers.dtypes import COMPUTE_DTYPES
+from workers.fsdp.shared_base import row_parallel_placement
 from workers.fsdp.wrap import shard_in_units
 from workers.head_log_probs import set_logits_chunk_tokens
 from workers.liger_kernels import apply_liger_kernels
@@ -72,6 +73,7 @@ def load_sharded_model(
     seed: int = 0,
     lora: LoraSpec | None = None,
     shard_size: int = -1,
+    row_parallel_base: bool = False,
 ) -> nn.Module:
     """`auto_class.from_pretrained(path)` sharded with FSDP2 (`shard_in_units`) over all ranks, or within groups of
     `shard_size` ranks (hybrid sharding, `fsdp_config.fsdp_size`): float32 master
@@ -79,7 +81,8 @@ def load_sharded_model(
     frozen in the compute dtype and only the float32 adapter factors train. `seed` is set before loading so heads
     missing from the checkpoint (a new value or score head) get the same initial values on every rank; LoRA's random
     A factors are drawn from `seed` itself (`add_lora_adapters`), the same on every rank and in every run with that
-    seed.
+    seed. `row_parallel_base`: the frozen base is sharded as a tensor-parallel engine over the shard group holds it
+    (workers/fsdp/shared_base.py, `row_parallel_placement`), to be shared with that engine.
     """
     dtype = compute_dtype(model_cfg["dtype"], device)
     load_dtype = torch.float32 if trainable and lora is None else dtype
@@ -109,7 +112,8 @@ def load_sharded_model(
 
     # A frozen model was loaded in the compute dtype: no cast on gather.
     units = transformer_layers(model) + vision_units(model)
-    shard_in_units(model, units, device, dtype if trainable else None, shard_size)
+    placement = row_parallel_placement(model) if row_parallel_base else None
+    shard_in_units(model, units, device, dtype if trainable else None, shard_size, placement)
     # FSDP2's lazy init, which its first forward would run, is run now, for two reasons:
     # - it fixes each unit's gradient dtypes from the parameters that require grad at that moment, and peft's
     #   disable_adapters clears requires_grad: a first forward with the adapters off (a LoRA actor's reference

@@ -8,45 +8,86 @@ checking that the values are equal; the trainer's own copy is then freed. The en
 (workers/rollout/vllm_base_views.py), so every base tensor of a Qwen2/Llama model is shared. Only the
 adapters stay the trainer's: they are what the weight sync sends and what the offloader moves; the shared
 storages never move (`stays`), and the engine's sleep frees only its KV cache (workers/rollout/kv_sleep.py).
+
+With an engine of tensor parallel k held as one shard per trainer rank (workers/rollout/engine_shards.py) the
+actor's FSDP shard group must be the engine's k ranks (`actor.fsdp_config.fsdp_size` = k): rank r's base shards are
+then engine shard r's weights, which are those tensors themselves (a column-parallel weight's rows, the vocabulary's
+rows), a window of them (the replicated norms) or, for the linears the engine splits along their input, the weight
+itself once FSDP shards those on dim 1 (`row_parallel_placement`).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import Shard
 
 from workers.fsdp.offload import GIB
 from workers.fsdp.shared_storage import fsdp_params, local_shard, point_shard_at, rows_of, why_not_shareable
 from workers.lora.spec import BASE_LAYER, base_sharing_problems
 
 SETTING = "rollout.share_base_weights"
+# The linears a tensor-parallel vLLM engine splits along their input dimension (its RowParallelLinear): attention's
+# output and the MLP's down projection of the Qwen2/Llama families.
+ROW_PARALLEL_LINEARS = ("o_proj", "down_proj")
 
 
 def resolve_base_sharing(
-    config: Mapping[str, Any], trainer_dtype: torch.dtype, engine_dtype: torch.dtype, where: str = ""
+    config: Mapping[str, Any], trainer_dtype: torch.dtype, engine_dtype: torch.dtype, shard_ranks: int = 1,
+    where: str = "",
 ) -> bool:
     """Whether this actor shares its base with its engine: `rollout.share_base_weights` null means where
     the config allows it; true where it does not is a ValueError (the config check catches most cases
-    before Ray starts; the dtypes "auto" resolve only here)."""
+    before Ray starts; the dtypes "auto" and the ranks of fsdp_size=-1 resolve only here). `shard_ranks`: the
+    ranks the actor's FSDP shards span (with an engine of tensor parallel k > 1 they must be its k ranks)."""
     setting = config["rollout"]["share_base_weights"]
     if setting is False:
         return False
     problems = base_sharing_problems(config, where)
+    key = f"{where}." if where else ""
     if trainer_dtype != engine_dtype:
-        key = f"{where}." if where else ""
         problems.append(
             f"the engine computes in {engine_dtype} ({key}rollout.dtype) and the actor's base is {trainer_dtype}"
+        )
+    tp = config["rollout"]["tensor_model_parallel_size"]
+    if tp > 1 and shard_ranks != tp:
+        problems.append(
+            f"the actor's FSDP shards span {shard_ranks} ranks and the engine's shards {tp} "
+            f"({key}actor.fsdp_config.fsdp_size={tp} makes them the same ranks)"
         )
     if problems and setting is True:
         raise ValueError(
             f"{SETTING}=true cannot share the actor's base weights with the rollout engine: {'; '.join(problems)}"
         )
     return not problems
+
+
+def row_parallel_base_wanted(config: Mapping[str, Any], shard_ranks: int) -> bool:
+    """Whether the actor's base should be sharded as a tensor-parallel engine holds it (`row_parallel_placement`):
+    sharing is not turned off, the config allows it, and the FSDP shard group of `shard_ranks` is the engine's."""
+    tp = config["rollout"]["tensor_model_parallel_size"]
+    wanted = config["rollout"]["share_base_weights"] is not False and tp > 1 and shard_ranks == tp
+    return wanted and not base_sharing_problems(config)
+
+
+def row_parallel_placement(model: nn.Module) -> Callable[[nn.Parameter], Shard | None]:
+    """FSDP2's `shard_placement_fn` for a base shared with an engine of tensor parallel k (the shard group's size):
+    the frozen weights of the linears vLLM splits along their input (`ROW_PARALLEL_LINEARS`) are sharded on dim 1,
+    so each rank's shard is its engine shard's [out, in / k] weight; every other parameter on dim 0 (FSDP's
+    default), which is what vLLM does with the other linears' weights and the vocabulary."""
+    names = {id(param): checkpoint_name(name) for name, param in model.named_parameters()}
+
+    def placement(param: nn.Parameter) -> Shard | None:
+        owner, _, leaf = names.get(id(param), "").rpartition(".")
+        row_parallel = owner.rpartition(".")[2] in ROW_PARALLEL_LINEARS and leaf == "weight"
+        return Shard(1) if row_parallel and not param.requires_grad else None
+
+    return placement
 
 
 def checkpoint_name(trainer_name: str) -> str:

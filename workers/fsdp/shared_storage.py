@@ -1,4 +1,5 @@
-"""Pointing an FSDP2 parameter's local shard at rows of another tensor of the same values (no copy kept).
+"""Pointing an FSDP2 parameter's local shard at rows of another tensor of the same values (no copy kept), or at a
+tensor that is that shard itself (a tensor-parallel engine shard's weight, `holds_this_shard`).
 
 FSDP2 keeps each parameter's shard in two tensors over one storage (torch's `FSDPParam`,
 torch/distributed/fsdp/_fully_shard/_fsdp_param.py): `_sharded_param_data`, the shard flattened and padded to the size
@@ -63,17 +64,31 @@ def shard_window(whole: torch.Tensor, rank: int, padded_rows: int, rows: int) ->
     return ShardWindow(start, rows, whole.storage_offset() + start * row_numel, padded_rows * row_numel)
 
 
+def holds_this_shard(param: Any, tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is this rank's shard of `param` itself rather than the whole parameter: a tensor-parallel
+    engine shard's weight of the local shard's shape, where the shard has no padding (FSDP2 pads only uneven
+    shards). Shard(0) or Shard(1) alike: the local shard is contiguous either way."""
+    local = local_shard(param)
+    shape = tuple(tensor.shape)
+    return shape != tuple(param._orig_size) and shape == tuple(local.shape) == tuple(param.padded_sharded_param_size)
+
+
 def why_not_shareable(param: Any, whole: torch.Tensor) -> str | None:
-    """Why `param`'s shard cannot be pointed into `whole` (None: it can)."""
+    """Why `param`'s shard cannot be pointed into `whole`, the engine's tensor holding the whole parameter or
+    exactly this rank's shard of it (None: it can)."""
     local = local_shard(param)
     if whole.dtype != local.dtype:
         return f"dtype {whole.dtype} in the engine, {local.dtype} in the trainer"
     if whole.device != local.device:
         return f"on {whole.device} in the engine, {local.device} in the trainer"
-    if tuple(whole.shape) != tuple(param._orig_size):
-        return f"shape {tuple(whole.shape)} in the engine, {tuple(param._orig_size)} in the trainer"
+    this_shard = holds_this_shard(param, whole)
+    if not this_shard and tuple(whole.shape) != tuple(param._orig_size):
+        sharded = f" (this rank's shard: {tuple(local.shape)})" if tuple(local.shape) != tuple(param._orig_size) else ""
+        return f"shape {tuple(whole.shape)} in the engine, {tuple(param._orig_size)} in the trainer{sharded}"
     if not whole.is_contiguous():
         return "not contiguous in the engine"
+    if this_shard:
+        return None
     if param.fsdp_placement.dim != 0:
         return f"sharded on dim {param.fsdp_placement.dim} (rows only)"
     window = _window(param, whole)
@@ -83,13 +98,17 @@ def why_not_shareable(param: Any, whole: torch.Tensor) -> str | None:
 
 
 def _window(param: Any, whole: torch.Tensor) -> ShardWindow:
+    if holds_this_shard(param, whole):
+        return ShardWindow(0, int(whole.shape[0]) if whole.dim() else 1, whole.storage_offset(), whole.numel())
     padded_rows = int(param.padded_sharded_param_size[0]) if len(param.padded_sharded_param_size) else 1
     rows = int(local_shard(param).shape[0]) if local_shard(param).dim() else 1
     return shard_window(whole, int(param.mesh_info.shard_mesh_rank), padded_rows, rows)
 
 
 def rows_of(param: Any, whole: torch.Tensor) -> torch.Tensor:
-    """The rows of `whole` this rank's shard of `param` holds."""
+    """What of `whole` this rank's shard of `param` holds: its rows, or all of it when it is that shard."""
+    if holds_this_shard(param, whole):
+        return whole
     window = _window(param, whole)
     return whole.narrow(0, window.rows_start, window.rows) if whole.dim() else whole
 

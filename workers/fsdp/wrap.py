@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Shard
 
 REPLICATE_DIM, SHARD_DIM = "replicate", "shard"
 # One mesh per (default process group, device type, shard size): each mesh owns its communicators, so the models of
@@ -57,6 +58,7 @@ def shard_in_units(
     device: torch.device,
     compute_dtype: torch.dtype | None,
     shard_size: int = -1,
+    placement: Callable[[nn.Parameter], Shard | None] | None = None,
 ) -> None:
     """`fully_shard` each of `units`, then `module` itself (which keeps the rest: embeddings, final norm, head)
     over all ranks, or within groups of `shard_size` (`device_mesh`); the root's wrap also moves parameters and buffers
@@ -65,8 +67,11 @@ def shard_in_units(
 
     `compute_dtype` other than float32: the (float32 master) parameters are gathered in it for forward and
     backward and gradients are reduced in float32. None or float32: no cast (a frozen model already loaded in
-    its compute dtype, or a float32 run)."""
+    its compute dtype, or a float32 run). `placement`: FSDP2's `shard_placement_fn`, the dim each parameter is
+    sharded on (None: dim 0)."""
     kwargs: dict[str, Any] = {"mesh": device_mesh(device, shard_size)}
+    if placement is not None:
+        kwargs["shard_placement_fn"] = placement
     if compute_dtype is not None and compute_dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for unit in units:

