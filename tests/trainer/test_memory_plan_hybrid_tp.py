@@ -5,7 +5,7 @@ import json
 
 from trainer.config_loader import load_config
 from trainer.memory_plan import build_plan
-from trainer.memory_plan.plan import ENGINE_WORKER_PROCESS_BYTES, engine_weight_bytes
+from trainer.memory_plan.plan import ENGINE_SHARD_BYTES, ENGINE_WORKER_PROCESS_BYTES, engine_weight_bytes
 from trainer.memory_plan.setup import plan_setup
 
 QWEN_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
@@ -25,9 +25,9 @@ def test_a_shared_hybrid_engine_holds_a_share_of_the_weights_on_each_gpu(tmp_pat
     assert engine_weights(2) == whole // 2 and engine_weights(4) == whole // 4
 
 
-def test_a_hybrid_engine_in_processes_of_its_own_adds_them_to_every_phase_after_it_starts(tmp_path):
+def test_a_tensor_parallel_hybrid_engine_adds_its_processes_or_shards_to_every_phase_after_it_starts(tmp_path):
     """rollout.engine_process=true: the first rank's engine computes in a worker process per GPU; one shard per
-    trainer rank (the default) adds none."""
+    trainer rank (the default) brings its communicators and kernels into each trainer process instead."""
     (tmp_path / "config.json").write_text(json.dumps(QWEN_7B))
 
     def other_by_phase(tp, *extra):
@@ -44,7 +44,7 @@ def test_a_hybrid_engine_in_processes_of_its_own_adds_them_to_every_phase_after_
     for phase, (moment, other) in own.items():
         started = moment != "models loaded"
         assert other - one[phase][1] == (ENGINE_WORKER_PROCESS_BYTES if started else 0), phase
-        assert shards[phase][1] == one[phase][1], phase
+        assert shards[phase][1] - one[phase][1] == (ENGINE_SHARD_BYTES if started else 0), phase
 
 
 def test_a_lora_base_is_planned_shared_with_per_rank_shards_over_its_fsdp_group(tmp_path):
