@@ -36,7 +36,10 @@ def test_a_tensor_parallel_hybrid_engine_adds_its_processes_or_shards_to_every_p
                            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", "trainer.n_gpus_per_node=2",
                            *extra])
         plan = build_plan(cfg, gpu_bytes=140 << 30, gpu_source="test")
+        notes[(tp, *extra)] = [note for note in plan.notes if "tensor parallel 2" in note]
         return {row.phase: (row.moment, row.parts["other"]) for row in plan.groups[0].rows}
+
+    notes = {}
 
     one, shards = other_by_phase(1), other_by_phase(2)
     own = other_by_phase(2, "actor_rollout_ref.rollout.engine_process=true")
@@ -45,6 +48,8 @@ def test_a_tensor_parallel_hybrid_engine_adds_its_processes_or_shards_to_every_p
         started = moment != "models loaded"
         assert other - one[phase][1] == (ENGINE_WORKER_PROCESS_BYTES if started else 0), phase
         assert shards[phase][1] - one[phase][1] == (ENGINE_SHARD_BYTES if started else 0), phase
+    assert "the engine's worker process" in notes[(2, "actor_rollout_ref.rollout.engine_process=true")][0]
+    assert "in the trainer process" in notes[(2,)][0] and not notes[(1,)]
 
 
 def test_a_lora_base_is_planned_shared_with_per_rank_shards_over_its_fsdp_group(tmp_path):
@@ -54,8 +59,9 @@ def test_a_lora_base_is_planned_shared_with_per_rank_shards_over_its_fsdp_group(
 
     def shares(gpus, *extra):
         cfg = load_config([f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.rollout.name=vllm",
-                           "actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-                           f"trainer.n_gpus_per_node={gpus}", *extra])
+                           "actor_rollout_ref.model.lora_rank=64",
+                           "actor_rollout_ref.rollout.tensor_model_parallel_size=2", f"trainer.n_gpus_per_node={gpus}",
+                           *extra])
         return plan_setup(cfg, on_gpu=True).rollout.shares_base
 
     assert shares(2) is True  # fsdp_size -1 over the engine's two ranks
