@@ -5,7 +5,7 @@ import json
 
 from trainer.config_loader import load_config
 from trainer.memory_plan import build_plan
-from trainer.memory_plan.plan import ENGINE_WORKER_PROCESS_BYTES, engine_weight_bytes
+from trainer.memory_plan.plan import ENGINE_SHARD_BYTES, ENGINE_WORKER_PROCESS_BYTES, engine_weight_bytes
 from trainer.memory_plan.setup import plan_setup
 
 QWEN_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
@@ -25,9 +25,9 @@ def test_a_shared_hybrid_engine_holds_a_share_of_the_weights_on_each_gpu(tmp_pat
     assert engine_weights(2) == whole // 2 and engine_weights(4) == whole // 4
 
 
-def test_a_hybrid_engine_in_processes_of_its_own_adds_them_to_every_phase_after_it_starts(tmp_path):
+def test_a_tensor_parallel_hybrid_engine_adds_its_processes_or_shards_to_every_phase_after_it_starts(tmp_path):
     """rollout.engine_process=true: the first rank's engine computes in a worker process per GPU; one shard per
-    trainer rank (the default) adds none."""
+    trainer rank (the default) brings its communicators and kernels into each trainer process instead."""
     (tmp_path / "config.json").write_text(json.dumps(QWEN_7B))
 
     def other_by_phase(tp, *extra):
@@ -36,7 +36,10 @@ def test_a_hybrid_engine_in_processes_of_its_own_adds_them_to_every_phase_after_
                            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", "trainer.n_gpus_per_node=2",
                            *extra])
         plan = build_plan(cfg, gpu_bytes=140 << 30, gpu_source="test")
+        notes[(tp, *extra)] = [note for note in plan.notes if "tensor parallel 2" in note]
         return {row.phase: (row.moment, row.parts["other"]) for row in plan.groups[0].rows}
+
+    notes = {}
 
     one, shards = other_by_phase(1), other_by_phase(2)
     own = other_by_phase(2, "actor_rollout_ref.rollout.engine_process=true")
@@ -44,7 +47,9 @@ def test_a_hybrid_engine_in_processes_of_its_own_adds_them_to_every_phase_after_
     for phase, (moment, other) in own.items():
         started = moment != "models loaded"
         assert other - one[phase][1] == (ENGINE_WORKER_PROCESS_BYTES if started else 0), phase
-        assert shards[phase][1] == one[phase][1], phase
+        assert shards[phase][1] - one[phase][1] == (ENGINE_SHARD_BYTES if started else 0), phase
+    assert "the engine's worker process" in notes[(2, "actor_rollout_ref.rollout.engine_process=true")][0]
+    assert "in the trainer process" in notes[(2,)][0] and not notes[(1,)]
 
 
 def test_a_lora_base_is_planned_shared_with_per_rank_shards_over_its_fsdp_group(tmp_path):
@@ -54,8 +59,9 @@ def test_a_lora_base_is_planned_shared_with_per_rank_shards_over_its_fsdp_group(
 
     def shares(gpus, *extra):
         cfg = load_config([f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.rollout.name=vllm",
-                           "actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-                           f"trainer.n_gpus_per_node={gpus}", *extra])
+                           "actor_rollout_ref.model.lora_rank=64",
+                           "actor_rollout_ref.rollout.tensor_model_parallel_size=2", f"trainer.n_gpus_per_node={gpus}",
+                           *extra])
         return plan_setup(cfg, on_gpu=True).rollout.shares_base
 
     assert shares(2) is True  # fsdp_size -1 over the engine's two ranks

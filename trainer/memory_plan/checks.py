@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 
 from trainer.memory_plan.gpu import GIB
-from trainer.memory_plan.plan import FIXED_KV_ALLOWANCE_BYTES, RUNTIME_BYTES, engine_weight_bytes
+from trainer.memory_plan.plan import (
+    ENGINE_SHARD_BYTES,
+    ENGINE_WORKER_PROCESS_BYTES,
+    FIXED_KV_ALLOWANCE_BYTES,
+    RUNTIME_BYTES,
+    engine_weight_bytes,
+)
 from trainer.memory_plan.residency import role_memory
 from trainer.memory_plan.setup import PlanSetup
 from trainer.memory_plan.terms import kv_cache_bytes
@@ -88,6 +94,13 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
         f"'other' holds {gib(RUNTIME_BYTES)} per GPU process for the CUDA context, cuBLAS/NCCL workspaces and "
         "allocator slack (an allowance), and weight-sync buffers",
     ]
+    rollout = setup.rollout
+    if setup.on_gpu and rollout.name == "vllm" and rollout.placement == "hybrid" and rollout.tp > 1:
+        where = (f"{gib(ENGINE_WORKER_PROCESS_BYTES)} per GPU for the engine's worker process there"
+                 if rollout.own_processes else
+                 f"{gib(ENGINE_SHARD_BYTES)} per GPU for its shard's communicators and kernels in the trainer process")
+        notes.append(f"a hybrid engine of tensor parallel {rollout.tp}: from its start 'other' holds {where} "
+                     "(an allowance, measured at 7B on H200s)")
     updates = (("actor", setup.update), ("critic", setup.critic_update))
     sharing = {role: batch.sequence_parallel for role, batch in updates if batch and batch.sequence_parallel > 1}
     if sharing:
@@ -115,7 +128,6 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
             "compute dtype, float32 adapters with their gradients and AdamW state; the reference is the base model "
             f"(adapters off); {engine_note}"
         )
-    rollout = setup.rollout
     if rollout.name == "vllm" and rollout.kv_cache_bytes is not None:
         notes.append(
             f"the vLLM engine's share per GPU while awake: its weights ({gib(engine_weight_bytes(setup))}) + "

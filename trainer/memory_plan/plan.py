@@ -42,6 +42,13 @@ SLEEPING_ENGINE_BYTES = 1 << 29
 # trainer rank, runs inside the trainer's process). Measured at 7B, two H200s (2026-11-30): 3.6 GiB
 # outside the trainer's allocator at the generate phase's end, 2.1 GiB above RUNTIME_BYTES + SLEEPING_ENGINE_BYTES.
 ENGINE_WORKER_PROCESS_BYTES = 2 << 30
+# A hybrid engine over k > 1 GPUs held as one shard per trainer rank (the default) brings into each trainer process
+# what the layout above holds in processes of its own, outside the engine's budget: its tensor-parallel group's NCCL
+# communicators (0.28 GiB each beyond a process's first, 1.42 GiB for the first, H200:
+# benchmarks/nccl_comm_memory.py), its compiled kernels. An allowance: measured at 7B TP2 on two H200s (2026-11-30)
+# 3.2-4.0 GiB above the plan without it in the reference and update phases, with the LoRA base shared and without
+# (vLLM itself reports 0.03 GiB of non-torch memory and a 0.59 GiB graph pool per shard); not broken down further.
+ENGINE_SHARD_BYTES = 7 << 29  # 3.5 GiB
 # A vLLM engine with a fixed KV cache (rollout.kv_cache_gib) holds, besides its weights and that cache, the
 # activations of its largest forward (its start-up profile run's batch) and its CUDA graphs' pool; vLLM then
 # measures neither. Allowance: this (activations, not measured) plus what a sleeping engine keeps (the graphs'
@@ -235,9 +242,8 @@ class _TrainerGpu:
         engine = self.engine if engine_holds_budget else 0
         other = RUNTIME_BYTES + self.staging
         rollout = self.setup.rollout
-        engine_processes = rollout.placement == "hybrid" and rollout.tp > 1 and rollout.own_processes
-        if engine_started and self.engine and engine_processes:
-            other += ENGINE_WORKER_PROCESS_BYTES
+        if engine_started and self.engine and rollout.placement == "hybrid" and rollout.tp > 1:
+            other += ENGINE_WORKER_PROCESS_BYTES if rollout.own_processes else ENGINE_SHARD_BYTES
         if engine_started and not engine_holds_budget:
             weights += self.engine_weights
             other += SLEEPING_ENGINE_BYTES if self.engine else 0
