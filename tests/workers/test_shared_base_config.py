@@ -30,8 +30,8 @@ def config(share=None, **sections):
     ({"rollout": {"tensor_model_parallel_size": 2, "engine_process": True}},
      "rollout.tensor_model_parallel_size=2 with rollout.engine_process=true (the engine's own processes hold its weights"),
     ({"rollout": {"tensor_model_parallel_size": 2}, "actor": {"fsdp_config": {"fsdp_size": 4}}},
-     "actor.fsdp_config.fsdp_size=4 with rollout.tensor_model_parallel_size=2 (a rank's base shard must be its engine "
-     "shard: fsdp_size=2, or -1 on 2 ranks)"),
+     "actor.fsdp_config.fsdp_size=4: the actor's FSDP shards span 4 ranks and rollout.tensor_model_parallel_size=2 "
+     "the engine's (a rank's base shard must be its engine shard: fsdp_size=2, or -1 on 2 ranks)"),
 ])
 def test_true_where_the_config_cannot_share_names_why(sections, reason):
     with pytest.raises(ValueError, match="rollout.share_base_weights=true cannot share the actor's base weights") as error:
@@ -59,8 +59,9 @@ def test_a_tensor_parallel_engine_shares_with_an_fsdp_group_of_its_ranks():
     assert resolve_base_sharing(tp2, bf16, bf16, shard_ranks=4) is False
     assert resolve_base_sharing(config(None, rollout={"tensor_model_parallel_size": 2},
                                        actor={"fsdp_config": {"fsdp_size": 2}}), bf16, bf16, shard_ranks=2) is True
-    with pytest.raises(ValueError, match=r"the actor's FSDP shards span 4 ranks and the engine's shards 2 "
-                                         r"\(actor.fsdp_config.fsdp_size=2 makes them the same ranks\)"):
+    with pytest.raises(ValueError, match=r"actor.fsdp_config.fsdp_size=-1: the actor's FSDP shards span 4 ranks and "
+                                         r"rollout.tensor_model_parallel_size=2 the engine's \(a rank's base shard must "
+                                         r"be its engine shard: fsdp_size=2, or -1 on 2 ranks\)"):
         resolve_base_sharing(config(True, rollout={"tensor_model_parallel_size": 2}), bf16, bf16, shard_ranks=4)
 
 
@@ -83,3 +84,11 @@ def test_the_driver_refuses_before_ray_starts(no_ray, tiny_assets, tmp_path, cap
         "engine: actor_rollout_ref.rollout.name='hf' (HF generate already runs on the actor's own weights). Set it to null "
         "(share where possible) or false"
     ]
+
+
+@pytest.mark.parametrize(("fsdp_size", "ranks", "group"), [(-1, 4, 4), (2, 4, 2), (8, 4, 4), (1, 4, 1)])
+def test_one_rule_for_the_shard_group_size(fsdp_size, ranks, group):
+    """The workers' mesh, the shared base's check and the memory plan read fsdp_size by one function."""
+    from workers.fsdp_shard_group import shard_group_size
+
+    assert shard_group_size(fsdp_size, ranks) == group

@@ -17,6 +17,7 @@ from trainer.memory_plan.shape import LINEAR_NAMES, ModelShape, lora_targets, re
 from trainer.memory_plan.terms import FP32, Trainability
 from trainer.old_log_prob_pass import old_log_prob_pass_needed
 from workers.checkpointed_layers import kept_layers
+from workers.fsdp_shard_group import shard_group_size
 from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -185,8 +186,7 @@ def _tensor_parallel_shares(cfg: DictConfig) -> bool:
         return True
     fsdp_size = int(_get(cfg, "actor_rollout_ref.actor.fsdp_config.fsdp_size", -1))
     ranks = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
-    shard_group = ranks if fsdp_size == -1 else fsdp_size
-    return not _get(cfg, "actor_rollout_ref.rollout.engine_process", None) and shard_group == tp
+    return not _get(cfg, "actor_rollout_ref.rollout.engine_process", None) and shard_group_size(fsdp_size, ranks) == tp
 
 
 def _megatron(section: DictConfig) -> dict[str, Any]:

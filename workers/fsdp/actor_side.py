@@ -23,6 +23,7 @@ from workers.fsdp.residency import ACTOR, Residency, process_tenants
 from workers.fsdp.shared_base import SharedBase, resolve_base_sharing, row_parallel_base_wanted
 from workers.fsdp.side import FSDPSide
 from workers.fsdp.ulysses import init_sequence_layout
+from workers.fsdp_shard_group import shard_group_size
 from workers.lora.model import adapters_disabled
 from workers.rollout.agent.worker_glue import PROMPT_KEYS, build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
@@ -49,10 +50,10 @@ class FSDPActorSide(FSDPSide):
         if worker.role != "ref":
             mini_batch_per_rank(cfg["actor"], cfg["rollout"]["n"], self.layout.dp_size, self.layout.where("actor"))
             shard_size = cfg["actor"]["fsdp_config"]["fsdp_size"]
-            shard_group = worker.world_size if shard_size == -1 else min(shard_size, worker.world_size)
+            shard_ranks = shard_group_size(shard_size, worker.world_size)
             self.actor = FSDPBackend(
                 auto_class, cfg["model"], worker.rank, optim_cfg=cfg["actor"]["optim"], seed=cfg["seed"],
-                shard_size=shard_size, row_parallel_base=row_parallel_base_wanted(cfg, shard_group),
+                shard_size=shard_size, row_parallel_base=row_parallel_base_wanted(cfg, shard_ranks),
                 **sequence_parallel,
             )
             self.start_metrics["actor/fsdp_shard_ranks"] = float(self.actor.shard_ranks)

@@ -48,17 +48,11 @@ def resolve_base_sharing(
     setting = config["rollout"]["share_base_weights"]
     if setting is False:
         return False
-    problems = base_sharing_problems(config, where)
+    problems = base_sharing_problems(config, where, shard_ranks)
     key = f"{where}." if where else ""
     if trainer_dtype != engine_dtype:
         problems.append(
             f"the engine computes in {engine_dtype} ({key}rollout.dtype) and the actor's base is {trainer_dtype}"
-        )
-    tp = config["rollout"]["tensor_model_parallel_size"]
-    if tp > 1 and shard_ranks != tp:
-        problems.append(
-            f"the actor's FSDP shards span {shard_ranks} ranks and the engine's shards {tp} "
-            f"({key}actor.fsdp_config.fsdp_size={tp} makes them the same ranks)"
         )
     if problems and setting is True:
         raise ValueError(
@@ -71,8 +65,8 @@ def row_parallel_base_wanted(config: Mapping[str, Any], shard_ranks: int) -> boo
     """Whether the actor's base should be sharded as a tensor-parallel engine holds it (`row_parallel_placement`):
     sharing is not turned off, the config allows it, and the FSDP shard group of `shard_ranks` is the engine's."""
     tp = config["rollout"]["tensor_model_parallel_size"]
-    wanted = config["rollout"]["share_base_weights"] is not False and tp > 1 and shard_ranks == tp
-    return wanted and not base_sharing_problems(config)
+    wanted = config["rollout"]["share_base_weights"] is not False and tp > 1
+    return wanted and not base_sharing_problems(config, shard_ranks=shard_ranks)
 
 
 def row_parallel_placement(model: nn.Module) -> Callable[[nn.Parameter], Shard | None]:

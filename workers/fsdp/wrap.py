@@ -12,6 +12,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
 
+from workers.fsdp_shard_group import shard_group_size
+
 REPLICATE_DIM, SHARD_DIM = "replicate", "shard"
 # One mesh per (default process group, device type, shard size): each mesh owns its communicators, so the models of
 # one process (actor, reference, critic) share them. Keyed by the group object, as tests start and end groups.
@@ -24,9 +26,8 @@ def device_mesh(device: torch.device, shard_size: int = -1) -> DeviceMesh:
     consecutive ranks (within a node when it divides the node's GPUs): FSDP2 gathers and reduce-scatters within a
     group and all-reduces the gradient shards across the groups. ValueError when it does not divide the ranks."""
     world = torch.distributed.get_world_size()
-    if shard_size == -1 or shard_size >= world:
-        shard_size = world
-    elif shard_size < 1 or world % shard_size:
+    shard_size = shard_group_size(shard_size, world)
+    if shard_size < 1 or world % shard_size:
         raise ValueError(
             f"fsdp_size={shard_size} must be -1 or a divisor of the {world} ranks (each shard group holds that many)"
         )

@@ -110,10 +110,11 @@ def peft_tensor_name(name: str) -> str:
     raise ValueError(f"{name!r} is not a LoRA factor of adapter {ADAPTER_NAME!r}")
 
 
-def base_sharing_problems(config: Mapping[str, Any], where: str = "") -> list[str]:
+def base_sharing_problems(config: Mapping[str, Any], where: str = "", shard_ranks: int | None = None) -> list[str]:
     """Why the config cannot share the actor's frozen base with its vLLM engine (`rollout.share_base_weights`,
     workers/fsdp/shared_base.py); empty when it can, as far as the config tells (the dtypes "auto" resolve
-    on the worker)."""
+    on the worker). `shard_ranks`: the ranks the actor's FSDP shards span, where known (fsdp_size=-1 means all
+    the actor's ranks, which the section does not say)."""
     key = f"{where}." if where else ""
     rollout, model = config["rollout"], config["model"]
     problems = []
@@ -128,7 +129,7 @@ def base_sharing_problems(config: Mapping[str, Any], where: str = "") -> list[st
             f"{key}rollout.placement={rollout['placement']!r} "
             "(the engine must live in the actor's process: placement=hybrid)"
         )
-    problems += _tensor_parallel_problems(config, key)
+    problems += _tensor_parallel_problems(config, key, shard_ranks)
     if "auto" not in (rollout["dtype"], model["dtype"]) and rollout["dtype"] != model["dtype"]:
         problems.append(
             f"{key}rollout.dtype={rollout['dtype']!r} differs from {key}model.dtype={model['dtype']!r} "
@@ -137,7 +138,7 @@ def base_sharing_problems(config: Mapping[str, Any], where: str = "") -> list[st
     return problems
 
 
-def _tensor_parallel_problems(config: Mapping[str, Any], key: str) -> list[str]:
+def _tensor_parallel_problems(config: Mapping[str, Any], key: str, shard_ranks: int | None) -> list[str]:
     """A hybrid engine of tensor parallel k > 1 shares its base only as one shard per trainer rank whose FSDP shard
     group is the engine's k ranks: each rank's base shards are then its engine shard's weights."""
     tp = config["rollout"]["tensor_model_parallel_size"]
@@ -150,10 +151,13 @@ def _tensor_parallel_problems(config: Mapping[str, Any], key: str) -> list[str]:
             "processes hold its weights; with engine_process false each trainer rank holds one shard)"
         )
     fsdp_size = config["actor"]["fsdp_config"]["fsdp_size"]
-    if fsdp_size not in (-1, tp):
+    if shard_ranks is None:
+        shard_ranks = None if fsdp_size == -1 else fsdp_size
+    if shard_ranks is not None and shard_ranks != tp:
         problems.append(
-            f"{key}actor.fsdp_config.fsdp_size={fsdp_size} with {key}rollout.tensor_model_parallel_size={tp} (a "
-            f"rank's base shard must be its engine shard: fsdp_size={tp}, or -1 on {tp} ranks)"
+            f"{key}actor.fsdp_config.fsdp_size={fsdp_size}: the actor's FSDP shards span {shard_ranks} ranks and "
+            f"{key}rollout.tensor_model_parallel_size={tp} the engine's (a rank's base shard must be its engine "
+            f"shard: fsdp_size={tp}, or -1 on {tp} ranks)"
         )
     return problems
 
