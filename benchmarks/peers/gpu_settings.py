@@ -92,8 +92,8 @@ PRESETS["7b-4gpu"] = replace(PRESETS["7b-2gpu"], settings=replace(PRESETS["7b-2g
 # Bigger than 7B on four GPUs: the 7B run's batch and lengths, packed with a 16K-token update budget (the 7B
 # run's best, docs/benchmarks.md). 14B full: FSDP over four, a hybrid TP1 engine per GPU (plan: 109 GiB per
 # GPU of an H200). 32B full does not fit four H200s (plan: 168 GiB); 32B trains LoRA r64 over all linear layers
-# with one TP2 hybrid engine per pair of GPUs (plan: 75 GiB). Limits: estimates from the 7B run (40 s steps
-# packed, 2 min to start), ~2x and ~4x the FLOPs per token.
+# with one TP2 hybrid engine per pair of GPUs, the base shared with it (plan at ac61bbc: 64 GiB). Limits:
+# estimates from the 7B run (40 s steps packed, 2 min to start), ~2x and ~4x the FLOPs per token.
 _BUDGET_16K = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
                "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768")
 # Liger's fused RMSNorm, SwiGLU and rotary kernels: the update 39% -> 44% MFU on a 7B-shaped update on one H200.
@@ -105,7 +105,9 @@ PRESETS["14b-4gpu"] = Preset(
 PRESETS["32b-lora-4gpu"] = Preset(
     replace(PRESETS["7b-2gpu"].settings, size="32B", gpus=4), {"ours_packed": 900.0}, _NO_TRL,
     (*_BUDGET_16K, *_LIGER, "actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.model.lora_alpha=128",
-     "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"),
+     "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+     # FSDP shard groups of the engine's two ranks: a rank's base shards are its engine shard's (one copy of the base)
+     "actor_rollout_ref.actor.fsdp_config.fsdp_size=2"),
 )
 DEFAULT_PRESET = "0.5b-1gpu"
 
