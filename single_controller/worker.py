@@ -270,6 +270,15 @@ class Worker:
     def sc_world_size(self) -> int:
         return self.world_size
 
+    def close(self) -> None:
+        """Free what this worker holds outside its own memory (shared memory, processes it started) before its group
+        kills it: `RayWorkerGroup.close` calls it on every rank at the end of a run. Nothing by default."""
+
+    def sc_close(self) -> None:
+        """`close` of this worker, or of each role of a fused (colocated) actor."""
+        for worker in self.fused_worker_dict.values() or [self]:
+            worker.close()
+
     def sc_pop_exec_seconds(self) -> list[tuple[str, float]]:
         """`(method, seconds)` of the registered calls since the last pop, in order."""
         records = list(self._sc_exec_seconds)

@@ -253,6 +253,15 @@ class RoleGroups:
         for name, group in self._trained():
             group.load_checkpoint(str(folder / name))
 
+    def close(self) -> None:
+        """At a run's end, before `shutdown`: each worker frees what it holds outside its memory (a vLLM engine's
+        shared memory and processes), which a kill would leave behind on the machine."""
+        for group in self.groups:
+            unfinished = group.close()
+            if unfinished:
+                print(f"warning: ranks {unfinished} of {group.name!r} did not close before the shutdown; they are "
+                      "killed as they are (a vLLM engine's /dev/shm queues may stay)", file=sys.stderr)
+
     def shutdown(self) -> None:
         """Kill the workers and give their placement groups back; safe to call twice."""
         release(self.groups, self.pools)

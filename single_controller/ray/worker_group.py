@@ -401,6 +401,22 @@ class RayWorkerGroup:
             setattr(self, role, view)
 
     # ---- lifetime --------------------------------------------------------------------------------------
+    def close(self, timeout_s: float = 60.0) -> list[int]:
+        """Every rank's `Worker.close` (what a rank holds outside its memory, e.g. an engine's shared memory and
+        processes), before `kill`, which runs no code in the workers. Waits at most `timeout_s`; returns the ranks
+        that did not finish (busy, failed or gone): those are killed as they are."""
+        calls = [worker.sc_close.remote() for worker in self._workers]
+        done, _ = ray.wait(calls, num_returns=len(calls), timeout=timeout_s)
+        finished = set()
+        for rank, call in enumerate(calls):
+            if call in done:
+                try:
+                    ray.get(call)
+                    finished.add(rank)
+                except ray.exceptions.RayError:
+                    pass
+        return [rank for rank in range(len(calls)) if rank not in finished]
+
     def kill(self) -> None:
         """Kill every actor of the group (needed for detached groups, which outlive their driver)."""
         for worker in self._workers:

@@ -3,6 +3,8 @@ tensor parallel 2, separate and shared by two hybrid ranks), a sync
 after a zero-gradient step leaving the engine as it was, and one after a real optimizer step changing what
 the engine computes."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -22,6 +24,11 @@ SHORT_RUN = ("trainer.total_training_steps=3", "trainer.test_freq=-1", "trainer.
 
 def _param_count(model_path):
     return len(list(AutoModelForCausalLM.from_pretrained(model_path).named_parameters()))
+
+
+def _vllm_shared_memory() -> set[str]:
+    """vLLM's shared-memory segments on this machine: its message queues (psm_*) and CPU communicators."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(("psm_", "vllm_dist_"))}
 
 
 def _check_verified_run(history, model_path):
@@ -73,8 +80,9 @@ def test_grpo_lora_with_a_hybrid_engine_shared_by_two_ranks(ray_cluster, tiny_as
     rank's engine computes in processes of its own, with the base weights of its own: it loads the adapter both
     gather and each rank's prompts come back to it generated. The two layouts train alike, step for step (full
     weights: verl's GRPO script in tests/trainer/test_verl_launch_scripts.py)."""
-    runs = {}
+    runs, left_behind = {}, {}
     for engine_process in (False, True):
+        before = _vllm_shared_memory()
         cfg = load_config(run_overrides(
             tiny_assets, tmp_path / str(engine_process), *VLLM, *SHORT_RUN, "trainer.n_gpus_per_node=2",
             "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
@@ -82,6 +90,10 @@ def test_grpo_lora_with_a_hybrid_engine_shared_by_two_ranks(ray_cluster, tiny_as
             f"actor_rollout_ref.rollout.engine_process={str(engine_process).lower()}",
         ))
         runs[engine_process] = _check_verified_run(run(cfg), tiny_assets["model"])
+        left_behind[engine_process] = _vllm_shared_memory() - before
+    # The run's end closes the engine before the workers are killed: its shards' broadcast queue and CPU
+    # communicator leave /dev/shm with it (an engine in processes of its own: vLLM's executor leaves its queues).
+    assert left_behind[False] == set()
     shards, leader = runs[False], runs[True]
     assert shards[0]["rollout/engine_shards_in_trainers"] == 2.0 and leader[0]["rollout/engine_shards_in_trainers"] == 0.0
     # Every base tensor is its engine shard's but the embedding (tied to the head): vLLM pads the 100-row vocabulary

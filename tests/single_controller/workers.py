@@ -208,3 +208,21 @@ def make_batch(n: int) -> DataProto:
         {"x": torch.arange(n)}, non_tensors={"uid": np.array([f"s{i}" for i in range(n)], dtype=object)}
     )
 
+
+
+class ClosingWorker(Worker):
+    """`close` leaves a file per rank (and role) in `folder`; the rank `hangs` never finishes closing."""
+
+    def __init__(self, folder: str, role: str = "worker", hangs: int = -1) -> None:
+        super().__init__()
+        self.folder, self.role, self.hangs = folder, role, hangs
+
+    @register(Dispatch.ONE_TO_ALL)
+    def whoami(self) -> int:
+        return self.rank
+
+    def close(self) -> None:
+        if self.rank == self.hangs:
+            time.sleep(600)
+        with open(os.path.join(self.folder, f"{self.role}_{self.rank}"), "w") as marker:
+            marker.write(str(os.getpid()))

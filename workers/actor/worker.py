@@ -82,6 +82,11 @@ class ActorRolloutRefWorker(CheckpointMethods, WeightSenderMixin, Worker):
     def hybrid_rollout(self) -> Any:
         return None if self.side is None else self.side.hybrid_rollout
 
+    def close(self) -> None:
+        """The hybrid engine shut down before the worker is killed (Worker.close)."""
+        if self.hybrid_rollout is not None:
+            self.hybrid_rollout.close()
+
     # ---- setup ----------------------------------------------------------------------------------------
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:

@@ -94,6 +94,11 @@ class HybridRollout:
         if rollout_cfg["verify_sync"] and source.lora is None:
             self.weights.take_trainer_fingerprint(source)
 
+    def close(self) -> None:
+        """The engine (or this rank's shard of it) shut down for good: the worker is about to be killed."""
+        if self.engine is not None:
+            self.engine.close()
+
     def _wake(self) -> bool:
         """Wake the engine; whether its weights were released (then a sync must send them), on every rank. In a
         group whose leader holds the engine, on GPUs every rank first returns its cached blocks, since the engine's

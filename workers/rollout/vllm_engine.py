@@ -320,14 +320,28 @@ class VLLMEngine:
                 self.asleep = True
             return
         if self.llm is not None:
-            import gc
+            from vllm.distributed.parallel_state import destroy_distributed_environment
 
-            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
-
-            self.llm = None
-            gc.collect()
-            destroy_model_parallel()
+            self._drop_llm()
             destroy_distributed_environment()
+
+    def close(self) -> None:
+        """Shut the engine down for good, before its worker is killed. vLLM unlinks its shared-memory queues
+        (/dev/shm: the tensor-parallel group's broadcast queue, an engine core's input and output queues) and stops
+        the processes of an engine in processes of its own only when its objects are collected, which a killed
+        process never does: each run would leave them behind."""
+        if self.llm is not None:
+            self._drop_llm()
+
+    def _drop_llm(self) -> None:
+        """Collect the LLM (an engine core of its own shuts down with it) and this process's vLLM groups."""
+        import gc
+
+        from vllm.distributed.parallel_state import destroy_model_parallel
+
+        self.llm = None
+        gc.collect()
+        destroy_model_parallel()
 
     def restore(self, what: str = "all") -> None:
         """Bring back "weights", "kv_cache" or "all" after `release_all` (a no-op when already there)."""

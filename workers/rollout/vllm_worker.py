@@ -163,6 +163,14 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
             self.stream = None
         engine.release_all()
 
+    def close(self) -> None:
+        """The stream stopped and the engine shut down before the worker is killed (Worker.close)."""
+        if self.stream is not None:
+            self.stream.stop()
+            self.stream = None
+        if self.engine is not None:
+            self.engine.close()
+
     @register(Dispatch.ONE_TO_ALL)
     def restore(self, what: str = "all") -> None:
         self._require_engine("cuda").restore(what)
