@@ -40,6 +40,7 @@ class _GroupHandle:
 
     def shutdown(self) -> None:
         if self.group is not None:
+            self.group.close()  # an engine's shared memory and processes go before the kill (Worker.close)
             self.group.kill()
         if self.pool is not None and self._owns_pool:
             self.pool.release()
