@@ -145,3 +145,18 @@ def _death_summary(method: str, recent: list[str]) -> str:
     if earlier:
         summary += f"; the call sent to it before was {earlier[-1]!r}"
     return summary
+
+
+def unfinished_ranks(refs: Sequence[ray.ObjectRef], timeout_s: float) -> list[int]:
+    """The ranks (positions in `refs`) whose call had not returned within `timeout_s`, or failed; never raises."""
+    done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    returned = set(done)
+    return [rank for rank, ref in enumerate(refs) if ref not in returned or _failed(ref)]
+
+
+def _failed(ref: ray.ObjectRef) -> bool:
+    try:
+        ray.get(ref)
+    except ray.exceptions.RayError:
+        return True
+    return False

@@ -24,7 +24,7 @@ from single_controller.ray.colocated import FUSED_EXECUTE_METHOD, ColocatedWorke
 from single_controller.ray.placement import describe_placement, preset_master_addr
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.ray.shared_objects import SharedObjects
-from single_controller.ray.waiting import wait_for_outputs
+from single_controller.ray.waiting import unfinished_ranks, wait_for_outputs
 from single_controller.shards import JoinablePart
 from single_controller.worker import (
     ENV_MASTER_ADDR,
@@ -405,17 +405,7 @@ class RayWorkerGroup:
         """Every rank's `Worker.close` (what a rank holds outside its memory, e.g. an engine's shared memory and
         processes), before `kill`, which runs no code in the workers. Waits at most `timeout_s`; returns the ranks
         that did not finish (busy, failed or gone): those are killed as they are."""
-        calls = [worker.sc_close.remote() for worker in self._workers]
-        done, _ = ray.wait(calls, num_returns=len(calls), timeout=timeout_s)
-        finished = set()
-        for rank, call in enumerate(calls):
-            if call in done:
-                try:
-                    ray.get(call)
-                    finished.add(rank)
-                except ray.exceptions.RayError:
-                    pass
-        return [rank for rank in range(len(calls)) if rank not in finished]
+        return unfinished_ranks([worker.sc_close.remote() for worker in self._workers], timeout_s)
 
     def kill(self) -> None:
         """Kill every actor of the group (needed for detached groups, which outlive their driver)."""
