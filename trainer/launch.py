@@ -116,7 +116,10 @@ def _build_and_fit(
             print(f"reward curve: {curve}")
         if cfg.trainer.export_hf_at_end:
             roles.actor.export_hf(str(export_dir(cfg)))
-        roles.close()  # a run that ended well: the workers tidy up before `finally` kills them
+        from trainer.role_groups import RoleGroups
+
+        if isinstance(roles, RoleGroups):  # a run that ended well: the workers tidy up before `finally` kills them
+            roles.close()  # (roles of a user's own build_roles need only `shutdown`)
     except KeyboardInterrupt:
         # The command line prints one line (the step, the last checkpoint) once `finally` released the workers.
         last_step = max((record["step"] for record in tracker.history), default=start_step or 0)
