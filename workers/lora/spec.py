@@ -151,8 +151,8 @@ def _tensor_parallel_problems(config: Mapping[str, Any], key: str, shard_ranks: 
             "processes hold its weights; with engine_process false each trainer rank holds one shard)"
         )
     fsdp_size = config["actor"]["fsdp_config"]["fsdp_size"]
-    if shard_ranks is None:
-        shard_ranks = None if fsdp_size == -1 else fsdp_size
+    if shard_ranks is None and fsdp_size != -1:
+        shard_ranks = fsdp_size  # -1 spans every actor rank, which only the worker knows
     if shard_ranks is not None and shard_ranks != tp:
         problems.append(
             f"{key}actor.fsdp_config.fsdp_size={fsdp_size}: the actor's FSDP shards span {shard_ranks} ranks and "
