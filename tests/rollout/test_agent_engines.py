@@ -108,6 +108,9 @@ def test_vllm_turns_join_the_running_batch_and_a_slow_tool_stalls_only_its_conve
 def test_multi_turn_grpo_steps_on_vllm(ray_cluster, vault_assets, tmp_path, placement):
     cfg = load_config(run_overrides(vault_assets, tmp_path, *TASK, "actor_rollout_ref.rollout.name=vllm",
                                     f"actor_rollout_ref.rollout.placement={placement}",
+                                    # a separate engine's core in its worker's process (~16 s less on CPU): the turns
+                                    # are the same; a core of its own is run by tests/rollout/test_vllm_rollout.py
+                                    "actor_rollout_ref.rollout.engine_process=false",
                                     "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2", "trainer.test_freq=-1"))
     history = run(cfg)
     assert len(history) == 2
