@@ -113,9 +113,10 @@ def one_gpu_cases() -> list[Case]:
             "moe_lora_vllm_hybrid",
             "one",
             "LoRA r8 on every linear layer of the tiny mixture of experts, the fused experts too (vLLM splits their "
-            "factors per expert), hybrid vLLM engine, every sync of the adapter verified",
+            "factors per expert), hybrid vLLM engine whose weights are the base (fused experts included), every sync "
+            "of the adapter verified",
             (_train(TINY_MOE, *VLLM, *LORA, *VERIFY, steps(12)),),
-            RunCheck(12, synced=True),
+            RunCheck(12, synced=True, first_step=(("lora/unshared_base_tensors", 0.0),)),
         ),
         Case(
             "megatron_moe_vllm_hybrid",

@@ -3,6 +3,10 @@ weights are split over the k GPUs of the ranks sharing it."""
 
 import json
 
+import pytest
+import torch
+
+from benchmarks.model_shapes import QWEN3_30B_A3B
 from trainer.config_loader import load_config
 from trainer.memory_plan import build_plan
 from trainer.memory_plan.plan import ENGINE_SHARD_BYTES, ENGINE_WORKER_PROCESS_BYTES, engine_weight_bytes
@@ -69,3 +73,32 @@ def test_a_lora_base_is_planned_shared_with_per_rank_shards_over_its_fsdp_group(
     assert shares(4, "actor_rollout_ref.actor.fsdp_config.fsdp_size=2") is True
     assert shares(2, "actor_rollout_ref.rollout.engine_process=true") is False
     assert shares(2, "actor_rollout_ref.rollout.share_base_weights=false") is False
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_plan_and_the_workers_agree_on_sharing_a_mixture_of_experts(tmp_path, tp):
+    """Qwen3-30B-A3B, LoRA: its engine shares the base at tensor parallel 1 (experts included); at 2 it does not,
+    so the plan keeps the actor's own base beside the engine's weights in every phase after the engine starts."""
+    from omegaconf import OmegaConf
+
+    from workers.fsdp.shared_base import resolve_base_sharing
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    overrides = [f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.rollout.name=vllm",
+                 "actor_rollout_ref.model.lora_rank=64", f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
+                 f"trainer.n_gpus_per_node={tp}"]
+    cfg = load_config(overrides)
+    planned = plan_setup(cfg, on_gpu=True).rollout.shares_base
+    section = OmegaConf.to_container(cfg.actor_rollout_ref, resolve=True)
+    section["rollout"]["engine_process"] = False  # as the worker resolves null
+    assert planned is resolve_base_sharing(section, torch.bfloat16, torch.bfloat16, shard_ranks=tp, experts=True)
+    assert planned is (tp == 1)
+    plan = build_plan(cfg, gpu_bytes=140 << 30, gpu_source="test")
+    own = build_plan(load_config([*overrides, "actor_rollout_ref.rollout.share_base_weights=false"]),
+                     gpu_bytes=140 << 30, gpu_source="test")
+    generate, own_generate = plan.row("generate"), own.row("generate")
+    if tp == 1:  # one copy of the base: the trainer's is gone once the engine has started
+        assert own_generate.total - generate.total > 50 * (1 << 30) / tp
+    else:
+        assert generate.total == own_generate.total
+

@@ -9,7 +9,7 @@ import torch
 from tests.e2e.conftest import run_overrides, tiny_assets  # noqa: F401 (fixture)
 from trainer.main import main
 from workers.config import actor_rollout_ref_config
-from workers.fsdp.shared_base import resolve_base_sharing
+from workers.fsdp.shared_base import resolve_base_sharing, row_parallel_base_wanted
 
 LORA_HYBRID = {"model": {"path": "/m", "lora_rank": 8}, "rollout": {"name": "vllm"}}
 
@@ -63,6 +63,21 @@ def test_a_tensor_parallel_engine_shares_with_an_fsdp_group_of_its_ranks():
                                          r"rollout.tensor_model_parallel_size=2 the engine's \(a rank's base shard must "
                                          r"be its engine shard: fsdp_size=2, or -1 on 2 ranks\)"):
         resolve_base_sharing(config(True, rollout={"tensor_model_parallel_size": 2}), bf16, bf16, shard_ranks=4)
+
+
+def test_a_mixture_of_experts_shares_at_tensor_parallel_1_only():
+    """A TP2 engine splits each expert's width, FSDP the experts: nothing of the experts would be shared, so nothing
+    is; at TP1 the experts are shared like the rest (the model's config tells the worker it has experts)."""
+    bf16 = torch.bfloat16
+    assert resolve_base_sharing(config(None), bf16, bf16, experts=True) is True
+    tp2 = config(None, rollout={"tensor_model_parallel_size": 2})
+    assert resolve_base_sharing(tp2, bf16, bf16, shard_ranks=2) is True
+    assert resolve_base_sharing(tp2, bf16, bf16, shard_ranks=2, experts=True) is False
+    assert row_parallel_base_wanted(tp2, 2) is True and row_parallel_base_wanted(tp2, 2, experts=True) is False
+    with pytest.raises(ValueError, match=r"rollout.tensor_model_parallel_size=2 with a mixture of experts \(the engine "
+                                         r"splits each expert's width over its ranks, FSDP splits the experts"):
+        resolve_base_sharing(config(True, rollout={"tensor_model_parallel_size": 2}), bf16, bf16, shard_ranks=2,
+                             experts=True)
 
 
 def test_the_resolved_dtypes_must_agree():

@@ -18,6 +18,7 @@ from trainer.memory_plan.terms import FP32, Trainability
 from trainer.old_log_prob_pass import old_log_prob_pass_needed
 from workers.checkpointed_layers import kept_layers
 from workers.fsdp_shard_group import shard_group_size
+from workers.lora.spec import tensor_parallel_sharing_problems
 from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -168,25 +169,23 @@ def _engine_dtype(cfg: DictConfig, on_gpu: bool) -> str:
     return _base_dtype(cfg, on_gpu) if str(ro.dtype) == "auto" else str(ro.dtype)
 
 
-def _shares_base(cfg: DictConfig, train: Trainability, strategy: str, on_gpu: bool) -> bool:
+def _shares_base(cfg: DictConfig, train: Trainability, strategy: str, on_gpu: bool, experts: bool) -> bool:
     """The workers' rule (workers/fsdp/shared_base.py): null shares wherever LoRA runs on the FSDP actor with
-    a hybrid vLLM engine of the base's dtype."""
+    a hybrid vLLM engine of the base's dtype; a tensor-parallel engine by the workers' own tensor-parallel rule."""
     ro = cfg.actor_rollout_ref.rollout
     if _get(cfg, "actor_rollout_ref.rollout.share_base_weights", None) is False:
         return False
     return (train.lora_rank > 0 and strategy == "fsdp" and str(ro.name) == "vllm" and str(ro.placement) == "hybrid"
-            and _tensor_parallel_shares(cfg) and _engine_dtype(cfg, on_gpu) == _base_dtype(cfg, on_gpu))
+            and not _tensor_parallel_problems(cfg, experts)
+            and _engine_dtype(cfg, on_gpu) == _base_dtype(cfg, on_gpu))
 
 
-def _tensor_parallel_shares(cfg: DictConfig) -> bool:
-    """An engine of tensor parallel k > 1 shares its base as one shard per trainer rank whose FSDP shard group is
-    its k ranks (workers/fsdp/shared_base.py)."""
-    tp = int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
-    if tp == 1:
-        return True
+def _tensor_parallel_problems(cfg: DictConfig, experts: bool) -> list[str]:
+    """workers.lora.spec's tensor-parallel sharing rule, given the actor's FSDP shard group over the run's ranks."""
     fsdp_size = int(_get(cfg, "actor_rollout_ref.actor.fsdp_config.fsdp_size", -1))
     ranks = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
-    return not _get(cfg, "actor_rollout_ref.rollout.engine_process", None) and shard_group_size(fsdp_size, ranks) == tp
+    section = OmegaConf.to_container(cfg.actor_rollout_ref, resolve=True)
+    return tensor_parallel_sharing_problems(section, shard_ranks=shard_group_size(fsdp_size, ranks), experts=experts)
 
 
 def _megatron(section: DictConfig) -> dict[str, Any]:
@@ -284,7 +283,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         sleeps=bool(ro.enable_sleep) and bool(ro.free_cache_engine) and on_gpu and not shares,
         num_engines=int(ro.num_engines), tp=int(ro.tensor_model_parallel_size),
         bucket_bytes=int(ro.weight_sync_bucket_mb) << 20, shares_trainer_gpu=shares,
-        shares_base=_shares_base(cfg, train, strategy, on_gpu),
+        shares_base=_shares_base(cfg, train, strategy, on_gpu, experts=actor_shape.moe is not None),
         engine_e=dtype_bytes(_engine_dtype(cfg, on_gpu), on_gpu),
         kv_cache_bytes=int(float(kv_cache_gib) * GIB) if kv_cache_gib is not None and on_gpu else None,
         max_model_len=int(_get(cfg, "actor_rollout_ref.rollout.max_model_len", prompt + response)),

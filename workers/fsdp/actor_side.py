@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
 from protocol import DataProto
 from workers.config import mini_batch_per_rank
@@ -28,6 +29,7 @@ from workers.lora.model import adapters_disabled
 from workers.rollout.agent.worker_glue import PROMPT_KEYS, build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import model_token_ids, sampling_params
+from workers.rollout.verify import model_has_experts
 from workers.vision.forward_inputs import generate_inputs
 from workers.vision.images import MULTI_MODAL_DATA, ImageInputs, decode_image, row_images
 from workers.vision.models import auto_model_class, is_vision_language, vision_token_ids
@@ -44,7 +46,9 @@ class FSDPActorSide(FSDPSide):
         self.layout = init_sequence_layout(worker, cfg["actor"]["ulysses_sequence_parallel_size"], setting)
         self.start_metrics: dict[str, float] = {}
         sequence_parallel = {"sequence_parallel": self.layout.group, "sequence_parallel_setting": setting}
-        auto_class = auto_model_class(cfg["model"]["path"])  # a causal LM, or a vision-language model
+        hf_config = AutoConfig.from_pretrained(cfg["model"]["path"])
+        auto_class = auto_model_class(hf_config)  # a causal LM, or a vision-language model
+        experts = model_has_experts(hf_config)  # a mixture of experts shares its base at tensor parallel 1 only
         self.actor: FSDPBackend | None = None
         self.ref: FSDPBackend | None = None
         if worker.role != "ref":
@@ -53,7 +57,7 @@ class FSDPActorSide(FSDPSide):
             shard_ranks = shard_group_size(shard_size, worker.world_size)
             self.actor = FSDPBackend(
                 auto_class, cfg["model"], worker.rank, optim_cfg=cfg["actor"]["optim"], seed=cfg["seed"],
-                shard_size=shard_size, row_parallel_base=row_parallel_base_wanted(cfg, shard_ranks),
+                shard_size=shard_size, row_parallel_base=row_parallel_base_wanted(cfg, shard_ranks, experts),
                 **sequence_parallel,
             )
             self.start_metrics["actor/fsdp_shard_ranks"] = float(self.actor.shard_ranks)
@@ -75,7 +79,7 @@ class FSDPActorSide(FSDPSide):
             from workers.rollout.hybrid import FSDPWeightSource, engine_dtype
 
             engine = engine_dtype(rollout, FSDPWeightSource(self.actor))
-            if resolve_base_sharing(cfg, self.actor.dtype, engine, self.actor.shard_ranks):
+            if resolve_base_sharing(cfg, self.actor.dtype, engine, self.actor.shard_ranks, experts=experts):
                 self.shared_base = SharedBase(self.actor.module)
         self.residency = self._build_residency()
         # Offloaded models leave the GPU before the engine starts: it then finds its whole budget free, and

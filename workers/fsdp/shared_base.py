@@ -5,7 +5,9 @@ dtype. With `rollout.share_base_weights` (null: wherever possible) each frozen b
 is re-pointed at this rank's rows of the engine's tensor holding it (workers/fsdp/shared_storage.py), after
 checking that the values are equal; the trainer's own copy is then freed. The engine's fused weights
 (`qkv_proj`, `gate_up_proj`) and padded vocabulary are read as views under the checkpoint's names
-(workers/rollout/vllm_base_views.py), so every base tensor of a Qwen2/Llama model is shared. Only the
+(workers/rollout/vllm_base_views.py), so every base tensor of a Qwen2/Llama model is shared; so are a mixture of
+experts' fused experts (vLLM's `w13_weight` / `w2_weight` are transformers' `gate_up_proj` / `down_proj`), at
+tensor parallel 1 only. Only the
 adapters stay the trainer's: they are what the weight sync sends and what the offloader moves; the shared
 storages never move (`stays`), and the engine's sleep frees only its KV cache (workers/rollout/kv_sleep.py).
 
@@ -39,16 +41,17 @@ ROW_PARALLEL_LINEARS = ("o_proj", "down_proj")
 
 def resolve_base_sharing(
     config: Mapping[str, Any], trainer_dtype: torch.dtype, engine_dtype: torch.dtype, shard_ranks: int = 1,
-    where: str = "",
+    where: str = "", experts: bool = False,
 ) -> bool:
     """Whether this actor shares its base with its engine: `rollout.share_base_weights` null means where
     the config allows it; true where it does not is a ValueError (the config check catches most cases
     before Ray starts; the dtypes "auto" and the ranks of fsdp_size=-1 resolve only here). `shard_ranks`: the
-    ranks the actor's FSDP shards span (with an engine of tensor parallel k > 1 they must be its k ranks)."""
+    ranks the actor's FSDP shards span (with an engine of tensor parallel k > 1 they must be its k ranks);
+    `experts`: the model is a mixture of experts (shared at tensor parallel 1 only)."""
     setting = config["rollout"]["share_base_weights"]
     if setting is False:
         return False
-    problems = base_sharing_problems(config, where, shard_ranks)
+    problems = base_sharing_problems(config, where, shard_ranks, experts)
     key = f"{where}." if where else ""
     if trainer_dtype != engine_dtype:
         problems.append(
@@ -61,12 +64,12 @@ def resolve_base_sharing(
     return not problems
 
 
-def row_parallel_base_wanted(config: Mapping[str, Any], shard_ranks: int) -> bool:
+def row_parallel_base_wanted(config: Mapping[str, Any], shard_ranks: int, experts: bool = False) -> bool:
     """Whether the actor's base should be sharded as a tensor-parallel engine holds it (`row_parallel_placement`):
     sharing is not turned off, the config allows it, and the FSDP shard group of `shard_ranks` is the engine's."""
     tp = config["rollout"]["tensor_model_parallel_size"]
     wanted = config["rollout"]["share_base_weights"] is not False and tp > 1
-    return wanted and not base_sharing_problems(config, shard_ranks=shard_ranks)
+    return wanted and not base_sharing_problems(config, shard_ranks=shard_ranks, experts=experts)
 
 
 def row_parallel_placement(model: nn.Module) -> Callable[[nn.Parameter], Shard | None]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from workers.lora.spec import LoraSpec
+from workers.rollout.verify import model_has_experts
 
 # Module names that make PEFT adapt the fused experts (transformers 5's names and the per-expert ones it maps).
 EXPERT_TARGETS = frozenset({"gate_proj", "up_proj", "down_proj", "gate_up_proj", "experts"})
@@ -38,9 +39,7 @@ def fused_expert_model_type(model_path: str | Path) -> str | None:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(model_path))
-    config = getattr(config, "text_config", None) or config
-    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0
-    return config.model_type if experts else None
+    return (getattr(config, "text_config", None) or config).model_type if model_has_experts(config) else None
 
 
 def adapts_fused_experts(spec: LoraSpec | None, model_path: str | Path) -> bool:

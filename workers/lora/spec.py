@@ -110,11 +110,14 @@ def peft_tensor_name(name: str) -> str:
     raise ValueError(f"{name!r} is not a LoRA factor of adapter {ADAPTER_NAME!r}")
 
 
-def base_sharing_problems(config: Mapping[str, Any], where: str = "", shard_ranks: int | None = None) -> list[str]:
+def base_sharing_problems(
+    config: Mapping[str, Any], where: str = "", shard_ranks: int | None = None, experts: bool = False,
+) -> list[str]:
     """Why the config cannot share the actor's frozen base with its vLLM engine (`rollout.share_base_weights`,
     workers/fsdp/shared_base.py); empty when it can, as far as the config tells (the dtypes "auto" resolve
     on the worker). `shard_ranks`: the ranks the actor's FSDP shards span, where known (fsdp_size=-1 means all
-    the actor's ranks, which the section does not say)."""
+    the actor's ranks, which the section does not say); `experts`: the model is a mixture of experts (its
+    config.json, which the section does not hold)."""
     key = f"{where}." if where else ""
     rollout, model = config["rollout"], config["model"]
     problems = []
@@ -129,7 +132,7 @@ def base_sharing_problems(config: Mapping[str, Any], where: str = "", shard_rank
             f"{key}rollout.placement={rollout['placement']!r} "
             "(the engine must live in the actor's process: placement=hybrid)"
         )
-    problems += _tensor_parallel_problems(config, key, shard_ranks)
+    problems += tensor_parallel_sharing_problems(config, key, shard_ranks, experts)
     if "auto" not in (rollout["dtype"], model["dtype"]) and rollout["dtype"] != model["dtype"]:
         problems.append(
             f"{key}rollout.dtype={rollout['dtype']!r} differs from {key}model.dtype={model['dtype']!r} "
@@ -138,13 +141,24 @@ def base_sharing_problems(config: Mapping[str, Any], where: str = "", shard_rank
     return problems
 
 
-def _tensor_parallel_problems(config: Mapping[str, Any], key: str, shard_ranks: int | None) -> list[str]:
+def tensor_parallel_sharing_problems(
+    config: Mapping[str, Any], key: str = "", shard_ranks: int | None = None, experts: bool = False,
+) -> list[str]:
     """A hybrid engine of tensor parallel k > 1 shares its base only as one shard per trainer rank whose FSDP shard
-    group is the engine's k ranks: each rank's base shards are then its engine shard's weights."""
+    group is the engine's k ranks: each rank's base shards are then its engine shard's weights. Not for a mixture of
+    experts: the engine splits every expert's width over its ranks and FSDP splits the experts, so the experts
+    (nearly all of the base) would stay the trainer's and sharing the rest would save little. One rule for the
+    workers and the memory plan (trainer/memory_plan/setup.py)."""
     tp = config["rollout"]["tensor_model_parallel_size"]
     if tp == 1:
         return []
     problems = []
+    if experts:
+        problems.append(
+            f"{key}rollout.tensor_model_parallel_size={tp} with a mixture of experts (the engine splits each "
+            "expert's width over its ranks, FSDP splits the experts: their shards differ; tensor parallel 1 shares "
+            "them)"
+        )
     if config["rollout"]["engine_process"]:
         problems.append(
             f"{key}rollout.tensor_model_parallel_size={tp} with {key}rollout.engine_process=true (the engine's own "

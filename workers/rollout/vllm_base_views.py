@@ -24,6 +24,9 @@ import torch
 from torch import nn
 
 LORA_WRAPPED = ".base_layer"  # vLLM's LoRA layers keep the original layer under this name
+# vLLM's fused-MoE parameter -> transformers' fused experts parameter (same [E, rows, cols] layout at TP1).
+FUSED_EXPERT_WEIGHTS = {"w13_weight": "gate_up_proj", "w2_weight": "down_proj"}
+EXPERTS_MODULE = "experts"  # transformers' module holding a layer's fused experts (`mlp.experts`)
 
 
 def _parts(model: nn.Module, module_name: str, module: nn.Module) -> list[tuple[str, int]] | None:
@@ -50,6 +53,16 @@ def _vocabulary_rows(module: nn.Module) -> int | None:
     return int(indices.org_vocab_end_index - indices.org_vocab_start_index)
 
 
+def _experts_name(module_name: str) -> str | None:
+    """The transformers name of the experts module holding a fused-MoE layer: `module_name` itself when it is a
+    layer's `experts`, or its nearest ancestor of that name; None outside a mixture of experts' experts."""
+    parts = module_name.split(".")
+    if EXPERTS_MODULE not in parts:
+        return None
+    last = len(parts) - 1 - parts[::-1].index(EXPERTS_MODULE)
+    return ".".join(parts[: last + 1])
+
+
 def checkpoint_views(model: nn.Module) -> dict[str, torch.Tensor]:
     """Checkpoint (HF) parameter name -> a view of the engine's tensor holding exactly that parameter."""
     views: dict[str, torch.Tensor] = {}
@@ -61,7 +74,10 @@ def checkpoint_views(model: nn.Module) -> dict[str, torch.Tensor]:
         tensor = param.detach()
         parts = _parts(model, public, module)
         vocabulary = _vocabulary_rows(module)
-        if parts is not None and tensor.dim() >= 1 and tensor.shape[0] == sum(rows for _, rows in parts):
+        experts = _experts_name(public) if leaf in FUSED_EXPERT_WEIGHTS else None
+        if experts is not None:
+            views[f"{experts}.{FUSED_EXPERT_WEIGHTS[leaf]}"] = tensor
+        elif parts is not None and tensor.dim() >= 1 and tensor.shape[0] == sum(rows for _, rows in parts):
             start = 0
             for part, rows in parts:
                 views[f"{part}.{leaf}"] = tensor.narrow(0, start, rows)

@@ -29,12 +29,13 @@ def folder_is_vision_language(path: str) -> bool:
     return is_vision_language(AutoConfig.from_pretrained(path))
 
 
-def auto_model_class(path: str) -> Any:
-    """The transformers auto class a policy folder loads with: image-text-to-text for a vision-language model
-    (Qwen2-VL is not registered as a causal LM), causal LM otherwise."""
+def auto_model_class(model: str | Any) -> Any:
+    """The transformers auto class a policy folder (or its loaded config) loads with: image-text-to-text for a
+    vision-language model (Qwen2-VL is not registered as a causal LM), causal LM otherwise."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    return AutoModelForImageTextToText if folder_is_vision_language(path) else AutoModelForCausalLM
+    vision = folder_is_vision_language(model) if isinstance(model, str) else is_vision_language(model)
+    return AutoModelForImageTextToText if vision else AutoModelForCausalLM
 
 
 def vision_token_ids(config: Any) -> tuple[int, ...]:
