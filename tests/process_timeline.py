@@ -41,8 +41,9 @@ class ProcessTimeline:
                 f"{process}: {self.busy_s[process]:.0f} s in tests; its last test ended at {last:.0f} s"
                 f" of {end_s:.0f} s ({end_s - last:.0f} s with nothing left to take)"
             )
-        if self.config.cache is not None:
-            self.config.cache.set(CACHE_KEY, dict(sorted(self.file_s.items(), key=lambda kv: -kv[1])))
+        cache = getattr(self.config, "cache", None)  # absent under -p no:cacheprovider
+        if cache is not None:
+            cache.set(CACHE_KEY, dict(sorted(self.file_s.items(), key=lambda kv: -kv[1])))
 
 
 def register(config: pytest.Config) -> None:

@@ -7,6 +7,7 @@ import ray
 
 from single_controller import WorkerCallTimeout, WorkerDiedError, WorkerGroupError
 from single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+from tests.single_controller.actor_death import dies_within
 from tests.single_controller.workers import EchoWorker
 
 
@@ -43,14 +44,7 @@ def test_actor_killed_from_outside(cpu_pool_2):
     ray.kill(group.workers[1], no_restart=True)
     # ray.kill is asynchronous (a call sent right after it may still be served): wait until Ray reports the
     # actor dead, so the call below cannot race it.
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            ray.get(group.workers[1].__ray_ready__.remote(), timeout=30)
-        except ray.exceptions.RayActorError:
-            break
-        assert time.monotonic() < deadline, "the actor still answers 30 s after ray.kill"
-        time.sleep(0.1)
+    assert dies_within(group.workers[1], 30.0), "the actor still answers 30 s after ray.kill"
     with pytest.raises(WorkerDiedError, match=r"rank 1"):
         group.whoami()
 

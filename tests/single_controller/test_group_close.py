@@ -3,9 +3,8 @@ code in the workers; a rank that does not finish in time is reported and killed 
 
 import time
 
-import ray
-
 from single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
+from tests.single_controller.actor_death import dies_within
 from tests.single_controller.workers import ClosingWorker
 
 
@@ -36,19 +35,5 @@ def test_a_rank_that_does_not_close_in_time_is_reported_and_killed(cpu_pool_2, t
     assert [p.name for p in tmp_path.iterdir()] == ["worker_0"]
     group.kill()
     for rank, worker in enumerate(group.workers):
-        assert _dies_within(worker, 30.0), f"rank {rank} still answers 30 s after the kill"
+        assert dies_within(worker, 30.0), f"rank {rank} still answers 30 s after the kill"
 
-
-def _dies_within(worker, seconds: float) -> bool:
-    """`ray.kill` only asks for the actor's end: a call sent right after it may still be answered (seen in CI under
-    load), so the actor is asked again until its calls fail or `seconds` have passed."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            ray.get(worker.whoami.remote(), timeout=max(0.1, deadline - time.monotonic()))
-        except ray.exceptions.RayActorError:
-            return True
-        except ray.exceptions.GetTimeoutError:
-            continue
-        time.sleep(0.5)
-    return False
