@@ -12,14 +12,11 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tests.offload.tiny import local, train_step
-from workers.fsdp.model_loading import transformer_layers
+from tests.offload.tiny import local, sharded_lora, train_step
 from workers.fsdp.offload import Offloader, module_state_tensors
 from workers.fsdp.shared_base import SharedBase, checkpoint_name
 from workers.fsdp.shared_storage import shard_window
 from workers.fsdp.storage_offload import device_storages
-from workers.fsdp.wrap import device_mesh
-from workers.lora.model import add_lora_adapters
 from workers.lora.spec import LoraSpec, is_adapter_parameter
 from workers.training.dist_utils import single_process_group
 
@@ -37,19 +34,8 @@ def process_group():
 
 
 def lora_model(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    from torch.distributed.fsdp import fully_shard
-
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(Qwen2Config(**CONFIG, attn_implementation="eager"))
-    add_lora_adapters(model, SPEC)
-    for name, param in model.named_parameters():  # B = 0 would make the first step's base irrelevant to the loss
-        if ".lora_B." in name:
-            torch.nn.init.normal_(param, std=0.1)
-    mesh = device_mesh(CPU)
-    for layer in transformer_layers(model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    return sharded_lora(Qwen2ForCausalLM(Qwen2Config(**CONFIG, attn_implementation="eager")), SPEC)
 
 
 def engine_like(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:

@@ -11,11 +11,8 @@ import torch
 from torch import nn
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from tests.offload.tiny import local, train_step
-from workers.fsdp.model_loading import transformer_layers
+from tests.offload.tiny import local, sharded_lora, train_step
 from workers.fsdp.shared_base import SharedBase, checkpoint_name
-from workers.fsdp.wrap import device_mesh
-from workers.lora.model import add_lora_adapters
 from workers.lora.spec import LoraSpec, is_adapter_parameter
 from workers.rollout.vllm_base_views import checkpoint_views
 from workers.training.dist_utils import single_process_group
@@ -35,19 +32,8 @@ def process_group():
 
 
 def lora_moe(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
-    from torch.distributed.fsdp import fully_shard
-
     torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE, attn_implementation="eager"))
-    add_lora_adapters(model, SPEC)
-    for name, param in model.named_parameters():  # B = 0 would make the first step's base irrelevant to the loss
-        if ".lora_B." in name:
-            torch.nn.init.normal_(param, std=0.1)
-    mesh = device_mesh(CPU)
-    for layer in transformer_layers(model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    return sharded_lora(Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE, attn_implementation="eager")), SPEC)
 
 
 def base_tensors(model: nn.Module) -> dict[str, torch.Tensor]:

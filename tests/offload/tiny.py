@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -26,6 +28,22 @@ def sharded_model(config: dict, seed: int = 0) -> tuple[torch.nn.Module, torch.o
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+
+
+def sharded_lora(model: torch.nn.Module, spec: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """`model` with LoRA adapters (`spec`: a workers.lora.spec.LoraSpec), B drawn at random (B = 0 would make the first
+    step's base irrelevant to the loss), each decoder layer and the root sharded as above; AdamW over the adapters."""
+    from workers.lora.model import add_lora_adapters
+
+    add_lora_adapters(model, spec)
+    for name, param in model.named_parameters():
+        if ".lora_B." in name:
+            torch.nn.init.normal_(param, std=0.1)
+    mesh = device_mesh(torch.device("cpu"))
+    for layer in transformer_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> float:
