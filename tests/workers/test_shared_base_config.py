@@ -80,6 +80,19 @@ def test_a_mixture_of_experts_shares_at_tensor_parallel_1_only():
                              experts=True)
 
 
+def test_true_for_a_mixture_of_experts_at_tensor_parallel_2_is_refused_by_the_config_check(tmp_path):
+    """The model folder's config.json tells the config check (before Ray starts) that the model has experts."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 8}))
+    moe_tp2 = {"model": {"path": str(tmp_path)}, "rollout": {"tensor_model_parallel_size": 2}}
+    with pytest.raises(ValueError, match=r"rollout.tensor_model_parallel_size=2 with a mixture of experts"):
+        config(True, **moe_tp2)
+    config(None, **moe_tp2)  # null: no sharing, no error
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    config(True, **moe_tp2)  # a dense model at TP2 may share (fsdp_size -1: the ranks are the worker's to check)
+
+
 def test_the_resolved_dtypes_must_agree():
     """model.dtype auto is bf16 on a GPU and float32 on CPU: rollout.dtype=bfloat16 agrees on one only."""
     cfg = config(None, rollout={"dtype": "bfloat16"})

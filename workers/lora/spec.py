@@ -9,8 +9,10 @@ PEFT's saved format (and what vLLM parses) is `base_model.model.model.layers.0.s
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 ADAPTER_NAME = "default"  # the one adapter a LoRA run trains
@@ -199,10 +201,19 @@ def check_base_sharing(config: Mapping[str, Any], where: str = "") -> None:
     """Raise ValueError when `rollout.share_base_weights=true` asks for what the config cannot do."""
     if config["rollout"]["share_base_weights"] is not True:
         return
-    problems = base_sharing_problems(config, where)
+    problems = base_sharing_problems(config, where, experts=_folder_has_experts(config["model"]["path"]))
     if problems:
         key = f"{where}." if where else ""
         raise ValueError(
             f"{key}rollout.share_base_weights=true cannot share the actor's base weights with the rollout engine: "
             f"{'; '.join(problems)}. Set it to null (share where possible) or false"
         )
+
+
+def _folder_has_experts(model_path: str) -> bool:
+    """Whether the model folder's config.json is a mixture of experts (False where the folder has none yet: the
+    workers decide from the loaded model's config)."""
+    from workers.rollout.verify import model_has_experts  # here: it imports torch, the config checks run without it
+
+    config_file = Path(model_path) / "config.json"
+    return config_file.is_file() and model_has_experts(json.loads(config_file.read_text()))

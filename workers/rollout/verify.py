@@ -12,7 +12,7 @@ uniform log-prob gets the tolerance itself, a token at log-prob lp the tolerance
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +37,11 @@ MOE_ROUTING_OUTLIERS = 0.05
 
 
 def model_has_experts(config: Any) -> bool:
-    """Whether a transformers config (a vision-language model's text part included) is a mixture of experts."""
-    text = getattr(config, "text_config", None) or config
-    return int(getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None) or 0) > 0
+    """Whether a transformers config, or a config.json's dict (a vision-language model's text part included), is a
+    mixture of experts."""
+    field = (lambda c, name: c.get(name)) if isinstance(config, Mapping) else (lambda c, name: getattr(c, name, None))
+    text = field(config, "text_config") or config
+    return int(field(text, "num_experts") or field(text, "num_local_experts") or 0) > 0
 
 
 @dataclass(frozen=True)
