@@ -26,10 +26,10 @@ from workers.fsdp.side import FSDPSide
 from workers.fsdp.ulysses import init_sequence_layout
 from workers.fsdp_shard_group import shard_group_size
 from workers.lora.model import adapters_disabled
+from workers.moe_config import model_has_experts
 from workers.rollout.agent.worker_glue import PROMPT_KEYS, build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import model_token_ids, sampling_params
-from workers.rollout.verify import model_has_experts
 from workers.vision.forward_inputs import generate_inputs
 from workers.vision.images import MULTI_MODAL_DATA, ImageInputs, decode_image, row_images
 from workers.vision.models import auto_model_class, is_vision_language, vision_token_ids

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from workers.lora.spec import LoraSpec
-from workers.rollout.verify import model_has_experts
+from workers.moe_config import model_has_experts
 
 # Module names that make PEFT adapt the fused experts (transformers 5's names and the per-expert ones it maps).
 EXPERT_TARGETS = frozenset({"gate_proj", "up_proj", "down_proj", "gate_up_proj", "experts"})

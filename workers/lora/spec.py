@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.moe_config import model_has_experts
+
 ADAPTER_NAME = "default"  # the one adapter a LoRA run trains
 BASE_LAYER = ".base_layer"  # peft's adapted linear holds the original linear under this name
 _FACTORS = (".lora_A.", ".lora_B.")
@@ -213,7 +215,5 @@ def check_base_sharing(config: Mapping[str, Any], where: str = "") -> None:
 def _folder_has_experts(model_path: str) -> bool:
     """Whether the model folder's config.json is a mixture of experts (False where the folder has none yet: the
     workers decide from the loaded model's config)."""
-    from workers.rollout.verify import model_has_experts  # here: it imports torch, the config checks run without it
-
     config_file = Path(model_path) / "config.json"
     return config_file.is_file() and model_has_experts(json.loads(config_file.read_text()))

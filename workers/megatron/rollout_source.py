@@ -10,8 +10,8 @@ import torch.distributed as dist
 from protocol import DataProto
 from workers.megatron.backend import MegatronBackend
 from workers.megatron.vocab_parallel import log_probs_and_entropy
+from workers.moe_config import model_has_experts
 from workers.rollout.buckets import BucketLayout, plan_buckets
-from workers.rollout.verify import model_has_experts
 
 
 class MegatronWeightSource:

@@ -15,10 +15,11 @@ import torch
 
 from workers.fsdp.backend import FSDPBackend
 from workers.fsdp.model_loading import compute_dtype
+from workers.moe_config import model_has_experts
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.engine_group import EngineGroup, group_devices, sleep_engine
 from workers.rollout.in_process_sync import InProcessSync, WeightSource
-from workers.rollout.verify import model_has_experts, trainer_log_probs
+from workers.rollout.verify import trainer_log_probs
 from workers.rollout.vllm_engine import VLLMEngine
 from workers.rollout.vllm_options import sleeps_between_calls
 from workers.rollout.vllm_requests import draw_seed

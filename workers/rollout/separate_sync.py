@@ -9,8 +9,9 @@ from typing import Any
 
 from transformers import AutoConfig
 
+from workers.moe_config import model_has_experts
 from workers.rollout.sync_path import CUDA_IPC, choose_sync_path
-from workers.rollout.verify import TRAINER_FINGERPRINT, model_has_experts, require_changed, verify_engines
+from workers.rollout.verify import TRAINER_FINGERPRINT, require_changed, verify_engines
 from workers.vision.models import probe_vocab_size
 
 

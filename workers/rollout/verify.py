@@ -12,7 +12,7 @@ uniform log-prob gets the tolerance itself, a token at log-prob lp the tolerance
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,14 +34,6 @@ DEFAULT_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0
 # every token routed through it.
 MOE_HALF_PRECISION_TOLERANCE = 1.0
 MOE_ROUTING_OUTLIERS = 0.05
-
-
-def model_has_experts(config: Any) -> bool:
-    """Whether a transformers config, or a config.json's dict (a vision-language model's text part included), is a
-    mixture of experts."""
-    field = (lambda c, name: c.get(name)) if isinstance(config, Mapping) else (lambda c, name: getattr(c, name, None))
-    text = field(config, "text_config") or config
-    return int(field(text, "num_experts") or field(text, "num_local_experts") or 0) > 0
 
 
 @dataclass(frozen=True)
