@@ -24,14 +24,16 @@ def _factor_devices(lora: Any) -> list[str]:
 
 
 def _manager_state(worker: Any) -> dict[str, Any]:
-    from workers.lora.vllm_adapter import ADAPTER_ID
+    from workers.lora.vllm_adapter import ADAPTER_ID, factor_sum
 
     adapters = worker.model_runner.lora_manager._adapter_manager
     registered = adapters.list_adapters()
+    lora = registered.get(ADAPTER_ID)
     return {
         "registered": sorted(registered),
         "slots": [slot for slot in adapters.lora_index_to_id if slot is not None],
-        "devices": _factor_devices(registered[ADAPTER_ID]) if ADAPTER_ID in registered else [],
+        "devices": _factor_devices(lora) if lora is not None else [],
+        "cached_sum": factor_sum(lora) if lora is not None else 0.0,  # vLLM's copy, as it stands now
     }
 
 
@@ -65,12 +67,12 @@ def main(model_path: str) -> None:
     def register(pairs: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
         config = spec.adapter_config()
         try:
-            (count,) = llm.collective_rpc(lambda worker: register_adapter(worker.model_runner, pairs, config))
-            error = None
+            (registered,) = llm.collective_rpc(lambda worker: register_adapter(worker.model_runner, pairs, config))
+            taken = {"count": registered.tensors, "fingerprint": registered.fingerprint, "error": None}
         except Exception as raised:  # the probe reports it; the test decides
-            count, error = 0, str(raised)
+            taken = {"count": 0, "fingerprint": 0.0, "error": str(raised)}
         (state,) = llm.collective_rpc(_manager_state)
-        return {"count": count, "error": error, **state}
+        return {**taken, **state}
 
     report = []
     for seed in (1, 2):  # two syncs: each adapter replaces the previous one

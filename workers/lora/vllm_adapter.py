@@ -17,13 +17,15 @@ GPU keeps nothing beyond its adapter slots between syncs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from workers.lora.moe_vllm import has_fused_expert_factors, module_kind
 from workers.lora.spec import LoraSpec, peft_tensor_name, vllm_rank_slot
+from workers.rollout.verify import WeightFingerprint
 
 ADAPTER_ID = 1  # one adapter per engine, replaced in place by every sync
 ADAPTER_LABEL = "actor_lora"
@@ -61,11 +63,17 @@ def _name_mapper(model: Any) -> Any:
     return mapper
 
 
+@dataclass(frozen=True)
+class RegisteredAdapter:
+    tensors: int  # how many tensors the sync sent
+    fingerprint: float  # sum of |w| over the factors as the engine applies them (for sync checks)
+
+
 def register_adapter(
     model_runner: Any, named_tensors: Iterable[tuple[str, torch.Tensor]], adapter_config: dict[str, Any]
-) -> int:
+) -> RegisteredAdapter:
     """Inside a vLLM worker: make `named_tensors` (trainer names of the adapter factors) the adapter that
-    requests with `adapter_request()` use from now on. Returns how many tensors it took."""
+    requests with `adapter_request()` use from now on."""
     from vllm.lora.lora_model import LoRAModel
     from vllm.lora.peft_helper import PEFTHelper
 
@@ -117,10 +125,11 @@ def register_adapter(
     del tensors  # vLLM's per-expert split then frees each fused factor as it goes
     adapters.add_adapter(lora)
     adapters.activate_adapter(ADAPTER_ID)  # into the slots now, from the GPU (a request would do it from the copy)
+    fingerprint = factor_sum(lora)  # where the factors are (tens of thousands of them for a mixture of experts)
     for weights in lora.loras.values():
         weights.lora_a = _on_host(weights.lora_a)
         weights.lora_b = _on_host(weights.lora_b)
-    return count
+    return RegisteredAdapter(tensors=count, fingerprint=fingerprint)
 
 
 def _on_host(factor: Any) -> Any:
@@ -136,16 +145,16 @@ def engine_device(model_runner: Any) -> torch.device:
     return torch.device(device) if device is not None else torch.device("cpu")
 
 
-def adapter_fingerprint(model_runner: Any) -> float:
-    """Sum of |w| over the cached adapter's factors (0 with none): changes when a sync changed the adapter."""
-    manager = getattr(model_runner, "lora_manager", None)
-    if manager is None:
-        return 0.0
-    sums = []  # summed where the factors live, read back once (per-expert factors number in the tens of thousands)
-    for lora in manager._adapter_manager.list_adapters().values():
-        for weights in lora.loras.values():
-            for factor in (weights.lora_a, weights.lora_b):
-                for tensor in factor if isinstance(factor, (list, tuple)) else [factor]:
-                    if tensor is not None:
-                        sums.append(tensor.abs().sum(dtype=torch.float64))
-    return float(torch.stack(sums).sum().cpu()) if sums else 0.0
+def factor_sum(lora: Any) -> float:
+    """Sum of |w| over a vLLM `LoRAModel`'s factors (`WeightFingerprint`'s measure)."""
+    fingerprint = WeightFingerprint()
+    fingerprint.add(_factors(lora))
+    return fingerprint.value
+
+
+def _factors(lora: Any) -> Iterator[torch.Tensor]:
+    for weights in lora.loras.values():
+        for factor in (weights.lora_a, weights.lora_b):
+            for tensor in factor if isinstance(factor, (list, tuple)) else [factor]:
+                if tensor is not None:
+                    yield tensor

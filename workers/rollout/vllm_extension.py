@@ -11,11 +11,12 @@ from typing import Any
 
 import torch
 
-from workers.lora.vllm_adapter import adapter_fingerprint, register_adapter
+from workers.lora.vllm_adapter import register_adapter
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.checkpoint_names import CheckpointNames
 from workers.rollout.kv_sleep import KV_CACHE_TAG, release_kv_cache
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
+from workers.rollout.verify import WeightFingerprint
 from workers.rollout.vllm_base_views import checkpoint_views
 from workers.rollout.weight_sync import IpcReceiver, receive_broadcast_buckets
 
@@ -25,6 +26,7 @@ class WeightSyncExtension:
     rank: int
     device: torch.device
     wake_up: Any  # vLLM's GPU worker: wake_up(tags) maps the tagged sleep-mode allocations again
+    _adapter_sum: float = 0.0  # the registered LoRA adapter's fingerprint, taken as it was registered (0: none)
 
     def _reload(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load the trainer's `(name, tensor)` pairs; returns how many it sent (before the folder's naming)."""
@@ -89,23 +91,28 @@ class WeightSyncExtension:
         return self._reload(load(blob).items())
 
     # ---- LoRA adapter (model.lora_rank > 0: the base stays as loaded, only the adapter is sent) ----------
+    def _register(self, pairs: Iterable[tuple[str, torch.Tensor]], adapter_config: dict[str, Any]) -> int:
+        """Make the pairs the engine's adapter; returns how many tensors it took."""
+        self._adapter_sum = 0.0  # the previous adapter goes first, even when this one is refused
+        registered = register_adapter(self.model_runner, pairs, adapter_config)
+        self._adapter_sum = registered.fingerprint
+        return registered.tensors
+
     def sc_load_lora(self, pairs: Iterable[tuple[str, torch.Tensor]], adapter_config: dict[str, Any]) -> int:
         """In-process: make `(trainer name, tensor)` pairs of the adapter factors the engine's adapter."""
-        return register_adapter(self.model_runner, pairs, adapter_config)
+        return self._register(pairs, adapter_config)
 
     def sc_load_serialized_lora(self, blob: bytes, adapter_config: dict[str, Any]) -> int:
         """`sc_load_lora` from safetensors bytes (an engine in processes of its own)."""
         from safetensors.torch import load
 
-        return register_adapter(self.model_runner, load(blob).items(), adapter_config)
+        return self._register(load(blob).items(), adapter_config)
 
     def sc_receive_lora_broadcast(self, layouts: list[Any], adapter_config: dict[str, Any]) -> int:
         """`layouts` in their wire form (`BucketLayout.to_wire`): with tensor parallel > 1 this runs in vLLM's
         worker processes, and so do the broadcast methods below."""
         buckets = [BucketLayout.from_wire(layout) for layout in layouts]
-        return register_adapter(
-            self.model_runner, receive_broadcast_buckets(buckets, self._sync_group, self.device), adapter_config
-        )
+        return self._register(receive_broadcast_buckets(buckets, self._sync_group, self.device), adapter_config)
 
     # ---- base weights shared with the trainer (LoRA, in-process: workers/fsdp/shared_base.py) -----------
     def sc_checkpoint_views(self) -> dict[str, torch.Tensor]:
@@ -145,6 +152,6 @@ class WeightSyncExtension:
     def sc_weights_fingerprint(self) -> float:
         """Sum of |w| over the engine's parameters and its LoRA adapter: changes when any weight changes (for
         sync checks)."""
-        model = self.model_runner.get_model()
-        base = float(sum(p.detach().double().abs().sum().item() for p in model.parameters()))
-        return base + adapter_fingerprint(self.model_runner)
+        base = WeightFingerprint()
+        base.add(self.model_runner.get_model().parameters())
+        return base.value + self._adapter_sum
