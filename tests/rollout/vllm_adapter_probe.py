@@ -6,7 +6,6 @@ PEFT's model carrying the same adapter."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
@@ -38,17 +37,16 @@ def _manager_state(worker: Any) -> dict[str, Any]:
 
 
 def main(model_path: str) -> None:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from transformers import AutoModelForCausalLM
-    from vllm import LLM, SamplingParams, TokensPrompt
+    from vllm import SamplingParams, TokensPrompt
 
+    from tests.rollout.engine_probe import cpu_lora_llm
     from workers.lora.model import add_lora_adapters
     from workers.lora.spec import LoraSpec
     from workers.lora.vllm_adapter import adapter_request, register_adapter
 
     spec = LoraSpec.from_model_config({"lora_rank": 8, "lora_alpha": 16, "target_modules": "all-linear"})
-    llm = LLM(model=model_path, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 << 20,
-              distributed_executor_backend="uni", enable_lora=True, max_lora_rank=8, max_loras=1, max_model_len=128)
+    llm = cpu_lora_llm(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     add_lora_adapters(model, spec)
     prompt = list(range(3, 40))

@@ -5,21 +5,18 @@ parameter of the Hugging Face model, whether the engine holds a view of that nam
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 
 def main(model_path: str) -> None:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, where the views are read
     import torch
     from transformers import AutoModelForCausalLM
-    from vllm import LLM
 
+    from tests.rollout.engine_probe import cpu_lora_llm
     from workers.rollout.vllm_base_views import checkpoint_views, keep_plain_cpu_weights
 
     keep_plain_cpu_weights()
-    llm = LLM(model=model_path, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 << 20,
-              distributed_executor_backend="uni", enable_lora=True, max_lora_rank=8, max_loras=1, max_model_len=128)
+    llm = cpu_lora_llm(model_path)
     (views,) = llm.collective_rpc(lambda worker: {
         name: tensor.clone() for name, tensor in checkpoint_views(worker.model_runner.get_model()).items()
     })
