@@ -12,18 +12,8 @@ from typing import Any
 import torch
 
 
-def _factor_devices(lora: Any) -> list[str]:
-    devices = set()
-    for weights in lora.loras.values():
-        for factor in (weights.lora_a, weights.lora_b):
-            for tensor in factor if isinstance(factor, (list, tuple)) else [factor]:
-                if tensor is not None:
-                    devices.add(tensor.device.type)
-    return sorted(devices)
-
-
 def _manager_state(worker: Any) -> dict[str, Any]:
-    from workers.lora.vllm_adapter import ADAPTER_ID, factor_sum
+    from workers.lora.vllm_adapter import ADAPTER_ID, factor_sum, lora_factors
 
     adapters = worker.model_runner.lora_manager._adapter_manager
     registered = adapters.list_adapters()
@@ -31,7 +21,7 @@ def _manager_state(worker: Any) -> dict[str, Any]:
     return {
         "registered": sorted(registered),
         "slots": [slot for slot in adapters.lora_index_to_id if slot is not None],
-        "devices": _factor_devices(lora) if lora is not None else [],
+        "devices": sorted({t.device.type for t in lora_factors(lora)}) if lora is not None else [],
         "cached_sum": factor_sum(lora) if lora is not None else 0.0,  # vLLM's copy, as it stands now
     }
 

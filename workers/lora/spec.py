@@ -9,13 +9,11 @@ PEFT's saved format (and what vLLM parses) is `base_model.model.model.layers.0.s
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from workers.moe_config import model_has_experts
+from workers.moe_config import folder_has_experts
 
 ADAPTER_NAME = "default"  # the one adapter a LoRA run trains
 BASE_LAYER = ".base_layer"  # peft's adapted linear holds the original linear under this name
@@ -203,7 +201,7 @@ def check_base_sharing(config: Mapping[str, Any], where: str = "") -> None:
     """Raise ValueError when `rollout.share_base_weights=true` asks for what the config cannot do."""
     if config["rollout"]["share_base_weights"] is not True:
         return
-    problems = base_sharing_problems(config, where, experts=_folder_has_experts(config["model"]["path"]))
+    problems = base_sharing_problems(config, where, experts=folder_has_experts(config["model"]["path"]))
     if problems:
         key = f"{where}." if where else ""
         raise ValueError(
@@ -211,9 +209,3 @@ def check_base_sharing(config: Mapping[str, Any], where: str = "") -> None:
             f"{'; '.join(problems)}. Set it to null (share where possible) or false"
         )
 
-
-def _folder_has_experts(model_path: str) -> bool:
-    """Whether the model folder's config.json is a mixture of experts (False where the folder has none yet: the
-    workers decide from the loaded model's config)."""
-    config_file = Path(model_path) / "config.json"
-    return config_file.is_file() and model_has_experts(json.loads(config_file.read_text()))

@@ -148,11 +148,12 @@ def engine_device(model_runner: Any) -> torch.device:
 def factor_sum(lora: Any) -> float:
     """Sum of |w| over a vLLM `LoRAModel`'s factors (`WeightFingerprint`'s measure)."""
     fingerprint = WeightFingerprint()
-    fingerprint.add(_factors(lora))
+    fingerprint.add(lora_factors(lora))
     return fingerprint.value
 
 
-def _factors(lora: Any) -> Iterator[torch.Tensor]:
+def lora_factors(lora: Any) -> Iterator[torch.Tensor]:
+    """Every factor tensor of a vLLM `LoRAModel` (packed modules and per-expert lists included)."""
     for weights in lora.loras.values():
         for factor in (weights.lora_a, weights.lora_b):
             for tensor in factor if isinstance(factor, (list, tuple)) else [factor]:
