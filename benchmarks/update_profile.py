@@ -6,7 +6,8 @@ and synchronisation calls counted.
 
     python -m benchmarks.update_profile [--shape 7B] [--layers 14] [--rows 128] [--max-prompt 512]
         [--max-response 1024] [--variants 16384/all/micro,16384/all/phase,...] [--profile 16384/all/micro]
-        [--repeats 2] [--out outputs/bench/update_profile.json]
+        [--lora-rank 16 [--lora-targets q_proj,k_proj,v_proj,o_proj,gate]] [--repeats 2]
+        [--out outputs/bench/update_profile.json]
 
 A variant is `<tokens per micro-batch>/<recompute>/<release>`: recompute `all` (gradient checkpointing on every
 decoder layer), `none` (off), or N (the first N layers recompute, the rest keep their activations:
@@ -15,7 +16,10 @@ cuts the shape's decoder layers so that one GPU holds what FSDP over two GPUs ho
 float32 weights, gradients and Adam state of ~4.4 B parameters): every layer is the real layer, so the kernels
 and the per-token work are those of the full model. MFU counts the model's FLOPs (trainer/flops.py) over the
 update's wall time and the device's bf16 peak; HFU adds the recomputed forward. Random-init Qwen2 weights written
-here (benchmarks/random_model.py); needs a CUDA GPU, except `--shape tiny` which checks the script on CPU.
+here (benchmarks/random_model.py); needs a CUDA GPU, except `--shape tiny` / `tiny-moe` which check the script
+on CPU. `--shape 30B-A3B` is Qwen3-30B-A3B's mixture of experts (MFU counted by active parameters; the kernels of
+its experts' routing are a kind of their own in the profile); `--lora-rank` trains a LoRA adapter on the frozen base
+(`--lora-targets`: the modules, default every linear layer, the fused experts included).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForCausalLM
 
-from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_7B, QWEN2_14B
+from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_7B, QWEN2_14B, QWEN3_30B_A3B
 from benchmarks.packing import Phase, free_device_memory, rollout_batch
 from benchmarks.random_model import write_model_folder
 from protocol import DataProto
@@ -56,13 +60,21 @@ SHAPES = {
     "14B": QWEN2_14B,
     "tiny": dict(QWEN2_0_5B, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=384, vocab_size=1024, tie_word_embeddings=False),
+    "30B-A3B": QWEN3_30B_A3B,
+    "tiny-moe": dict(QWEN3_30B_A3B, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=32, intermediate_size=384, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+                     vocab_size=1024),
 }
+CPU_SHAPES = ("tiny", "tiny-moe")
 RELEASES = {"micro": AFTER_MICRO_BATCH, "phase": AFTER_PHASE}
 # GPU kernels by name, first match wins (Hopper's cuBLAS kernels are nvjet_* / sm90_xmma_*).
 KERNEL_KINDS = (
     ("collectives", ("nccl",)),
     ("attention", ("flash", "fmha", "attention")),
     ("optimizer", ("adam", "multi_tensor_apply")),
+    # Gathers, scatters, sorts and scans: in a mixture of experts, its routing (top-k, the sort that groups tokens
+    # by expert, their permutation and the weighted sum back); in a dense model, little beyond the embedding.
+    ("routing", ("topk", "sort", "scatter", "gather", "index", "histc", "bincount", "cumsum", "scan")),
     ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "splitk")),
     ("copies", ("memcpy", "memset", "copy")),
 )
@@ -98,12 +110,13 @@ class Variant:
             return 1.0 if self.recompute == "all" else 0.0
         return int(self.recompute) / layers
 
-    def actor_config(self, model_dir: str, rows: int) -> dict[str, Any]:
+    def actor_config(self, model_dir: str, rows: int, lora: dict[str, Any] | None = None) -> dict[str, Any]:
         return actor_rollout_ref_config({
             "model": {
                 "path": model_dir, "use_remove_padding": True,
                 "enable_gradient_checkpointing": self.recompute != "none",
                 "gradient_checkpointing_layers": int(self.recompute) if self.recompute.isdigit() else None,
+                **(lora or {}),
             },
             "actor": {
                 "optim": {"lr": 1e-6}, "ppo_mini_batch_size": rows, "use_dynamic_bsz": True,
@@ -193,12 +206,13 @@ def run_variant(
 ) -> dict[str, Any]:
     device = worker_device()
     set_release_point(RELEASES[variant.release])
-    config = variant.actor_config(model_dir, len(data))
+    config = variant.actor_config(model_dir, len(data), lora_settings(args))
     row: dict[str, Any] = {"variant": variant.name}
     backend = None
     try:
         backend = FSDPBackend(AutoModelForCausalLM, config["model"], 0, optim_cfg=config["actor"]["optim"])
         update(backend, warmup.select(deepcopy=True), config["actor"])
+        row["trainable_parameters"] = sum(p.numel() for p in backend.module.parameters() if p.requires_grad)
         lengths = data.batch["attention_mask"].sum(-1).tolist()
         model_flops = flops.train(lengths).total
         hardware_flops = model_flops + flops.recompute(lengths).total * variant.recompute_share(flops.shape.layers)
@@ -235,6 +249,14 @@ def run_variant(
     return row
 
 
+def lora_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The model keys of `--lora-rank` / `--lora-targets` (none: a full fine-tune)."""
+    if not args.lora_rank:
+        return {}
+    targets = args.lora_targets.split(",") if args.lora_targets != "all-linear" else "all-linear"
+    return {"lora_rank": args.lora_rank, "lora_alpha": 2 * args.lora_rank, "target_modules": targets}
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     print("| variant (budget/recompute/release) | update s | MFU | HFU | tokens/s | peak alloc GiB | peak reserved GiB "
           "| device allocs |")
@@ -265,9 +287,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=2, help="timed updates per variant (after one warm-up)")
     parser.add_argument("--liger", action="store_true",
                         help="Liger's Triton kernels for Qwen2's RMSNorm, SwiGLU and rotary embedding (liger-kernel)")
+    parser.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank (0: full fine-tune)")
+    parser.add_argument("--lora-targets", default="all-linear",
+                        help="comma-separated modules LoRA adapts (default all-linear: every linear layer, experts too)")
     parser.add_argument("--workdir", default=None, help="model folder's parent (default: a temporary folder)")
     parser.add_argument("--out", default="outputs/bench/update_profile.json")
     args = parser.parse_args(argv)
+    if not on_gpu and args.shape not in CPU_SHAPES:
+        parser.error(f"--shape {args.shape} needs a CUDA GPU; on CPU use one of {list(CPU_SHAPES)}")
+    if args.liger and SHAPES[args.shape].get("model_type", "qwen2") != "qwen2":
+        parser.error(f"--liger patches Qwen2 only; --shape {args.shape} is {SHAPES[args.shape]['model_type']}")
     shape = dict(SHAPES[args.shape])
     shape["num_hidden_layers"] = args.layers or (14 if args.shape == "7B" else shape["num_hidden_layers"])
     try:
