@@ -36,3 +36,18 @@ def test_scale_step_tiny_cpu_run(tmp_path):
     assert {"init", "ref_log_prob", "update_actor"} <= set(offload) and "old_log_prob" not in offload
     assert all(row["h2d_gib"] == 0 and row["overhead"] is None for row in offload.values())
     assert result["history"][-1]["offload/update_actor/actor_optimizer_moves"] == 2
+
+
+def test_a_token_budget_replaces_row_micro_batches_in_update_and_log_prob_passes():
+    from argparse import Namespace
+
+    from benchmarks.scale_step import scale_overrides
+
+    args = Namespace(prompts=8, n=8, response_length=512, micro_rows=8, gpu_memory_utilization=0.5, eager=False,
+                     lora_rank=0, force=False, token_budget=0)
+    assert not any("use_dynamic_bsz" in o for o in scale_overrides(args, on_gpu=True))
+    args.token_budget = 16384
+    overrides = scale_overrides(args, on_gpu=True)
+    assert "actor_rollout_ref.actor.use_dynamic_bsz=true" in overrides
+    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384" in overrides
+    assert "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768" in overrides
