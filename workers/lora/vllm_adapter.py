@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from workers.lora.host_copies import host_copies
 from workers.lora.moe_vllm import has_fused_expert_factors, module_kind
 from workers.lora.spec import LoraSpec, peft_tensor_name, vllm_rank_slot
 from workers.rollout.verify import WeightFingerprint
@@ -125,18 +126,22 @@ def register_adapter(
     del tensors  # vLLM's per-expert split then frees each fused factor as it goes
     adapters.add_adapter(lora)
     adapters.activate_adapter(ADAPTER_ID)  # into the slots now, from the GPU (a request would do it from the copy)
-    fingerprint = factor_sum(lora)  # where the factors are (tens of thousands of them for a mixture of experts)
+    # vLLM's copy to the host, fingerprinted on the way (tens of thousands of factors for a mixture of experts:
+    # packed into a few copies, not one each).
+    fingerprint = WeightFingerprint()
+    on_host = iter(host_copies(list(lora_factors(lora)), fingerprint))
     for weights in lora.loras.values():
-        weights.lora_a = _on_host(weights.lora_a)
-        weights.lora_b = _on_host(weights.lora_b)
-    return RegisteredAdapter(tensors=count, fingerprint=fingerprint)
+        weights.lora_a = _replaced(weights.lora_a, on_host)
+        weights.lora_b = _replaced(weights.lora_b, on_host)
+    return RegisteredAdapter(tensors=count, fingerprint=fingerprint.value)
 
 
-def _on_host(factor: Any) -> Any:
-    """A factor (a tensor, None, or a list / tuple of them: one per packed module or expert) in host memory."""
+def _replaced(factor: Any, replacements: Iterator[torch.Tensor]) -> Any:
+    """`factor` (a tensor, None, or a list / tuple of them: one per packed module or expert) with each tensor
+    replaced by the next of `replacements`, in `lora_factors`' order."""
     if isinstance(factor, (list, tuple)):
-        return type(factor)(_on_host(part) for part in factor)
-    return factor.to("cpu") if isinstance(factor, torch.Tensor) else factor
+        return type(factor)(next(replacements) if part is not None else None for part in factor)
+    return next(replacements) if factor is not None else None
 
 
 def engine_device(model_runner: Any) -> torch.device:
