@@ -13,16 +13,19 @@ import torch
 
 
 def _manager_state(worker: Any) -> dict[str, Any]:
-    from workers.lora.vllm_adapter import ADAPTER_ID, factor_sum, lora_factors
+    from workers.lora.vllm_adapter import ADAPTER_ID, lora_factors
+    from workers.rollout.verify import WeightFingerprint
 
     adapters = worker.model_runner.lora_manager._adapter_manager
     registered = adapters.list_adapters()
     lora = registered.get(ADAPTER_ID)
+    cached_sum = WeightFingerprint()  # vLLM's copy, as it stands now
+    cached_sum.add(lora_factors(lora) if lora is not None else [])
     return {
         "registered": sorted(registered),
         "slots": [slot for slot in adapters.lora_index_to_id if slot is not None],
         "devices": sorted({t.device.type for t in lora_factors(lora)}) if lora is not None else [],
-        "cached_sum": factor_sum(lora) if lora is not None else 0.0,  # vLLM's copy, as it stands now
+        "cached_sum": cached_sum.value,
     }
 
 

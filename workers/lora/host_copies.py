@@ -3,6 +3,9 @@
 A mixture of experts' LoRA adapter in vLLM is tens of thousands of small factors (48 layers x 128 experts x 3
 projections x A and B at 30B-A3B). Copied one by one, each is a synchronous device->host copy and each sum a
 handful of kernels; packed into chunks, each chunk is one copy and one sum, and the host tensors are views of it.
+Not the weight sync's buckets (workers/rollout/buckets.py): those pack tensors of mixed dtypes into byte buffers
+one copy per tensor, with alignment gaps that a |w| sum of the buffer would read; a chunk here is one dtype, packed
+by one `torch.cat`.
 """
 
 from __future__ import annotations

@@ -150,13 +150,6 @@ def engine_device(model_runner: Any) -> torch.device:
     return torch.device(device) if device is not None else torch.device("cpu")
 
 
-def factor_sum(lora: Any) -> float:
-    """Sum of |w| over a vLLM `LoRAModel`'s factors (`WeightFingerprint`'s measure)."""
-    fingerprint = WeightFingerprint()
-    fingerprint.add(lora_factors(lora))
-    return fingerprint.value
-
-
 def lora_factors(lora: Any) -> Iterator[torch.Tensor]:
     """Every factor tensor of a vLLM `LoRAModel` (packed modules and per-expert lists included)."""
     for weights in lora.loras.values():
