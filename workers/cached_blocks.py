@@ -3,6 +3,9 @@ one (the limit and the choices are in workers/cached_blocks_limit.py, free of to
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from workers.cached_blocks_limit import AFTER_MICRO_BATCH, CACHED_BLOCKS_LIMIT, RELEASE_POINTS
@@ -17,6 +20,18 @@ def set_release_point(point: str) -> None:
     if point not in RELEASE_POINTS:
         raise ValueError(f"release_cached_blocks={point!r} is not valid; choose one of {list(RELEASE_POINTS)}")
     _release_point = point
+
+
+@contextmanager
+def release_point_during(point: str) -> Iterator[None]:
+    """`set_release_point` for a block of code run in a process that keeps going (a benchmark called from a
+    test), the point before it restored afterwards."""
+    before = _release_point
+    set_release_point(point)
+    try:
+        yield
+    finally:
+        set_release_point(before)
 
 
 def release_after_micro_batch(device: torch.device) -> bool:

@@ -24,8 +24,10 @@ from workers.training.ppo_loop import PPOSchedule, run_ppo_updates
 
 @pytest.fixture
 def counted_releases(monkeypatch):
-    """Every release check counts as a release; the process's release point is restored after the test."""
+    """Every release check counts as a release, from the default point (whatever an earlier test in this process
+    left); the process's release point is restored after the test."""
     calls: list[str] = []
+    cached_blocks.set_release_point(AFTER_MICRO_BATCH)
 
     def release(device: torch.device, limit: int = 0) -> bool:
         calls.append(device.type)
@@ -66,6 +68,14 @@ def test_after_phase_checks_once_per_update_and_once_per_forward_pass(model_dir,
     assert micros > 1 and metrics["cached_block_releases"] == 1 == len(counted_releases)
     outputs = forward_rows(engine, update_batch(), MicroBatching(2, None), ResponseForward("log_probs"), response_log_probs)
     assert len(outputs["log_probs"]) == len(PROMPTS) and len(counted_releases) == 2  # four micro-batches, one check
+
+
+def test_a_release_point_set_for_a_block_is_undone_after_it_even_if_it_raises(model_dir, process_group, counted_releases):
+    with pytest.raises(RuntimeError, match="cut short"):
+        with cached_blocks.release_point_during(AFTER_PHASE):
+            raise RuntimeError("cut short")
+    metrics, micros, _ = _update(model_dir)
+    assert metrics["cached_block_releases"] == micros + 1  # back at every micro-batch
 
 
 def test_a_release_point_outside_the_choices_is_refused_with_them():
