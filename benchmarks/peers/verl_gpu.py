@@ -1,7 +1,7 @@
 """The same GRPO run by ours (packed and padded), verl's `main_ppo` and TRL's `GRPOTrainer` on the same GPUs, back
 to back, then one table.
 
-    python -m benchmarks.peers.verl_gpu [--preset 0.5b-1gpu|7b-2gpu|7b-4gpu|14b-4gpu|32b-lora-4gpu] [--sides ours_padded,verl,...] [--steps N]
+    python -m benchmarks.peers.verl_gpu [--preset 0.5b-1gpu|7b-2gpu|7b-4gpu|14b-4gpu|14b-4gpu-h100|32b-lora-4gpu] [--sides ours_padded,verl,...] [--steps N]
         [--budget-s 540] [--limit SIDE=SECONDS ...] [--out-dir $OUT] [--verl-extra KEY=VALUE ...] [--ours-extra KEY=VALUE ...] [--tiny] [--dry-run]
 
 Every side gets the same model folder and parquet, written once (a random-init Qwen2 of the preset's shape with

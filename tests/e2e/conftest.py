@@ -34,7 +34,7 @@ def run_overrides(assets: dict, out_dir, *extra: str) -> list[str]:
 
 # What the workers report once, at the first step after they start (how they were built): a resumed run's new
 # workers report it again.
-START_REPORTS = ("actor/fsdp_shard_ranks", "rollout/engine_shards_in_trainers")
+START_REPORTS = ("actor/fsdp_shard_ranks", "rollout/engine_shards_in_trainers", "rollout/kv_cache_sequences")
 
 
 def comparable_metrics(history: list[dict]) -> list[dict]:

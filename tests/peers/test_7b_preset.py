@@ -166,6 +166,25 @@ def test_bigger_presets_plan_on_four_h200s(tmp_path, name, shape):
         assert build_plan(load_config(base + ours_overrides(preset.settings, "ours_packed") + full), int(139.8 * GIB)).fits() is False
 
 
+def test_the_14b_h100_preset_fits_80_gb_with_every_sequence_of_a_step_in_the_engine_at_once(tmp_path):
+    """Four H100s (79.1 GiB each): the H200 preset's plan does not fit; the H100 one (optimizer state offloaded, a
+    larger engine share) does, and its engines hold all 64 sequences each gets at once, where the H200's share of
+    0.4 would leave them a KV cache of a few sequences."""
+    from benchmarks.e2e_step import SHAPES
+
+    write_config(tmp_path / "model", SHAPES["14B"])
+    base = grpo_overrides(tmp_path, tmp_path / "t.parquet", tmp_path / "v.parquet", 3, "[jsonl]") + engine_overrides("vllm", False)
+    h100 = int(79.1 * GIB)
+    plans = {
+        name: build_plan(load_config(base + ours_overrides(PRESETS[name].settings, "ours_packed") + list(PRESETS[name].ours_extra)), h100)
+        for name in ("14b-4gpu", "14b-4gpu-h100")
+    }
+    assert plans["14b-4gpu"].fits() is False and plans["14b-4gpu-h100"].fits() is True
+    (h200_note,) = [n for n in plans["14b-4gpu"].notes if n.startswith("the vLLM engine's KV cache")]
+    (h100_note,) = [n for n in plans["14b-4gpu-h100"].notes if n.startswith("the vLLM engine's KV cache")]
+    assert "waves" in h200_note and h100_note.endswith("a step gives each engine 64 (all at once)")
+
+
 def test_the_preset_overrides_reach_our_side_only(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     done = subprocess.run([sys.executable, "-m", "benchmarks.peers.verl_gpu", "--preset", "32b-lora-4gpu", "--dry-run",

@@ -3,7 +3,9 @@ tensor parallel 2, separate and shared by two hybrid ranks), a sync
 after a zero-gradient step leaving the engine as it was, and one after a real optimizer step changing what
 the engine computes."""
 
+import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +16,8 @@ from protocol import DataProto
 from tests.e2e.conftest import run_overrides
 from trainer.config_loader import load_config
 from trainer.main import run
+from trainer.memory_plan.shape import ModelShape
+from trainer.memory_plan.terms import kv_cache_bytes
 from trainer.role_groups import RoleGroups
 
 pytestmark = pytest.mark.slow
@@ -50,6 +54,12 @@ def test_grpo_with_hybrid_vllm_engines(ray_cluster, tiny_assets, tmp_path):
     for record in history[1:]:
         # Every parameter arrived exactly once (tied LM head included through the embedding).
         assert record["rollout/sync_tensors"] == _param_count(tiny_assets["model"])
+    # vLLM sized its cache (rollout.cpu_kv_cache_mb) by what the memory plan counts for a sequence of max_model_len
+    # tokens: every layer's keys and values (float32 here); the plan's concurrency note rests on it.
+    length = cfg.data.max_prompt_length + cfg.data.max_response_length
+    shape = ModelShape.from_config(json.loads((Path(tiny_assets["model"]) / "config.json").read_text()))
+    held = (cfg.actor_rollout_ref.rollout.cpu_kv_cache_mb << 20) / kv_cache_bytes(shape, 4, 1, length)
+    assert history[0]["rollout/kv_cache_sequences"] == pytest.approx(held, rel=0.01)  # vLLM counts whole blocks
 
 
 def test_grpo_with_separate_vllm_engine(ray_cluster, tiny_assets, tmp_path):

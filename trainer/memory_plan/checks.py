@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from trainer.memory_plan.engine_concurrency import concurrency_note
 from trainer.memory_plan.gpu import GIB
 from trainer.memory_plan.plan import (
     ENGINE_SHARD_BYTES,
@@ -138,6 +139,9 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     elif rollout.name == "vllm" and not gpu_bytes:
         notes.append("the GPU's memory is unknown: the vLLM engine's share (gpu_memory_utilization x the GPU) is left "
                      "out; set trainer.gpu_memory_gib")
+    concurrency = concurrency_note(setup, gpu_bytes)
+    if concurrency:
+        notes.append(concurrency)
     if setup.on_gpu and rollout.name == "vllm" and rollout.placement == "hybrid" and not rollout.sleeps:
         notes.append("the hybrid engine does not sleep (rollout.enable_sleep / free_cache_engine false): it keeps its "
                      "share of the GPU in every phase")

@@ -81,6 +81,8 @@ class HybridRollout:
         shards = group.size if shard_per_process else 1
         in_trainers = shards if self.engine is not None and self.engine.in_process else 0
         self.start_metrics = {"rollout/engine_shards_in_trainers": float(in_trainers)}
+        if self.engine is not None:  # the memory plan's estimate of it is a note of trainer.plan_only=true
+            self.start_metrics["rollout/kv_cache_sequences"] = self.engine.kv_cache_sequences()
         self.layouts: list[BucketLayout] = source.sync_layouts(self.dtype, rollout_cfg["weight_sync_bucket_mb"] << 20)
         # The engine loaded the same folder the actor started from; a LoRA engine has no adapter yet, so its
         # first sync (before the first generate) always runs.

@@ -281,6 +281,14 @@ class VLLMEngine:
         value = float(sum(self.llm.collective_rpc("sc_weights_fingerprint")))
         return summed_over_shards(value) if self.shard_per_process else value
 
+    def kv_cache_sequences(self) -> float:
+        """How many sequences of max_model_len tokens the engine's KV cache holds at once, as vLLM sized it at its
+        start (gpu_memory_utilization less its weights and profiled activations, or rollout.kv_cache_gib). An
+        engine given more sequences per call runs them in waves, each as long as a whole response."""
+        config = self.llm.llm_engine.vllm_config
+        tokens = (config.cache_config.num_gpu_blocks or 0) * config.cache_config.block_size
+        return tokens / config.model_config.max_model_len
+
     # ---- residency ------------------------------------------------------------------------------------
     @property
     def sleeps_between_calls(self) -> bool:

@@ -1,0 +1,90 @@
+"""The plan's note on a vLLM engine's concurrency: how many sequences of max_model_len tokens its KV cache holds at
+once, beside how many one step gives each engine; where they do not fit, the setting it names holds them all.
+(That vLLM sizes its cache by the same bytes per sequence: tests/rollout/test_vllm_rollout.py.)"""
+
+import json
+
+import pytest
+
+from benchmarks.model_shapes import QWEN2_14B
+from trainer.config_loader import load_config
+from trainer.memory_plan import build_plan
+from trainer.memory_plan.engine_concurrency import engine_concurrency
+from trainer.memory_plan.setup import plan_setup
+
+GIB = 1 << 30
+H100 = 79.1  # GiB an 80 GB H100 reports
+
+
+@pytest.fixture(scope="module")
+def model_14b(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen2_14b")
+    (folder / "config.json").write_text(json.dumps({**QWEN2_14B, "model_type": "qwen2"}))
+    return str(folder)
+
+
+def grpo_14b(model: str, *extra: str):
+    """The `14b-4gpu` comparison's batch: 32 prompts x 8 responses, 512 + 1024 tokens, FSDP over four GPUs."""
+    return load_config([
+        f"actor_rollout_ref.model.path={model}", "trainer.n_gpus_per_node=4", "data.train_batch_size=32",
+        "actor_rollout_ref.rollout.n=8", "data.max_prompt_length=512", "data.max_response_length=1024",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", *extra,
+    ])
+
+
+def concurrency(cfg, gib: float | None = H100):
+    return engine_concurrency(plan_setup(cfg, on_gpu=True), int(gib * GIB) if gib else None)
+
+
+def note(cfg, gib: float = H100) -> str:
+    (found,) = [n for n in build_plan(cfg, int(gib * GIB)).notes if n.startswith("the vLLM engine's KV cache")]
+    return found
+
+
+def test_a_sequence_takes_every_layers_keys_and_values_and_the_cache_what_the_budget_leaves(model_14b):
+    found = concurrency(grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"))
+    # 48 layers x (keys, values) x 8 KV heads x 128 x bf16, for 1536 tokens (96 whole blocks of 16)
+    assert found.sequence_bytes == 48 * 2 * 8 * 128 * 2 * 1536
+    weights = 2 * 14_770_033_664  # the 14B shape's parameters in bf16
+    assert found.kv_bytes == pytest.approx(0.4 * H100 * GIB - weights - 1.5 * GIB, abs=1)
+    assert found.at_once == 9 and found.per_step == 64 and found.waves == 8
+
+
+def test_an_engine_short_of_cache_is_told_the_utilization_that_holds_the_step(model_14b):
+    text = note(grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"))
+    assert "9 sequences of 1536 tokens at once; a step gives each engine 64: it generates them in about 8 waves" in text
+    suggested = text.split("actor_rollout_ref.rollout.gpu_memory_utilization=")[1].split(" ")[0]
+    assert suggested == "0.60"
+    fixed = grpo_14b(model_14b, f"actor_rollout_ref.rollout.gpu_memory_utilization={suggested}")
+    assert note(fixed).endswith("a step gives each engine 64 (all at once)")
+    smaller = grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.55")
+    assert concurrency(smaller).waves > 1  # the suggestion is the least step of 0.05 that holds them
+
+
+def test_a_tensor_parallel_engine_serves_its_ranks_rows_with_half_the_weights_and_cache_per_gpu(model_14b):
+    one, two = (
+        concurrency(grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.45",
+                             f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"))
+        for tp in (1, 2)
+    )
+    assert two.per_step == 2 * one.per_step == 128
+    assert two.sequence_bytes == one.sequence_bytes // 2
+    assert two.at_once > 2 * one.at_once and two.waves == 1
+
+
+def test_separate_engines_split_the_step_and_a_fixed_cache_is_told_its_size(model_14b):
+    separate = ("actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.num_engines=2")
+    found = concurrency(grpo_14b(model_14b, *separate, "actor_rollout_ref.rollout.kv_cache_gib=4"))
+    assert found.per_step == 128 and found.kv_bytes == 4 * GIB and found.at_once == 4 * GIB // found.sequence_bytes
+    text = note(grpo_14b(model_14b, *separate, "actor_rollout_ref.rollout.kv_cache_gib=4"))
+    size = text.split("actor_rollout_ref.rollout.kv_cache_gib=")[1].split(" ")[0]
+    assert float(size) >= 128 * found.sequence_bytes / GIB
+    enough = grpo_14b(model_14b, *separate, f"actor_rollout_ref.rollout.kv_cache_gib={size}")
+    assert concurrency(enough).waves == 1
+
+
+def test_no_estimate_without_a_vllm_engine_on_gpus_of_known_size(model_14b):
+    assert concurrency(grpo_14b(model_14b), gib=None) is None
+    assert concurrency(grpo_14b(model_14b, "actor_rollout_ref.rollout.name=hf")) is None
+    assert engine_concurrency(plan_setup(grpo_14b(model_14b), on_gpu=False), int(H100 * GIB)) is None
