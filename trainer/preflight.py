@@ -193,8 +193,9 @@ def memory_plan_text(cfg: DictConfig) -> str:
 
 
 def check_memory(cfg: DictConfig) -> None:
-    """On a GPU run, the memory plan's fit (trainer.memory_check): one summary line, then for a plan that
-    does not fit a warning (warn) or an InputError (error, the default); nothing on CPU or when off."""
+    """On a GPU run, the memory plan's fit (trainer.memory_check): one summary line and the plan's warnings (an
+    engine whose KV cache holds fewer sequences than a step gives it), then for a plan that does not fit a
+    warning (warn) or an InputError (error, the default); nothing on CPU or when off."""
     from trainer.memory_plan import build_plan, gpu_memory, misfit_message, summary_line
     from trainer.memory_plan.gpu import detect_gpu_bytes
 
@@ -207,6 +208,8 @@ def check_memory(cfg: DictConfig) -> None:
     except ValueError as error:
         raise InputError(str(error)) from None
     print(summary_line(plan))
+    for warning in plan.warnings:
+        print(f"warning: memory plan: {warning}", file=sys.stderr)
     if plan.fits() is False:
         if mode == "error":
             raise InputError(misfit_message(plan))

@@ -11,6 +11,7 @@ from trainer.config_loader import load_config
 from trainer.memory_plan import build_plan
 from trainer.memory_plan.engine_concurrency import engine_concurrency
 from trainer.memory_plan.setup import plan_setup
+from trainer.preflight import check_memory
 
 GIB = 1 << 30
 H100 = 79.1  # GiB an 80 GB H100 reports
@@ -24,12 +25,15 @@ def model_14b(tmp_path_factory):
 
 
 def grpo_14b(model: str, *extra: str):
-    """The `14b-4gpu` comparison's batch: 32 prompts x 8 responses, 512 + 1024 tokens, FSDP over four GPUs."""
+    """The `14b-4gpu` comparison's batch (32 prompts x 8 responses, 512 + 1024 tokens, FSDP over four GPUs,
+    16K-token micro-batches, checkpointing), the optimizer's state offloaded as on 80 GB GPUs."""
     return load_config([
         f"actor_rollout_ref.model.path={model}", "trainer.n_gpus_per_node=4", "data.train_batch_size=32",
         "actor_rollout_ref.rollout.n=8", "data.max_prompt_length=512", "data.max_response_length=1024",
         "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", *extra,
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768", *extra,
     ])
 
 
@@ -88,3 +92,15 @@ def test_no_estimate_without_a_vllm_engine_on_gpus_of_known_size(model_14b):
     assert concurrency(grpo_14b(model_14b), gib=None) is None
     assert concurrency(grpo_14b(model_14b, "actor_rollout_ref.rollout.name=hf")) is None
     assert engine_concurrency(plan_setup(grpo_14b(model_14b), on_gpu=False), int(H100 * GIB)) is None
+
+
+def test_a_gpu_run_whose_engines_generate_in_waves_starts_with_a_warning_saying_what_holds_them(model_14b, capsys):
+    on_h100 = ("trainer.device=cuda", f"trainer.gpu_memory_gib={H100}")
+    check_memory(grpo_14b(model_14b, *on_h100, "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"))
+    captured = capsys.readouterr()
+    assert captured.out.startswith("memory plan: fits: ")
+    (warning,) = [line for line in captured.err.splitlines() if line.startswith("warning: ")]
+    assert warning.startswith("warning: memory plan: the vLLM engine's KV cache: about 2.6 GiB per GPU, 9 sequences")
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.60" in warning
+    check_memory(grpo_14b(model_14b, *on_h100, "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"))
+    assert capsys.readouterr().err == ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.memory_plan.checks import plan_notes, startup_problems
+from trainer.memory_plan.engine_concurrency import concurrency_warnings
 from trainer.memory_plan.gpu import GIB, detect_gpu_bytes
 from trainer.memory_plan.plan import COLUMNS, GpuGroup, MemoryPlan, Row, build_groups
 from trainer.memory_plan.report import misfit_message, render_plan, settings_on, summary_line
@@ -40,5 +41,6 @@ def build_plan(cfg: DictConfig, gpu_bytes: int | None = None, gpu_source: str = 
     return MemoryPlan(
         groups=build_groups(setup, gpu_bytes), gpu_bytes=gpu_bytes, gpu_source=gpu_source,
         problems=startup_problems(setup, gpu_bytes), notes=plan_notes(setup, gpu_bytes),
+        warnings=concurrency_warnings(setup, gpu_bytes),
         settings_on=settings_on(setup),
     )

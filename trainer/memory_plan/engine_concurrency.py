@@ -77,3 +77,9 @@ def concurrency_note(setup: PlanSetup, gpu_bytes: int | None) -> str | None:
         f"{held}: it generates them in about {found.waves} waves of full-length responses, so generation takes about "
         f"{found.waves}x the time of one; all at once needs about {needed / GIB:.1f} GiB of KV cache per GPU: {change}"
     )
+
+
+def concurrency_warnings(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
+    """The note as a run's warning where a step's sequences do not fit the engines' caches at once."""
+    found = engine_concurrency(setup, gpu_bytes)
+    return [concurrency_note(setup, gpu_bytes)] if found is not None and found.waves > 1 else []

@@ -90,6 +90,8 @@ class MemoryPlan:
     gpu_source: str
     problems: list[str] = field(default_factory=list)  # start-up conditions that fail regardless of the peak
     notes: list[str] = field(default_factory=list)
+    # What a run prints as warnings although the plan fits: a generation slowed by an engine's short KV cache.
+    warnings: list[str] = field(default_factory=list)
     settings_on: set[str] = field(default_factory=set)  # remedies not suggested: already in use, or not applicable
 
     def peak(self) -> tuple[GpuGroup, Row]:
