@@ -118,7 +118,8 @@ def run_size(size: str, work: Path, steps: int, engine: str, eager: bool, extra:
     summary.update(update_allocations(history))
     for key in ("timing/step_s", "perf/tokens", "perf/tokens_per_s", "perf/tokens_per_s_per_gpu", "perf/device_peak_tflops",
                 "overhead/calls_s", "overhead/in_workers_s", "overhead/dispatch_collect_s", "overhead/driver_s",
-                "overhead/toolkit_s", "overhead/toolkit_share", "rollout/sync_s", "rollout/generate_s", "agent/turns_mean", "agent/tool_use_rate", "agent/model_tokens_mean",
+                "overhead/toolkit_s", "overhead/toolkit_share", "rollout/sync_s", "rollout/generate_s",
+                "rollout/kv_cache_sequences", "agent/turns_mean", "agent/tool_use_rate", "agent/model_tokens_mean",
                 "agent/tool_tokens_mean"):
         summary[key.split("/")[-1] if key.startswith("overhead") else key.replace("/", "_")] = steady(history, key)
     # The device's highest use in any phase (NVML, sampled in the worker). Not the allocator's peak: with the hybrid
