@@ -88,6 +88,16 @@ def test_separate_engines_split_the_step_and_a_fixed_cache_is_told_its_size(mode
     assert concurrency(enough).waves == 1
 
 
+def test_max_num_seqs_below_a_steps_sequences_splits_them_even_where_the_cache_holds_them(model_14b):
+    roomy = ("actor_rollout_ref.rollout.gpu_memory_utilization=0.6",)
+    capped = grpo_14b(model_14b, *roomy, "actor_rollout_ref.rollout.max_num_seqs=16")
+    found = concurrency(capped)
+    assert found.at_once >= 64 and found.running == 16 and found.waves == 4
+    assert note(capped).endswith("actor_rollout_ref.rollout.max_num_seqs=16 runs at most that many at once: it generates "
+                                 "them in about 4 waves of full-length responses; raise it to 64 or leave it null (vLLM's default)")
+    assert concurrency(grpo_14b(model_14b, *roomy, "actor_rollout_ref.rollout.max_num_seqs=64")).waves == 1
+
+
 def test_no_estimate_without_a_vllm_engine_on_gpus_of_known_size(model_14b):
     assert concurrency(grpo_14b(model_14b), gib=None) is None
     assert concurrency(grpo_14b(model_14b, "actor_rollout_ref.rollout.name=hf")) is None

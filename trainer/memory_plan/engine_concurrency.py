@@ -25,10 +25,16 @@ class EngineConcurrency:
     length: int  # max_model_len
     at_once: int  # sequences of max_model_len tokens the cache holds
     per_step: int  # rollout sequences one step gives each engine
+    max_num_seqs: int | None = None  # rollout.max_num_seqs: the engine runs at most this many at once
+
+    @property
+    def running(self) -> int:
+        """Sequences the engine runs at once: what its cache holds, or fewer where max_num_seqs says so."""
+        return min(self.at_once, self.max_num_seqs) if self.max_num_seqs else self.at_once
 
     @property
     def waves(self) -> int:
-        return math.ceil(self.per_step / max(1, self.at_once))
+        return math.ceil(self.per_step / max(1, self.running))
 
 
 def engine_concurrency(setup: PlanSetup, gpu_bytes: int | None) -> EngineConcurrency | None:
@@ -50,7 +56,7 @@ def engine_concurrency(setup: PlanSetup, gpu_bytes: int | None) -> EngineConcurr
     hybrid = rollout.placement == "hybrid"
     engines = max(1, setup.gpus_per_pool // rollout.tp) if hybrid else max(1, rollout.num_engines)
     per_step = math.ceil(setup.rows_per_gpu * setup.gpus_per_pool / engines)
-    return EngineConcurrency(kv, sequence, rollout.max_model_len, kv // sequence, per_step)
+    return EngineConcurrency(kv, sequence, rollout.max_model_len, kv // sequence, per_step, rollout.max_num_seqs)
 
 
 def concurrency_note(setup: PlanSetup, gpu_bytes: int | None) -> str | None:
@@ -64,6 +70,12 @@ def concurrency_note(setup: PlanSetup, gpu_bytes: int | None) -> str | None:
     )
     if found.waves <= 1:
         return f"{held} (all at once)"
+    if found.running < found.at_once:  # the cache holds them: max_num_seqs is what splits them into waves
+        return (
+            f"{held}, but actor_rollout_ref.rollout.max_num_seqs={found.max_num_seqs} runs at most that many at once: "
+            f"it generates them in about {found.waves} waves of full-length responses; raise it to {found.per_step} "
+            "or leave it null (vLLM's default)"
+        )
     needed = found.per_step * found.sequence_bytes
     tensor_parallel = "more GPUs per engine (actor_rollout_ref.rollout.tensor_model_parallel_size: its weights split)"
     if setup.rollout.kv_cache_bytes is not None:

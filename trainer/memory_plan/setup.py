@@ -108,6 +108,7 @@ class RolloutSetup:
     # always on CPU, where vLLM's cache is rollout.cpu_kv_cache_mb).
     kv_cache_bytes: int | None = None
     max_model_len: int = 0  # tokens of the longest sequence the engine serves (rollout.max_model_len)
+    max_num_seqs: int | None = None  # rollout.max_num_seqs: sequences one engine step runs at most (None: vLLM's)
     # A hybrid engine of tp > 1 computes in worker processes of its own (rollout.engine_process=true), not as one
     # shard in each trainer process.
     own_processes: bool = False
@@ -278,6 +279,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         str(ro.placement) == "separate" and float(_get(cfg, "actor_rollout_ref.rollout.gpus_per_engine", None) or 1) < 1
     )
     kv_cache_gib = _get(cfg, "actor_rollout_ref.rollout.kv_cache_gib", None)
+    max_num_seqs = _get(cfg, "actor_rollout_ref.rollout.max_num_seqs", None)
     rollout = RolloutSetup(
         name=str(ro.name), placement=str(ro.placement), gpu_memory_utilization=float(ro.gpu_memory_utilization),
         sleeps=bool(ro.enable_sleep) and bool(ro.free_cache_engine) and on_gpu and not shares,
@@ -287,6 +289,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         engine_e=dtype_bytes(_engine_dtype(cfg, on_gpu), on_gpu),
         kv_cache_bytes=int(float(kv_cache_gib) * GIB) if kv_cache_gib is not None and on_gpu else None,
         max_model_len=int(_get(cfg, "actor_rollout_ref.rollout.max_model_len", prompt + response)),
+        max_num_seqs=int(max_num_seqs) if max_num_seqs is not None else None,
         own_processes=bool(_get(cfg, "actor_rollout_ref.rollout.engine_process", None)),
     )
     log_dynamic = bool(ro.log_prob_use_dynamic_bsz)
