@@ -62,8 +62,16 @@ def engine_concurrency(setup: PlanSetup, gpu_bytes: int | None) -> EngineConcurr
 def concurrency_note(setup: PlanSetup, gpu_bytes: int | None) -> str | None:
     """The plan's note on the engine's concurrency, with what to change when a step's sequences do not fit at once."""
     found = engine_concurrency(setup, gpu_bytes)
-    if found is None:
-        return None
+    return _describe(found, setup, gpu_bytes) if found is not None else None
+
+
+def concurrency_warnings(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
+    """The note as a run's warning where a step's sequences do not fit the engines' caches at once."""
+    found = engine_concurrency(setup, gpu_bytes)
+    return [_describe(found, setup, gpu_bytes)] if found is not None and found.waves > 1 else []
+
+
+def _describe(found: EngineConcurrency, setup: PlanSetup, gpu_bytes: int | None) -> str:
     held = (
         f"the vLLM engine's KV cache: about {found.kv_bytes / GIB:.1f} GiB per GPU, {found.at_once} sequences of "
         f"{found.length} tokens at once; a step gives each engine {found.per_step}"
@@ -89,9 +97,3 @@ def concurrency_note(setup: PlanSetup, gpu_bytes: int | None) -> str | None:
         f"{held}: it generates them in about {found.waves} waves of full-length responses, so generation takes about "
         f"{found.waves}x the time of one; all at once needs about {needed / GIB:.1f} GiB of KV cache per GPU: {change}"
     )
-
-
-def concurrency_warnings(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
-    """The note as a run's warning where a step's sequences do not fit the engines' caches at once."""
-    found = engine_concurrency(setup, gpu_bytes)
-    return [concurrency_note(setup, gpu_bytes)] if found is not None and found.waves > 1 else []
