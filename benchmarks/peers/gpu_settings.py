@@ -103,13 +103,14 @@ PRESETS["14b-4gpu"] = Preset(
     replace(PRESETS["7b-2gpu"].settings, size="14B", gpus=4), {"ours_packed": 600.0}, _NO_TRL, (*_BUDGET_16K, *_LIGER)
 )
 # The same run on four 80 GB H100s. The plan (trainer.plan_only=true trainer.gpu_memory_gib=79.1): without offload
-# the update peaks at 92.2 GiB per GPU; with the optimizer's state offloaded, 67.7 (its step). At the H200's
-# gpu_memory_utilization of 0.4 the engine's KV cache would be 2.6 GiB, 9 of the 64 sequences each engine gets at
-# once (the plan's concurrency note: ~8 waves); 0.6 holds them all and peaks at 73.4 GiB (generate).
+# the update peaks at 92.2 GiB per GPU; with the optimizer's state offloaded, 67.7 (its step). The H200's
+# gpu_memory_utilization of 0.4 would not start vLLM (its weights and start-up profile leave no sequence); at 0.62
+# with max_num_seqs=64, the count a step gives each engine (vLLM's start-up profile then samples for 64 requests,
+# not 1024), each engine's cache holds 68 sequences, all 64 at once, and the plan peaks at 75.0 GiB (generate).
 PRESETS["14b-4gpu-h100"] = replace(
     PRESETS["14b-4gpu"],
     ours_extra=(*PRESETS["14b-4gpu"].ours_extra, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
-                "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"),
+                "actor_rollout_ref.rollout.gpu_memory_utilization=0.62", "actor_rollout_ref.rollout.max_num_seqs=64"),
 )
 PRESETS["32b-lora-4gpu"] = Preset(
     replace(PRESETS["7b-2gpu"].settings, size="32B", gpus=4), {"ours_packed": 900.0}, _NO_TRL,

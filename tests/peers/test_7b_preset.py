@@ -167,9 +167,9 @@ def test_bigger_presets_plan_on_four_h200s(tmp_path, name, shape):
 
 
 def test_the_14b_h100_preset_fits_80_gb_with_every_sequence_of_a_step_in_the_engine_at_once(tmp_path):
-    """Four H100s (79.1 GiB each): the H200 preset's plan does not fit; the H100 one (optimizer state offloaded, a
-    larger engine share) does, and its engines hold all 64 sequences each gets at once, where the H200's share of
-    0.4 would leave them a KV cache of a few sequences."""
+    """Four H100s (79.1 GiB each): the H200 preset's plan does not fit, and its engine share of 0.4 would leave no
+    KV cache after the weights and vLLM's start-up profile; the H100 one (optimizer state offloaded, a larger engine
+    share, max_num_seqs at the step's 64 per engine) fits, and its engines hold all 64 sequences at once."""
     from benchmarks.e2e_step import SHAPES
 
     write_config(tmp_path / "model", SHAPES["14B"])
@@ -182,7 +182,8 @@ def test_the_14b_h100_preset_fits_80_gb_with_every_sequence_of_a_step_in_the_eng
     assert plans["14b-4gpu"].fits() is False and plans["14b-4gpu-h100"].fits() is True
     (h200_note,) = [n for n in plans["14b-4gpu"].notes if n.startswith("the vLLM engine's KV cache")]
     (h100_note,) = [n for n in plans["14b-4gpu-h100"].notes if n.startswith("the vLLM engine's KV cache")]
-    assert "waves" in h200_note and h100_note.endswith("a step gives each engine 64 (all at once)")
+    assert "vLLM refuses to start" in h200_note and h100_note.endswith("a step gives each engine 64 (all at once)")
+    assert plans["14b-4gpu-h100"].peak()[1].total < 76 * GIB
 
 
 def test_the_preset_overrides_reach_our_side_only(tmp_path):

@@ -47,28 +47,59 @@ def note(cfg, gib: float = H100) -> str:
 
 
 def test_a_sequence_takes_every_layers_keys_and_values_and_the_cache_what_the_budget_leaves(model_14b):
-    found = concurrency(grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"))
+    found = concurrency(grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.45"))
     # 48 layers x (keys, values) x 8 KV heads x 128 x bf16, for 1536 tokens (96 whole blocks of 16)
     assert found.sequence_bytes == 48 * 2 * 8 * 128 * 2 * 1536
     weights = 2 * 14_770_033_664  # the 14B shape's parameters in bf16
-    assert found.kv_bytes == pytest.approx(0.4 * H100 * GIB - weights - 1.5 * GIB, abs=1)
-    assert found.at_once == 9 and found.per_step == 64 and found.waves == 8
+    # vLLM's start-up profile on an 80 GB GPU: its sampler over 1024 requests x the 152 064-entry vocabulary, 24
+    # bytes each (larger than the forward over 16 384 tokens), and the CUDA graphs' 0.5 GiB
+    profile = 1024 * 152_064 * 24 + GIB // 2
+    assert found.kv_bytes == pytest.approx(0.45 * H100 * GIB - weights - profile, abs=1)
+    assert found.at_once == 14 and found.per_step == 64 and found.waves == 5
 
 
 def test_an_engine_short_of_cache_is_told_the_utilization_that_holds_the_step(model_14b):
-    text = note(grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"))
-    assert "9 sequences of 1536 tokens at once; a step gives each engine 64: it generates them in about 8 waves" in text
+    text = note(grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.45"))
+    assert "14 sequences of 1536 tokens at once; a step gives each engine 64: it generates them in about 5 waves" in text
     suggested = text.split("actor_rollout_ref.rollout.gpu_memory_utilization=")[1].split(" ")[0]
-    assert suggested == "0.60"
+    assert suggested == "0.65"
     fixed = grpo_14b(model_14b, f"actor_rollout_ref.rollout.gpu_memory_utilization={suggested}")
     assert note(fixed).endswith("a step gives each engine 64 (all at once)")
-    smaller = grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.55")
+    smaller = grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.6")
     assert concurrency(smaller).waves > 1  # the suggestion is the least step of 0.05 that holds them
+
+
+def test_a_default_max_num_seqs_is_named_as_cache_its_start_up_profile_takes(model_14b):
+    """vLLM's start-up profile samples for max_num_seqs requests (1024 by default on an 80 GB GPU); the note says
+    how much more cache the step's own count would leave, and that count does give the cache those bytes."""
+    short = "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"
+    text = note(grpo_14b(model_14b, short))
+    assert text.endswith("also actor_rollout_ref.rollout.max_num_seqs=64 (vLLM's default 1024) gives its KV cache 1.6 "
+                         "GiB more: vLLM's start-up profile then samples for that many requests")
+    default, capped = (concurrency(grpo_14b(model_14b, short, *extra))
+                       for extra in ((), ("actor_rollout_ref.rollout.max_num_seqs=64",)))
+    # the sampler's 1024 x vocab x 24 bytes give way to the forward over 16 384 tokens: a 14B's three MLP widths
+    # (13 824) and four hidden widths (5 120) in bf16 per token
+    forward = 16384 * (3 * 13_824 + 4 * 5_120) * 2
+    assert capped.kv_bytes - default.kv_bytes == 1024 * 152_064 * 24 - forward
+    assert "max_num_seqs" not in note(grpo_14b(model_14b, short, "actor_rollout_ref.rollout.max_num_seqs=64"))
+
+
+def test_a_budget_that_leaves_no_sequence_is_a_problem_and_its_note_says_vllm_will_not_start(model_14b):
+    cfg = grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.4")
+    (problem,) = build_plan(cfg, int(H100 * GIB)).problems
+    assert problem == (
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4 gives the vLLM engine 31.6 GiB per GPU, less than its "
+        "weights (27.5 GiB) plus its start-up profile's peak and CUDA graphs (4.0 GiB) plus one sequence of "
+        "max_model_len=1536 in its KV cache; vLLM refuses to start: raise it to at least 0.41"
+    )
+    assert "0 sequences of 1536 tokens at once; a step gives each engine 64: vLLM refuses to start" in note(cfg)
+    assert build_plan(grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.41"), int(H100 * GIB)).problems == []
 
 
 def test_a_tensor_parallel_engine_serves_its_ranks_rows_with_half_the_weights_and_cache_per_gpu(model_14b):
     one, two = (
-        concurrency(grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.45",
+        concurrency(grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
                              f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"))
         for tp in (1, 2)
     )
@@ -89,7 +120,7 @@ def test_separate_engines_split_the_step_and_a_fixed_cache_is_told_its_size(mode
 
 
 def test_max_num_seqs_below_a_steps_sequences_splits_them_even_where_the_cache_holds_them(model_14b):
-    roomy = ("actor_rollout_ref.rollout.gpu_memory_utilization=0.6",)
+    roomy = ("actor_rollout_ref.rollout.gpu_memory_utilization=0.65",)
     capped = grpo_14b(model_14b, *roomy, "actor_rollout_ref.rollout.max_num_seqs=16")
     found = concurrency(capped)
     assert found.at_once >= 64 and found.running == 16 and found.waves == 4
@@ -106,11 +137,11 @@ def test_no_estimate_without_a_vllm_engine_on_gpus_of_known_size(model_14b):
 
 def test_a_gpu_run_whose_engines_generate_in_waves_starts_with_a_warning_saying_what_holds_them(model_14b, capsys):
     on_h100 = ("trainer.device=cuda", f"trainer.gpu_memory_gib={H100}")
-    check_memory(grpo_14b(model_14b, *on_h100, "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"))
+    check_memory(grpo_14b(model_14b, *on_h100, "actor_rollout_ref.rollout.gpu_memory_utilization=0.45"))
     captured = capsys.readouterr()
     assert captured.out.startswith("memory plan: fits: ")
     (warning,) = [line for line in captured.err.splitlines() if line.startswith("warning: ")]
-    assert warning.startswith("warning: memory plan: the vLLM engine's KV cache: about 2.6 GiB per GPU, 9 sequences")
-    assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.60" in warning
-    check_memory(grpo_14b(model_14b, *on_h100, "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"))
+    assert warning.startswith("warning: memory plan: the vLLM engine's KV cache: about 4.1 GiB per GPU, 14 sequences")
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.65" in warning
+    check_memory(grpo_14b(model_14b, *on_h100, "actor_rollout_ref.rollout.gpu_memory_utilization=0.65"))
     assert capsys.readouterr().err == ""

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 from trainer.memory_plan.engine_concurrency import concurrency_note
+from trainer.memory_plan.engine_profile import engine_overhead_bytes
 from trainer.memory_plan.gpu import GIB
 from trainer.memory_plan.plan import (
     ENGINE_SHARD_BYTES,
     ENGINE_WORKER_PROCESS_BYTES,
-    FIXED_KV_ALLOWANCE_BYTES,
     RUNTIME_BYTES,
     engine_weight_bytes,
 )
@@ -17,9 +17,6 @@ from trainer.memory_plan.residency import role_memory
 from trainer.memory_plan.setup import PlanSetup
 from trainer.memory_plan.terms import kv_cache_bytes
 
-# What vLLM needs besides its weights inside its budget to start: activations of its profiling run and a
-# KV cache of a useful size (an allowance).
-ENGINE_HEADROOM_BYTES = 1 << 30
 UTILIZATION_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
 KV_CACHE_KEY = "actor_rollout_ref.rollout.kv_cache_gib"
 
@@ -37,12 +34,10 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
         return []
     problems = []
     fixed_kv = rollout.kv_cache_bytes is not None
+    one_sequence = kv_cache_bytes(setup.actor.shape, rollout.engine_e, 1, rollout.max_model_len) // rollout.tp
     if fixed_kv:
         # vLLM's own check (kv_cache_utils._check_enough_kv_cache_memory), whose message would ask for a
         # higher gpu_memory_utilization, which a fixed cache ignores. About: vLLM counts whole blocks.
-        one_sequence = (
-            kv_cache_bytes(setup.actor.shape, rollout.engine_e, 1, rollout.max_model_len) // rollout.tp
-        )
         if rollout.kv_cache_bytes < one_sequence:
             least = math.ceil(one_sequence / GIB * 100) / 100
             problems.append(
@@ -55,10 +50,16 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     budget = int(rollout.gpu_memory_utilization * gpu_bytes)  # vLLM's budget
     weights = engine_weight_bytes(setup)
     # With a fixed KV cache vLLM does not fit the engine into its budget: the budget only gates the start (below).
-    if not fixed_kv and budget < weights + ENGINE_HEADROOM_BYTES:
+    # vLLM's KV cache gets what its budget leaves after the weights and its start-up profile; it must hold one
+    # sequence of max_model_len or vLLM refuses to start.
+    overhead = engine_overhead_bytes(setup, gpu_bytes)
+    if not fixed_kv and budget < weights + overhead + one_sequence:
+        least = math.ceil((weights + overhead + one_sequence) / gpu_bytes * 100) / 100
         problems.append(
             f"{UTILIZATION_KEY}={rollout.gpu_memory_utilization} gives the vLLM engine {gib(budget)} per GPU, "
-            f"less than its weights ({gib(weights)}) plus room for a KV cache; raise it"
+            f"less than its weights ({gib(weights)}) plus its start-up profile's peak and CUDA graphs "
+            f"({gib(overhead)}) plus one sequence of max_model_len={rollout.max_model_len} in its KV cache; vLLM "
+            f"refuses to start: raise it to at least {least:.2f}"
         )
     if rollout.placement == "hybrid":
         # The engine starts after the actor (and a separate reference) loaded, before anything is offloaded.
@@ -72,7 +73,7 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
             most = max(0.0, free / gpu_bytes)
             only_gate = (
                 f" (with {KV_CACHE_KEY} set it only sets this check: the engine takes its weights + the KV cache + "
-                f"{gib(FIXED_KV_ALLOWANCE_BYTES)})" if fixed_kv else ""
+                f"{gib(engine_overhead_bytes(setup, gpu_bytes))})" if fixed_kv else ""
             )
             problems.append(
                 f"{UTILIZATION_KEY}={rollout.gpu_memory_utilization} asks {gib(budget)} when the hybrid vLLM engine "
@@ -132,9 +133,9 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
     if rollout.name == "vllm" and rollout.kv_cache_bytes is not None:
         notes.append(
             f"the vLLM engine's share per GPU while awake: its weights ({gib(engine_weight_bytes(setup))}) + "
-            f"{KV_CACHE_KEY} ({gib(rollout.kv_cache_bytes)}) + {gib(FIXED_KV_ALLOWANCE_BYTES)} for its activations and "
-            f"CUDA graphs (an allowance; with a fixed KV cache vLLM measures neither); {UTILIZATION_KEY} only sets the "
-            "free memory its start requires"
+            f"{KV_CACHE_KEY} ({gib(rollout.kv_cache_bytes)}) + {gib(engine_overhead_bytes(setup, gpu_bytes))} for its "
+            "start-up profile run's peak and CUDA graphs (counted, not measured: with a fixed KV cache vLLM does not "
+            f"measure them); {UTILIZATION_KEY} only sets the free memory its start requires"
         )
     elif rollout.name == "vllm" and not gpu_bytes:
         notes.append("the GPU's memory is unknown: the vLLM engine's share (gpu_memory_utilization x the GPU) is left "

@@ -6,10 +6,11 @@ run starts (the run logs vLLM's own figure as `rollout/kv_cache_sequences`)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from trainer.memory_plan.engine_profile import engine_overhead_bytes, engine_step_limits
 from trainer.memory_plan.gpu import GIB
-from trainer.memory_plan.plan import FIXED_KV_ALLOWANCE_BYTES, engine_weight_bytes
+from trainer.memory_plan.plan import engine_weight_bytes
 from trainer.memory_plan.setup import PlanSetup
 from trainer.memory_plan.terms import kv_cache_bytes
 
@@ -40,14 +41,15 @@ class EngineConcurrency:
 def engine_concurrency(setup: PlanSetup, gpu_bytes: int | None) -> EngineConcurrency | None:
     """The estimate for a vLLM engine on GPUs (None for HF generate, on the CPU, or while the GPU's memory is
     unknown): its cache is rollout.kv_cache_gib, or what gpu_memory_utilization leaves of the GPU after the
-    engine's weights and the allowance for its activations and CUDA graphs."""
+    engine's weights, its start-up profile run's peak and its CUDA graphs (engine_profile.py)."""
     rollout = setup.rollout
     if rollout.name != "vllm" or not setup.on_gpu:
         return None
     if rollout.kv_cache_bytes is not None:
         kv = rollout.kv_cache_bytes
     elif gpu_bytes:
-        kv = int(rollout.gpu_memory_utilization * gpu_bytes) - engine_weight_bytes(setup) - FIXED_KV_ALLOWANCE_BYTES
+        budget = int(rollout.gpu_memory_utilization * gpu_bytes)
+        kv = budget - engine_weight_bytes(setup) - engine_overhead_bytes(setup, gpu_bytes)
     else:
         return None
     kv = max(0, kv)
@@ -89,11 +91,28 @@ def _describe(found: EngineConcurrency, setup: PlanSetup, gpu_bytes: int | None)
     if setup.rollout.kv_cache_bytes is not None:
         change = f"actor_rollout_ref.rollout.kv_cache_gib={math.ceil(needed / GIB * 10) / 10:g} or {tensor_parallel}"
     else:
-        share = (needed + engine_weight_bytes(setup) + FIXED_KV_ALLOWANCE_BYTES) / gpu_bytes
+        share = (needed + engine_weight_bytes(setup) + engine_overhead_bytes(setup, gpu_bytes)) / gpu_bytes
         utilization = math.ceil(share / UTILIZATION_STEP) * UTILIZATION_STEP
         change = (f"actor_rollout_ref.rollout.gpu_memory_utilization={utilization:.2f} or {tensor_parallel}"
                   if utilization <= 1 else tensor_parallel)
-    return (
-        f"{held}: it generates them in about {found.waves} waves of full-length responses, so generation takes about "
-        f"{found.waves}x the time of one; all at once needs about {needed / GIB:.1f} GiB of KV cache per GPU: {change}"
+        change += _fewer_requests_note(setup, gpu_bytes, found.per_step)
+    waves = (
+        "vLLM refuses to start with a cache that holds none" if found.at_once == 0 else
+        f"it generates them in about {found.waves} waves of full-length responses, so generation takes about "
+        f"{found.waves}x the time of one"
     )
+    return f"{held}: {waves}; all at once needs about {needed / GIB:.1f} GiB of KV cache per GPU: {change}"
+
+
+def _fewer_requests_note(setup: PlanSetup, gpu_bytes: int | None, per_step: int) -> str:
+    """Where rollout.max_num_seqs is vLLM's default and above what a step gives the engine: setting it to that
+    count shrinks the sampler's peak in vLLM's start-up profile, which its KV cache then gets."""
+    seqs, _ = engine_step_limits(setup, gpu_bytes)
+    if setup.rollout.max_num_seqs is not None or seqs <= per_step:
+        return ""
+    fewer = replace(setup, rollout=replace(setup.rollout, max_num_seqs=per_step))
+    freed = engine_overhead_bytes(setup, gpu_bytes) - engine_overhead_bytes(fewer, gpu_bytes)
+    if freed < GIB // 10:
+        return ""
+    return (f"; also actor_rollout_ref.rollout.max_num_seqs={per_step} (vLLM's default {seqs}) gives its KV cache "
+            f"{freed / GIB:.1f} GiB more: vLLM's start-up profile then samples for that many requests")

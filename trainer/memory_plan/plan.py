@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainer.memory_plan.engine_profile import SLEEPING_ENGINE_BYTES, engine_overhead_bytes
 from trainer.memory_plan.residency import RoleMemory, role_memory
 from trainer.memory_plan.setup import Batching, ModelRole, PlanSetup
 from trainer.memory_plan.shape import engine_lora_params
@@ -33,9 +34,6 @@ from workers.cached_blocks_limit import CACHED_BLOCKS_LIMIT
 COLUMNS = ("weights", "grads", "optimizer", "activations", "logits", "engine", "other")
 # Per GPU process: CUDA context, cuBLAS/NCCL workspaces, allocator slack (an allowance, not computed).
 RUNTIME_BYTES = 1 << 30
-# What a sleeping hybrid vLLM engine keeps outside its sleep pool: its CUDA graphs' memory pool (captured up to
-# rollout.cuda_graph_max_batch) and bookkeeping. Measured 0.4-0.5 GiB at 7B on an H200 (2026-11-27).
-SLEEPING_ENGINE_BYTES = 1 << 29
 # A hybrid engine over k > 1 GPUs (rollout.tensor_model_parallel_size) held by the group's first rank
 # (rollout.engine_process=true) computes in worker processes of its own, one per GPU, each with its CUDA context and
 # NCCL communicators, outside the engine's budget and kept while it sleeps (an engine over one GPU, or one shard per
@@ -49,12 +47,6 @@ ENGINE_WORKER_PROCESS_BYTES = 2 << 30
 # 3.2-4.0 GiB above the plan without it in the reference and update phases, with the LoRA base shared and without
 # (vLLM itself reports 0.03 GiB of non-torch memory and a 0.59 GiB graph pool per shard); not broken down further.
 ENGINE_SHARD_BYTES = 7 << 29  # 3.5 GiB
-# A vLLM engine with a fixed KV cache (rollout.kv_cache_gib) holds, besides its weights and that cache, the
-# activations of its largest forward (its start-up profile run's batch) and its CUDA graphs' pool; vLLM then
-# measures neither. Allowance: this (activations, not measured) plus what a sleeping engine keeps (the graphs'
-# pool and bookkeeping, SLEEPING_ENGINE_BYTES, measured).
-FIXED_KV_ACTIVATION_BYTES = 1 << 30
-FIXED_KV_ALLOWANCE_BYTES = FIXED_KV_ACTIVATION_BYTES + SLEEPING_ENGINE_BYTES
 # State brought back from the host for a phase lands in new allocator segments beside what the phase's other
 # allocations left: measured at 7B on an H200 (2026-11-27) 0.10-0.17 of the loaded bytes above the plan.
 LOAD_SLACK = 0.12
@@ -122,11 +114,11 @@ def engine_weight_bytes(setup: PlanSetup) -> int:
 
 def engine_bytes(setup: PlanSetup, gpu_bytes: int | None) -> int:
     """A vLLM engine's bytes on one of its GPUs while awake: with rollout.kv_cache_gib its weights, that KV cache
-    and FIXED_KV_ALLOWANCE_BYTES; else its budget, `gpu_memory_utilization` x the GPU, which its KV cache fills
-    (0 while the GPU's memory is unknown)."""
+    and its start-up profile's peak and CUDA graphs (engine_profile.py); else its budget,
+    `gpu_memory_utilization` x the GPU, which its KV cache fills (0 while the GPU's memory is unknown)."""
     rollout = setup.rollout
     if rollout.kv_cache_bytes is not None:
-        return engine_weight_bytes(setup) + rollout.kv_cache_bytes + FIXED_KV_ALLOWANCE_BYTES
+        return engine_weight_bytes(setup) + rollout.kv_cache_bytes + engine_overhead_bytes(setup, gpu_bytes)
     return int(rollout.gpu_memory_utilization * gpu_bytes) if gpu_bytes else 0
 
 

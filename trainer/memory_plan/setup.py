@@ -109,6 +109,7 @@ class RolloutSetup:
     kv_cache_bytes: int | None = None
     max_model_len: int = 0  # tokens of the longest sequence the engine serves (rollout.max_model_len)
     max_num_seqs: int | None = None  # rollout.max_num_seqs: sequences one engine step runs at most (None: vLLM's)
+    max_num_batched_tokens: int | None = None  # rollout.max_num_batched_tokens: tokens one engine step runs at most
     # A hybrid engine of tp > 1 computes in worker processes of its own (rollout.engine_process=true), not as one
     # shard in each trainer process.
     own_processes: bool = False
@@ -280,6 +281,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     )
     kv_cache_gib = _get(cfg, "actor_rollout_ref.rollout.kv_cache_gib", None)
     max_num_seqs = _get(cfg, "actor_rollout_ref.rollout.max_num_seqs", None)
+    max_num_batched_tokens = _get(cfg, "actor_rollout_ref.rollout.max_num_batched_tokens", None)
     rollout = RolloutSetup(
         name=str(ro.name), placement=str(ro.placement), gpu_memory_utilization=float(ro.gpu_memory_utilization),
         sleeps=bool(ro.enable_sleep) and bool(ro.free_cache_engine) and on_gpu and not shares,
@@ -290,6 +292,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         kv_cache_bytes=int(float(kv_cache_gib) * GIB) if kv_cache_gib is not None and on_gpu else None,
         max_model_len=int(_get(cfg, "actor_rollout_ref.rollout.max_model_len", prompt + response)),
         max_num_seqs=int(max_num_seqs) if max_num_seqs is not None else None,
+        max_num_batched_tokens=int(max_num_batched_tokens) if max_num_batched_tokens is not None else None,
         own_processes=bool(_get(cfg, "actor_rollout_ref.rollout.engine_process", None)),
     )
     log_dynamic = bool(ro.log_prob_use_dynamic_bsz)

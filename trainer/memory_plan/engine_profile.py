@@ -1,0 +1,69 @@
+"""What a vLLM engine holds on a GPU besides its weights and its KV cache: the peak of the profile run vLLM makes as
+it starts, and its CUDA graphs' pool.
+
+vLLM (0.26, `gpu_worker.determine_available_memory`) gives its KV cache what `gpu_memory_utilization` x the GPU
+leaves after its weights, the torch peak of that profile run and its CUDA graphs' estimate. The profile run is one
+forward over `max_num_batched_tokens` tokens, then the sampler over `max_num_seqs` requests with top-k and top-p
+set; for a vocabulary of 150K entries the sampler's peak is the larger (3.5 GiB at 1024 requests, where the forward
+of a 7B or of 30B-A3B over 16 384 tokens holds 1-2 GiB). These bytes decide how many sequences the cache holds at
+once (engine_concurrency.py) and, with a fixed cache (rollout.kv_cache_gib), what the engine takes beyond it.
+"""
+
+from __future__ import annotations
+
+from trainer.memory_plan.gpu import GIB
+from trainer.memory_plan.setup import PlanSetup
+
+# What a sleeping hybrid vLLM engine keeps outside its sleep pool: its CUDA graphs' memory pool (captured up to
+# rollout.cuda_graph_max_batch) and bookkeeping. Measured 0.4-0.5 GiB at 7B on an H200 (2026-11-27).
+SLEEPING_ENGINE_BYTES = 1 << 29
+# vLLM's defaults for an offline engine (engine/arg_utils.py): on GPUs of 70 GiB or more (A100 excepted, which
+# the plan does not tell apart: it counts the larger) an engine step runs up to 1024 sequences and 16 384 tokens;
+# on smaller ones 256 and 8 192. An unknown GPU counts the larger.
+LARGE_GPU_BYTES = 70 * GIB
+LARGE_GPU_LIMITS = (1024, 16384)
+SMALL_GPU_LIMITS = (256, 8192)
+# The sampler's profile with top-k and top-p set runs their sort path (v1/sample/ops/topk_topp_sampler.py): per
+# request and vocabulary entry, the logits in the model's dtype (2 bytes) and in float32 (4), their sorted copy
+# (4) and the sort's int64 permutation (8), the float32 softmax of the sorted logits (4) and two boolean masks (2).
+SAMPLER_BYTES_PER_LOGIT = 24
+# The forward's largest live activations per token, in hidden-size vectors beyond the MLP's own: the residual
+# stream, the normed input, the attention output and the layer's output.
+FORWARD_HIDDEN_VECTORS = 4
+
+
+def engine_step_limits(setup: PlanSetup, gpu_bytes: int | None) -> tuple[int, int]:
+    """(sequences, tokens) one engine step runs at most: rollout.max_num_seqs and rollout.max_num_batched_tokens,
+    or vLLM's defaults for the GPU's size."""
+    seqs, tokens = SMALL_GPU_LIMITS if gpu_bytes and gpu_bytes < LARGE_GPU_BYTES else LARGE_GPU_LIMITS
+    rollout = setup.rollout
+    return rollout.max_num_seqs or seqs, rollout.max_num_batched_tokens or tokens
+
+
+def sampler_profile_bytes(setup: PlanSetup, gpu_bytes: int | None) -> int:
+    """The sampler's peak in the profile run: every request's logits over the whole vocabulary (each
+    tensor-parallel rank samples from the gathered logits, so they are not split)."""
+    seqs, _ = engine_step_limits(setup, gpu_bytes)
+    return seqs * setup.actor.shape.vocab * SAMPLER_BYTES_PER_LOGIT
+
+
+def forward_profile_bytes(setup: PlanSetup, gpu_bytes: int | None) -> int:
+    """The forward's peak in the profile run: for each of max_num_batched_tokens tokens, the largest MLP's
+    activations (a dense MLP's gate and up projections and their product; a sparse layer's, once for each of its
+    top-k experts, with the expert's output) and a few hidden-size vectors, on one of the engine's GPUs."""
+    _, tokens = engine_step_limits(setup, gpu_bytes)
+    shape, tp = setup.actor.shape, max(1, setup.rollout.tp)
+    per_token = 3 * shape.intermediate // tp
+    if shape.moe is not None:
+        moe = shape.moe
+        sparse = moe.top_k * (3 * moe.expert_intermediate // tp + shape.hidden)
+        per_token = max(sparse, per_token if moe.dense_layers else 0)
+    per_token += FORWARD_HIDDEN_VECTORS * shape.hidden
+    return tokens * per_token * setup.rollout.engine_e
+
+
+def engine_overhead_bytes(setup: PlanSetup, gpu_bytes: int | None) -> int:
+    """A vLLM engine's bytes on one of its GPUs beyond its weights and KV cache: the larger of the profile run's
+    two peaks, and the CUDA graphs' pool (SLEEPING_ENGINE_BYTES)."""
+    peak = max(sampler_profile_bytes(setup, gpu_bytes), forward_profile_bytes(setup, gpu_bytes))
+    return peak + SLEEPING_ENGINE_BYTES
