@@ -49,10 +49,10 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
         return problems
     budget = int(rollout.gpu_memory_utilization * gpu_bytes)  # vLLM's budget
     weights = engine_weight_bytes(setup)
-    # With a fixed KV cache vLLM does not fit the engine into its budget: the budget only gates the start (below).
-    # vLLM's KV cache gets what its budget leaves after the weights and its start-up profile; it must hold one
-    # sequence of max_model_len or vLLM refuses to start.
     overhead = engine_overhead_bytes(setup, gpu_bytes)
+    # With a fixed KV cache vLLM does not fit the engine into its budget: the budget only gates the start (below).
+    # Else its KV cache gets what the budget leaves after the weights and its start-up profile; it must hold one
+    # sequence of max_model_len or vLLM refuses to start.
     if not fixed_kv and budget < weights + overhead + one_sequence:
         least = math.ceil((weights + overhead + one_sequence) / gpu_bytes * 100) / 100
         problems.append(
@@ -73,7 +73,7 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
             most = max(0.0, free / gpu_bytes)
             only_gate = (
                 f" (with {KV_CACHE_KEY} set it only sets this check: the engine takes its weights + the KV cache + "
-                f"{gib(engine_overhead_bytes(setup, gpu_bytes))})" if fixed_kv else ""
+                f"{gib(overhead)})" if fixed_kv else ""
             )
             problems.append(
                 f"{UTILIZATION_KEY}={rollout.gpu_memory_utilization} asks {gib(budget)} when the hybrid vLLM engine "
