@@ -84,13 +84,15 @@ def test_dynamic_sampling_keeps_mixed_groups_and_a_run_that_drew_extra_batches_r
     straight = run_loop(straight_cfg, RoleGroups.build, RecordingTrainer)
     _check_mixed_groups_only(straight, RecordingTrainer.kept)
 
-    first = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", *common, "trainer.total_training_steps=2")))
-    state = checkpointing.load_driver_state(tmp_path / "resumed" / "global_step_2")
-    drawn = sum(r["filter_groups/gen_batches"] for r in first)
+    checkpoint = tmp_path / "straight" / "global_step_2"  # saved mid-run, as a run ending at step 2 would save it
+    state = checkpointing.load_driver_state(checkpoint)
+    drawn = sum(r["filter_groups/gen_batches"] for r in straight[:2])
     assert drawn >= 4 and state["dataloader"]["position"] == drawn  # the loader is past every batch drawn
-    second = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", *common, "trainer.total_training_steps=3")))
-    assert [r["step"] for r in second] == [3]
-    assert comparable_metrics(first + second) == comparable_metrics(straight)
+    resumed = run(load_config(run_overrides(
+        tiny_assets, tmp_path / "resumed", *common, "trainer.total_training_steps=3", f"trainer.resume_mode={checkpoint}",
+    )))
+    assert [r["step"] for r in resumed] == [3]
+    assert comparable_metrics(resumed) == comparable_metrics(straight[2:])
 
 
 def test_the_dapo_preset_learns(ray_cluster, tiny_assets, tmp_path):

@@ -18,20 +18,11 @@ QUIET = ("trainer.test_freq=-1", "trainer.val_before_train=false")
 MEGATRON = "actor_rollout_ref.actor.strategy=megatron"
 
 
-def test_first_grpo_step_matches_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):
-    """Same weights, seeds and rollouts: everything in step 1 (generation with the initial weights,
-    log-probs, the one mini-batch's losses and gradient norm) agrees with the FSDP backend."""
-    common = (*QUIET, "trainer.total_training_steps=1", "trainer.save_at_end=false", "actor_rollout_ref.actor.ppo_mini_batch_size=16")
-    fsdp = run(load_config(run_overrides(tiny_assets, tmp_path / "fsdp", *common)))
-    megatron = run(load_config(run_overrides(tiny_assets, tmp_path / "mcore", *common, MEGATRON)))
-    keys = ("reward/mean", "response/length_mean", "advantage/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
-    for key in keys:
-        assert megatron[0][key] == pytest.approx(fsdp[0][key], rel=1e-4, abs=1e-6), key
-
-
-def test_gspo_steps_match_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):
-    """policy_loss.loss_mode=gspo is the loss code both backends share: two epochs over one mini-batch (the
-    second sees sequence ratios other than 1) agree with the FSDP backend."""
+def test_first_step_matches_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):
+    """Same weights, seeds and rollouts: everything in step 1 (generation with the initial weights, advantages,
+    log-probs, the losses, entropy and gradient norm) agrees with the FSDP backend. Two epochs over the one
+    mini-batch, so the second sees ratios other than 1, with policy_loss.loss_mode=gspo: its sequence ratios are
+    built from the same per-token log-probs and masks as the default loss's, which the MoE test below compares."""
     common = (
         *QUIET, "trainer.total_training_steps=1", "trainer.save_at_end=false", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
         "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
@@ -39,20 +30,25 @@ def test_gspo_steps_match_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):
     fsdp = run(load_config(run_overrides(tiny_assets, tmp_path / "fsdp", *common)))
     megatron = run(load_config(run_overrides(tiny_assets, tmp_path / "mcore", *common, MEGATRON)))
     assert megatron[0]["actor/pg_clipfrac_lower"] == 0.0  # GSPO: no dual clip
-    for key in ("reward/mean", "actor/pg_loss", "actor/ppo_kl", "actor/pg_clipfrac", "actor/grad_norm"):
+    assert megatron[0]["actor/ppo_kl"] != 0.0  # the second epoch's ratios moved away from 1
+    before_the_update = ("reward/mean", "response/length_mean", "advantage/mean")
+    for key in before_the_update:
+        assert megatron[0][key] == pytest.approx(fsdp[0][key], rel=1e-4, abs=1e-6), key
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/ppo_kl", "actor/pg_clipfrac", "actor/grad_norm"):
         assert megatron[0][key] == pytest.approx(fsdp[0][key], rel=1e-3, abs=1e-6), key
 
 
 def test_pipeline_parallel_resume_reproduces_a_straight_run(ray_cluster, tiny_assets, tmp_path):
     common = (*QUIET, "trainer.save_freq=2", MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2")
     straight = run(load_config(run_overrides(tiny_assets, tmp_path / "straight", "trainer.total_training_steps=4", *common)))
-    first = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=2", *common)))
-    second = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=4", *common)))
-    assert [r["step"] for r in second] == [3, 4]
-    assert comparable_metrics(first + second) == comparable_metrics(straight)
-    assert sorted(p.name for p in (tmp_path / "resumed" / "global_step_2" / "actor").iterdir()) == [
-        "model_optim_tp0_pp0.pt", "model_optim_tp0_pp1.pt"
-    ]
+    # A run of its own resumes from the straight run's step-2 checkpoint (saved mid-run, as a run ending there would).
+    checkpoint = tmp_path / "straight" / "global_step_2"
+    resumed = run(load_config(run_overrides(
+        tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=4", f"trainer.resume_mode={checkpoint}", *common,
+    )))
+    assert [r["step"] for r in resumed] == [3, 4]
+    assert comparable_metrics(resumed) == comparable_metrics(straight[2:])
+    assert sorted(p.name for p in (checkpoint / "actor").iterdir()) == ["model_optim_tp0_pp0.pt", "model_optim_tp0_pp1.pt"]
 
 
 def test_tiny_moe_with_expert_parallel_matches_the_fsdp_backend_and_resumes(ray_cluster, tiny_assets, tmp_path):
@@ -73,13 +69,13 @@ def test_tiny_moe_with_expert_parallel_matches_the_fsdp_backend_and_resumes(ray_
             assert straight[step][key] == pytest.approx(fsdp[step][key], rel=1e-4, abs=1e-6), (step, key)
     assert straight[1]["actor/kl_loss"] > 0  # step 2 trains away from the reference: the weights moved
 
-    first = run(load_config(run_overrides(assets, tmp_path / "resumed", "trainer.total_training_steps=1", *expert_parallel)))
-    second = run(load_config(run_overrides(assets, tmp_path / "resumed", "trainer.total_training_steps=2", *expert_parallel)))
-    assert [r["step"] for r in second] == [2]
-    assert comparable_metrics(first + second) == comparable_metrics(straight)
-    assert sorted(p.name for p in (tmp_path / "resumed" / "global_step_1" / "actor").iterdir()) == [
-        "model_optim_tp0_pp0_ep0.pt", "model_optim_tp0_pp0_ep1.pt"
-    ]
+    checkpoint = tmp_path / "straight" / "global_step_1"
+    resumed = run(load_config(run_overrides(
+        assets, tmp_path / "resumed", "trainer.total_training_steps=2", f"trainer.resume_mode={checkpoint}", *expert_parallel,
+    )))
+    assert [r["step"] for r in resumed] == [2]
+    assert comparable_metrics(resumed) == comparable_metrics(straight[1:])
+    assert sorted(p.name for p in (checkpoint / "actor").iterdir()) == ["model_optim_tp0_pp0_ep0.pt", "model_optim_tp0_pp0_ep1.pt"]
 
 
 def test_ppo_with_megatron_critic_and_distributed_optimizer(ray_cluster, tiny_assets, tmp_path):
