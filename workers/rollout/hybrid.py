@@ -18,6 +18,7 @@ from workers.fsdp.model_loading import compute_dtype
 from workers.moe_config import model_has_experts
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.engine_group import EngineGroup, group_devices, sleep_engine
+from workers.rollout.engine_start_memory import start_memory_metrics
 from workers.rollout.in_process_sync import InProcessSync, WeightSource
 from workers.rollout.verify import trainer_log_probs
 from workers.rollout.vllm_engine import VLLMEngine
@@ -83,6 +84,7 @@ class HybridRollout:
         self.start_metrics = {"rollout/engine_shards_in_trainers": float(in_trainers)}
         if self.engine is not None:  # the memory plan's estimate of it is a note of trainer.plan_only=true
             self.start_metrics["rollout/kv_cache_sequences"] = self.engine.kv_cache_sequences()
+            self.start_metrics.update(start_memory_metrics(self.engine.start_memory_figures()))
         self.layouts: list[BucketLayout] = source.sync_layouts(self.dtype, rollout_cfg["weight_sync_bucket_mb"] << 20)
         # The engine loaded the same folder the actor started from; a LoRA engine has no adapter yet, so its
         # first sync (before the first generate) always runs.

@@ -289,6 +289,11 @@ class VLLMEngine:
         tokens = (config.cache_config.num_gpu_blocks or 0) * config.cache_config.block_size
         return tokens / config.model_config.max_model_len
 
+    def start_memory_figures(self) -> dict[str, float]:
+        """What vLLM measured at its start before sizing the KV cache (workers/rollout/engine_start_memory.py), in
+        GiB: its first worker's (a tensor-parallel engine's shards hold alike)."""
+        return self.llm.collective_rpc("sc_start_memory_figures")[0]
+
     # ---- residency ------------------------------------------------------------------------------------
     @property
     def sleeps_between_calls(self) -> bool:

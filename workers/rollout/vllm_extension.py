@@ -14,6 +14,7 @@ import torch
 from workers.lora.vllm_adapter import register_adapter
 from workers.rollout.buckets import BucketLayout
 from workers.rollout.checkpoint_names import CheckpointNames
+from workers.rollout.engine_start_memory import start_memory_figures
 from workers.rollout.kv_sleep import KV_CACHE_TAG, release_kv_cache
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
 from workers.rollout.verify import WeightFingerprint
@@ -149,6 +150,9 @@ class WeightSyncExtension:
         return loaded
 
     # ---- checks ---------------------------------------------------------------------------------------
+    def sc_start_memory_figures(self) -> dict[str, float]:
+        return start_memory_figures(self)
+
     def sc_weights_fingerprint(self) -> float:
         """Sum of |w| over the engine's parameters and its LoRA adapter: changes when any weight changes (for
         sync checks)."""

@@ -1,0 +1,36 @@
+"""What vLLM's GPU worker measured at its start before it sized the KV cache: its weights, the profile run's
+activation peak, the memory outside PyTorch, the CUDA graphs' estimate and the cache it then took. These are the
+terms the memory plan estimates for the engine (trainer/memory_plan/engine_profile.py); reported once as start
+metrics, a run shows which of them its plan got wrong. vLLM keeps them as attributes of its worker and model
+runner (its internals: read where present; a KV cache of a fixed size skips the profile, and vLLM's CPU worker
+keeps none)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GIB = 1 << 30
+# vLLM's attribute -> the figure's name in `rollout/engine_memory/<name>_gib`
+WORKER_FIGURES = {
+    "peak_activation_memory": "activation_peak",
+    "non_torch_memory": "non_torch",
+    "cudagraph_memory_estimate": "cuda_graphs",
+    "available_kv_cache_memory_bytes": "kv_cache",
+}
+MODEL_RUNNER_FIGURES = {"model_memory_usage": "weights"}
+
+
+def start_memory_figures(worker: Any) -> dict[str, float]:
+    """The figures `worker` (vLLM's worker object) holds, in GiB, by their names above."""
+    figures = {}
+    sources = ((worker, WORKER_FIGURES), (getattr(worker, "model_runner", None), MODEL_RUNNER_FIGURES))
+    for owner, names in sources:
+        for attribute, name in names.items():
+            value = getattr(owner, attribute, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                figures[name] = value / GIB
+    return figures
+
+
+def start_memory_metrics(figures: dict[str, float]) -> dict[str, float]:
+    return {f"rollout/engine_memory/{name}_gib": value for name, value in figures.items()}
