@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from workers.rollout.engine_start_memory import GIB, start_memory_figures, start_memory_metrics
+from workers.memory import GIB
+from workers.rollout.engine_start_memory import start_memory_figures, start_memory_metrics
 
 
 def test_each_figure_present_is_read_in_gib():

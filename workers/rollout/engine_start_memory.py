@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-GIB = 1 << 30
+from workers.memory import GIB
+
 # vLLM's attribute -> the figure's name in `rollout/engine_memory/<name>_gib`
 WORKER_FIGURES = {
     "peak_activation_memory": "activation_peak",
