@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from benchmarks.e2e_step import phase_summary, write
+from benchmarks.engine_terms import measured_terms, planned_terms, print_comparison
 from benchmarks.gpu_grpo_step import grpo_overrides
 from benchmarks.model_shapes import QWEN2_0_5B, QWEN2_3B, QWEN2_7B, QWEN2_14B, QWEN2_32B, QWEN3_30B_A3B
 from benchmarks.offload import Bandwidth, offload_table, print_offload_table, probe_in_subprocess
@@ -150,6 +151,7 @@ def run_size(size: str, args: argparse.Namespace, extra: list[str], bandwidth: B
     overrides += [f"actor_rollout_ref.model.path={model_dir}", *extra]
     cfg = load_config(overrides)
     plan = build_plan(cfg, *gpu_memory(cfg))
+    engine_plan = planned_terms(cfg, gpu_memory(cfg)[0]) if on_gpu else {}
     plan_text = render_plan(plan)
     plan_rows = [{"group": g.name, "role": r.role, "phase": r.phase, "moment": r.moment, "total_gib": r.total / GIB,
                   **{f"{c}_gib": v / GIB for c, v in r.parts.items()}} for g in plan.groups for r in g.rows]
@@ -174,7 +176,7 @@ def run_size(size: str, args: argparse.Namespace, extra: list[str], bandwidth: B
                 "rollout/sync_check_s", "rollout/generate_s"):
         summary[key.replace("/", "_")] = steady(history, key)
     result.update(summary=summary, memory=memory_table(history, plan), offload=offload_table(history, bandwidth),
-                  history=history)
+                  engine_plan=engine_plan, engine_measured=measured_terms(history), history=history)
     return result
 
 
@@ -192,6 +194,7 @@ def print_result(result: dict[str, Any]) -> None:
         estimate = f"{m['estimate_gib']:.1f}" if m["estimate_gib"] is not None else "-"
         print(f"  {m['phase'].ljust(22)}{estimate:>10}{m['measured_peak_gib']:15.1f}{m['ratio']:7.2f}{flag:4}"
               f"{m['end_gib']:12.1f}")
+    print_comparison(result.get("engine_plan", {}), result.get("engine_measured", {}))
     bandwidth = result.get("bandwidth")
     print_offload_table(result["offload"], Bandwidth(**bandwidth) if bandwidth else None)
 

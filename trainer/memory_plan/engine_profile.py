@@ -1,12 +1,13 @@
 """What a vLLM engine holds on a GPU besides its weights and its KV cache: the peak of the profile run vLLM makes as
 it starts, and its CUDA graphs' pool.
 
-vLLM (0.26, `gpu_worker.determine_available_memory`) gives its KV cache what `gpu_memory_utilization` x the GPU
-leaves after its weights, the torch peak of that profile run and its CUDA graphs' estimate. The profile run is one
-forward over `max_num_batched_tokens` tokens, then the sampler over `max_num_seqs` requests with top-k and top-p
-set; for a vocabulary of 150K entries the sampler's peak is the larger (3.5 GiB at 1024 requests, where the forward
-of a 7B or of 30B-A3B over 16 384 tokens holds 1-2 GiB). These bytes decide how many sequences the cache holds at
-once (engine_concurrency.py) and, with a fixed cache (rollout.kv_cache_gib), what the engine takes beyond it.
+vLLM (0.26, `gpu_worker.determine_available_memory`) gives its KV cache what `gpu_memory_utilization` x the GPU's
+CUDA total (gpu.py) leaves after its weights, the torch peak of that profile run, its memory outside PyTorch and its
+CUDA graphs' estimate. The profile run is one forward over `max_num_batched_tokens` tokens, then the sampler over
+`max_num_seqs` requests with top-k and top-p set; for a vocabulary of 150K entries the sampler's peak is the larger
+(3.8 GiB at 1024 requests, where the forward of a 7B or of 30B-A3B over 16 384 tokens holds 1-2 GiB). These bytes
+decide how many sequences the cache holds at once (engine_concurrency.py) and, with a fixed cache
+(rollout.kv_cache_gib), what the engine takes beyond it.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ LARGE_GPU_LIMITS = (1024, 16384)
 SMALL_GPU_LIMITS = (256, 8192)
 # The sampler's profile with top-k and top-p set runs their sort path (v1/sample/ops/topk_topp_sampler.py): per
 # request and vocabulary entry, the logits in the model's dtype (2 bytes) and in float32 (4), their sorted copy
-# (4) and the sort's int64 permutation (8), the float32 softmax of the sorted logits (4) and two boolean masks (2).
-SAMPLER_BYTES_PER_LOGIT = 24
+# (4) and the sort's int64 permutation (8), the float32 softmax of the sorted logits (4) and two boolean masks (2):
+# 24 bytes by that count. vLLM measured 3.79 GiB for 1024 requests over 151 936 entries (30B-A3B, H200, 2026-12-02:
+# `rollout/engine_memory/activation_peak_gib`), 26.1 bytes a logit, so the plan counts 26.
+SAMPLER_BYTES_PER_LOGIT = 26
 # The forward's largest live activations per token, in hidden-size vectors beyond the MLP's own: the residual
 # stream, the normed input, the attention output and the layer's output.
 FORWARD_HIDDEN_VECTORS = 4

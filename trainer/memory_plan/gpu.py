@@ -62,11 +62,29 @@ def detect_gpu_count() -> int:
     return len(handles) if handles is not None else len(_smi_each("index"))
 
 
+def allocatable_bytes(nvml: Any, handle: Any) -> int:
+    """What CUDA can allocate on the device: NVML's total less what the driver and firmware reserve (NVML's v2
+    memory query). CUDA's own total (cudaMemGetInfo) is this one, and vLLM sizes its engine from it: an H200 shows
+    140.4 GiB to NVML and 139.8 GiB to CUDA. The whole total where the driver predates the v2 query."""
+    try:
+        info = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
+        return int(info.total) - int(info.reserved)
+    except Exception:  # noqa: BLE001 - NVMLError_FunctionNotFound and friends on older drivers
+        return int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+
+
+def _smi_allocatable_bytes() -> list[int]:
+    totals = [int(float(value)) << 20 for value in _smi_each("memory.total")]
+    reserved = [int(float(value)) << 20 for value in _smi_each("memory.reserved")]  # [] on older drivers
+    return [t - r for t, r in zip(totals, reserved)] if len(reserved) == len(totals) else totals
+
+
 def detect_gpu_bytes() -> int | None:
-    """The smallest visible GPU's memory in bytes, or None when the driver machine has no GPU."""
-    totals = _nvml_each(lambda nvml, handle: int(nvml.nvmlDeviceGetMemoryInfo(handle).total))
+    """The smallest visible GPU's memory CUDA can allocate, in bytes (`allocatable_bytes`), or None when the driver
+    machine has no GPU."""
+    totals = _nvml_each(allocatable_bytes)
     if totals is None:
-        totals = [int(float(value)) << 20 for value in _smi_each("memory.total")]
+        totals = _smi_allocatable_bytes()
     return min(totals) if totals else None
 
 
