@@ -51,3 +51,5 @@ def test_without_the_nvml_bindings_nvidia_smi_gives_the_total_less_the_reservati
     assert detect_gpu_bytes() == (143_771 - 606) * MIB
     fake_smi(tmp_path, "echo 'Field \"memory.reserved\" is not a valid field to query.' >&2; exit 2")  # an older driver
     assert detect_gpu_bytes() == 143_771 * MIB
+    fake_smi(tmp_path, "echo '[N/A]'; echo '[N/A]'")
+    assert detect_gpu_bytes() == 143_771 * MIB

@@ -64,8 +64,9 @@ def detect_gpu_count() -> int:
 
 def allocatable_bytes(nvml: Any, handle: Any) -> int:
     """What CUDA can allocate on the device: NVML's total less what the driver and firmware reserve (NVML's v2
-    memory query). CUDA's own total (cudaMemGetInfo) is this one, and vLLM sizes its engine from it: an H200 shows
-    140.4 GiB to NVML and 139.8 GiB to CUDA. The whole total where the driver predates the v2 query."""
+    memory query). CUDA's total (cudaMemGetInfo), which vLLM multiplies by gpu_memory_utilization, leaves that
+    reservation out: on an H200 vLLM's start-up figures close with 139.8 GiB where NVML's total is 140.4
+    (docs/benchmarks.md). The whole total where the driver predates the v2 query."""
     try:
         info = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
         return int(info.total) - int(info.reserved)
@@ -73,9 +74,16 @@ def allocatable_bytes(nvml: Any, handle: Any) -> int:
         return int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
 
 
+def _smi_mib(field: str) -> list[int]:
+    """`nvidia-smi`'s figure in MiB for each visible device, in bytes; [] where any is not a number ("[N/A]")."""
+    try:
+        return [int(float(value)) << 20 for value in _smi_each(field)]
+    except ValueError:
+        return []
+
+
 def _smi_allocatable_bytes() -> list[int]:
-    totals = [int(float(value)) << 20 for value in _smi_each("memory.total")]
-    reserved = [int(float(value)) << 20 for value in _smi_each("memory.reserved")]  # [] on older drivers
+    totals, reserved = _smi_mib("memory.total"), _smi_mib("memory.reserved")  # reserved: [] on older drivers
     return [t - r for t, r in zip(totals, reserved)] if len(reserved) == len(totals) else totals
 
 
