@@ -8,12 +8,11 @@ from typing import Any
 from omegaconf import DictConfig
 
 from trainer.memory_plan.engine_concurrency import engine_concurrency
-from trainer.memory_plan.engine_profile import SLEEPING_ENGINE_BYTES, forward_profile_bytes, sampler_profile_bytes
+from trainer.memory_plan.engine_profile import SLEEPING_ENGINE_BYTES, profile_peak_bytes
 from trainer.memory_plan.gpu import GIB
 from trainer.memory_plan.plan import engine_weight_bytes
 from trainer.memory_plan.setup import plan_setup
-
-MEASURED = "rollout/engine_memory/{}_gib"
+from workers.rollout.engine_start_memory import start_memory_key
 
 
 def planned_terms(cfg: DictConfig, gpu_bytes: int | None) -> dict[str, float]:
@@ -24,7 +23,7 @@ def planned_terms(cfg: DictConfig, gpu_bytes: int | None) -> dict[str, float]:
         return {}
     return {
         "weights": engine_weight_bytes(setup) / GIB,
-        "activation_peak": max(sampler_profile_bytes(setup, gpu_bytes), forward_profile_bytes(setup, gpu_bytes)) / GIB,
+        "activation_peak": profile_peak_bytes(setup, gpu_bytes) / GIB,
         "cuda_graphs + non_torch": SLEEPING_ENGINE_BYTES / GIB,
         "kv_cache": found.kv_bytes / GIB,
         "sequences at once": float(found.at_once),
@@ -33,12 +32,12 @@ def planned_terms(cfg: DictConfig, gpu_bytes: int | None) -> dict[str, float]:
 
 def measured_terms(history: list[dict[str, Any]]) -> dict[str, float]:
     """vLLM's figures from the first step that logged them, named as in `planned_terms`; {} where none was logged."""
-    first = next((r for r in history if MEASURED.format("kv_cache") in r), None)
+    first = next((r for r in history if start_memory_key("kv_cache") in r), None)
     if first is None:
         return {}
-    graphs = first.get(MEASURED.format("cuda_graphs"), 0.0) + first.get(MEASURED.format("non_torch"), 0.0)
-    terms = {name: first[MEASURED.format(name)] for name in ("weights", "activation_peak", "kv_cache")
-             if MEASURED.format(name) in first}
+    graphs = first.get(start_memory_key("cuda_graphs"), 0.0) + first.get(start_memory_key("non_torch"), 0.0)
+    terms = {name: first[start_memory_key(name)] for name in ("weights", "activation_peak", "kv_cache")
+             if start_memory_key(name) in first}
     terms["cuda_graphs + non_torch"] = graphs
     if "rollout/kv_cache_sequences" in first:
         terms["sequences at once"] = first["rollout/kv_cache_sequences"]

@@ -150,8 +150,9 @@ def run_size(size: str, args: argparse.Namespace, extra: list[str], bandwidth: B
     overrides = grpo_overrides(work, train, val, args.steps, "[jsonl]") + scale_overrides(args, on_gpu)
     overrides += [f"actor_rollout_ref.model.path={model_dir}", *extra]
     cfg = load_config(overrides)
-    plan = build_plan(cfg, *gpu_memory(cfg))
-    engine_plan = planned_terms(cfg, gpu_memory(cfg)[0]) if on_gpu else {}
+    gpu_bytes, gpu_source = gpu_memory(cfg)  # read once: detection queries the driver
+    plan = build_plan(cfg, gpu_bytes, gpu_source)
+    engine_plan = planned_terms(cfg, gpu_bytes) if on_gpu else {}
     plan_text = render_plan(plan)
     plan_rows = [{"group": g.name, "role": r.role, "phase": r.phase, "moment": r.moment, "total_gib": r.total / GIB,
                   **{f"{c}_gib": v / GIB for c, v in r.parts.items()}} for g in plan.groups for r in g.rows]

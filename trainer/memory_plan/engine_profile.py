@@ -65,8 +65,12 @@ def forward_profile_bytes(setup: PlanSetup, gpu_bytes: int | None) -> int:
     return tokens * per_token * setup.rollout.engine_e
 
 
+def profile_peak_bytes(setup: PlanSetup, gpu_bytes: int | None) -> int:
+    """The profile run's peak (vLLM's `peak_activation_memory`): the larger of its sampler's and its forward's."""
+    return max(sampler_profile_bytes(setup, gpu_bytes), forward_profile_bytes(setup, gpu_bytes))
+
+
 def engine_overhead_bytes(setup: PlanSetup, gpu_bytes: int | None) -> int:
-    """A vLLM engine's bytes on one of its GPUs beyond its weights and KV cache: the larger of the profile run's
-    two peaks, and the CUDA graphs' pool (SLEEPING_ENGINE_BYTES)."""
-    peak = max(sampler_profile_bytes(setup, gpu_bytes), forward_profile_bytes(setup, gpu_bytes))
-    return peak + SLEEPING_ENGINE_BYTES
+    """A vLLM engine's bytes on one of its GPUs beyond its weights and KV cache: the profile run's peak and the CUDA
+    graphs' pool (SLEEPING_ENGINE_BYTES)."""
+    return profile_peak_bytes(setup, gpu_bytes) + SLEEPING_ENGINE_BYTES

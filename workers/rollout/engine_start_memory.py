@@ -33,5 +33,10 @@ def start_memory_figures(worker: Any) -> dict[str, float]:
     return figures
 
 
+def start_memory_key(name: str) -> str:
+    """The metric a figure of `start_memory_figures` is logged as."""
+    return f"rollout/engine_memory/{name}_gib"
+
+
 def start_memory_metrics(figures: dict[str, float]) -> dict[str, float]:
-    return {f"rollout/engine_memory/{name}_gib": value for name, value in figures.items()}
+    return {start_memory_key(name): value for name, value in figures.items()}
