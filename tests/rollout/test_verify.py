@@ -112,6 +112,32 @@ def test_a_fingerprint_sees_only_changes_that_survive_the_engines_dtype():
     assert fingerprint(weights) != fingerprint(nudged)  # one element moved by more than a bf16 ulp
 
 
+def _largest_allocation(tensor: torch.Tensor, chunk_elements: int) -> tuple[float, int]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        taken = WeightFingerprint(chunk_elements)
+        taken.add([tensor])
+        value = taken.value
+    return value, max(event.cpu_memory_usage for event in prof.events())
+
+
+def test_a_fingerprint_sums_a_chunk_at_a_time_with_the_same_value():
+    """A float64 sum casts its input first: over a whole large tensor that was 4x its bf16 bytes of temporaries
+    (5.4 GiB for a 7B embedding on a GPU whose engine was awake); a chunk at a time it is a chunk's."""
+    weights = torch.randn(1 << 20).bfloat16()
+    whole_value, whole_peak = _largest_allocation(weights, weights.numel())
+    chunked_value, chunked_peak = _largest_allocation(weights, 1 << 14)
+    assert whole_value == pytest.approx(torch.sum(weights.abs(), dtype=torch.float64).item(), rel=1e-12)
+    assert chunked_value == pytest.approx(whole_value, rel=1e-12)
+    assert whole_peak >= 8 * weights.numel()  # the float64 copy of the whole tensor
+    assert chunked_peak <= 8 * (1 << 14)
+    noncontiguous = torch.randn(64, 96).bfloat16().t()
+    assert _largest_allocation(noncontiguous, 100)[0] == pytest.approx(
+        torch.sum(noncontiguous.abs(), dtype=torch.float64).item(), rel=1e-12
+    )
+
+
 class _LM(nn.Module):
     def __init__(self):
         super().__init__()

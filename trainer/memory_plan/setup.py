@@ -113,6 +113,9 @@ class RolloutSetup:
     # A hybrid engine of tp > 1 computes in worker processes of its own (rollout.engine_process=true), not as one
     # shard in each trainer process.
     own_processes: bool = False
+    # rollout.verify_sync: a hybrid engine's first check fingerprints the actor's initial weights, so the actor is
+    # brought to the GPU before the engine starts and stays there until the first generate.
+    verify_sync: bool = False
 
 
 @dataclass(frozen=True)
@@ -294,6 +297,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         max_num_seqs=int(max_num_seqs) if max_num_seqs is not None else None,
         max_num_batched_tokens=int(max_num_batched_tokens) if max_num_batched_tokens is not None else None,
         own_processes=bool(_get(cfg, "actor_rollout_ref.rollout.engine_process", None)),
+        verify_sync=bool(_get(cfg, "actor_rollout_ref.rollout.verify_sync", False)),
     )
     log_dynamic = bool(ro.log_prob_use_dynamic_bsz)
     return PlanSetup(
