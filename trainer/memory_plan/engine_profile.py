@@ -28,7 +28,10 @@ SMALL_GPU_LIMITS = (256, 8192)
 # request and vocabulary entry, the logits in the model's dtype (2 bytes) and in float32 (4), their sorted copy
 # (4) and the sort's int64 permutation (8), the float32 softmax of the sorted logits (4) and two boolean masks (2):
 # 24 bytes by that count. vLLM measured 3.79 GiB for 1024 requests over 151 936 entries (30B-A3B, H200, 2026-12-02:
-# `rollout/engine_memory/activation_peak_gib`), 26.1 bytes a logit, so the plan counts 26.
+# `rollout/engine_memory/activation_peak_gib`), 26.1 bytes a logit, so the plan counts 26. But at 7B the same
+# requests peaked at 2.09 GiB (14.4 bytes a logit at most; vLLM 0.26 on CUDA takes a Triton top-k/top-p path without
+# the sort from 8 requests on), so the 30B-A3B peak was likely its forward (LoRA on the experts): kept until
+# benchmarks/engine_profile_sweep.py measures the two apart on a GPU (lowered alone it would overstate that cache).
 SAMPLER_BYTES_PER_LOGIT = 26
 # The forward's largest live activations per token, in hidden-size vectors beyond the MLP's own: the residual
 # stream, the normed input, the attention output and the layer's output.
