@@ -206,7 +206,14 @@ class ExampleCheck:
         return problems
 
     def detail(self, runs: list[CommandRun]) -> str:
-        return ""
+        """Each example's wall time (the case's own grew from 177 to 266 s between two GPU runs: which example?)."""
+        if not runs:
+            return ""
+        path = runs[-1].log.parent / self.result_file  # the case's folder holds its logs and the examples' JSON
+        if not path.is_file():
+            return ""
+        rows = json.loads(path.read_text())["rows"]
+        return ", ".join(f"{row['example']} {row['wall_s']:.0f} s" for row in rows if "wall_s" in row)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gpu_suite import cases, main
-from benchmarks.suite_runner import Case, ExampleCheck, RunCheck, error_line, run_case
+from benchmarks.suite_runner import Case, CommandRun, ExampleCheck, RunCheck, error_line, run_case
 from tests.conftest import REPO_ROOT
 from trainer.config_loader import load_config
 
@@ -239,6 +239,17 @@ def test_example_check_reads_the_examples_json(tmp_path):
     )
     assert check.judge(tmp_path, []) == ["vlm: gap 3.1 above 0.25"]
     assert check.judge(Path(tmp_path / "missing"), []) == ["no examples.json written"]
+
+
+def test_example_check_details_each_examples_wall_time(tmp_path):
+    check = ExampleCheck(("quickstart (colocated)", "vlm"))
+    rows = [{"example": "quickstart (colocated)", "passed": True, "wall_s": 41.3},
+            {"example": "vlm", "passed": True, "wall_s": 118.6}]
+    (tmp_path / "examples.json").write_text(json.dumps({"rows": rows}))
+    run = CommandRun(["-m", "benchmarks.engine_examples"], 0, 170.0, [], tmp_path / "command_0.log")
+    assert check.detail([run]) == "quickstart (colocated) 41 s, vlm 119 s"
+    assert check.detail([]) == ""
+    assert check.detail([CommandRun([], 1, 1.0, [], tmp_path / "gone" / "command_0.log")]) == ""
 
 
 def test_a_part_refuses_a_machine_of_another_size(capsys):
