@@ -176,8 +176,10 @@ class WeightFingerprint:
 
     def add(self, tensors: Iterable[torch.Tensor]) -> None:
         for tensor in tensors:
-            flat = tensor.detach().reshape(-1)
-            for chunk in flat.split(self.chunk_elements):
+            whole = tensor.detach()
+            # Split only what is large (30B-A3B sends tens of thousands of small expert factors).
+            chunks = (whole,) if whole.numel() <= self.chunk_elements else whole.reshape(-1).split(self.chunk_elements)
+            for chunk in chunks:
                 part = torch.sum(chunk.abs(), dtype=torch.float64)
                 total = self._totals.get(part.device)
                 self._totals[part.device] = part if total is None else total + part
