@@ -4,8 +4,9 @@ it starts, and its CUDA graphs' pool.
 vLLM (0.26, `gpu_worker.determine_available_memory`) gives its KV cache what `gpu_memory_utilization` x the GPU's
 CUDA total (gpu.py) leaves after its weights, the torch peak of that profile run, its memory outside PyTorch and its
 CUDA graphs' estimate. The profile run is one forward over `max_num_batched_tokens` tokens, then the sampler over
-`max_num_seqs` requests with top-k and top-p set; for a vocabulary of 150K entries the sampler's peak is the larger
-(3.8 GiB at 1024 requests, where the forward of a 7B or of 30B-A3B over 16 384 tokens holds 1-2 GiB). These bytes
+`max_num_seqs` requests with top-k and top-p set. Which of the two is the larger at vLLM's defaults is not settled:
+30B-A3B (LoRA on its experts) read 3.79 GiB and 7B 2.09 GiB, each over 1024 x ~152K logits and 16 384 tokens
+(benchmarks/engine_profile_sweep.py measures them apart; docs/benchmarks.md). These bytes
 decide how many sequences the cache holds at once (engine_concurrency.py) and, with a fixed cache
 (rollout.kv_cache_gib), what the engine takes beyond it.
 """
