@@ -25,8 +25,12 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks.random_model import write_config, write_model_folder
 from benchmarks.scale_step import SHAPES, shape_of
+from trainer.config_loader import load_config
+from trainer.memory_plan.engine_profile import forward_profile_bytes, sampler_profile_bytes
 from trainer.memory_plan.gpu import GIB, detect_gpu_bytes
+from trainer.memory_plan.setup import plan_setup
 
 DEFAULT_VARIANTS = "1024x2048,256x2048,16x16384,16x8192"
 ROLLOUT = {"name": "vllm", "gpu_memory_utilization": 0.5, "enforce_eager": True, "max_model_len": 1024}
@@ -77,10 +81,6 @@ def variant_overrides(model: str, variant: Variant, lora_rank: int) -> list[str]
 
 def planned(model: str, variant: Variant, lora_rank: int, gpu_bytes: int | None) -> tuple[float, float]:
     """The plan's (sampler, forward) profile terms of the variant, in GiB."""
-    from trainer.config_loader import load_config
-    from trainer.memory_plan.engine_profile import forward_profile_bytes, sampler_profile_bytes
-    from trainer.memory_plan.setup import plan_setup
-
     setup = plan_setup(load_config(variant_overrides(model, variant, lora_rank)), on_gpu=True)
     return sampler_profile_bytes(setup, gpu_bytes) / GIB, forward_profile_bytes(setup, gpu_bytes) / GIB
 
@@ -98,7 +98,6 @@ def measure_one(model: str, variant: Variant, lora_rank: int) -> dict[str, float
     """In this process: start the engine, read vLLM's start-up figures (GiB), shut it down."""
     import torch
 
-    from trainer.config_loader import load_config
     from trainer.role_groups import actor_worker_config
     from workers.config import actor_rollout_ref_config
     from workers.lora.spec import LoraSpec
@@ -157,12 +156,8 @@ def main(argv: list[str] | None = None) -> list[Reading]:
     name, shape = shape_of(args.size, args.layers)
     model = str(Path(args.workdir) / name / "model")
     if args.dry_run:
-        from benchmarks.random_model import write_config
-
         write_config(model, shape)
-    elif not (Path(model) / "model.safetensors.index.json").exists() and not any(Path(model).glob("*.safetensors")):
-        from benchmarks.random_model import write_model_folder
-
+    elif not (Path(model) / "model.safetensors.index.json").exists():  # an earlier run may have written it
         write_model_folder(model, shape)
     gpu_bytes = detect_gpu_bytes()
     readings = []
