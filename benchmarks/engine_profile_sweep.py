@@ -5,9 +5,9 @@
 
 vLLM sizes its KV cache after a profile run: one forward over `max_num_batched_tokens` tokens, then its sampler over
 `max_num_seqs` requests. The torch peak it reports (`rollout/engine_memory/activation_peak_gib`) is the larger of the
-two, and the plan counts each (trainer/memory_plan/engine_profile.py: bytes per logit for the sampler, per token for
-the forward). One reading at vLLM's defaults cannot tell them apart: 7B on an H200 read 2.09 GiB where the plan said
-sampler 3.77 and forward 2.17, and 30B-A3B with LoRA on its experts 3.79 where it said 3.77 and 1.31.
+two (a mixture of experts keeps its fused-MoE workspace through the sampler), and the plan counts each
+(trainer/memory_plan/engine_profile.py: bytes per logit for the sampler, per token for the forward). One reading at
+vLLM's defaults cannot tell them apart; this sweep's readings (H200, 2026-12-02) set the plan's counts.
 
 Each variant `SEQSxTOKENS` starts an engine (eager, in a child process, released when it exits) over a random-init
 model of the size cut to `--layers` decoder layers (the forward's peak is one layer's; the vocabulary is whole) and
@@ -28,7 +28,7 @@ from pathlib import Path
 from benchmarks.random_model import write_config, write_model_folder
 from benchmarks.scale_step import SHAPES, shape_of
 from trainer.config_loader import load_config
-from trainer.memory_plan.engine_profile import forward_profile_bytes, sampler_profile_bytes
+from trainer.memory_plan.engine_profile import forward_profile_bytes, sampling_peak_bytes
 from trainer.memory_plan.gpu import GIB, detect_gpu_bytes
 from trainer.memory_plan.setup import plan_setup
 
@@ -46,7 +46,7 @@ class Variant:
 class Reading:
     seqs: int
     tokens: int
-    plan_sampler_gib: float
+    plan_sampler_gib: float  # the plan's peak while sampling: the sampler's own and a MoE's workspace
     plan_forward_gib: float
     measured_gib: float | None  # vLLM's activation peak; None in a dry run or where vLLM kept no figure
     per_logit_bytes: float | None  # the reading over seqs x vocabulary (the sampler's, where it is the peak)
@@ -80,9 +80,9 @@ def variant_overrides(model: str, variant: Variant, lora_rank: int) -> list[str]
 
 
 def planned(model: str, variant: Variant, lora_rank: int, gpu_bytes: int | None) -> tuple[float, float]:
-    """The plan's (sampler, forward) profile terms of the variant, in GiB."""
+    """The plan's (sampling, forward) profile terms of the variant, in GiB."""
     setup = plan_setup(load_config(variant_overrides(model, variant, lora_rank)), on_gpu=True)
-    return sampler_profile_bytes(setup, gpu_bytes) / GIB, forward_profile_bytes(setup, gpu_bytes) / GIB
+    return sampling_peak_bytes(setup, gpu_bytes) / GIB, forward_profile_bytes(setup, gpu_bytes) / GIB
 
 
 def reading(variant: Variant, vocab: int, plan: tuple[float, float], measured: float | None) -> Reading:

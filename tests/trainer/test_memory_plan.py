@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from trainer.config_loader import ConfigError, load_config
 from trainer.memory_plan import COLUMNS, build_plan, misfit_message, render_plan
-from trainer.memory_plan.engine_profile import SAMPLER_BYTES_PER_LOGIT
+from trainer.memory_plan.engine_profile import SAMPLER_BYTES_PER_LOGIT, SAMPLER_FIXED_BYTES
 from trainer.memory_plan.shape import ModelShape, lora_params, lora_targets
 from workers.cached_blocks_limit import CACHED_BLOCKS_LIMIT
 
@@ -247,8 +247,8 @@ def test_a_separate_engine_on_a_share_of_the_trainers_gpu_counts_there_in_every_
 
 def startup_profile(config: dict) -> int:
     """What vLLM's start-up profile leaves on an 80 GB GPU beside a fixed KV cache: its sampler over 1024 requests x
-    the vocabulary at 24 bytes each (above these models' forward over 16 384 tokens), and the CUDA graphs' 0.5 GiB."""
-    return 1024 * config["vocab_size"] * SAMPLER_BYTES_PER_LOGIT + GIB // 2
+    the vocabulary (above these models' forward over 16 384 tokens), and the CUDA graphs' 0.5 GiB."""
+    return 1024 * config["vocab_size"] * SAMPLER_BYTES_PER_LOGIT + SAMPLER_FIXED_BYTES + GIB // 2
 
 def test_a_fixed_kv_cache_gives_the_engine_its_weights_the_cache_and_an_allowance(folders):
     """rollout.kv_cache_gib: the engine's share while awake is its weights (engine dtype) + that cache +
@@ -271,7 +271,7 @@ def test_a_fixed_kv_cache_gives_the_engine_its_weights_the_cache_and_an_allowanc
     unknown = plan_of(scale_config(folders["3B"], utilization, kv), gib=None)
     assert unknown.row("generate").parts["engine"] == share
     assert any(n.startswith("the vLLM engine's share per GPU while awake: its weights (5.7 GiB) + "
-                            "actor_rollout_ref.rollout.kv_cache_gib (20.0 GiB) + 4.3 GiB") for n in unknown.notes)
+                            "actor_rollout_ref.rollout.kv_cache_gib (20.0 GiB) + 3.2 GiB") for n in unknown.notes)
     assert not any("the GPU's memory is unknown" in n for n in unknown.notes)
     # an engine dtype of float32 doubles the weights; a separate engine of tensor parallel 2 halves them per GPU
     fp32 = plan_of(scale_config(folders["3B"], kv, "actor_rollout_ref.rollout.dtype=float32"), gib=80)
@@ -309,7 +309,7 @@ def test_with_a_fixed_kv_cache_the_utilization_only_gates_the_start(folders):
                                       "actor_rollout_ref.rollout.kv_cache_gib=20")).problems
     assert "asks 111.8 GiB when the hybrid vLLM engine starts" in problem and "lower it to at most 0.69" in problem
     assert problem.endswith("(with actor_rollout_ref.rollout.kv_cache_gib set it only sets this check: the engine takes its "
-                            "weights + the KV cache + 4.3 GiB)")
+                            "weights + the KV cache + 3.2 GiB)")
     # one sequence of 608 tokens: 28 layers x keys and values x 4 heads x 128 x 2 bytes = 0.03 GiB; checked even
     # without the GPU's size
     (problem,) = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.kv_cache_gib=0.02"), gib=None).problems
@@ -326,7 +326,7 @@ def test_with_a_fixed_kv_cache_the_utilization_only_gates_the_start(folders):
 def test_the_engine_remedy_is_the_setting_that_sizes_its_share(folders):
     awake = "actor_rollout_ref.rollout.enable_sleep=false"  # the engine's share in the update's peak
     fixed = misfit_message(plan_of(scale_config(folders["3B"], awake, "actor_rollout_ref.rollout.kv_cache_gib=60"), gib=80))
-    assert "(largest: engine 70.0 GiB" in fixed and "try a smaller actor_rollout_ref.rollout.kv_cache_gib," in fixed
+    assert "(largest: engine 69.0 GiB" in fixed and "try a smaller actor_rollout_ref.rollout.kv_cache_gib," in fixed
     assert "gpu_memory_utilization" not in fixed
     measured = misfit_message(plan_of(scale_config(folders["3B"], awake, "actor_rollout_ref.rollout.gpu_memory_utilization=0.75"), gib=80))
     assert "(largest: engine 60.0 GiB" in measured and "try a lower actor_rollout_ref.rollout.gpu_memory_utilization," in measured

@@ -10,7 +10,7 @@ from benchmarks.model_shapes import QWEN2_14B
 from trainer.config_loader import load_config
 from trainer.memory_plan import build_plan
 from trainer.memory_plan.engine_concurrency import engine_concurrency
-from trainer.memory_plan.engine_profile import SAMPLER_BYTES_PER_LOGIT
+from trainer.memory_plan.engine_profile import SAMPLER_BYTES_PER_LOGIT, SAMPLER_FIXED_BYTES
 from trainer.memory_plan.setup import plan_setup
 from trainer.preflight import check_memory
 
@@ -52,16 +52,16 @@ def test_a_sequence_takes_every_layers_keys_and_values_and_the_cache_what_the_bu
     # 48 layers x (keys, values) x 8 KV heads x 128 x bf16, for 1536 tokens (96 whole blocks of 16)
     assert found.sequence_bytes == 48 * 2 * 8 * 128 * 2 * 1536
     weights = 2 * 14_770_033_664  # the 14B shape's parameters in bf16
-    # vLLM's start-up profile on an 80 GB GPU: its sampler over 1024 requests x the 152 064-entry vocabulary, 26
-    # bytes each (larger than the forward over 16 384 tokens), and the CUDA graphs' 0.5 GiB
-    profile = 1024 * 152_064 * SAMPLER_BYTES_PER_LOGIT + GIB // 2
+    # vLLM's start-up profile on an 80 GB GPU: its sampler over 1024 requests x the 152 064-entry vocabulary
+    # (larger than the forward over 16 384 tokens), and the CUDA graphs' 0.5 GiB
+    profile = 1024 * 152_064 * SAMPLER_BYTES_PER_LOGIT + SAMPLER_FIXED_BYTES + GIB // 2
     assert found.kv_bytes == pytest.approx(0.45 * H100 * GIB - weights - profile, abs=1)
-    assert found.at_once == 13 and found.per_step == 64 and found.waves == 5
+    assert found.at_once == 17 and found.per_step == 64 and found.waves == 4
 
 
 def test_an_engine_short_of_cache_is_told_the_utilization_that_holds_the_step(model_14b):
     text = note(grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.45"))
-    assert "13 sequences of 1536 tokens at once; a step gives each engine 64: it generates them in about 5 waves" in text
+    assert "17 sequences of 1536 tokens at once; a step gives each engine 64: it generates them in about 4 waves" in text
     suggested = text.split("actor_rollout_ref.rollout.gpu_memory_utilization=")[1].split(" ")[0]
     assert suggested == "0.65"
     fixed = grpo_14b(model_14b, f"actor_rollout_ref.rollout.gpu_memory_utilization={suggested}")
@@ -75,27 +75,27 @@ def test_a_default_max_num_seqs_is_named_as_cache_its_start_up_profile_takes(mod
     how much more cache the step's own count would leave, and that count does give the cache those bytes."""
     short = "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"
     text = note(grpo_14b(model_14b, short))
-    assert text.endswith("also actor_rollout_ref.rollout.max_num_seqs=64 (vLLM's default 1024) gives its KV cache 1.9 "
+    assert text.endswith("also actor_rollout_ref.rollout.max_num_seqs=64 (vLLM's default 1024) gives its KV cache 0.8 "
                          "GiB more: vLLM's start-up profile then samples for that many requests")
     default, capped = (concurrency(grpo_14b(model_14b, short, *extra))
                        for extra in ((), ("actor_rollout_ref.rollout.max_num_seqs=64",)))
-    # the sampler's 1024 x vocab x 26 bytes give way to the forward over 16 384 tokens: a 14B's three MLP widths
-    # (13 824) and four hidden widths (5 120) in bf16 per token
+    # the sampler over 1024 requests x the vocabulary gives way to the forward over 16 384 tokens: a 14B's three MLP
+    # widths (13 824) and four hidden widths (5 120) in bf16 per token
     forward = 16384 * (3 * 13_824 + 4 * 5_120) * 2
-    assert capped.kv_bytes - default.kv_bytes == 1024 * 152_064 * SAMPLER_BYTES_PER_LOGIT - forward
+    assert capped.kv_bytes - default.kv_bytes == 1024 * 152_064 * SAMPLER_BYTES_PER_LOGIT + SAMPLER_FIXED_BYTES - forward
     assert "max_num_seqs" not in note(grpo_14b(model_14b, short, "actor_rollout_ref.rollout.max_num_seqs=64"))
 
 
 def test_a_budget_that_leaves_no_sequence_is_a_problem_and_its_note_says_vllm_will_not_start(model_14b):
-    cfg = grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.4")
+    cfg = grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.39")
     (problem,) = build_plan(cfg, int(H100 * GIB)).problems
     assert problem == (
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4 gives the vLLM engine 31.6 GiB per GPU, less than its "
-        "weights (27.5 GiB) plus its start-up profile's peak and CUDA graphs (4.3 GiB) plus one sequence of "
-        "max_model_len=1536 in its KV cache; vLLM refuses to start: raise it to at least 0.41"
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.39 gives the vLLM engine 30.8 GiB per GPU, less than its "
+        "weights (27.5 GiB) plus its start-up profile's peak and CUDA graphs (3.2 GiB) plus one sequence of "
+        "max_model_len=1536 in its KV cache; vLLM refuses to start: raise it to at least 0.40"
     )
     assert "0 sequences of 1536 tokens at once; a step gives each engine 64: vLLM refuses to start" in note(cfg)
-    assert build_plan(grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.41"), int(H100 * GIB)).problems == []
+    assert build_plan(grpo_14b(model_14b, "actor_rollout_ref.rollout.gpu_memory_utilization=0.40"), int(H100 * GIB)).problems == []
 
 
 def test_a_tensor_parallel_engine_serves_its_ranks_rows_with_half_the_weights_and_cache_per_gpu(model_14b):
@@ -142,7 +142,7 @@ def test_a_gpu_run_whose_engines_generate_in_waves_starts_with_a_warning_saying_
     captured = capsys.readouterr()
     assert captured.out.startswith("memory plan: fits: ")
     (warning,) = [line for line in captured.err.splitlines() if line.startswith("warning: ")]
-    assert warning.startswith("warning: memory plan: the vLLM engine's KV cache: about 3.8 GiB per GPU, 13 sequences")
+    assert warning.startswith("warning: memory plan: the vLLM engine's KV cache: about 4.8 GiB per GPU, 17 sequences")
     assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.65" in warning
     check_memory(grpo_14b(model_14b, *on_h100, "actor_rollout_ref.rollout.gpu_memory_utilization=0.65"))
     assert capsys.readouterr().err == ""
