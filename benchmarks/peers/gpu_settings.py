@@ -104,9 +104,10 @@ PRESETS["14b-4gpu"] = Preset(
 )
 # The same run on four 80 GB H100s. The plan (trainer.plan_only=true trainer.gpu_memory_gib=79.1): without offload
 # the update peaks at 92.2 GiB per GPU; with the optimizer's state offloaded, 67.7 (its step). The H200's
-# gpu_memory_utilization of 0.4 would not start vLLM (its weights and start-up profile leave no sequence); at 0.62
-# with max_num_seqs=64, the count a step gives each engine (vLLM's start-up profile then samples for 64 requests,
-# not 1024), each engine's cache holds 68 sequences, all 64 at once, and the plan peaks at 75.0 GiB (generate).
+# gpu_memory_utilization of 0.4 leaves each engine's cache 3 sequences after its weights and start-up profile
+# (generation in waves); at 0.62 with max_num_seqs=64, the count a step gives each engine (vLLM's start-up profile
+# then samples for 64 requests, not 1024), each engine's cache holds 68 sequences, all 64 at once, and the plan peaks
+# at 75.0 GiB (generate).
 PRESETS["14b-4gpu-h100"] = replace(
     PRESETS["14b-4gpu"],
     ours_extra=(*PRESETS["14b-4gpu"].ours_extra, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
