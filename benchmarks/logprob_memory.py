@@ -1,7 +1,7 @@
 """The allocator's peak of the workers' packed log-prob forward (and a forward + backward) on one GPU, per token
 of a micro-batch: full fine-tuning, LoRA and a frozen reference, with the big tensors the pass produced.
 
-    python -m benchmarks.logprob_memory [--shape 0.5B] [--rows 8] [--prompt 96] [--response 8192] [--json OUT]
+    python -m benchmarks.logprob_memory [--shape 0.5B] [--rows 8] [--prompt 96] [--response 8192] [--variants full,lora,frozen] [--json OUT]
 
 A random-init Qwen2 of `--shape` (benchmarks/model_shapes.py) is written once to --workdir and loaded as the
 workers load it (`load_sharded_model`: FSDP2 on one rank, bf16 compute, gradient checkpointing, packed
@@ -83,7 +83,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--lora-rank", type=int, default=64)
     parser.add_argument("--workdir", default="/tmp/logprob_memory")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--variants", default="full,lora,frozen", help="comma-separated, of full, lora, frozen")
     args = parser.parse_args(argv)
+    chosen = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(chosen) - {"full", "lora", "frozen"})
+    if unknown:
+        parser.error(f"unknown variant(s) {unknown}; valid: full, lora, frozen")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.logprob_memory needs a CUDA GPU: the CPU has no allocator peak to read")
     import torch.distributed as dist
@@ -104,7 +109,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     micro = micro_batch(args.rows, args.prompt, args.response)
     tokens = args.rows * (args.prompt + args.response)
     lora = LoraSpec(args.lora_rank, 2.0 * args.lora_rank, "all-linear", None)
-    variants = [("full", True, None), (f"lora r{args.lora_rank}", True, lora), ("frozen", False, None)]
+    variants = {"full": ("full", True, None), "lora": (f"lora r{args.lora_rank}", True, lora), "frozen": ("frozen", False, None)}
+    variants = [variants[v] for v in chosen]
     results = []
     for name, trainable, spec in variants:
         cfg = {"path": str(folder), "dtype": "bfloat16", "attn_implementation": None, "enable_gradient_checkpointing": True,

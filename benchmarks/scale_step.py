@@ -1,8 +1,8 @@
 """GRPO steps of 3B/7B-class models on one GPU, with the memory plan's estimate next to each measured peak.
 
     python -m benchmarks.scale_step --sizes 7B [--layers N] [--lora-rank 64] [--steps 3] [--prompts 8] [--n 8]
-        [--response-length 512] [--micro-rows 8 | --token-budget 16384] [--force] [--workdir /tmp/scale_step]
-        [--out results/scale_step.json] [overrides...]
+        [--response-length 512] [--micro-rows 8 | --token-budget 16384 [--log-prob-budget N]] [--force]
+        [--workdir /tmp/scale_step] [--out results/scale_step.json] [overrides...]
 
 Random-init Qwen2 models of the Qwen2.5-7B / -3B shapes, or the Qwen3-30B-A3B mixture of experts (`30B-A3B`;
 `--layers N` keeps its first N decoder layers, so that one GPU holds it), written in bf16 by
@@ -99,7 +99,7 @@ def scale_overrides(args: argparse.Namespace, on_gpu: bool) -> list[str]:
         overrides += [
             "actor_rollout_ref.actor.use_dynamic_bsz=true",
             f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.token_budget}",
-            f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={2 * args.token_budget}",
+            f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={args.log_prob_budget or 2 * args.token_budget}",
         ]
     if args.lora_rank:
         overrides.append(f"actor_rollout_ref.model.lora_rank={args.lora_rank}")
@@ -212,6 +212,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--micro-rows", type=int, default=8, help="rows per update / log-prob micro-batch")
     parser.add_argument("--token-budget", type=int, default=0,
                         help="> 0: tokens per update micro-batch (use_dynamic_bsz; log-prob passes twice it) instead of --micro-rows")
+    parser.add_argument("--log-prob-budget", type=int, default=0,
+                        help="with --token-budget: the log-prob passes' token budget (default twice it); a step's rows "
+                             "per GPU in one micro-batch make the plan's log-prob rows meet the budget they count")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs (default: graphs on a GPU)")
     parser.add_argument("--force", action="store_true", help="run a size whose memory plan does not fit (trainer.memory_check=warn)")

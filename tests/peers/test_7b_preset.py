@@ -24,7 +24,8 @@ from benchmarks.peers.verl_settings import verl_overrides
 from benchmarks.random_model import write_config
 from trainer.config_loader import load_config
 from trainer.flops import ModelFlops
-from trainer.memory_plan import GIB, build_plan
+from trainer.memory_plan import GIB, build_plan, plan_setup
+from trainer.memory_plan.engine_concurrency import engine_concurrency
 from trainer.memory_plan.shape import ModelShape
 
 PRESET = PRESETS["7b-2gpu"]
@@ -176,16 +177,16 @@ def test_the_14b_h100_preset_fits_80_gb_with_every_sequence_of_a_step_in_the_eng
     write_config(tmp_path / "model", SHAPES["14B"])
     base = grpo_overrides(tmp_path, tmp_path / "t.parquet", tmp_path / "v.parquet", 3, "[jsonl]") + engine_overrides("vllm", False)
     h100 = int(79.1 * GIB)
-    plans = {
-        name: build_plan(load_config(base + ours_overrides(PRESETS[name].settings, "ours_packed") + list(PRESETS[name].ours_extra)), h100)
+    configs = {
+        name: load_config(base + ours_overrides(PRESETS[name].settings, "ours_packed") + list(PRESETS[name].ours_extra))
         for name in ("14b-4gpu", "14b-4gpu-h100")
     }
+    plans = {name: build_plan(cfg, h100) for name, cfg in configs.items()}
     assert plans["14b-4gpu"].fits() is False and plans["14b-4gpu-h100"].fits() is True
-    (h200_note,) = [n for n in plans["14b-4gpu"].notes if n.startswith("the vLLM engine's KV cache")]
-    (h100_note,) = [n for n in plans["14b-4gpu-h100"].notes if n.startswith("the vLLM engine's KV cache")]
-    held = int(h200_note.split(" sequences of 1536 tokens at once")[0].rsplit(" ", 1)[1])
-    assert held < 8 and "it generates them in about" in h200_note
-    assert h100_note.endswith("a step gives each engine 64 (all at once)")
+    h200_engine = engine_concurrency(plan_setup(configs["14b-4gpu"], on_gpu=True), h100)
+    h100_engine = engine_concurrency(plan_setup(configs["14b-4gpu-h100"], on_gpu=True), h100)
+    assert 0 < h200_engine.at_once < 8 and h200_engine.waves > 1
+    assert h100_engine.per_step == 64 and h100_engine.waves == 1
     assert plans["14b-4gpu-h100"].peak()[1].total < 76 * GIB
 
 

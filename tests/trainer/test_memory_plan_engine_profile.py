@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from benchmarks.model_shapes import QWEN3_30B_A3B
-from trainer.config_loader import load_config
-from trainer.memory_plan.engine_concurrency import engine_concurrency
 from benchmarks.engine_profile_sweep import Variant, planned
+from benchmarks.model_shapes import QWEN3_30B_A3B
 from benchmarks.random_model import write_config
 from benchmarks.scale_step import shape_of
+from trainer.config_loader import load_config
+from trainer.memory_plan.engine_concurrency import engine_concurrency
 from trainer.memory_plan.engine_profile import (
     SAMPLER_BYTES_PER_LOGIT,
     SAMPLER_FIXED_BYTES,
