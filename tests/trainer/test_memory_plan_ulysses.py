@@ -56,8 +56,12 @@ def test_activations_and_logits_per_gpu_drop_with_k(model_dir):
     two = build_plan(long_sequences(model_dir, f"{SP}=2"), 80 * GIB)
     for phase in ("old_log_prob", "ref_log_prob", "update_actor"):
         base, split = one.row(phase).parts, two.row(phase).parts
-        assert split["activations"] == pytest.approx(base["activations"] / 2, rel=1e-3), phase
-        assert split["logits"] < base["logits"], phase  # the chunk's logits stay; the per-token part halves
+        if phase == "update_actor":
+            assert split["activations"] == pytest.approx(base["activations"] / 2, rel=1e-3), phase
+            assert split["logits"] < base["logits"], phase  # the chunk's logits stay; the per-token part halves
+        else:  # no grad: the larger of the layers' transient and the head's logits is the pass's peak
+            assert 0 in (split["activations"], split["logits"]) and 0 in (base["activations"], base["logits"])
+            assert split["activations"] + split["logits"] < base["activations"] + base["logits"], phase
         for column in ("weights", "grads", "optimizer"):  # sharded over both GPUs either way
             assert split[column] == base[column], (phase, column)
     assert two.row("generate").total == one.row("generate").total  # generation does not use it

@@ -44,10 +44,12 @@ def test_a_token_budget_replaces_row_micro_batches_in_update_and_log_prob_passes
     from benchmarks.scale_step import scale_overrides
 
     args = Namespace(prompts=8, n=8, response_length=512, micro_rows=8, gpu_memory_utilization=0.5, eager=False,
-                     lora_rank=0, force=False, token_budget=0)
+                     lora_rank=0, force=False, token_budget=0, log_prob_budget=0)
     assert not any("use_dynamic_bsz" in o for o in scale_overrides(args, on_gpu=True))
     args.token_budget = 16384
     overrides = scale_overrides(args, on_gpu=True)
     assert "actor_rollout_ref.actor.use_dynamic_bsz=true" in overrides
     assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384" in overrides
     assert "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768" in overrides
+    args.log_prob_budget = 40960  # a step's 64 rows of up to 608 tokens in one log-prob micro-batch
+    assert "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=40960" in scale_overrides(args, on_gpu=True)

@@ -44,9 +44,10 @@ ENGINE_WORKER_PROCESS_BYTES = 2 << 30
 # what the layout above holds in processes of its own, outside the engine's budget: its tensor-parallel group's NCCL
 # communicators (0.28 GiB each beyond a process's first, 1.42 GiB for the first, H200:
 # benchmarks/nccl_comm_memory.py), its compiled kernels. An allowance: measured at 7B TP2 on two H200s (2026-11-30)
-# 3.2-4.0 GiB above the plan without it in the reference and update phases, with the LoRA base shared and without
+# 3.2-4.5 GiB above the plan without it in the reference and update phases, with the LoRA base shared and without
 # (vLLM itself reports 0.03 GiB of non-torch memory and a 0.59 GiB graph pool per shard); not broken down further.
-ENGINE_SHARD_BYTES = 7 << 29  # 3.5 GiB
+# (3.2-4.0 while the plan summed a no-grad pass's layer transient and logits; the reference rows gained the difference.)
+ENGINE_SHARD_BYTES = 4 << 30
 # State brought back from the host for a phase lands in new allocator segments beside what the phase's other
 # allocations left: measured at 7B on an H200 (2026-11-27) 0.10-0.17 of the loaded bytes above the plan.
 LOAD_SLACK = 0.12
@@ -254,9 +255,13 @@ class _TrainerGpu:
 
     def forward(self, name: str, batch: Batching, logits_use: str | None) -> dict[str, int]:
         """The compute memory of a no-grad pass of model `name`, by column: its compute copies (weights),
-        activations, logits and the free blocks its worker keeps cached (other)."""
+        activations or logits, and the free blocks its worker keeps cached (other). Without a backward, each
+        layer's transient is freed before the head computes its logits, so only the larger of the two counts
+        (on an H200, a 7B reference over 32 768 tokens peaked inside the MLP, its logits chunks well below)."""
         role = self.roles[name]
-        return self._compute(name, batch, forward_peak_bytes(role.shape, role.e), logits_use)
+        parts = self._compute(name, batch, forward_peak_bytes(role.shape, role.e), logits_use)
+        smaller = "logits" if parts["activations"] >= parts["logits"] else "activations"
+        return {**parts, smaller: 0}
 
     def backward(self, name: str, batch: Batching, logits: bool) -> dict[str, int]:
         """The compute memory at the end of a training forward, by column: as `forward`, with the reduce
