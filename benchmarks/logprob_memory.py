@@ -74,6 +74,15 @@ def measure(model: torch.nn.Module, micro: Any, device: torch.device, train: boo
     return torch.cuda.max_memory_allocated() - before, spy.seen
 
 
+
+def variant_settings(lora_rank: int) -> dict[str, tuple[str, bool, Any]]:
+    """--variants name -> (label, trainable, LoRA spec or None): the one list of the variants this measures."""
+    from workers.lora.spec import LoraSpec
+
+    lora = LoraSpec(lora_rank, 2.0 * lora_rank, "all-linear", None)
+    return {"full": ("full", True, None), "lora": (f"lora r{lora_rank}", True, lora), "frozen": ("frozen", False, None)}
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5B")
@@ -83,12 +92,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--lora-rank", type=int, default=64)
     parser.add_argument("--workdir", default="/tmp/logprob_memory")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--variants", default="full,lora,frozen", help="comma-separated, of full, lora, frozen")
+    valid = ", ".join(variant_settings(0))
+    parser.add_argument("--variants", default=valid.replace(" ", ""), help=f"comma-separated, of {valid}")
     args = parser.parse_args(argv)
+    settings = variant_settings(args.lora_rank)
     chosen = [v for v in args.variants.split(",") if v]
-    unknown = sorted(set(chosen) - {"full", "lora", "frozen"})
+    unknown = sorted(set(chosen) - set(settings))
     if unknown:
-        parser.error(f"unknown variant(s) {unknown}; valid: full, lora, frozen")
+        parser.error(f"unknown variant(s) {unknown}; valid: {valid}")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.logprob_memory needs a CUDA GPU: the CPU has no allocator peak to read")
     import torch.distributed as dist
@@ -96,7 +107,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
     from benchmarks.random_model import write_model_folder
     from workers.fsdp.model_loading import load_sharded_model
-    from workers.lora.spec import LoraSpec
 
     for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(key, value)
@@ -108,11 +118,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         write_model_folder(folder, SHAPES[args.shape])
     micro = micro_batch(args.rows, args.prompt, args.response)
     tokens = args.rows * (args.prompt + args.response)
-    lora = LoraSpec(args.lora_rank, 2.0 * args.lora_rank, "all-linear", None)
-    variants = {"full": ("full", True, None), "lora": (f"lora r{args.lora_rank}", True, lora), "frozen": ("frozen", False, None)}
-    variants = [variants[v] for v in chosen]
     results = []
-    for name, trainable, spec in variants:
+    for name, trainable, spec in (settings[v] for v in chosen):
         cfg = {"path": str(folder), "dtype": "bfloat16", "attn_implementation": None, "enable_gradient_checkpointing": True,
                "use_remove_padding": True, "logits_chunk_tokens": 2048}
         model = load_sharded_model(AutoModelForCausalLM, cfg, device, trainable, lora=spec)

@@ -52,10 +52,10 @@ def test_the_seed_fixes_the_adapter_and_the_losses(ray_cluster, tmp_path):
     from trainer.tiny_model import build_tiny_model
 
     model_path = str(build_tiny_model(tmp_path / "model", seed=0))
-    first, losses = _start(model_path, seed=0, steps=5)
-    again, same_losses = _start(model_path, seed=0, steps=5)
+    first, losses = _start(model_path, seed=0, steps=3)
+    again, same_losses = _start(model_path, seed=0, steps=3)
     sharded, _ = _start(model_path, seed=0, world_size=2)  # two FSDP ranks, each keeping its shard of the draw
-    other, other_losses = _start(model_path, seed=1, steps=5)
+    other, other_losses = _start(model_path, seed=1, steps=3)
 
     factors_a = sorted(n for n in first if ".lora_A." in n)
     assert len(factors_a) == 3 * 2  # q, v, down_proj in each of the tiny model's 2 layers

@@ -39,15 +39,16 @@ def test_first_step_matches_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path)
 
 
 def test_pipeline_parallel_resume_reproduces_a_straight_run(ray_cluster, tiny_assets, tmp_path):
-    common = (*QUIET, "trainer.save_freq=2", MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2")
-    straight = run(load_config(run_overrides(tiny_assets, tmp_path / "straight", "trainer.total_training_steps=4", *common)))
-    # A run of its own resumes from the straight run's step-2 checkpoint (saved mid-run, as a run ending there would).
-    checkpoint = tmp_path / "straight" / "global_step_2"
+    common = (*QUIET, "trainer.save_freq=1", MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2")
+    straight = run(load_config(run_overrides(tiny_assets, tmp_path / "straight", "trainer.total_training_steps=2", *common)))
+    # A run of its own resumes from the straight run's step-1 checkpoint (saved mid-run, as a run ending there would):
+    # its step 2 starts from restored weights, Adam state, data position and random state.
+    checkpoint = tmp_path / "straight" / "global_step_1"
     resumed = run(load_config(run_overrides(
-        tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=4", f"trainer.resume_mode={checkpoint}", *common,
+        tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=2", f"trainer.resume_mode={checkpoint}", *common,
     )))
-    assert [r["step"] for r in resumed] == [3, 4]
-    assert comparable_metrics(resumed) == comparable_metrics(straight[2:])
+    assert [r["step"] for r in resumed] == [2]
+    assert comparable_metrics(resumed) == comparable_metrics(straight[1:])
     assert sorted(p.name for p in (checkpoint / "actor").iterdir()) == ["model_optim_tp0_pp0.pt", "model_optim_tp0_pp1.pt"]
 
 
@@ -103,7 +104,8 @@ def test_ppo_with_megatron_critic_and_distributed_optimizer(ray_cluster, tiny_as
 def test_grpo_with_hybrid_vllm_fed_from_pipeline_stages(ray_cluster, tiny_assets, tmp_path):
     """Each of the 2 pipeline-stage ranks holds a vLLM engine; after every update the whole model is
     streamed into both (each stage's layers broadcast to the other) and the sync is verified."""
-    from tests.rollout.test_vllm_rollout import SHORT_RUN, VLLM, _check_verified_run, _param_count
+    from tests.rollout.conftest import SHORT_RUN
+    from tests.rollout.test_vllm_rollout import VLLM, _check_verified_run, _param_count
 
     cfg = load_config(run_overrides(
         tiny_assets, tmp_path, *VLLM, *SHORT_RUN, MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
@@ -118,7 +120,8 @@ def test_grpo_with_hybrid_vllm_on_the_tiny_moe_with_expert_parallel(ray_cluster,
     expert is broadcast from its EP rank into both engines under its checkpoint name, and the sync is verified."""
     from safetensors import safe_open
 
-    from tests.rollout.test_vllm_rollout import SHORT_RUN, VLLM, _check_verified_run
+    from tests.rollout.conftest import SHORT_RUN
+    from tests.rollout.test_vllm_rollout import VLLM, _check_verified_run
 
     model = build_tiny_moe(tmp_path / "tiny_moe", seed=0)
     cfg = load_config(run_overrides(

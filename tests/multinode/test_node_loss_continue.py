@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 # A checkpoint every step: wherever the loss is noticed (steps take about a second), the run resumes at most a
 # step back and grows back at the next step's checkpoint with steps still to go.
-STEPS = 6
+STEPS = 5
 SAVE_FREQ = 1
 LOSS_AFTER_STEP = 1
 STEP_TIMEOUT_S = 300

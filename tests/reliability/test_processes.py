@@ -74,8 +74,9 @@ def test_ctrl_c_stops_the_run_and_its_ray_processes(small_assets, tmp_path):
     child = ChildProcess(["-m", "trainer.main", *overrides], tmp_path / "run.log")
     try:
         # A hang guard, not a speed check: its own Ray cluster and a multi-process vLLM engine took over 180 s to
-        # reach step 2 on a slow 2-core CI machine (2026-12-02), where every heavy test ran twice as long.
-        child.wait_for(lambda: "step 2:" in child.output, 360, "two finished steps")
+        # reach step 2 on a slow 2-core CI machine (2026-12-02), where every heavy test ran twice as long. One finished
+        # step: the engine is then generating the next batch in its background thread, as at any later step.
+        child.wait_for(lambda: "step 1:" in child.output, 360, "a finished step")
         names = child.live_descendant_names()
         for worker in workers:
             assert any(name.startswith(worker) for name in names), names
@@ -90,7 +91,7 @@ def test_ctrl_c_stops_the_run_and_its_ray_processes(small_assets, tmp_path):
     stopped = re.fullmatch(r"interrupted: stopped at step (\d+); last checkpoint: (\S+) \(resume with the same command\)", line)
     assert stopped, line
     step, checkpoint = int(stopped.group(1)), stopped.group(2)
-    assert step >= 2 and checkpoint == str(checkpointing.find_resume_dir(out, "auto").resolve()), line
+    assert step >= 1 and checkpoint == str(checkpointing.find_resume_dir(out, "auto").resolve()), line
     # Each step saves before it logs: Ctrl-C between the two leaves the checkpoint one step ahead of the log.
     assert checkpoint.endswith((f"global_step_{step}", f"global_step_{step + 1}")), line
     assert "Traceback" not in child.output and "KeyboardInterrupt" not in child.output, child.output[-4000:]

@@ -6,10 +6,11 @@ import pytest
 from tests.e2e.conftest import learning_assets, run_overrides, tiny_assets  # noqa: F401
 from tests.workers.conftest import pool_2, tiny_model_dir  # noqa: F401
 
-# LoRA on two actor ranks with vLLM, every sync verified, three steps (test_vllm_lora.py, test_lora_shared_base.py).
+# LoRA on two actor ranks with vLLM, every sync verified (test_vllm_lora.py, test_lora_shared_base.py). Two steps: the
+# second starts with a sync of the first update, every check of a sync has one to check.
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=2e-2")
 VLLM_TWO_RANKS = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.verify_sync=true", "trainer.n_gpus_per_node=2")
-SHORT_RUN = ("trainer.total_training_steps=3", "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_at_end=false")
+SHORT_RUN = ("trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_at_end=false")
 EXPORT = ("trainer.export_hf_at_end=true",)  # the trained adapter, for test_lora_shared_base.py's comparison
 
 
