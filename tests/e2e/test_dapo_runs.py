@@ -7,7 +7,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import comparable_metrics, run_overrides
+from tests.e2e.conftest import ONE_RANK, comparable_metrics, run_overrides
 from trainer import checkpointing
 from trainer.config_loader import load_config
 from trainer.launch import run_loop
@@ -17,7 +17,7 @@ from trainer.role_groups import RoleGroups
 
 pytestmark = pytest.mark.slow
 
-QUIET = ("trainer.test_freq=-1", "trainer.val_before_train=false")
+QUIET = ("trainer.test_freq=-1", "trainer.val_before_train=false", ONE_RANK)
 # 4 prompts x 4 responses per step; dynamic sampling on, no cap but one pass over the dataset.
 FILTERED = (
     *QUIET, "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=4",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.e2e.conftest import comparable_metrics, run_overrides
+from tests.e2e.conftest import ONE_RANK, comparable_metrics, run_overrides
 from tests.e2e.test_training_runs import _train_rewards
 from trainer.config_loader import load_config
 from trainer.main import run
@@ -22,6 +22,7 @@ LEARNING_LORA = (
     "actor_rollout_ref.model.lora_alpha=16",
     "actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]",
     "actor_rollout_ref.actor.optim.lr=5e-3",
+    ONE_RANK,
 )
 
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import comparable_metrics, run_overrides
+from tests.e2e.conftest import ONE_RANK, comparable_metrics, run_overrides
 from trainer.config_loader import load_config
 from trainer.main import run
 
@@ -19,7 +19,7 @@ def _train_rewards(history):
 
 def test_grpo_reward_improves(ray_cluster, tiny_assets, tmp_path):
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, "trainer.total_training_steps=14", "trainer.test_freq=7",
+        tiny_assets, tmp_path, ONE_RANK, "trainer.total_training_steps=14", "trainer.test_freq=7",
         "actor_rollout_ref.actor.optim.lr=5e-3", "trainer.save_at_end=false",
     ))
     history = run(cfg)
@@ -33,7 +33,7 @@ def test_grpo_reward_improves(ray_cluster, tiny_assets, tmp_path):
 
 def test_ppo_with_critic_runs(ray_cluster, tiny_assets, tmp_path):
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, "algorithm=ppo", "trainer.total_training_steps=3", "trainer.test_freq=-1",
+        tiny_assets, tmp_path, ONE_RANK, "algorithm=ppo", "trainer.total_training_steps=3", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
         "trainer.placement=separate",
         # verl's spelling of "each checkpoint also holds the Hugging Face models"
@@ -81,7 +81,7 @@ def test_reward_model_group_scores_beside_rule_rewards_under_rloo(ray_cluster, t
     """One run for two checks: the reward-model group scores beside the rule rewards, and the rloo estimator runs
     its steps (the checks of test_other_estimators_run_a_step, whose run it replaces)."""
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, "algorithm=rloo", "trainer.total_training_steps=2", "trainer.test_freq=-1",
+        tiny_assets, tmp_path, ONE_RANK, "algorithm=rloo", "trainer.total_training_steps=2", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.save_at_end=false",
         "reward_model.enable=true", f"reward_model.model.path={tiny_assets['model']}",
     ))
@@ -99,7 +99,8 @@ def test_reward_model_group_scores_beside_rule_rewards_under_rloo(ray_cluster, t
 @pytest.mark.parametrize("algorithm", ["reinforce_pp", "remax"])  # rloo: with the reward model above
 def test_other_estimators_run_a_step(ray_cluster, tiny_assets, tmp_path, algorithm):
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, f"algorithm={algorithm}", "trainer.total_training_steps=1", "trainer.test_freq=-1",
+        tiny_assets, tmp_path, ONE_RANK, f"algorithm={algorithm}", "trainer.total_training_steps=1",
+        "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.save_at_end=false",
     ))
     (record,) = run(cfg)

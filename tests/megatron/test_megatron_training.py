@@ -6,7 +6,7 @@ experts trains with its experts split over two ranks (expert parallel) as the FS
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import comparable_metrics, run_overrides
+from tests.e2e.conftest import ONE_RANK, comparable_metrics, run_overrides
 from trainer.config_loader import load_config
 from trainer.main import run
 from trainer.tiny_moe import build_tiny_moe
@@ -22,9 +22,11 @@ def test_first_step_matches_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path)
     """Same weights, seeds and rollouts: everything in step 1 (generation with the initial weights, advantages,
     log-probs, the losses, entropy and gradient norm) agrees with the FSDP backend. Two epochs over the one
     mini-batch, so the second sees ratios other than 1, with policy_loss.loss_mode=gspo: its sequence ratios are
-    built from the same per-token log-probs and masks as the default loss's, which the MoE test below compares."""
+    built from the same per-token log-probs and masks as the default loss's, which the MoE test below compares.
+    One rank on each side: the data-parallel reduction over two is compared in the MoE test (its dense weights)."""
     common = (
-        *QUIET, "trainer.total_training_steps=1", "trainer.save_at_end=false", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        *QUIET, ONE_RANK, "trainer.total_training_steps=1", "trainer.save_at_end=false",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
         "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
     )
     fsdp = run(load_config(run_overrides(tiny_assets, tmp_path / "fsdp", *common)))
@@ -141,7 +143,7 @@ def test_online_dpo_step_matches_the_fsdp_backend(ray_cluster, tiny_assets, tmp_
     from recipes.config import load_recipe_config
     from recipes.online_dpo import run as run_dpo
 
-    common = (*QUIET, "trainer.total_training_steps=1", "trainer.save_at_end=false")
+    common = (*QUIET, ONE_RANK, "trainer.total_training_steps=1", "trainer.save_at_end=false")
     fsdp = run_dpo(load_recipe_config("online_dpo", run_overrides(tiny_assets, tmp_path / "fsdp", *common)))
     megatron = run_dpo(load_recipe_config("online_dpo", run_overrides(tiny_assets, tmp_path / "mcore", *common, MEGATRON)))
     keys = [k for k in fsdp[0] if k.startswith("dpo/") or k.startswith("pairs/")]

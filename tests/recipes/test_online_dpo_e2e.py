@@ -6,7 +6,7 @@ import pytest
 
 from recipes.config import load_recipe_config
 from recipes.online_dpo import run
-from tests.e2e.conftest import run_overrides
+from tests.e2e.conftest import ONE_RANK, run_overrides
 
 pytestmark = pytest.mark.slow
 METRICS = ("dpo/loss", "dpo/accuracy", "dpo/margin", "dpo/chosen_logps", "dpo/rejected_logps", "reward/mean", "pairs/formed", "pairs/dropped")
@@ -32,9 +32,9 @@ def test_online_dpo_lifts_reward_and_accuracy(ray_cluster, tiny_assets, tmp_path
 
 def test_reward_model_verifier_forms_the_pairs(ray_cluster, tiny_assets, tmp_path):
     cfg = load_recipe_config("online_dpo", run_overrides(
-        tiny_assets, tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.val_before_train=false",
-        "trainer.save_at_end=false", "reward_model.enable=true", f"reward_model.model.path={tiny_assets['model']}",
-        "trainer.placement=separate",
+        tiny_assets, tmp_path, ONE_RANK, "trainer.total_training_steps=2", "trainer.test_freq=-1",
+        "trainer.val_before_train=false", "trainer.save_at_end=false", "reward_model.enable=true",
+        f"reward_model.model.path={tiny_assets['model']}", "trainer.placement=separate",
     ))
     history = run(cfg)
     assert len(history) == 2

@@ -13,10 +13,13 @@ import sys
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.e2e.conftest import run_overrides
+from tests.e2e.conftest import ONE_RANK, run_overrides
 from trainer.main import main as trainer_main
 
-SHORT = ("trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_at_end=false")
+SHORT = (
+    "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.val_before_train=false",
+    "trainer.save_at_end=false", ONE_RANK,
+)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.e2e.conftest import ONE_RANK
 from tests.reliability.conftest import short_run
 from tests.reliability.processes import ChildProcess
 from trainer import checkpointing
@@ -23,7 +24,10 @@ def test_kill_9_during_save_then_resume_from_the_last_whole_step(ray_cluster, sm
     test process, on that cluster: a new process to the killed one."""
     out = tmp_path / "ckpt"
     marker = tmp_path / "saving_step_2"
-    overrides = short_run(small_assets, out, "trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.max_ckpt_to_keep=2")
+    overrides = short_run(
+        small_assets, out, ONE_RANK, "trainer.total_training_steps=3", "trainer.save_freq=1",
+        "trainer.max_ckpt_to_keep=2",
+    )
     session = {"RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
     first = ChildProcess(
         ["-m", "tests.reliability.pause_in_save", "2", str(marker), *overrides], tmp_path / "first.log", env=session

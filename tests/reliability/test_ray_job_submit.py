@@ -15,6 +15,7 @@ import subprocess
 import psutil
 import pytest
 
+from tests.e2e.conftest import ONE_RANK
 from tests.reliability.conftest import short_run
 from tests.reliability.processes import REPO_ROOT, child_env
 
@@ -44,7 +45,8 @@ submit() {{  # $1: log name, $2: working dir, rest: the entrypoint
     done
     return $rc
 }}
-# Both jobs at once (the cluster's 4 CPUs hold both runs' 2 workers each): neither waits for the other's start-up.
+# Both jobs at once (the cluster's 4 CPUs hold the trainer's 2 workers and the recipe's 1): neither waits for the
+# other's start-up.
 submit submit . python -m trainer.main {overrides} &
 trainer_job=$!
 submit recipe {recipe_dir} python my_recipe.py {recipe_overrides} &
@@ -117,7 +119,9 @@ def run_cluster(small_assets: dict[str, str], out) -> tuple[int, list[str], dict
     gcs, dashboard, client, agent = free_ports(4)
     overrides = short_run(small_assets, out / "run", "trainer.logger=[console]", "trainer.n_gpus_per_node=2")
     recipe_dir = shutil.copytree(REPO_ROOT / "examples" / "my_recipe", out / "user" / "my_recipe")
-    recipe_overrides = short_run(small_assets, out / "recipe_run", "trainer.logger=[console]", "trainer.save_at_end=false")
+    recipe_overrides = short_run(
+        small_assets, out / "recipe_run", "trainer.logger=[console]", "trainer.save_at_end=false", ONE_RANK
+    )
     script = SCRIPT.format(
         gcs=gcs, dashboard=dashboard, client=client, agent=agent, out=out, recipe_dir=recipe_dir, head_died=HEAD_DIED,
         overrides=" ".join(f"'{o}'" for o in overrides), recipe_overrides=" ".join(f"'{o}'" for o in recipe_overrides),

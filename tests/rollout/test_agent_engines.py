@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import ray
 
-from tests.e2e.conftest import run_overrides
+from tests.e2e.conftest import ONE_RANK, run_overrides
 from trainer.config_loader import load_config
 from trainer.datasets.synthetic import write_synthetic_dataset
 from trainer.main import run
@@ -120,9 +120,12 @@ def test_multi_turn_grpo_steps_on_vllm(ray_cluster, vault_assets, tmp_path, plac
 
 
 def test_tool_use_is_learned_on_the_tool_task(ray_cluster, vault_assets, tmp_path):
-    """The random tiny model rarely calls the tool; GRPO makes calling the rule within ~15 steps (the full
-    learning run, to the right answers, is benchmarks/learning_agent.py)."""
-    cfg = load_config(run_overrides(vault_assets, tmp_path, *TASK, "trainer.total_training_steps=20", "trainer.test_freq=-1"))
+    """The random tiny model rarely calls the tool; GRPO makes calling the rule within ~15 steps (one rank, measured:
+    the tool-use rate 0.91 at step 10, 0.97-0.98 over steps 13-15; the full learning run, to the right answers, is
+    benchmarks/learning_agent.py)."""
+    cfg = load_config(run_overrides(
+        vault_assets, tmp_path, *TASK, ONE_RANK, "trainer.total_training_steps=15", "trainer.test_freq=-1"
+    ))
     history = run(cfg)
     use = [record["agent/tool_use_rate"] for record in history]
     assert use[0] < 0.1 and np.mean(use[-3:]) > 0.7, use

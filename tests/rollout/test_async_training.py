@@ -54,9 +54,11 @@ def _check_one_call_per_poll(history):
 
 
 def test_async_grpo_learns_the_task(ray_cluster, tiny_assets, tmp_path):
-    # 32 steps: measured, the last five average 0.98 from step 30 on (0.90 first at step 24).
+    # 30 steps: measured (7da3b8c's CI), the last five average 0.92 at step 26 and 0.98 at step 30 (0.91 first at
+    # step 24).
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, *ASYNC, *IN_WORKER, "trainer.total_training_steps=32", "trainer.save_at_end=false", "trainer.test_freq=-1",
+        tiny_assets, tmp_path, *ASYNC, *IN_WORKER, "trainer.total_training_steps=30", "trainer.save_at_end=false",
+        "trainer.test_freq=-1",
         "actor_rollout_ref.rollout.tis_imp_ratio_cap=2.0",
     ))
     history = run(cfg)

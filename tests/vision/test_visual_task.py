@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.e2e.conftest import ONE_RANK
 from tests.e2e.test_training_runs import _train_rewards
 from tests.vision.images import BLUE, RED, png, prompt_ids
 from trainer.config_loader import load_config
@@ -27,6 +28,7 @@ def visual_run(model: str, data: tuple[str, str], out_dir, *extra: str) -> list[
         "trainer.logger=[jsonl]",
         "trainer.test_freq=-1",
         "trainer.val_before_train=false",
+        ONE_RANK,
         *extra,
     ]
 
