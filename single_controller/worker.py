@@ -127,6 +127,7 @@ class Worker:
         instance.fused_worker_dict: dict[str, Worker] = {}
         # (method, seconds inside it) per registered call, popped by the driver to measure overhead
         instance._sc_exec_seconds = deque(maxlen=MAX_RECORDS)
+        instance._sc_closed = False  # `close` runs once: from RayWorkerGroup.close, or when Ray ends the actor
         rendezvous = os.environ.get(ENV_MASTER_RENDEZVOUS)
         if os.environ.get(ENV_RESERVE_MASTER_PORT) == "1" and int(os.environ.get(ENV_RANK, "0")) == 0:
             _reserve_master_port()
@@ -275,9 +276,18 @@ class Worker:
         kills it: `RayWorkerGroup.close` calls it on every rank at the end of a run. Nothing by default."""
 
     def sc_close(self) -> None:
-        """`close` of this worker, or of each role of a fused (colocated) actor."""
+        """`close` of this worker, or of each role of a fused (colocated) actor; once."""
+        if self._sc_closed:
+            return
+        self._sc_closed = True
         for worker in self.fused_worker_dict.values() or [self]:
             worker.close()
+
+    def __ray_shutdown__(self) -> None:
+        """Ray's hook when it ends the actor gently: every handle to it was dropped (e.g. its group was dropped
+        without `kill`). The same `close` as `RayWorkerGroup.close`, so what the worker holds outside its memory
+        does not outlive it."""
+        self.sc_close()
 
     def sc_pop_exec_seconds(self) -> list[tuple[str, float]]:
         """`(method, seconds)` of the registered calls since the last pop, in order."""

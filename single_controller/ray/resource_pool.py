@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,7 @@ class RayResourcePool:
         self._placement_groups: list[PlacementGroup] | None = None
         self._group_counts: list[int] = []  # processes per placement group, in rank order
         self._group_nodes: list[str] = []  # the Ray node of each placement group, in rank order
+        self._remove_when_dropped: weakref.finalize | None = None
 
     @property
     def world_size(self) -> int:
@@ -148,6 +150,11 @@ class RayResourcePool:
         self._placement_groups = [groups[i] for i in order]
         self._group_counts = [self.process_on_nodes[i] for i in order]
         self._group_nodes = [nodes[i] for i in order]
+        if not self.detached:
+            # Ray keeps a placement group until it is removed or the job ends: a pool that nothing uses any more (its
+            # worker groups hold it) gives its reservation back, as its actors end when their handles are dropped.
+            self._remove_when_dropped = weakref.finalize(self, _remove_placement_groups, list(self._placement_groups))
+            self._remove_when_dropped.atexit = False  # the job's end removes them, after ray.shutdown may have run
         return self._placement_groups
 
     def node_ids(self) -> list[str]:
@@ -172,10 +179,21 @@ class RayResourcePool:
 
     def release(self) -> None:
         """Give the reserved resources back (actors placed in them are killed by Ray)."""
+        if self._remove_when_dropped is not None:
+            self._remove_when_dropped.detach()
+            self._remove_when_dropped = None
         for pg in self._placement_groups or []:
             remove_placement_group(pg)
         self._placement_groups = None
         self._group_counts, self._group_nodes = [], []
+
+
+def _remove_placement_groups(groups: list[PlacementGroup]) -> None:
+    """The finalizer of a dropped pool: nothing to do once the cluster is gone (its end removed them)."""
+    if not ray.is_initialized():
+        return
+    for pg in groups:
+        remove_placement_group(pg)
 
 
 def _node_of(pg: PlacementGroup) -> str:

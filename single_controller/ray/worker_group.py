@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
+import weakref
 from typing import Any, Callable, Iterable, Mapping
 
 import ray
@@ -87,6 +88,7 @@ class RayWorkerGroup:
                 "otherwise its placement groups vanish with this driver"
             )
         self.worker_class = ray_cls_with_init.cls
+        self._pool = resource_pool  # a pool dropped by its creator gives its placement back only after its groups
         user_env = check_user_env(worker_env, "worker_env")
         self._rendezvous: str | None = f"{self.name}/{uuid.uuid4().hex}"
         self._workers: list[Any] = []
@@ -134,12 +136,14 @@ class RayWorkerGroup:
         node_info: list[NodeInfo] | None = None,
         call_timeout_s: float | None = None,
         call_log: CallLog | None = None,
+        pool: RayResourcePool | None = None,
     ) -> "RayWorkerGroup":
         group = cls.__new__(cls)
         group.name, group.detached, group.call_timeout_s = name, False, call_timeout_s
         group._method_prefix = method_prefix
         group.worker_class = worker_cls
         group._mesh_cache = {}
+        group._pool = pool  # a role's view holds its actors' pool as the group it came from does
         group._workers = list(workers)
         group._rendezvous = None  # started already
         group._call_log = call_log if call_log is not None else CallLog(len(group._workers))
@@ -232,9 +236,19 @@ class RayWorkerGroup:
 
     def _make_driver_method(self, method: str, spec: MethodSpec) -> Callable[..., Any]:
         entry = resolve_dispatch(spec.dispatch_mode)
+        # Stored on the group, a method holding the group itself would make a reference cycle: a dropped group (and
+        # its actors, GPUs and placement) would then live on until Python's cyclic collector happened to run.
+        group_ref = weakref.ref(self)
+        group_name = self.name
 
         def driver_method(*args: Any, **kwargs: Any) -> Any:
-            return self._call(method, entry, spec.execute_mode, spec.blocking, args, kwargs)
+            group = group_ref()
+            if group is None:
+                raise ReferenceError(
+                    f"{group_name}.{method} was called after its RayWorkerGroup was dropped (no reference to the "
+                    "group was left, so Ray ended its workers); keep the group, not only its method"
+                )
+            return group._call(method, entry, spec.execute_mode, spec.blocking, args, kwargs)
 
         driver_method.__name__ = method
         return driver_method
@@ -438,6 +452,7 @@ def spawn_roles(group: RayWorkerGroup, roles: Iterable[str] | None = None) -> di
             node_info=group.node_info,
             call_timeout_s=group.call_timeout_s,
             call_log=group.call_log,  # the roles share actors, so they share what was last sent to them
+            pool=group._pool,
         )
         for role in wanted
     }

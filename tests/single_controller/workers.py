@@ -224,5 +224,5 @@ class ClosingWorker(Worker):
     def close(self) -> None:
         if self.rank == self.hangs:
             time.sleep(600)
-        with open(os.path.join(self.folder, f"{self.role}_{self.rank}"), "w") as marker:
-            marker.write(str(os.getpid()))
+        with open(os.path.join(self.folder, f"{self.role}_{self.rank}"), "a") as marker:  # a line per close
+            marker.write(f"{os.getpid()}\n")
