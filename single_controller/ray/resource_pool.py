@@ -10,7 +10,10 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
+from single_controller.ray.worker_lifetime import remove_after_closing
+
 PG_READY_TIMEOUT_S = 60.0
+CLOSE_WAIT_S = 60.0  # as RayWorkerGroup.close: then the placement goes, and its actors with it
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class RayResourcePool:
         self._group_counts: list[int] = []  # processes per placement group, in rank order
         self._group_nodes: list[str] = []  # the Ray node of each placement group, in rank order
         self._remove_when_dropped: weakref.finalize | None = None
+        # Close calls to the workers of groups dropped without kill(): the placement groups wait for them.
+        self.closing_calls: list[ray.ObjectRef] = []
 
     @property
     def world_size(self) -> int:
@@ -153,7 +158,9 @@ class RayResourcePool:
         if not self.detached:
             # Ray keeps a placement group until it is removed or the job ends: a pool that nothing uses any more (its
             # worker groups hold it) gives its reservation back, as its actors end when their handles are dropped.
-            self._remove_when_dropped = weakref.finalize(self, _remove_placement_groups, list(self._placement_groups))
+            self._remove_when_dropped = weakref.finalize(
+                self, remove_after_closing, list(self._placement_groups), self.closing_calls, CLOSE_WAIT_S
+            )
             self._remove_when_dropped.atexit = False  # the job's end removes them, after ray.shutdown may have run
         return self._placement_groups
 
@@ -186,14 +193,6 @@ class RayResourcePool:
             remove_placement_group(pg)
         self._placement_groups = None
         self._group_counts, self._group_nodes = [], []
-
-
-def _remove_placement_groups(groups: list[PlacementGroup]) -> None:
-    """The finalizer of a dropped pool: nothing to do once the cluster is gone (its end removed them)."""
-    if not ray.is_initialized():
-        return
-    for pg in groups:
-        remove_placement_group(pg)
 
 
 def _node_of(pg: PlacementGroup) -> str:

@@ -26,6 +26,7 @@ from single_controller.ray.placement import describe_placement, preset_master_ad
 from single_controller.ray.resource_pool import RayResourcePool
 from single_controller.ray.shared_objects import SharedObjects
 from single_controller.ray.waiting import unfinished_ranks, wait_for_outputs
+from single_controller.ray.worker_lifetime import WorkerLifetime
 from single_controller.shards import JoinablePart
 from single_controller.worker import (
     ENV_MASTER_ADDR,
@@ -88,7 +89,6 @@ class RayWorkerGroup:
                 "otherwise its placement groups vanish with this driver"
             )
         self.worker_class = ray_cls_with_init.cls
-        self._pool = resource_pool  # a pool dropped by its creator gives its placement back only after its groups
         user_env = check_user_env(worker_env, "worker_env")
         self._rendezvous: str | None = f"{self.name}/{uuid.uuid4().hex}"
         self._workers: list[Any] = []
@@ -99,6 +99,7 @@ class RayWorkerGroup:
             self._abandon_start()
             raise
         self._call_log = CallLog(len(self._workers))
+        self._lifetime = WorkerLifetime(self._workers, resource_pool, close_when_dropped=not detached)
         self._bind_registered_methods(ray_cls_with_init.cls)
         if wait_started:
             self.wait_started()
@@ -136,15 +137,16 @@ class RayWorkerGroup:
         node_info: list[NodeInfo] | None = None,
         call_timeout_s: float | None = None,
         call_log: CallLog | None = None,
-        pool: RayResourcePool | None = None,
+        lifetime: WorkerLifetime | None = None,
     ) -> "RayWorkerGroup":
         group = cls.__new__(cls)
         group.name, group.detached, group.call_timeout_s = name, False, call_timeout_s
         group._method_prefix = method_prefix
         group.worker_class = worker_cls
         group._mesh_cache = {}
-        group._pool = pool  # a role's view holds its actors' pool as the group it came from does
         group._workers = list(workers)
+        # a role's view shares the lifetime of the group it came from; an attached detached group has none
+        group._lifetime = lifetime if lifetime is not None else WorkerLifetime(group._workers, None, False)
         group._rendezvous = None  # started already
         group._call_log = call_log if call_log is not None else CallLog(len(group._workers))
         group._node_info = node_info if node_info is not None else group._fetch_node_info()
@@ -452,7 +454,7 @@ def spawn_roles(group: RayWorkerGroup, roles: Iterable[str] | None = None) -> di
             node_info=group.node_info,
             call_timeout_s=group.call_timeout_s,
             call_log=group.call_log,  # the roles share actors, so they share what was last sent to them
-            pool=group._pool,
+            lifetime=group._lifetime,
         )
         for role in wanted
     }

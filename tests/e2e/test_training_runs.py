@@ -100,8 +100,7 @@ def test_reward_model_group_scores_beside_rule_rewards_under_rloo(ray_cluster, t
 def test_other_estimators_run_a_step(ray_cluster, tiny_assets, tmp_path, algorithm):
     cfg = load_config(run_overrides(
         tiny_assets, tmp_path, ONE_RANK, f"algorithm={algorithm}", "trainer.total_training_steps=1",
-        "trainer.test_freq=-1",
-        "trainer.val_before_train=false", "trainer.save_at_end=false",
+        "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_at_end=false",
     ))
     (record,) = run(cfg)
     _check_estimator_step(record, cfg, algorithm)
