@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import ray
 
-if TYPE_CHECKING:
-    from single_controller.ray.resource_pool import RayResourcePool
+
+class ClosingPool(Protocol):
+    """What a lifetime needs of the pool its actors are placed on (the pool imports this module, not back)."""
+
+    closing_calls: list[ray.ObjectRef]
 
 
 class WorkerLifetime:
     """Holds a group's actors (and the pool they are placed on) for as long as a group or view uses them."""
 
-    def __init__(self, actors: list[Any], pool: RayResourcePool | None, close_when_dropped: bool) -> None:
+    def __init__(self, actors: list[Any], pool: ClosingPool | None, close_when_dropped: bool) -> None:
         self.pool = pool  # the pool outlives the groups placed on it
         if close_when_dropped:  # not a detached group: it outlives its driver by design
             closing = pool.closing_calls if pool is not None else None
