@@ -45,7 +45,7 @@ submit() {{  # $1: log name, $2: working dir, rest: the entrypoint
     done
     return $rc
 }}
-# Both jobs at once (the cluster's 4 CPUs hold the trainer's 2 workers and the recipe's 1): neither waits for the
+# Both jobs at once (the cluster's 4 CPUs hold the trainer's worker and the recipe's): neither waits for the
 # other's start-up.
 submit submit . python -m trainer.main {overrides} &
 trainer_job=$!
@@ -117,7 +117,7 @@ def kill_leftovers(session_id: int, gcs_port: int) -> list[str]:
 def run_cluster(small_assets: dict[str, str], out) -> tuple[int, list[str], dict[str, str]]:
     """The script in `out`: its exit code, the cluster's processes left after the scoped stop, and its logs."""
     gcs, dashboard, client, agent = free_ports(4)
-    overrides = short_run(small_assets, out / "run", "trainer.logger=[console]", "trainer.n_gpus_per_node=2")
+    overrides = short_run(small_assets, out / "run", "trainer.logger=[console]", ONE_RANK)
     recipe_dir = shutil.copytree(REPO_ROOT / "examples" / "my_recipe", out / "user" / "my_recipe")
     recipe_overrides = short_run(
         small_assets, out / "recipe_run", "trainer.logger=[console]", "trainer.save_at_end=false", ONE_RANK
