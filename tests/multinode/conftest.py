@@ -1,4 +1,4 @@
-"""One multi-node Ray cluster (a head node of 1 CPU, two worker nodes of 2 CPUs) shared by the multi-node
+"""One multi-node Ray cluster (a head node of no CPUs, two worker nodes of 1 CPU) shared by the multi-node
 tests of a session. It lives in its own process: this test process stays on the session's local cluster
 (a process is connected to one cluster), and each multi-node driver runs as its own process."""
 
@@ -7,8 +7,11 @@ import pytest
 from tests.multinode.cluster import MultiNodeCluster
 from tests.reliability.conftest import small_assets  # noqa: F401 - the tiny model and data, built once
 
-HEAD_CPUS = 1  # the drivers' node; a pool node of 2 processes does not fit on it
-WORKER_CPUS = 2  # one pool node of trainer.n_gpus_per_node=2 (1 CPU per process) per worker node
+HEAD_CPUS = 0  # the drivers' node: no worker process is placed on it
+# One pool node of trainer.n_gpus_per_node=1 (1 CPU per process) per worker node: the trainer runs cross the nodes
+# with one rank on each, half the CPU of two each (the suite is CPU-bound). The placement drivers put two
+# processes of half a CPU on each node, for the rank order and per-node environment checks.
+WORKER_CPUS = 1
 WORKER_NODES = 2
 
 

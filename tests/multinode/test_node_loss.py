@@ -28,7 +28,7 @@ def test_node_lost_mid_run_names_the_node_and_its_ranks(restore_nodes, small_ass
         child.wait_for(lambda: "step 1: reward/mean=" in child.output, FIRST_STEP_TIMEOUT_S, "the first step")
         _, victim = placed_nodes(child.output, cluster.worker_nodes)
         workers = cluster.actor_processes()
-        assert len(workers) == 4, [p.cmdline() for p in workers]
+        assert len(workers) == 2, [p.cmdline() for p in workers]  # one rank on each worker node
         cluster.request(op="remove", node_id=victim)
         removed_at = time.monotonic()
         returncode = child.wait_exit(EXIT_AFTER_LOSS_S)
@@ -38,7 +38,7 @@ def test_node_lost_mid_run_names_the_node_and_its_ranks(restore_nodes, small_ass
     output = child.output
     assert returncode != 0, output[-6000:]
     assert "NodeLostError" in output, output[-6000:]
-    assert f"node {victim} (127.0.0.1) was lost (Ray: received SIGTERM); ranks [2, 3] ran on it" in output, output[-6000:]
+    assert f"node {victim} (127.0.0.1) was lost (Ray: received SIGTERM); ranks [1] ran on it" in output, output[-6000:]
     assert exit_s < EXIT_AFTER_LOSS_S
     _, alive = psutil.wait_procs(workers, timeout=WORKERS_GONE_S)
     assert alive == [], f"worker processes left after the driver stopped: {[p.pid for p in alive]}"

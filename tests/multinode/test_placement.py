@@ -68,7 +68,7 @@ def test_separate_groups_each_span_two_nodes(placed):
     result, _ = placed
     separate = result["separate_groups"]
     for where, reduced in zip(separate["where"], separate["all_reduce"]):
-        nodes = nodes_of(where)  # pool [1, 1]: one rank on each of two nodes (any two: the head fits one)
+        nodes = nodes_of(where)  # pool [1, 1]: one rank on each of two nodes
         assert len(set(nodes)) == 2 and set(nodes) <= set(result["node_ips"]), nodes
         assert [r["sum"] for r in reduced] == [3.0, 3.0]
         assert {r["env"]["MASTER_ADDR"] for r in where} == {result["node_ips"][nodes[0]]}

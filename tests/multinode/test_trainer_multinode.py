@@ -1,5 +1,5 @@
-"""`python -m trainer.main trainer.nnodes=2 trainer.n_gpus_per_node=2` attached to the multi-node cluster
-(RAY_ADDRESS) runs to the end with two worker processes on each worker node."""
+"""`python -m trainer.main trainer.nnodes=2 trainer.n_gpus_per_node=1` attached to the multi-node cluster
+(RAY_ADDRESS) runs to the end with a worker process on each worker node (two per node: the placement tests)."""
 
 import pytest
 

@@ -25,8 +25,9 @@ ASYNC = (
     "actor_rollout_ref.rollout.verify_sync=true", "trainer.n_gpus_per_node=1", "trainer.val_before_train=false",
 )
 # The engine's core in the rollout worker's process: a separate engine's default on CPU is a process of its own
-# (rollout.engine_process), whose start spawns two more processes importing vLLM (~16 s here). That path is run by
-# test_async_steps_with_validation[rloo] here, and by test_async_engine.py and test_processes.py.
+# (rollout.engine_process), whose start spawns two more processes importing vLLM (a run of test_async_steps_with_validation
+# [rloo] took 86 CPU-s with it against 47 without). That path is run by test_async_engine.py (a sync into the running
+# stream and a synchronous generate pausing it) and test_processes.py (Ctrl-C leaves none of its processes).
 IN_WORKER = ("actor_rollout_ref.rollout.engine_process=false",)
 RECORDER = os.path.join(os.path.dirname(__file__), "recording_reward.py")
 
@@ -111,7 +112,7 @@ def test_async_steps_with_validation(ray_cluster, tiny_assets, tmp_path, algorit
     overrides = run_overrides(
         assets, tmp_path, *ASYNC, "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_at_end=false",
         "actor_rollout_ref.rollout.max_staleness=2", *(["task=tool_vault"] if algorithm == "grpo_tool_agent" else []),
-        *(() if algorithm == "rloo" else IN_WORKER),  # rloo: the engine's core in a process of its own
+        *IN_WORKER,
     )
     if algorithm == "grpo_tool_agent":
         history = run(load_config(overrides))
