@@ -42,7 +42,8 @@ def test_the_run_continues_on_the_node_left_and_grows_back(restore_nodes, small_
     )
     child = cluster.start_driver(run, tmp_path / "run.log")
     try:
-        child.wait_for(lambda: f"step {LOSS_AFTER_STEP}: reward/mean=" in child.output, STEP_TIMEOUT_S, f"step {LOSS_AFTER_STEP}")
+        logged = f"step {LOSS_AFTER_STEP}: reward/mean="
+        child.wait_for(lambda: logged in child.output, STEP_TIMEOUT_S, f"step {LOSS_AFTER_STEP}")
         _, victim = placed_nodes(child.output, cluster.worker_nodes)
         cluster.request(op="remove", node_id=victim)
         cluster.request(op="add", num_cpus=WORKER_CPUS)  # free at the first checkpoint after the loss

@@ -25,9 +25,9 @@ ASYNC = (
     "actor_rollout_ref.rollout.verify_sync=true", "trainer.n_gpus_per_node=1", "trainer.val_before_train=false",
 )
 # The engine's core in the rollout worker's process: a separate engine's default on CPU is a process of its own
-# (rollout.engine_process), whose start spawns two more processes importing vLLM (a run of test_async_steps_with_validation
-# [rloo] took 86 CPU-s with it against 47 without). That path is run by test_async_engine.py (a sync into the running
-# stream and a synchronous generate pausing it) and test_processes.py (Ctrl-C leaves none of its processes).
+# (rollout.engine_process), whose start spawns two more processes importing vLLM (the RLOO run below took 86 CPU-s
+# with it against 47 without). That path is run by test_async_engine.py (a sync into the running stream and a
+# synchronous generate pausing it) and test_processes.py (Ctrl-C leaves none of its processes).
 IN_WORKER = ("actor_rollout_ref.rollout.engine_process=false",)
 RECORDER = os.path.join(os.path.dirname(__file__), "recording_reward.py")
 
