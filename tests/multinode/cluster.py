@@ -21,6 +21,12 @@ REQUEST_TIMEOUT_S = 120.0
 RESULT_PREFIX = "RESULT "
 # Ray's own per-node processes; any other `ray::...` process is a worker holding an actor or task.
 RAY_SERVICE_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+HEAD_CPUS = 0  # the drivers' node: no worker process is placed on it
+# One pool node of trainer.n_gpus_per_node=1 (1 CPU per process) per worker node: the trainer runs cross the nodes
+# with one rank on each, half the CPU of two each (the suite is CPU-bound).
+WORKER_CPUS = 1
+# The placement and node-loss drivers' probes: two on each worker node, for the rank order and per-node checks.
+PROBE_CPUS = WORKER_CPUS / 2
 
 
 class MultiNodeCluster:

@@ -4,14 +4,9 @@ tests of a session. It lives in its own process: this test process stays on the 
 
 import pytest
 
-from tests.multinode.cluster import MultiNodeCluster
+from tests.multinode.cluster import HEAD_CPUS, WORKER_CPUS, MultiNodeCluster
 from tests.reliability.conftest import small_assets  # noqa: F401 - the tiny model and data, built once
 
-HEAD_CPUS = 0  # the drivers' node: no worker process is placed on it
-# One pool node of trainer.n_gpus_per_node=1 (1 CPU per process) per worker node: the trainer runs cross the nodes
-# with one rank on each, half the CPU of two each (the suite is CPU-bound). The placement drivers put two
-# processes of half a CPU on each node, for the rank order and per-node environment checks.
-WORKER_CPUS = 1
 WORKER_NODES = 2
 
 

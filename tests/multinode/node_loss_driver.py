@@ -11,6 +11,7 @@ import ray
 
 from single_controller import NodeLostError, WorkerGroupError
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from tests.multinode.cluster import PROBE_CPUS
 from tests.multinode.workers import NodeProbe
 
 PAUSE_S = 0.05
@@ -18,7 +19,7 @@ PAUSE_S = 0.05
 
 def main() -> None:
     ray.init()
-    pool = RayResourcePool([2, 2], use_gpu=False, name_prefix="loss_", cpus_per_process=0.5)  # two on each 1-CPU node
+    pool = RayResourcePool([2, 2], use_gpu=False, name_prefix="loss_", cpus_per_process=PROBE_CPUS)
     group = RayWorkerGroup(pool, RayClassWithInitArgs(NodeProbe), name_prefix="loss")
     group.all_reduce_rank()  # the process group is up on every rank before the loss
     print("PLACED " + json.dumps([info.node_id for info in group.node_info]), flush=True)

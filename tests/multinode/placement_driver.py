@@ -12,14 +12,12 @@ import ray
 
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.placement import preset_master_addr
+from tests.multinode.cluster import PROBE_CPUS
 from tests.multinode.workers import NodeProbe
-
-# Two processes on each 1-CPU worker node (tests/multinode/conftest.py).
-HALF_CPU = 0.5
 
 
 def one_group() -> dict:
-    pool = RayResourcePool([2, 2], use_gpu=False, name_prefix="probe_", cpus_per_process=HALF_CPU)
+    pool = RayResourcePool([2, 2], use_gpu=False, name_prefix="probe_", cpus_per_process=PROBE_CPUS)
     group = RayWorkerGroup(pool, RayClassWithInitArgs(NodeProbe), name_prefix="probe")
     try:
         return {
@@ -35,7 +33,7 @@ def one_group() -> dict:
 
 
 def colocated_roles() -> dict:
-    pool = RayResourcePool([2, 2], use_gpu=False, name_prefix="colocated_", cpus_per_process=HALF_CPU)
+    pool = RayResourcePool([2, 2], use_gpu=False, name_prefix="colocated_", cpus_per_process=PROBE_CPUS)
     group = RayWorkerGroup(pool, create_colocated_worker_cls({"first": NodeProbe, "second": NodeProbe}), name_prefix="colocated")
     roles = group.spawn()
     try:
@@ -50,7 +48,9 @@ def colocated_roles() -> dict:
 
 
 def separate_groups() -> dict:
-    pools = [RayResourcePool([1, 1], use_gpu=False, name_prefix=f"{n}_", cpus_per_process=HALF_CPU) for n in ("a", "b")]
+    pools = [
+        RayResourcePool([1, 1], use_gpu=False, name_prefix=f"{n}_", cpus_per_process=PROBE_CPUS) for n in ("a", "b")
+    ]
     groups = [RayWorkerGroup(p, RayClassWithInitArgs(NodeProbe), name_prefix=f"separate_{i}") for i, p in enumerate(pools)]
     try:
         return {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.conftest import WORKER_CPUS
+from tests.multinode.cluster import WORKER_CPUS
 from tests.multinode.trainer_runs import multinode_run, placed_nodes
 from tests.reliability.conftest import short_run
 

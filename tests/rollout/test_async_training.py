@@ -23,12 +23,12 @@ ASYNC = (
     "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.placement=separate",
     "actor_rollout_ref.rollout.async_training=true",
     "actor_rollout_ref.rollout.verify_sync=true", "trainer.n_gpus_per_node=1", "trainer.val_before_train=false",
+    "actor_rollout_ref.rollout.engine_process=false",
 )
-# The engine's core in the rollout worker's process: a separate engine's default on CPU is a process of its own
-# (rollout.engine_process), whose start spawns two more processes importing vLLM (the RLOO run below took 86 CPU-s
-# with it against 47 without). That path is run by test_async_engine.py (a sync into the running stream and a
+# engine_process=false: the engine's core in the rollout worker's process. A separate engine's default on CPU is a
+# process of its own, whose start spawns two more processes importing vLLM (the RLOO run below took 86 CPU-s with
+# it against 47 without). That path is run by test_async_engine.py (a sync into the running stream and a
 # synchronous generate pausing it) and test_processes.py (Ctrl-C leaves none of its processes).
-IN_WORKER = ("actor_rollout_ref.rollout.engine_process=false",)
 RECORDER = os.path.join(os.path.dirname(__file__), "recording_reward.py")
 
 
@@ -58,7 +58,7 @@ def test_async_grpo_learns_the_task(ray_cluster, tiny_assets, tmp_path):
     # 30 steps: measured (7da3b8c's CI), the last five average 0.92 at step 26 and 0.98 at step 30 (0.91 first at
     # step 24).
     cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, *ASYNC, *IN_WORKER, "trainer.total_training_steps=30", "trainer.save_at_end=false",
+        tiny_assets, tmp_path, *ASYNC, "trainer.total_training_steps=30", "trainer.save_at_end=false",
         "trainer.test_freq=-1",
         "actor_rollout_ref.rollout.tis_imp_ratio_cap=2.0",
     ))
@@ -83,7 +83,7 @@ def _trained(log_file, n):
 def test_async_ppo_resume_trains_every_prompt_once(ray_cluster, tiny_assets, tmp_path, monkeypatch):
     n, batch = 4, 8
     overrides = run_overrides(
-        tiny_assets, tmp_path, *ASYNC, *IN_WORKER, "algorithm=ppo", f"actor_rollout_ref.rollout.n={n}", f"data.train_batch_size={batch}",
+        tiny_assets, tmp_path, *ASYNC, "algorithm=ppo", f"actor_rollout_ref.rollout.n={n}", f"data.train_batch_size={batch}",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.test_freq=-1", f"custom_reward_function.path={RECORDER}",
     )
     monkeypatch.setenv("RECORDED_PROMPTS", str(tmp_path / "first.txt"))
@@ -112,7 +112,6 @@ def test_async_steps_with_validation(ray_cluster, tiny_assets, tmp_path, algorit
     overrides = run_overrides(
         assets, tmp_path, *ASYNC, "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_at_end=false",
         "actor_rollout_ref.rollout.max_staleness=2", *(["task=tool_vault"] if algorithm == "grpo_tool_agent" else []),
-        *IN_WORKER,
     )
     if algorithm == "grpo_tool_agent":
         history = run(load_config(overrides))
