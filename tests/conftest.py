@@ -57,7 +57,7 @@ def no_ray(monkeypatch):
 
 # Session fixtures that cost a cluster start or a training run: the files using one run in the same test process,
 # so that it is built once (pytest-xdist's `loadgroup`, pyproject.toml).
-SHARED_EXPENSIVE_FIXTURES = ("multinode_cluster", "lora_hybrid_run")
+SHARED_EXPENSIVE_FIXTURES = ("multinode_cluster", "lora_hybrid_run", "megatron_probes")
 
 
 def process_groups(items: list[pytest.Item]) -> dict[Path, str]:

@@ -6,8 +6,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.megatron.workers import ADAM_EPS, MegatronBackendProbe
+from tests.megatron.workers import ADAM_EPS
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 
@@ -65,16 +64,10 @@ def _hf_reference(model: Qwen2ForCausalLM, batch: dict) -> dict:
     [(2, 1, True, 1, True), (1, 2, False, 1, False), (2, 2, True, 1, True), (1, 1, False, 2, False)],
     ids=["tp2-sp-tied", "pp2", "tp2-pp2-sp", "dp2-distributed-optimizer"],
 )
-def test_engine_matches_the_hf_model(ray_cluster, tmp_path, tp, pp, sp, dp, tied):
+def test_engine_matches_the_hf_model(megatron_probes, tmp_path, tp, pp, sp, dp, tied):
     hf = _hf_reference(_model(tmp_path, tied), _batch())
-    world = tp * pp * dp
-    pool = RayResourcePool([world], use_gpu=False, name_prefix=f"mengine_{tp}{pp}{dp}_")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(MegatronBackendProbe), name_prefix=f"mengine_{tp}{pp}{dp}")
-    try:
+    with megatron_probes(tp * pp * dp) as group:
         outputs = group.run(str(tmp_path), tp, pp, sp, dp > 1, _batch(), LR)
-    finally:
-        group.kill()
-        pool.release()
     (result,) = [o for o in outputs if o is not None]
     valid = _batch()["response_mask"].bool()
     torch.testing.assert_close(result["log_probs"][valid], hf["log_probs"][valid], atol=2e-6, rtol=0)

@@ -10,10 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from tests.megatron.moe_models import per_expert_state, qwen3_moe
 from tests.megatron.test_megatron_backend import LR, _batch, _hf_reference
-from tests.megatron.workers import MegatronBackendProbe
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 
@@ -24,7 +22,7 @@ pytest.importorskip("megatron.core", reason="install the [megatron] extra")
     [(1, 1, 1, 1, True, True), (1, 1, 2, 2, False, False), (2, 1, 1, 1, True, False), (1, 2, 2, 2, True, True)],
     ids=["ep1", "ep2-unnormalised-topk", "tp2", "pp2-ep2"],
 )
-def test_moe_engine_matches_the_hf_model(ray_cluster, tmp_path, tp, pp, ep, dp, norm_topk_prob, tied):
+def test_moe_engine_matches_the_hf_model(megatron_probes, tmp_path, tp, pp, ep, dp, norm_topk_prob, tied):
     model = qwen3_moe(tmp_path, norm_topk_prob=norm_topk_prob, tied=tied)
     initial = per_expert_state(model)
     # The loader reads the checkpoint's per-expert names; the helper's split of the fused experts must match them.
@@ -32,15 +30,8 @@ def test_moe_engine_matches_the_hf_model(ray_cluster, tmp_path, tp, pp, ep, dp, 
     assert sorted(on_disk) == sorted(k for k in initial if not (tied and k == "lm_head.weight"))
     assert all(torch.equal(on_disk[k], initial[k]) for k in on_disk)
     hf = _hf_reference(model, _batch())
-    world = tp * pp * dp
-    name = f"mmoe_{tp}{pp}{ep}{int(norm_topk_prob)}"
-    pool = RayResourcePool([world], use_gpu=False, name_prefix=name + "_")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(MegatronBackendProbe), name_prefix=name)
-    try:
+    with megatron_probes(tp * pp * dp) as group:
         outputs = group.run(str(tmp_path), tp, pp, tp > 1, False, _batch(), LR, ep)
-    finally:
-        group.kill()
-        pool.release()
     (result,) = [o for o in outputs if o is not None]
     # HF -> Megatron (split over TP / PP / EP) -> HF gives back the checkpoint's tensors exactly.
     assert result["loaded_weights"].keys() == on_disk.keys()

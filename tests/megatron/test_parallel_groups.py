@@ -5,34 +5,26 @@ import pytest
 import torch
 
 from protocol import DataProto
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.megatron.workers import MegatronMeshWorker
 from workers.megatron.parallel import megatron_mesh_shape
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 
 
 @pytest.mark.parametrize("tp, pp", [(2, 2), (2, 1), (1, 2)])
-def test_megatron_groups_match_the_mesh_dispatch(ray_cluster, tp, pp):
-    pool = RayResourcePool([4], use_gpu=False, name_prefix=f"mcore_{tp}_{pp}_")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(MegatronMeshWorker), name_prefix=f"mcore_{tp}_{pp}")
-    try:
+def test_megatron_groups_match_the_mesh_dispatch(megatron_probes, tp, pp):
+    with megatron_probes(4) as group:
         info = group.init_parallel(tp, pp)
-        dp = 4 // (tp * pp)
-        for rank, r in enumerate(info):
-            assert (r["pp_rank"], r["dp_rank"], r["tp_rank"]) == (rank // (dp * tp), (rank // tp) % dp, rank % tp)
-            assert r["tp_group"] == [rank - rank % tp + i for i in range(tp)]
-            assert r["collector"] == (r["tp_rank"] == 0 and r["pp_rank"] == pp - 1)
-        x = torch.arange(12, dtype=torch.float32)
-        out = group.compute(DataProto.from_dict({"x": x}))
-        assert torch.equal(out.batch["x"], x)  # every row back once, in order
-        assert bool(out.batch["tp_consistent"].all())
-        collectors = [r["rank"] for r in info if r["collector"]]
-        chunk = 12 // dp
-        assert out.batch["seen_by"].tolist() == [collectors[i // chunk] for i in range(12)]
-    finally:
-        group.kill()
-        pool.release()
+        out = group.compute(DataProto.from_dict({"x": torch.arange(12, dtype=torch.float32)}))
+    dp = 4 // (tp * pp)
+    for rank, r in enumerate(info):
+        assert (r["pp_rank"], r["dp_rank"], r["tp_rank"]) == (rank // (dp * tp), (rank // tp) % dp, rank % tp)
+        assert r["tp_group"] == [rank - rank % tp + i for i in range(tp)]
+        assert r["collector"] == (r["tp_rank"] == 0 and r["pp_rank"] == pp - 1)
+    assert torch.equal(out.batch["x"], torch.arange(12, dtype=torch.float32))  # every row back once, in order
+    assert bool(out.batch["tp_consistent"].all())
+    collectors = [r["rank"] for r in info if r["collector"]]
+    chunk = 12 // dp
+    assert out.batch["seen_by"].tolist() == [collectors[i // chunk] for i in range(12)]
 
 
 def test_world_sizes_that_cannot_hold_the_split_are_named():

@@ -1,21 +1,36 @@
-"""Worker used by the Megatron process-group tests (importable by Ray workers through PYTHONPATH)."""
+"""The worker of the Megatron layout tests (importable by Ray workers through PYTHONPATH). One group of it per world
+size serves every layout of that size (tests/megatron/conftest.py): each layout method first drops the groups of the
+layout before, as Megatron's own tests do between layouts in one process."""
 
 import torch
 import torch.distributed as dist
 
 from protocol import DataProto
 from single_controller import Dispatch, Worker, register
-from single_controller.mesh import MeshDispatch
+from single_controller.mesh import MeshDispatch, MeshPlacement
 from workers.megatron.parallel import init_megatron_parallel
 from workers.training.mesh import TRAIN_MESH
 
 
-class MegatronMeshWorker(Worker):
+def init_layout(worker: Worker, tp: int, pp: int, ep: int = 1) -> MeshPlacement:
+    """Megatron's groups for this layout, after those of the layout the worker ran before (if any) are dropped."""
+    from megatron.core import parallel_state as ps
+
+    ps.destroy_model_parallel()
+    return init_megatron_parallel(worker, tp, pp, ep)
+
+
+# Adam's first step is lr * g / (|g| + eps): with eps=1e-8 the rounding noise of a near-zero gradient
+# flips a whole step of size lr, so engine and reference compare under a larger eps.
+ADAM_EPS = 1e-4
+
+
+class MegatronProbe(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_parallel(self, tp: int, pp: int) -> dict:
         from megatron.core import parallel_state as ps
 
-        placement = init_megatron_parallel(self, tp, pp)
+        placement = init_layout(self, tp, pp)
         return {
             "rank": self.rank,
             "tp_rank": ps.get_tensor_model_parallel_rank(),
@@ -39,27 +54,19 @@ class MegatronMeshWorker(Worker):
         out.batch["tp_consistent"] = torch.full((len(data),), int(torch.allclose(total, local * ps.get_tensor_model_parallel_world_size())))
         return out
 
-
-# Adam's first step is lr * g / (|g| + eps): with eps=1e-8 the rounding noise of a near-zero gradient
-# flips a whole step of size lr, so engine and reference compare under a larger eps.
-ADAM_EPS = 1e-4
-
-
-class MegatronBackendProbe(Worker):
-    """Builds a trainable `MegatronBackend` and reports, from TP rank 0 of the last stage, the response
-    log-probs and entropies of a fixed batch, a training step's gradient norm and the exported weights."""
-
     @register(Dispatch.ONE_TO_ALL)
     def run(
         self, model_path: str, tp: int, pp: int, sp: bool, dist_opt: bool, batch: dict, lr: float, ep: int = 1
     ) -> dict | None:
+        """Builds a trainable `MegatronBackend` and reports, from TP rank 0 of the last stage, the response
+        log-probs and entropies of a fixed batch, a training step's gradient norm and the exported weights."""
         from megatron.core import parallel_state as ps
 
         from workers.megatron.backend import MegatronBackend
         from workers.megatron.model import ParallelSettings
         from workers.training.backend import ResponseForward
 
-        init_megatron_parallel(self, tp, pp, ep)
+        init_layout(self, tp, pp, ep)
         optim = {"lr": lr, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": ADAM_EPS, "lr_warmup_steps": 0,
                  "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
         engine = MegatronBackend({"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, sp, dist_opt, ep), optim)
