@@ -55,9 +55,49 @@ def no_ray(monkeypatch):
     monkeypatch.setattr("trainer.run_setup.init_ray", must_not_start)
 
 
+# The assets every trainer test reads, and the runs that files of several folders read, are defined here once: a
+# fixture imported into two conftest files is two fixtures, each built once per test process.
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory):
+    """The embedded tiny model and the learnable synthetic task, built once per session."""
+    from trainer.datasets.synthetic import write_synthetic_dataset
+    from trainer.tiny_model import build_tiny_model
+
+    root = tmp_path_factory.mktemp("assets")
+    model = build_tiny_model(root / "model", seed=0)
+    train, val = write_synthetic_dataset(root / "data", train_size=512, val_size=32, seed=0)
+    return {"model": str(model), "train": str(train), "val": str(val)}
+
+
+@pytest.fixture(scope="session")
+def learning_assets(tiny_assets, tmp_path_factory):
+    """The tiny model with the default job's data (1024 prompts): the learning tests reach their reward in fewer
+    steps on it than on `tiny_assets`' 512 (measured in each test's comment)."""
+    from trainer.datasets.synthetic import write_synthetic_dataset
+
+    train, val = write_synthetic_dataset(tmp_path_factory.mktemp("learning_data"))
+    return {**tiny_assets, "train": str(train), "val": str(val)}
+
+
+@pytest.fixture(scope="session")
+def raft_run(ray_cluster, tiny_assets, tmp_path_factory):
+    """(history, config, output folder) of six `recipes.raft` steps on the FSDP actor (two ranks, a constant learning
+    rate): tests/recipes/test_raft.py checks that it learns, tests/megatron/test_megatron_sft.py compares its first
+    step with the Megatron actor's."""
+    from recipes import raft
+    from tests.e2e.conftest import run_overrides
+    from trainer.recipe_runner import load_recipe_config
+
+    out = tmp_path_factory.mktemp("raft")
+    cfg = load_recipe_config(raft, run_overrides(
+        tiny_assets, out, "trainer.total_training_steps=6", "trainer.test_freq=-1", "trainer.val_before_train=false",
+    ))
+    return raft.run(cfg), cfg, out
+
+
 # Session fixtures that cost a cluster start or a training run: the files using one run in the same test process,
 # so that it is built once (pytest-xdist's `loadgroup`, pyproject.toml).
-SHARED_EXPENSIVE_FIXTURES = ("multinode_cluster", "lora_hybrid_run", "megatron_probes")
+SHARED_EXPENSIVE_FIXTURES = ("multinode_cluster", "lora_hybrid_run", "megatron_probes", "raft_run")
 
 
 def process_groups(items: list[pytest.Item]) -> dict[Path, str]:

@@ -1,25 +1,5 @@
-import pytest
-
-from trainer.datasets.synthetic import write_synthetic_dataset
-from trainer.tiny_model import build_tiny_model
-
-
-@pytest.fixture(scope="session")
-def tiny_assets(tmp_path_factory):
-    """The embedded tiny model and the learnable synthetic task, built once per session."""
-    root = tmp_path_factory.mktemp("assets")
-    model = build_tiny_model(root / "model", seed=0)
-    train, val = write_synthetic_dataset(root / "data", train_size=512, val_size=32, seed=0)
-    return {"model": str(model), "train": str(train), "val": str(val)}
-
-
-@pytest.fixture(scope="session")
-def learning_assets(tiny_assets, tmp_path_factory):
-    """The tiny model with the default job's data (1024 prompts): the learning tests reach their reward in fewer
-    steps on it than on `tiny_assets`' 512 (measured in each test's comment)."""
-    train, val = write_synthetic_dataset(tmp_path_factory.mktemp("learning_data"))
-    return {**tiny_assets, "train": str(train), "val": str(val)}
-
+"""Helpers of the end-to-end tests: the overrides of a tiny run and what a resumed run must reproduce (the assets
+they run on are tests/conftest.py's session fixtures)."""
 
 # One trainer process where a test's checks do not need two: on CPU a second rank doubles a tiny run's cost (measured
 # on the 2-core CI machine, Ray up: one step 9.5 CPU-s on one rank against 17-21 on two, each further step 1.1 against

@@ -1,5 +1,5 @@
-"""Fixtures shared with the end-to-end tests (imported so the session-scoped assets are built once), and the
-Megatron probe groups that the layout tests share."""
+"""Fixtures shared with the end-to-end and recipe tests (imported so the session-scoped assets and the RAFT run are
+built once), and the Megatron probe groups that the layout tests share."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -7,7 +7,6 @@ from contextlib import contextmanager
 import pytest
 
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.e2e.conftest import tiny_assets  # noqa: F401
 from tests.megatron.workers import MegatronProbe
 
 PROBES_FIXTURE = "megatron_probes"

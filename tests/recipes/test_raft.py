@@ -8,13 +8,9 @@ import pytest
 import torch
 
 from protocol import DataProto
-from recipes import raft
-from recipes.raft import run
 from recipes.sft_batch import sft_batch
-from tests.e2e.conftest import run_overrides
 from tests.workers.helpers import actor_config, make_group
 from trainer.algorithms.selection import best_per_prompt
-from trainer.recipe_runner import load_recipe_config
 from workers.fsdp import ActorRolloutRefWorker
 
 
@@ -74,15 +70,12 @@ def test_update_actor_sft_is_the_masked_nll_and_lowers_it(pool_2, tiny_model_dir
 
 
 @pytest.mark.slow
-def test_raft_lowers_the_nll_and_raises_the_reward(ray_cluster, tiny_assets, tmp_path):
-    cfg = load_recipe_config(raft, run_overrides(
-        tiny_assets, tmp_path, "trainer.total_training_steps=6", "trainer.test_freq=-1", "trainer.val_before_train=false",
-    ))
-    history = run(cfg)
+def test_raft_lowers_the_nll_and_raises_the_reward(raft_run):
+    history, cfg, out = raft_run
     assert [r["step"] for r in history] == list(range(1, 7))
     nll = [r["actor/sft_loss"] for r in history]
     reward = [r["reward/mean"] for r in history]
     assert all(0 < r["raft/kept"] <= cfg.data.train_batch_size for r in history)
     assert np.mean(nll[-2:]) < np.mean(nll[:2]) - 0.2, nll
     assert np.mean(reward[-2:]) > np.mean(reward[:2]) + 0.03, reward
-    assert (tmp_path / "global_step_6" / "actor").is_dir()
+    assert (out / "global_step_6" / "actor").is_dir()

@@ -3,7 +3,7 @@ shared by several rollout test modules (each checks its own facts of the same ru
 
 import pytest
 
-from tests.e2e.conftest import learning_assets, run_overrides, tiny_assets  # noqa: F401
+from tests.e2e.conftest import run_overrides
 from tests.workers.conftest import pool_2, tiny_model_dir  # noqa: F401
 
 # LoRA on two actor ranks with vLLM, every sync verified (test_vllm_lora.py, test_lora_shared_base.py). Two steps: the
@@ -15,7 +15,7 @@ EXPORT = ("trainer.export_hf_at_end=true",)  # the trained adapter, for test_lor
 
 
 @pytest.fixture(scope="session")
-def lora_hybrid_run(ray_cluster, tiny_assets, tmp_path_factory):  # noqa: F811
+def lora_hybrid_run(ray_cluster, tiny_assets, tmp_path_factory):
     """(history, output folder) of one LoRA GRPO run with a hybrid vLLM engine per rank, at the default
     rollout.share_base_weights (null: shared where possible, as here). test_vllm_lora.py checks its adapter-only
     syncs and test_lora_shared_base.py compares it with a run that does not share: one run and engine start less."""

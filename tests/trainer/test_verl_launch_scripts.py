@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import tiny_assets  # noqa: F401  (a fixture)
 from tests.trainer.verl_launch_scripts import SCRIPTS
 from trainer.main import main
 

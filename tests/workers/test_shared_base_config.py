@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.e2e.conftest import run_overrides, tiny_assets  # noqa: F401 (fixture)
+from tests.e2e.conftest import run_overrides
 from trainer.main import main
 from workers.config import actor_rollout_ref_config
 from workers.fsdp.shared_base import resolve_base_sharing, row_parallel_base_wanted
@@ -102,7 +102,7 @@ def test_the_resolved_dtypes_must_agree():
         resolve_base_sharing(config(True, rollout={"dtype": "bfloat16"}), torch.float32, torch.bfloat16)
 
 
-def test_the_driver_refuses_before_ray_starts(no_ray, tiny_assets, tmp_path, capsys):  # noqa: F811
+def test_the_driver_refuses_before_ray_starts(no_ray, tiny_assets, tmp_path, capsys):
     overrides = run_overrides(tiny_assets, tmp_path, "actor_rollout_ref.rollout.share_base_weights=true",
                               "actor_rollout_ref.model.lora_rank=8", "trainer.device=cpu")
     assert main(overrides) == 2
