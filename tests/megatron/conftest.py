@@ -1,5 +1,4 @@
-"""Fixtures shared with the end-to-end and recipe tests (imported so the session-scoped assets and the RAFT run are
-built once), and the Megatron probe groups that the layout tests share."""
+"""The Megatron probe groups that the layout tests share."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
