@@ -58,9 +58,11 @@ def test_ppo_with_critic_runs(ray_cluster, tiny_assets, tmp_path):
         assert (hf_model / "config.json").is_file() and list(hf_model.glob("*.safetensors")), role
 
 
-# Two ranks, each step's MFU counted against a CPU-sized peak (there is none on CPU otherwise), a save at step 2.
-STRAIGHT = ("trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=2", "trainer.device=cpu",
-            "trainer.n_gpus_per_node=2", "trainer.device_peak_tflops=0.01")
+# The straight and the resumed runs: two ranks, each step's MFU counted against a CPU-sized peak (there is none on
+# CPU otherwise), a save at step 2.
+PEAK_TFLOPS = 0.01
+RUN_SETTINGS = ("trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=2", "trainer.device=cpu",
+                "trainer.n_gpus_per_node=2", f"trainer.device_peak_tflops={PEAK_TFLOPS}")
 MFU_PHASES = ("generate", "old_log_prob", "ref_log_prob", "update_actor")
 
 
@@ -69,13 +71,13 @@ def straight_run(ray_cluster, tiny_assets, tmp_path_factory):
     """(history, output folder) of three steps run straight through: the resume test's reference, whose
     metrics.jsonl the MFU test reads (one run for both)."""
     out = tmp_path_factory.mktemp("straight")
-    return run(load_config(run_overrides(tiny_assets, out, "trainer.total_training_steps=3", *STRAIGHT))), out
+    return run(load_config(run_overrides(tiny_assets, out, "trainer.total_training_steps=3", *RUN_SETTINGS))), out
 
 
 def test_resume_reproduces_a_straight_run(straight_run, tiny_assets, tmp_path):
     straight, _ = straight_run
-    first = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=2", *STRAIGHT)))
-    second = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=3", *STRAIGHT)))
+    first = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=2", *RUN_SETTINGS)))
+    second = run(load_config(run_overrides(tiny_assets, tmp_path / "resumed", "trainer.total_training_steps=3", *RUN_SETTINGS)))
     assert [r["step"] for r in second] == [3]
     assert comparable_metrics(first + second) == comparable_metrics(straight)
     logged = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "logs" / "metrics.jsonl").read_text().splitlines()]
@@ -89,10 +91,10 @@ def test_mfu_in_metrics_jsonl(straight_run):
     steps = [r for r in records if "perf/tokens" in r]
     assert len(steps) == 3
     for record in steps:
-        assert record["perf/device_peak_tflops"] == 0.01 and record["perf/gpus"] == 2
+        assert record["perf/device_peak_tflops"] == PEAK_TFLOPS and record["perf/gpus"] == 2
         assert record["perf/tokens_per_s_per_gpu"] == pytest.approx(record["perf/tokens_per_s"] / 2)
         for phase in MFU_PHASES:
-            expected = record[f"perf/tflop/{phase}"] / (record[f"timing/{phase}_s"] * 2 * 0.01)
+            expected = record[f"perf/tflop/{phase}"] / (record[f"timing/{phase}_s"] * 2 * PEAK_TFLOPS)
             assert 0 < record[f"perf/mfu/{phase}"] == pytest.approx(expected)
         assert record["perf/tflop/update_actor"] == pytest.approx(3 * record["perf/tflop/old_log_prob"])
         assert "perf/hfu/update_actor" not in record  # no gradient checkpointing: nothing recomputed

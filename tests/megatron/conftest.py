@@ -46,15 +46,15 @@ _PROBES = ProbeGroups()
 
 
 @pytest.fixture(scope="session")
-def megatron_probes(ray_cluster) -> Iterator[ProbeGroups]:
+def megatron_probes(ray_cluster) -> ProbeGroups:
     """`with megatron_probes(world_size) as group:` a worker group of that size for one layout. The files using it
     run one after another in one test process (tests/conftest.py, SHARED_EXPENSIVE_FIXTURES)."""
-    yield _PROBES
-    _PROBES.close()
+    return _PROBES
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    # The groups hold up to 7 of the test cluster's 8 CPUs: give them back as soon as the tests using them are done,
-    # not at the end of the session (a later user starts them again).
+    # The one place the groups stop (nextitem is None after the session's last test). They hold up to 7 of the test
+    # cluster's 8 CPUs: given back as soon as the tests using them are done, not at the end of the session (a later
+    # user starts them again).
     if PROBES_FIXTURE in item.fixturenames and (nextitem is None or PROBES_FIXTURE not in nextitem.fixturenames):
         _PROBES.close()
