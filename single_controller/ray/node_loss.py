@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, ObjectLostError, RayTaskError
 
 from single_controller.worker import NodeInfo
 
@@ -51,12 +51,15 @@ def find_lost_nodes(node_info: Sequence[NodeInfo]) -> list[LostNode]:
 
 
 def node_may_be_lost(errors: Sequence[BaseException]) -> bool:
-    """Whether the failures look like a node Ray has not declared dead yet: a worker unreachable or a
-    collective that lost its peers, and no worker that Ray already knows to be dead (a process death)."""
+    """Whether the failures look like a node Ray has not declared dead yet: a worker unreachable, an object
+    lost (a rank's output, or a worker's input handed from another group), or a collective that lost its
+    peers; and no worker that Ray already knows to be dead (a process death)."""
     if any(isinstance(error, ActorDiedError) for error in errors):
         return False
     return any(
-        isinstance(error, ActorUnavailableError) or any(marker in str(error) for marker in PEER_LOSS_MARKERS)
+        isinstance(error, (ActorUnavailableError, ObjectLostError))
+        or (isinstance(error, RayTaskError) and isinstance(error.cause, ObjectLostError))
+        or any(marker in str(error) for marker in PEER_LOSS_MARKERS)
         for error in errors
     )
 

@@ -8,7 +8,7 @@ import time
 from typing import Any, Callable, Sequence
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from single_controller.errors import NodeLostError, WorkerCallTimeout, WorkerDiedError, WorkerGroupError
 from single_controller.ray.node_loss import LostNode, find_lost_nodes, node_may_be_lost, wait_for_lost_nodes
@@ -20,6 +20,9 @@ POLL_INTERVAL_S = 0.25
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours task names in error text
 # After the first failure, how long to wait for the other ranks' failures before raising.
 FAILURE_GRACE_S = 0.5
+# What fetching a rank's output can raise: its method raised, its actor died, or its output was lost after
+# the method returned (the node holding it died between the call's end and the driver's fetch).
+CALL_FAILURES = (RayTaskError, RayActorError, ObjectLostError)
 
 
 def _failures(refs: list[ray.ObjectRef], rank_of: dict[ray.ObjectRef, int]) -> dict[int, BaseException]:
@@ -27,7 +30,7 @@ def _failures(refs: list[ray.ObjectRef], rank_of: dict[ray.ObjectRef, int]) -> d
     for ref in refs:
         try:
             ray.get(ref)
-        except (RayTaskError, RayActorError) as error:
+        except CALL_FAILURES as error:
             failures[rank_of[ref]] = error
     return failures
 
@@ -77,7 +80,7 @@ def wait_for_outputs(
         on_ready()
     try:
         return ray.get(refs)
-    except (RayTaskError, RayActorError):
+    except CALL_FAILURES:
         failures = _failures(refs, rank_of)
         raise report(group, method, failures, [], describe_rank, lost=_lost_nodes(node_info, failures, [])) from None
 
@@ -113,6 +116,9 @@ def _failure_error(
         if isinstance(error, RayActorError):
             died = True
             parts.append(f"--- {describe_rank(rank)}: {_death_summary(method, recent_calls(rank))} ---\n{error}")
+        elif isinstance(error, ObjectLostError):
+            died = True
+            parts.append(f"--- {describe_rank(rank)}: its output was lost after {method!r} returned ---\n{error}")
         else:
             parts.append(f"--- {describe_rank(rank)} raised ---\n{error}")
     if unfinished:

@@ -1,6 +1,7 @@
 """A node lost mid-run: the driver stops in bounded time with an error naming the node and the ranks it
 held, and no worker process is left. Once through the trainer (node shut down: Ray knows at once), once
-through a worker group in a gloo collective (node killed: Ray knows after its health check)."""
+through a worker group in a gloo collective (node killed: Ray knows after its health check), once through a
+worker group whose outputs were ready but not yet fetched (the lost node's output went with it)."""
 
 import time
 
@@ -49,7 +50,7 @@ def test_node_killed_abruptly_is_named_after_rays_health_check(restore_nodes, tm
     """SIGKILL of the node's raylet (a machine gone): the surviving ranks see their gloo peers vanish at
     once, before Ray knows; the driver waits (bounded) for Ray to declare the node dead, then names it."""
     cluster = restore_nodes
-    child = cluster.start_driver([driver_script("node_loss_driver.py")], tmp_path / "driver.log")
+    child = cluster.start_driver([driver_script("node_loss_driver.py"), "collective"], tmp_path / "driver.log")
     try:
         child.wait_for(lambda: "PLACED " in child.output, FIRST_STEP_TIMEOUT_S, "the group's placement")
         nodes = tagged_json(child.output, "PLACED ")
@@ -69,4 +70,28 @@ def test_node_killed_abruptly_is_named_after_rays_health_check(restore_nodes, tm
     assert result["raised_at"] - removed_at < NODE_LOSS_WAIT_S + 30  # Ray's detection, then at most the bounded wait
     _, alive = psutil.wait_procs(workers, timeout=WORKERS_GONE_S)
     assert alive == [], f"worker processes left after the driver stopped: {[p.pid for p in alive]}"
+    assert leftovers == []
+
+
+def test_output_lost_with_its_node_before_the_fetch_is_a_node_loss(restore_nodes, tmp_path):
+    """Every rank returned, then the node holding rank 1's output (in its object store) is shut down before
+    the driver fetched it: the fetch names the node and the rank, as a loss during the call does (the error
+    trainer.on_node_loss=continue acts on), instead of Ray's object-reconstruction error."""
+    cluster = restore_nodes
+    child = cluster.start_driver([driver_script("node_loss_driver.py"), "lost_output"], tmp_path / "driver.log")
+    try:
+        child.wait_for(lambda: "PLACED " in child.output, FIRST_STEP_TIMEOUT_S, "the outputs ready")
+        nodes = tagged_json(child.output, "PLACED ")
+        victim = nodes[1]
+        assert nodes[0] != victim
+        cluster.request(op="remove", node_id=victim)
+        returncode = child.wait_exit(EXIT_AFTER_LOSS_S)
+    finally:
+        leftovers = child.stop_leftovers()
+    result = tagged_json(child.output, "RESULT ")
+    assert returncode == 0 and result, child.output[-6000:]
+    assert result["error"] == "NodeLostError", result
+    assert result["lost_nodes"] == {victim: [1]} and result["ranks"] == [1], result
+    assert f"node {victim} (127.0.0.1) was lost (Ray: received SIGTERM); ranks [1] ran on it" in result["message"]
+    assert "its output was lost after 'output_of' returned" in result["message"], result["message"]
     assert leftovers == []

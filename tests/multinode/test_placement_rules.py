@@ -1,7 +1,7 @@
 """The placement rules without a multi-node cluster: which rendezvous host rank 0 gets, the placement line,
 local ranks when Ray packs two pool nodes onto one node, and how a lost node is reported."""
 
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, ObjectReconstructionFailedError, RayTaskError
 
 from single_controller import NodeLostError, WorkerDiedError, WorkerGroupError
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -52,6 +52,9 @@ def test_which_failures_wait_for_ray_to_declare_a_node_lost():
     assert node_may_be_lost([peer_lost]) and node_may_be_lost([unreachable])
     assert not node_may_be_lost([ValueError("deliberate failure on rank 1")])
     assert not node_may_be_lost([peer_lost, ActorDiedError()])  # Ray knows a process died: no node to wait for
+    lost_output = ObjectReconstructionFailedError("f91b78d7db9a6593bf6c7ddda0f9cf73cc95f86c0100000001000000")
+    lost_input = RayTaskError("compute_log_prob", "Traceback ...", lost_output)  # a handed-over chunk was lost
+    assert node_may_be_lost([lost_output]) and node_may_be_lost([lost_input])
 
 
 def raised(message: str) -> RayTaskError:

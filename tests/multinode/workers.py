@@ -46,3 +46,8 @@ class NodeProbe(Worker):
         while True:
             dist.all_reduce(torch.ones(1))
             time.sleep(pause_s)
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def output_of(self, nbytes: int) -> bytes:
+        """An output big enough to stay in its node's object store (small ones travel inline to the driver)."""
+        return bytes(nbytes)
