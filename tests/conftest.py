@@ -121,8 +121,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test goes to its file's process group (`process_groups`); groups with the most `slow` tests first, the
-    rest in their order: the two test processes take a group at a time, so the long ones start early and the short
-    ones fill the end (no process left alone with a long group while the other has nothing to do). pytest-xdist
+    rest in their order: the test processes take a group at a time, so the long ones start early and the short
+    ones fill the end (no process left alone with a long group while the others have nothing to do). pytest-xdist
     keeps this order only with `--no-loadscope-reorder` (pyproject.toml); its default sorts the groups by their
     number of tests, which puts the long one-test files last."""
     groups = process_groups(items)

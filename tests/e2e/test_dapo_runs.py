@@ -75,9 +75,11 @@ def _check_mixed_groups_only(history, kept):
 
 
 def test_dynamic_sampling_keeps_mixed_groups_and_a_run_that_drew_extra_batches_resumes_exactly(
-    ray_cluster, tiny_assets, tmp_path, half_uniform_reward
+    ray_cluster, tiny_assets, tmp_path, half_uniform_reward, capsys
 ):
-    """With Dr. GRPO's settings (they run on the FSDP actor here too)."""
+    """With Dr. GRPO's settings (they run on the FSDP actor here too). The resumed run's console line carries the
+    step's filter_groups/* counts (as logged), and the run ends by naming its last checkpoint and its Hugging Face
+    export."""
     common = (*FILTERED, *DR_GRPO, half_uniform_reward, "trainer.save_freq=2")
     RecordingTrainer.kept = []
     straight_cfg = load_config(run_overrides(tiny_assets, tmp_path / "straight", *common, "trainer.total_training_steps=3"))
@@ -88,11 +90,21 @@ def test_dynamic_sampling_keeps_mixed_groups_and_a_run_that_drew_extra_batches_r
     state = checkpointing.load_driver_state(checkpoint)
     drawn = sum(r["filter_groups/gen_batches"] for r in straight[:2])
     assert drawn >= 4 and state["dataloader"]["position"] == drawn  # the loader is past every batch drawn
+    capsys.readouterr()  # the straight run's output
+    resumed_dir = tmp_path / "resumed"
     resumed = run(load_config(run_overrides(
-        tiny_assets, tmp_path / "resumed", *common, "trainer.total_training_steps=3", f"trainer.resume_mode={checkpoint}",
+        tiny_assets, resumed_dir, *common, "trainer.total_training_steps=3", f"trainer.resume_mode={checkpoint}",
+        "trainer.logger=[console,jsonl]", "trainer.export_hf_at_end=true",
     )))
     assert [r["step"] for r in resumed] == [3]
     assert comparable_metrics(resumed) == comparable_metrics(straight[2:])
+
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("step 3:")]
+    for key in ("filter_groups/mixed_groups", "filter_groups/uniform_groups", "filter_groups/gen_batches"):
+        assert f"{key}={resumed[0][key]:.4g}" in line, line
+    assert f"last checkpoint: {resumed_dir / 'global_step_3'}\nHugging Face export: {resumed_dir / 'hf_export'}\n" in out, out
+    assert (resumed_dir / "hf_export" / "config.json").is_file()
 
 
 def test_the_dapo_preset_learns(ray_cluster, tiny_assets, tmp_path):
@@ -119,19 +131,3 @@ def test_gspo_runs_on_the_fsdp_actor(ray_cluster, tiny_assets, tmp_path):
     assert gspo["actor/pg_clipfrac_lower"] == 0.0  # GSPO has no dual clip
     assert gspo["actor/pg_loss"] != pytest.approx(vanilla["actor/pg_loss"], rel=1e-4)  # the second epoch's ratios differ
     assert np.isfinite(gspo["actor/grad_norm"]) and gspo["actor/grad_norm"] > 0
-
-
-def test_the_console_shows_dynamic_sampling_and_the_end_names_the_outputs(ray_cluster, tiny_assets, tmp_path, capsys):
-    """The console line carries the step's filter_groups/* counts (as logged), and the run ends by naming its
-    last checkpoint and its Hugging Face export."""
-    cfg = load_config(run_overrides(
-        tiny_assets, tmp_path, *FILTERED, "trainer.total_training_steps=1", "trainer.logger=[console]",
-        "trainer.export_hf_at_end=true",
-    ))
-    (record,) = run(cfg)
-    out = capsys.readouterr().out
-    (line,) = [line for line in out.splitlines() if line.startswith("step 1:")]
-    for key in ("filter_groups/mixed_groups", "filter_groups/uniform_groups", "filter_groups/gen_batches"):
-        assert f"{key}={record[key]:.4g}" in line, line
-    assert f"last checkpoint: {tmp_path / 'global_step_1'}\nHugging Face export: {tmp_path / 'hf_export'}\n" in out, out
-    assert (tmp_path / "hf_export" / "config.json").is_file()

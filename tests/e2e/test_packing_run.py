@@ -4,7 +4,7 @@ packed forwards (the default): the config reaches the workers and a PPO step run
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import run_overrides
+from tests.e2e.conftest import ONE_RANK, run_overrides
 from trainer.config_loader import load_config
 from trainer.main import run
 
@@ -16,6 +16,7 @@ def test_ppo_step_with_token_budgets_on_every_role(ray_cluster, tiny_assets, tmp
     cfg = load_config(run_overrides(
         tiny_assets, tmp_path, "algorithm=ppo", "trainer.total_training_steps=1", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.save_at_end=false",
+        ONE_RANK,  # budgets over two ranks (each rank's micro-batch count agreed): tests/workers/test_packing_workers.py
         "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.use_kl_loss=true",
         f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}",
         f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={2 * budget}",

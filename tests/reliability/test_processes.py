@@ -78,9 +78,10 @@ def test_ctrl_c_stops_the_run_and_its_ray_processes(small_assets, tmp_path):
     child = ChildProcess(["-m", "trainer.main", *overrides], tmp_path / "run.log")
     try:
         # A hang guard, not a speed check: its own Ray cluster and a multi-process vLLM engine took over 180 s to
-        # reach step 2 on a slow 2-core CI machine (2026-12-02), where every heavy test ran twice as long. One finished
-        # step: the engine is then generating the next batch in its background thread, as at any later step.
-        child.wait_for(lambda: "step 1:" in child.output, 360, "a finished step")
+        # reach step 2 on a slow 2-core CI machine (2026-12-02), and the whole test 222 s with three test processes
+        # beside CI's quick start (2026-12-04). One finished step: the engine is then generating the next batch in
+        # its background thread, as at any later step.
+        child.wait_for(lambda: "step 1:" in child.output, 600, "a finished step")
         names = child.live_descendant_names()
         for worker in workers:
             assert any(name.startswith(worker) for name in names), names

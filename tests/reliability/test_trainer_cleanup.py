@@ -115,6 +115,7 @@ def test_reward_error_mid_run_keeps_the_checkpoint_and_counts_filtered_prompts(r
     cfg = load_config(short_run(
         small_assets, out, "trainer.total_training_steps=3", "trainer.save_freq=1",
         f"custom_reward_function.path={reward_file}", "data.max_prompt_length=45", "data.truncation=filter",
+        "trainer.n_gpus_per_node=1",  # the reward runs on the driver: one rank shows the cleanup as two would
     ))
     with pytest.raises(RuntimeError, match=r"reward function failed on sample 0 \(data_source='synthetic/char_class'\): "
                                            r"ValueError: scoring service unavailable"):
