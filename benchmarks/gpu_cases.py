@@ -35,6 +35,11 @@ LIGER = ("actor_rollout_ref.model.use_liger=true", "critic.model.use_liger=true"
 ALWAYS = ("actor_rollout_ref.actor.old_log_prob_pass=always",)
 TINY_MOE = "actor_rollout_ref.model.path=outputs/tiny_moe"
 MOE = (TINY_MOE, "actor_rollout_ref.actor.router_aux_loss_coef=0.001")
+ROUTING_REPLAY = (
+    "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+    "actor_rollout_ref.actor.router_replay.mode=R3",
+)
+REPLAY_MISMATCH = ("router_replay/mismatch_log_prob", "router_replay/mismatch_update")
 PPO_FINITE = ("actor/pg_loss", "critic/vf_loss")
 CRITIC_OFFLOAD = ("critic.model.fsdp_config.param_offload=true", "critic.model.fsdp_config.optimizer_offload=true")
 
@@ -117,6 +122,14 @@ def one_gpu_cases() -> list[Case]:
             "of the adapter verified",
             (_train(TINY_MOE, *VLLM, *LORA, *VERIFY, steps(12)),),
             RunCheck(12, synced=True, first_step=(("lora/unshared_base_tensors", 0.0),)),
+        ),
+        Case(
+            "moe_routing_replay",
+            "one",
+            "routing replay R3 on the tiny mixture of experts: vLLM returns the experts it routed each token to, the "
+            "log-prob pass and every update replay them, every sync of the experts verified",
+            (_train(TINY_MOE, *VLLM, *VERIFY, *ALWAYS, *ROUTING_REPLAY, steps(20)),),
+            RunCheck(20, finite=("actor/pg_loss", *REPLAY_MISMATCH), reward_rises_by=0.2, synced=True),
         ),
         Case(
             "megatron_moe_vllm_hybrid",

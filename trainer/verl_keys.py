@@ -288,9 +288,12 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("critic.model.target_modules", "LoRA trains the actor only here"),
     VerlKey("actor_rollout_ref.model.mtp.*", "multi-token prediction (training or speculative decoding) is not here"),
     VerlKey("actor_rollout_ref.rollout.mtp", "multi-token prediction is not here", hint=("null", "none")),
-    VerlKey("*.router_replay.*", "MoE router replay is not here", hint=("disabled", "null", "none")),
-    VerlKey("actor_rollout_ref.rollout.enable_rollout_routing_replay", "MoE router replay is not here",
-            hint=("false",)),
+    VerlKey("*.router_replay.record_file", "recorded expert choices travel in the batch here, not through files",
+            hint=("null", "none")),
+    VerlKey("*.router_replay.replay_file", "recorded expert choices travel in the batch here, not through files",
+            hint=("null", "none")),
+    VerlKey("actor_rollout_ref.ref.router_replay.mode", "the reference policy routes with its own routers here; the "
+            "actor replays", nearest="actor_rollout_ref.actor.router_replay.mode", hint=("disabled", "null", "none")),
     VerlKey("actor_rollout_ref.rollout.multi_turn.max_parallel_calls", "every tool call of a turn runs here, each "
             "in its own thread"),
     VerlKey("actor_rollout_ref.rollout.trace.*", "rollout tracing (mlflow, weave) is not here"),

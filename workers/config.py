@@ -19,6 +19,7 @@ from workers.config_schema import validated
 from workers.config_spec import ACTOR_ROLLOUT_REF_SPEC, WORKER_SECTIONS
 from workers.default_values import REQUIRED, section_defaults
 from workers.lora.spec import check_base_sharing, check_lora_settings
+from workers.routing_replay.settings import check_routing_replay
 
 __all__ = [
     "WORKER_SECTIONS", "actor_rollout_ref_config", "complete_section", "critic_config",
@@ -105,6 +106,7 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
         )
     check_lora_settings(config, where)
     check_base_sharing(config, where)
+    check_routing_replay(config, where)
     _check_lora_reference_groups(config, where)
     _fill_ref_megatron(config, where)
     _fill_ref_sequence_parallel(config, where)

@@ -25,7 +25,13 @@ from workers.config_fields import (
     token_ids,
 )
 from workers.dtypes import DTYPE_NAMES
-from workers.rl_math.names import KL_PENALTY_NAMES, LOSS_AGG_MODES, OLD_LOG_PROB_PASS_CHOICES, POLICY_LOSS_MODES
+from workers.rl_math.names import (
+    KL_PENALTY_NAMES,
+    LOSS_AGG_MODES,
+    OLD_LOG_PROB_PASS_CHOICES,
+    POLICY_LOSS_MODES,
+    ROUTER_REPLAY_MODES,
+)
 from workers.rollout_choices import PARTIAL_ROLLOUT_MODES, ROLLOUT_MODES, STALE_GROUP_POLICIES, STALENESS_VALUES
 
 ROLLOUT_ENGINES = ("hf", "vllm")
@@ -236,6 +242,12 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "router_aux_loss_coef": Field(
             optional(float_in(0.0)), "None (off) or a float >= 0 (a mixture-of-experts model's load-balancing loss)"
         ),
+        "router_replay": {
+            "mode": Field(
+                one_of(*ROUTER_REPLAY_MODES), f"one of {list(ROUTER_REPLAY_MODES)} (a mixture of experts' update "
+                "routes live, or replays the experts the log-prob pass (R2) or the rollout (R3) chose)"
+            ),
+        },
         "use_kl_loss": Field(boolean, "a bool"),
         "kl_loss_coef": Field(float_in(0.0), "a float >= 0"),
         "kl_loss_type": Field(one_of(*KL_PENALTY_NAMES), f"one of {list(KL_PENALTY_NAMES)}"),
@@ -346,6 +358,9 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
         "eos_token_id": Field(optional(token_ids), "None (from the model) or an int / list of ints"),
         "pad_token_id": Field(optional(int_at_least(0)), "None (from the model) or an int"),
         "log_prob_micro_batch_size_per_gpu": Field(int_at_least(1), "an int >= 1"),
+        "enable_rollout_routing_replay": Field(
+            boolean, "a bool (a mixture of experts' rollout returns the experts each token was routed to)"
+        ),
         "multi_turn": multi_turn_spec(),
         "val_kwargs": val_kwargs_spec(),
         **_dynamic_forward_spec("log_prob"),

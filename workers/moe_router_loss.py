@@ -18,7 +18,7 @@ from torch import nn
 ROUTER_OUTPUT_KEY = "router_logits"  # the key of transformers' `_can_record_outputs`
 
 
-def _router_source(model: nn.Module) -> tuple[type, int] | None:
+def router_source(model: nn.Module) -> tuple[type, int] | None:
     """(router module class, index of the logits in its output) that the model declares, or None (dense)."""
     for module in model.modules():
         recorded = getattr(type(module), "_can_record_outputs", None) or {}
@@ -32,7 +32,7 @@ def _router_source(model: nn.Module) -> tuple[type, int] | None:
 
 
 def has_router(model: nn.Module) -> bool:
-    return _router_source(model) is not None
+    return router_source(model) is not None
 
 
 def load_balance_loss(layer_logits: list[torch.Tensor], top_k: int, token_mask: torch.Tensor | None) -> torch.Tensor:
@@ -57,7 +57,7 @@ class RouterLogits:
     """Keeps each MoE layer's router logits during `capturing()`; `balance_loss` turns them into the loss."""
 
     def __init__(self, model: nn.Module, top_k: int) -> None:
-        source = _router_source(model)
+        source = router_source(model)
         if source is None:
             raise ValueError(
                 f"actor.router_aux_loss_coef is set, but {type(model).__name__} declares no mixture-of-experts router "

@@ -28,6 +28,8 @@ from workers.memory import MemoryLog
 from workers.rl_math.rollout_correction import OLD_LOG_PROBS
 from workers.rollout.shaping import rollout_output
 from workers.rollout.weight_sender import WeightSenderMixin
+from workers.routing_replay.passes import log_prob_pass_mode, routing_pass, update_pass_mode
+from workers.routing_replay.token_order import ROUTED_EXPERTS
 from workers.training.actor_loss import actor_forward, actor_loss, required_update_keys
 from workers.training.backend import ResponseForward, ResponseOutputs, TrainBackend
 from workers.training.batch_keys import require_batch_keys
@@ -186,11 +188,15 @@ class ActorRolloutRefWorker(CheckpointMethods, WeightSenderMixin, Worker):
     def compute_log_prob(self, data: DataProto) -> DataProto | None:
         """Actor log-probs of the responses: `old_log_probs` [B, R] and `entropys` [B, R]."""
         engine = self._resident("compute_log_prob")
-        out = self._log_probs(engine, data, "rollout", True, "compute_log_prob")
+        mode = log_prob_pass_mode(self.config)
+        with routing_pass(engine.routing, mode, data, "compute_log_prob", self.step_metrics, "log_prob"):
+            out = self._log_probs(engine, data, "rollout", True, "compute_log_prob")
         self._end_phase("old_log_prob")
         if out is None:
             return None
-        return DataProto.from_dict({"old_log_probs": out["log_probs"], "entropys": out["entropy"]})
+        # Routing replay R2: the experts this pass chose, replayed by the update.
+        recorded = {ROUTED_EXPERTS: out[ROUTED_EXPERTS]} if ROUTED_EXPERTS in out else {}
+        return DataProto.from_dict({"old_log_probs": out["log_probs"], "entropys": out["entropy"], **recorded})
 
     @register(OVER_DATA_PARALLEL)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto | None:
@@ -236,7 +242,9 @@ class ActorRolloutRefWorker(CheckpointMethods, WeightSenderMixin, Worker):
             return actor_loss(outputs, micro, actor_cfg, is_cap)
 
         forward = actor_forward(actor_cfg, temperature)
-        metrics = run_ppo_updates(engine, data, forward, loss_fn, schedule, "update_actor")
+        mode = update_pass_mode(self.config, data)
+        with routing_pass(engine.routing, mode, data, "update_actor", self.step_metrics, "update"):
+            metrics = run_ppo_updates(engine, data, forward, loss_fn, schedule, "update_actor")
         self.update_calls += 1
         self.side.after_update()
         self._updated()

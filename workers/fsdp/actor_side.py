@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -30,6 +30,9 @@ from workers.moe_config import model_has_experts
 from workers.rollout.agent.worker_glue import PROMPT_KEYS, build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import model_token_ids, sampling_params
+from workers.routing_replay.passes import routing_wanted
+from workers.routing_replay.rollout_tables import generation_table
+from workers.routing_replay.token_order import ROUTED_EXPERTS
 from workers.vision.forward_inputs import generate_inputs
 from workers.vision.images import MULTI_MODAL_DATA, ImageInputs, decode_image, row_images
 from workers.vision.models import auto_model_class, is_vision_language, vision_token_ids
@@ -63,6 +66,8 @@ class FSDPActorSide(FSDPSide):
             self.start_metrics["actor/fsdp_shard_ranks"] = float(self.actor.shard_ranks)
             if cfg["actor"].get("router_aux_loss_coef") is not None:
                 self.actor.track_router_loss()
+            if routing_wanted(cfg):
+                self.actor.track_routing()
         if worker.role == "ref" or (worker.role == "actor_rollout_ref" and self.actor.lora is None):
             # With LoRA the reference is the actor's own base model (adapters disabled): no second copy.
             self.ref = FSDPBackend(
@@ -183,8 +188,13 @@ class FSDPActorSide(FSDPSide):
             return hf_agent_generate(self.agent, engine.module, prompts, params, engine.device, rank, synced), {}
         inputs = {k: prompts.batch[k].to(engine.device) for k in PROMPT_KEYS}
         vision = generate_inputs(engine.module, self.with_images(prompts, "generate_sequences"), engine.device)
-        with seeded_sampling(seed, rank, engine.device):
-            return generate_responses(engine.module, inputs, params, synced=synced, model_kwargs=vision), {}
+        records = self.config["rollout"]["enable_rollout_routing_replay"]
+        recording = engine.routing.choices.recording() if records else nullcontext()
+        with seeded_sampling(seed, rank, engine.device), recording:
+            result = generate_responses(engine.module, inputs, params, synced=synced, model_kwargs=vision)
+        if records:  # the experts each token was routed to (routing replay R3)
+            result[ROUTED_EXPERTS] = generation_table(engine.routing.choices.recorded_calls(), result["attention_mask"])
+        return result, {}
 
     def sync_rollout_weights(self, weights_version: int) -> dict[str, float] | None:
         """Hybrid vLLM only; a sleeping engine takes the weights at its next generate: nothing to load here."""

@@ -28,6 +28,7 @@ from workers.lora.spec import LoraSpec
 from workers.moe_router_loss import RouterLogits
 from workers.packing.forward import enable_sequence_parallel
 from workers.packing.ulysses import SequenceParallel
+from workers.routing_replay.passes import ModelRouting, routing_context
 from workers.training.backend import (
     DataParallel,
     MicroKeep,
@@ -87,6 +88,7 @@ class FSDPBackend:
             enable_sequence_parallel(self.module, sequence_parallel, sequence_parallel_setting)
         self.optimizer = build_optimizer(self.module, optim_cfg) if optim_cfg is not None else None
         self.router: RouterLogits | None = None  # track_router_loss()
+        self.routing: ModelRouting | None = None  # track_routing()
         self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_cfg) if self.optimizer is not None else None
 
     @property
@@ -130,6 +132,10 @@ class FSDPBackend:
         config = getattr(self.module.config, "text_config", None) or self.module.config
         self.router = RouterLogits(self.module, int(config.num_experts_per_tok))
 
+    def track_routing(self) -> None:
+        """Hooks on the routers for routing replay (workers/routing_replay/passes.py)."""
+        self.routing = ModelRouting(self.module)
+
     def forward_backward(self, micros: list[DataProto], forward: ResponseForward, loss_fn: MicroLoss) -> MicroResults:
         require_trainable(self.optimizer, "forward_backward")
         self.module.train()
@@ -138,8 +144,10 @@ class FSDPBackend:
         for index, micro in enumerate(micros):
             if replicated:  # the replicas sum their gradient shards once, in the last micro-batch's backward
                 self.module.set_requires_all_reduce(index == len(micros) - 1)
-            loss, kept = loss_fn(self.response_outputs(micro, forward), micro)
-            loss.backward()
+            # A replayed routing holds through the backward too: checkpointed layers route again there.
+            with routing_context(self.routing, micro):
+                loss, kept = loss_fn(self.response_outputs(micro, forward), micro)
+                loss.backward()
             results.cached_block_releases += release_after_micro_batch(self.device)
             results.kept.append(kept)
         return results
@@ -151,7 +159,11 @@ class FSDPBackend:
         kept = []
         with torch.no_grad():
             for micro in micros:
-                kept.append(keep(self.response_outputs(micro, forward), micro))
+                with routing_context(self.routing, micro) as recorded:
+                    outputs = self.response_outputs(micro, forward)
+                if recorded:  # a recording pass (routing replay R2): the experts this forward chose
+                    outputs = dataclasses.replace(outputs, routed_experts=recorded[0])
+                kept.append(keep(outputs, micro))
                 release_after_micro_batch(self.device)
         return kept
 

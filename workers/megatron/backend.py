@@ -78,6 +78,8 @@ def sequence_forward(
 
 
 class MegatronBackend:
+    routing = None  # routing replay hooks Hugging Face routers: FSDP only (workers/config.py)
+
     def __init__(
         self,
         model_cfg: dict[str, Any],

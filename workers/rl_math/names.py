@@ -26,3 +26,7 @@ DEFAULT_LOGITS_CHUNK_TOKENS = 2048
 # actor.old_log_prob_pass: skip the log-prob pass before the update when the update's own forward gives pi_old
 # (auto, trainer/old_log_prob_pass.py), or run it before every update (always).
 OLD_LOG_PROB_PASS_CHOICES: tuple[str, ...] = ("auto", "always")
+
+# actor.router_replay.mode (verl's names): a mixture of experts' training forwards route as they will (disabled),
+# replay the experts the log-prob pass chose (R2) or those the rollout engine chose (R3): workers/routing_replay.
+ROUTER_REPLAY_MODES: tuple[str, ...] = ("disabled", "R2", "R3")

@@ -32,9 +32,12 @@ from workers.rollout.vllm_options import (
     cpu_thread_binding,
     device_options,
     eager_mode,
+    routing_options,
     scheduler_options,
 )
 from workers.rollout.vllm_requests import row_seed, sampled_tokens, vllm_sampling
+from workers.routing_replay.rollout_tables import engine_table
+from workers.routing_replay.token_order import ROUTED_EXPERTS
 from workers.vision.models import collapse_image_placeholders
 
 EXTENSION = "workers.rollout.vllm_extension.WeightSyncExtension"
@@ -117,6 +120,8 @@ class VLLMEngine:
         kwargs.update(scheduler_options(rollout, device))
         kwargs.update(vllm_engine_kwargs(rollout.get("engine_kwargs")))
         kwargs.update(device_options(rollout, device, self.sleep_enabled))
+        kwargs.update(routing_options(rollout, device))
+        self.returns_routing = bool(kwargs.get("enable_return_routed_experts"))
         cpu_notes = {"enable_sleep": "vLLM's CPU backend has no sleep mode",
                      "enable_chunked_prefill": "prompts are prefilled whole there"}
         for key, why in cpu_notes.items():
@@ -186,7 +191,11 @@ class VLLMEngine:
     ) -> dict[str, torch.Tensor]:
         sampled = [sampled_tokens(o) for o in outputs]
         cpu_prompts = {k: v.cpu() for k, v in prompts.items()}
-        return sampled_rollout(cpu_prompts, [t for t, _ in sampled], [lp for _, lp in sampled], params)
+        batch = sampled_rollout(cpu_prompts, [t for t, _ in sampled], [lp for _, lp in sampled], params)
+        if self.returns_routing:  # the experts each token was routed to (routing replay R3)
+            routed = [o.outputs[0].routed_experts for o in outputs]
+            batch[ROUTED_EXPERTS] = engine_table(routed, cpu_prompts["attention_mask"], params.response_length)
+        return batch
 
     def _generate(self, prompts: list[Any], sampling: Any) -> list[Any]:
         """vLLM's `generate` of `prompts` (`TokensPrompt`s) with the synced adapter, if any."""

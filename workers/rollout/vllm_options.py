@@ -83,3 +83,16 @@ def sleeps_between_calls(rollout: dict[str, Any], device: torch.device) -> bool:
     """Whether an engine of these settings releases its weights after each call (GPU sleep mode with
     free_cache_engine): known on every rank of a hybrid group, engine or not."""
     return bool(rollout["enable_sleep"]) and device.type == "cuda" and bool(rollout["free_cache_engine"])
+
+
+def routing_options(rollout: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """`rollout.enable_rollout_routing_replay`: vLLM returns the experts each token was routed to. Its capture runs
+    in the GPU model runner only (the CPU build's asks for Model Runner V2, which needs Triton)."""
+    if not rollout.get("enable_rollout_routing_replay"):
+        return {}
+    if device.type != "cuda":
+        raise ValueError(
+            "rollout.enable_rollout_routing_replay=true with rollout.name='vllm' needs a GPU: vLLM's CPU backend does "
+            "not return the experts it routed to; on CPU use rollout.name='hf' (HF generate records them)"
+        )
+    return {"enable_return_routed_experts": True}

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
 
 from protocol import DataProto
 from workers.training.micro_batching import MicroBatching
+
+if TYPE_CHECKING:
+    from workers.routing_replay.passes import ModelRouting
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class ResponseOutputs:
     values: torch.Tensor | None = None
     scores: torch.Tensor | None = None
     router_loss: torch.Tensor | None = None  # a mixture of experts' load-balancing loss (actor.router_aux_loss_coef)
+    routed_experts: torch.Tensor | None = None  # [b, S, layers, k] the experts a recording pass chose (routing replay)
 
 
 # (a micro-batch's outputs, the micro-batch) -> (scalar loss, what to keep of it: float metrics or tensors)
@@ -89,6 +93,7 @@ class TrainBackend(Protocol):
     device: torch.device
     dtype: torch.dtype
     model_path: str
+    routing: ModelRouting | None  # the routers' hooks of routing replay (FSDP's mixtures of experts), or None
 
     def data_parallel(self) -> DataParallel:
         """The data-parallel ranks of this model's gradient average."""

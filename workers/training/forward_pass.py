@@ -6,6 +6,7 @@ import torch
 
 from protocol import DataProto
 from workers.cached_blocks import release_cached_blocks
+from workers.routing_replay.token_order import ROUTED_EXPERTS
 from workers.training.backend import (
     MicroKeep,
     ResponseForward,
@@ -33,4 +34,6 @@ def response_log_probs(outputs: ResponseOutputs, micro: DataProto) -> dict[str, 
     kept = {"log_probs": outputs.log_probs.float().cpu()}
     if outputs.entropy is not None:
         kept["entropy"] = outputs.entropy.float().cpu()
+    if outputs.routed_experts is not None:  # a recording pass of routing replay (R2)
+        kept[ROUTED_EXPERTS] = outputs.routed_experts
     return kept

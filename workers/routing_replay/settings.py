@@ -1,0 +1,43 @@
+"""Which settings routing replay works with, checked with the rest of the worker config (no torch here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def check_routing_replay(config: dict[str, Any], where: str) -> None:
+    """`actor.router_replay.mode` and `rollout.enable_rollout_routing_replay` of a completed actor_rollout_ref
+    config; `where` prefixes the keys named in errors."""
+    mode = config["actor"]["router_replay"]["mode"]
+    rollout = config["rollout"]
+    records = rollout["enable_rollout_routing_replay"]
+    if mode == "disabled" and not records:
+        return
+    prefix = f"{where}." if where else ""
+    mode_key, rollout_key = f"{prefix}actor.router_replay.mode", f"{prefix}rollout.enable_rollout_routing_replay"
+    setting = f"{mode_key}={mode}" if mode != "disabled" else f"{rollout_key}=true"
+    if config["actor"]["strategy"] != "fsdp":
+        raise ValueError(
+            f"{setting} applies to actor.strategy='fsdp' only (it hooks the Hugging Face model's routers; "
+            f"Megatron-core builds its own layers); set {mode_key}=disabled and {rollout_key}=false"
+        )
+    if mode == "R3" and not records:
+        raise ValueError(
+            f"{mode_key}=R3 replays the experts the rollout chose: set {rollout_key}=true too (verl's pair), or "
+            f"{mode_key}=R2 to replay those of the log-prob pass"
+        )
+    if mode == "R2" and records:
+        raise ValueError(
+            f"{mode_key}=R2 replays the experts the trainer's own log-prob pass chose, {rollout_key}=true is for R3's "
+            f"(the rollout's); set {mode_key}=R3, or {rollout_key}=false"
+        )
+    if records and rollout["multi_turn"]["enable"]:
+        raise ValueError(
+            f"{rollout_key}=true: the multi-turn agent loop does not return the experts of its turns yet; set "
+            f"{rollout_key}=false (and {mode_key}=disabled or R2) or rollout.multi_turn.enable=false"
+        )
+    if records and rollout["async_training"]:
+        raise ValueError(
+            f"{rollout_key}=true: the asynchronous rollout (rollout.async_training=true) does not return the experts "
+            f"yet; set {rollout_key}=false (and {mode_key}=disabled or R2) or rollout.async_training=false"
+        )
