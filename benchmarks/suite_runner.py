@@ -29,7 +29,9 @@ STEP_TIME = "timing/step_s"
 SYNC_GAP = "rollout/sync_logprob_max_diff"  # logged by every verified weight sync (rollout.verify_sync=true)
 ENGINE_GAP = "rollout/logprob_gap_mean"  # |engine - trainer| log-prob of the sampled tokens, per step
 SCALED_SYNC_GAP = "rollout/sync_logprob_scaled_max_diff"  # the gap over each token's bound scale (verify.py)
-SHARED_GPU_RACE = "Error in memory profiling"  # vLLM: the GPU's free memory grew while it measured its start-up
+# vLLM's checks of the whole GPU's free memory, which a neighbouring case upsets: at start-up (it grew while the
+# engine measured its own use) and at sleep (the device's use after it is above the use before).
+SHARED_GPU_RACES = ("Error in memory profiling", "Memory usage increased after sleeping")
 _ERROR_LINE = re.compile(
     r"^(error: .*|[\w.]*(Error|Exception|Mismatch|Interrupt)(\(.*?\))?: .*|[\w.]*(Error|Exception))$"
 )
@@ -270,11 +272,11 @@ def _run_command(argv: list[str], folder: Path, log: Path, timeout_s: float, env
 
 def run_case(case: Case, root: Path, env: dict[str, str] | None = None) -> CaseResult:
     """Run `case` in `root/<name>` (made empty first): its commands in order while they succeed, then its check.
-    A case stopped by vLLM's start-up check on memory that another case freed meanwhile runs once more
-    (`retried` says why): two cases share a GPU, and vLLM refuses to start when the GPU's free memory grows
-    while it measures its own use."""
+    A case stopped by one of vLLM's checks of the whole GPU's memory that a neighbouring case upset runs once more
+    (`retried` says why): two cases share a GPU, and vLLM refuses to start when the GPU's free memory grows while
+    it measures its own use, and stops when the device's use grew while its engine went to sleep."""
     result = _attempt(case, root, env)
-    if result.error is not None and SHARED_GPU_RACE in result.error:
+    if result.error is not None and any(race in result.error for race in SHARED_GPU_RACES):
         first_error = result.error
         result = _attempt(case, root, env)
         result.retried = first_error
