@@ -44,3 +44,20 @@ def test_r3_replays_the_rollouts_experts_and_trains_as_r2(ray_cluster, tiny_asse
         assert a.pop("router_replay/mismatch_update") == pytest.approx(b.pop("router_replay/mismatch_update"), abs=0.01)
         a.pop("router_replay/mismatch_log_prob")
         assert a == pytest.approx(b, rel=1e-5, abs=1e-9), (a, b)
+
+
+def test_r3_replays_in_a_checkpointed_update_that_gives_pi_old(ray_cluster, tiny_assets, tmp_path):
+    # One optimizer step per batch: no log-prob pass (the update's own forward gives pi_old), so the first replayed
+    # forward is a training forward whose checkpointed layers route again in the backward.
+    assets = {**tiny_assets, "model": str(build_tiny_moe(tmp_path / "tiny_moe", seed=0))}
+    cfg = load_config(run_overrides(
+        assets, tmp_path / "run", ONE_RANK, "trainer.total_training_steps=1", "trainer.test_freq=-1",
+        "trainer.val_before_train=false", "trainer.save_at_end=false", "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        "actor_rollout_ref.actor.router_replay.mode=R3", "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+    ))
+    (record,) = run(cfg)
+    assert "router_replay/mismatch_log_prob" not in record  # no log-prob pass ran
+    # Before any optimizer step the trainer's routers choose what HF generate's did, token for token.
+    assert record["router_replay/mismatch_update"] == 0.0
+    assert record["actor/grad_norm"] > 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils.checkpoint import CheckpointError
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeForCausalLM
 
 from trainer.tiny_model import build_char_tokenizer
@@ -200,3 +201,37 @@ def test_vllm_is_asked_for_its_choices_on_a_gpu_and_refused_on_cpu():
     assert routing_options(records, torch.device("cuda")) == {"enable_return_routed_experts": True}
     with pytest.raises(ValueError, match=r"needs a GPU: vLLM's CPU backend does not return .* rollout.name='hf'"):
         routing_options(records, torch.device("cpu"))
+
+
+def _replayed_gradients(checkpointing: bool, backward_inside: bool) -> list[torch.Tensor]:
+    model, batch = tiny_moe(), padded_batch()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    choices = RouterChoices(model)
+    order = TokenOrder(batch["attention_mask"].bool(), packed=False, sequence_parallel=None)
+    with torch.no_grad(), choices.recording():
+        logits(model, batch)
+    table = order.to_positions(choices.recorded_calls()[0])
+    recorded = table != NOT_RECORDED
+    table[recorded] = (table[recorded] + 3) % EXPERTS
+    with choices.replaying(order.to_forward(table)):
+        loss = logits(model, batch).square().mean()
+        if backward_inside:
+            loss.backward()
+    if not backward_inside:
+        loss.backward()
+    return [parameter.grad for parameter in model.parameters()]
+
+
+def test_checkpointed_layers_replay_in_the_backward_too():
+    # A checkpointed layer routes again when the backward recomputes it: with the replay held through the backward
+    # (as FSDPBackend.forward_backward holds it) the gradients are those of the plain forward, also when this is the
+    # first replayed forward (the hook's one-time check of the router's weighting saves nothing the recompute would
+    # not). A recompute routed live sends the tokens to other experts: torch refuses it.
+    plain = _replayed_gradients(checkpointing=False, backward_inside=True)
+    held = _replayed_gradients(checkpointing=True, backward_inside=True)
+    for a, b in zip(plain, held):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(CheckpointError, match="different number of tensors was saved"):
+        _replayed_gradients(checkpointing=True, backward_inside=False)

@@ -169,7 +169,9 @@ class RouterChoices:
         probs = torch.softmax(logits.float(), dim=-1)
         router_class = type(module)
         if router_class not in self._renormalised:
-            self._renormalised[router_class] = _weight_rule(router_class, probs, weights, live)
+            # Outside autograd: a checkpointed layer's recompute skips this check, and must save the same tensors.
+            with torch.no_grad():
+                self._renormalised[router_class] = _weight_rule(router_class, probs, weights, live)
         picked = probs.gather(-1, chosen)
         if self._renormalised[router_class]:
             picked = picked / picked.sum(dim=-1, keepdim=True)
