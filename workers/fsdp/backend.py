@@ -134,7 +134,7 @@ class FSDPBackend:
 
     def track_routing(self) -> None:
         """Hooks on the routers for routing replay (workers/routing_replay/passes.py)."""
-        self.routing = ModelRouting(self.module)
+        self.routing = ModelRouting(self.module, self.device)
 
     def forward_backward(self, micros: list[DataProto], forward: ResponseForward, loss_fn: MicroLoss) -> MicroResults:
         require_trainable(self.optimizer, "forward_backward")

@@ -158,7 +158,7 @@ class RouterChoices:
                 f"but the recorded routing for this forward is {tuple(table.shape)} (tokens, layers, experts per "
                 "token): the recorded routing does not belong to these tokens"
             )
-        return table[:, layer].to(live.device)
+        return table[:, layer].to(live.device)  # no copy where the table is on the router's device already
 
     def _weights(
         self, module: nn.Module, logits: torch.Tensor, weights: torch.Tensor, live: torch.Tensor, chosen: torch.Tensor

@@ -52,8 +52,9 @@ def update_pass_mode(config: dict[str, Any], data: DataProto) -> PassMode | None
 class ModelRouting:
     """A trained model's `RouterChoices` and the mode of the pass running on it (None: live routing)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.model = model
+        self.device = device
         self.choices = RouterChoices(model)
         self.mode: PassMode | None = None
 
@@ -87,7 +88,8 @@ class ModelRouting:
                 raise RuntimeError(f"routing replay: one forward routed its tokens {len(calls)} times, expected once")
             recorded.append(order.to_positions(calls[0]).cpu())
             return
-        table = order.to_forward(micro.batch[ROUTED_EXPERTS])
+        # On the model's device once per micro-batch: each router then reads its layer's column without a copy.
+        table = order.to_forward(micro.batch[ROUTED_EXPERTS].to(self.device))
         context = self.choices.replaying(table) if self.mode == "replay" else self.choices.comparing(table)
         with context:
             yield recorded
