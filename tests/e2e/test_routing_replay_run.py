@@ -14,24 +14,25 @@ from trainer.tiny_moe import build_tiny_moe
 pytestmark = pytest.mark.slow
 
 STEPS = 2
+R3 = ("actor_rollout_ref.actor.router_replay.mode=R3", "actor_rollout_ref.rollout.enable_rollout_routing_replay=true")
+# Four optimizer steps per batch of 8 prompts, with pi_old from a log-prob pass before them.
+FOUR_STEPS_AFTER_A_PASS = (
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.old_log_prob_pass=always"
+)
 
 
-def _run(assets: dict, out_dir, *replay: str) -> list[dict]:
-    cfg = load_config(run_overrides(
-        assets, out_dir, ONE_RANK, f"trainer.total_training_steps={STEPS}", "trainer.test_freq=-1",
-        "trainer.val_before_train=false", "trainer.save_at_end=false", "data.train_batch_size=8",
-        # Four optimizer steps per batch, with pi_old from a log-prob pass before them.
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.old_log_prob_pass=always",
-        *replay,
-    ))
-    return run(cfg)
+def _run(tmp_path, tiny_assets, name: str, *extra: str) -> list[dict]:
+    assets = {**tiny_assets, "model": str(build_tiny_moe(tmp_path / "tiny_moe", seed=0))}
+    return run(load_config(run_overrides(
+        assets, tmp_path / name, "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_at_end=false",
+        "data.train_batch_size=8", *extra,
+    )))
 
 
 def test_r3_replays_the_rollouts_experts_and_trains_as_r2(ray_cluster, tiny_assets, tmp_path):
-    assets = {**tiny_assets, "model": str(build_tiny_moe(tmp_path / "tiny_moe", seed=0))}
-    r3 = _run(assets, tmp_path / "r3", "actor_rollout_ref.actor.router_replay.mode=R3",
-              "actor_rollout_ref.rollout.enable_rollout_routing_replay=true")
-    r2 = _run(assets, tmp_path / "r2", "actor_rollout_ref.actor.router_replay.mode=R2")
+    steps = (ONE_RANK, f"trainer.total_training_steps={STEPS}", *FOUR_STEPS_AFTER_A_PASS)
+    r3 = _run(tmp_path, tiny_assets, "r3", *steps, *R3)
+    r2 = _run(tmp_path, tiny_assets, "r2", *steps, "actor_rollout_ref.actor.router_replay.mode=R2")
     assert len(r3) == len(r2) == STEPS
     # The log-prob pass replayed the rollout's experts, and its own router agreed with every one of them.
     assert [record["router_replay/mismatch_log_prob"] for record in r3] == [0.0] * STEPS
@@ -49,15 +50,23 @@ def test_r3_replays_the_rollouts_experts_and_trains_as_r2(ray_cluster, tiny_asse
 def test_r3_replays_in_a_checkpointed_update_that_gives_pi_old(ray_cluster, tiny_assets, tmp_path):
     # One optimizer step per batch: no log-prob pass (the update's own forward gives pi_old), so the first replayed
     # forward is a training forward whose checkpointed layers route again in the backward.
-    assets = {**tiny_assets, "model": str(build_tiny_moe(tmp_path / "tiny_moe", seed=0))}
-    cfg = load_config(run_overrides(
-        assets, tmp_path / "run", ONE_RANK, "trainer.total_training_steps=1", "trainer.test_freq=-1",
-        "trainer.val_before_train=false", "trainer.save_at_end=false", "data.train_batch_size=8",
+    (record,) = _run(
+        tmp_path, tiny_assets, "run", ONE_RANK, "trainer.total_training_steps=1",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
-        "actor_rollout_ref.actor.router_replay.mode=R3", "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
-    ))
-    (record,) = run(cfg)
+        *R3,
+    )
     assert "router_replay/mismatch_log_prob" not in record  # no log-prob pass ran
     # Before any optimizer step the trainer's routers choose what HF generate's did, token for token.
     assert record["router_replay/mismatch_update"] == 0.0
     assert record["actor/grad_norm"] > 0
+
+
+def test_each_ulysses_rank_replays_its_shard_of_the_rollouts_experts(ray_cluster, tiny_assets, tmp_path):
+    # Two ranks share each packed row (Ulysses): each routes its contiguous shard of the row, and replays that shard
+    # of the rollout's table. A shard mapped to the wrong tokens would disagree with the trainer's own choices.
+    (record,) = _run(
+        tmp_path, tiny_assets, "run", "trainer.n_gpus_per_node=2", "trainer.total_training_steps=1",
+        *FOUR_STEPS_AFTER_A_PASS, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", *R3,
+    )
+    assert record["router_replay/mismatch_log_prob"] == 0.0
+    assert 0.0 < record["router_replay/mismatch_update"] < 1.0
