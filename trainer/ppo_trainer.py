@@ -34,6 +34,7 @@ from workers.rl_math.rollout_correction import (
     logprob_gap_metrics,
     truncated_is_weights,
 )
+from workers.routing_replay.token_order import without_routing_table
 
 
 def mean_metrics(per_worker: list[dict[str, float]], prefix: str) -> dict[str, float]:
@@ -77,17 +78,17 @@ class PPOTrainer(StepLoop):
             is_metrics = self._importance_weights(rollout)
         if self.roles.uses_reference:
             with timer("ref_log_prob"):
-                rollout = rollout.union(actor.compute_ref_log_prob(rollout))
+                rollout = rollout.union(actor.compute_ref_log_prob(without_routing_table(rollout)))
         if self.roles.critic is not None:
             with timer("values"):
-                rollout = rollout.union(self.roles.critic.compute_values(rollout))
+                rollout = rollout.union(self.roles.critic.compute_values(without_routing_table(rollout)))
         with timer("advantage"):
             rollout.batch["token_level_rewards"], kl_metrics = token_level_rewards(rollout, self.algo, self.kl_ctrl)
             rollout.batch["advantages"], rollout.batch["returns"] = compute_advantage(rollout, self.algo)
         metrics: dict[str, float] = {}
         if self.roles.critic is not None:
             with timer("update_critic"):
-                metrics.update(mean_metrics(self.roles.critic.update_critic(rollout), "critic"))
+                metrics.update(mean_metrics(self.roles.critic.update_critic(without_routing_table(rollout)), "critic"))
         if self._actor_trains():
             with timer("update_actor"):
                 metrics.update(mean_metrics(actor.update_actor(rollout), "actor"))
@@ -121,7 +122,7 @@ class PPOTrainer(StepLoop):
             rule_scores = task.numpy()
             reward_fn_s = time.perf_counter() - reward_started
             if self.roles.reward_model is not None:
-                rm_scores = self.roles.reward_model.compute_rm_score(rollout).batch["rm_scores"]
+                rm_scores = self.roles.reward_model.compute_rm_score(without_routing_table(rollout)).batch["rm_scores"]
                 reward_metrics["reward_model_mean"] = float(rm_scores.sum(-1).mean())
                 scores = scores + rm_scores
             rollout.batch["token_level_scores"] = scores

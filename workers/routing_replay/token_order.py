@@ -14,11 +14,21 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from protocol import DataProto
 from workers.packing.forward import is_packed, sequence_parallel_of
 from workers.packing.ulysses import SequenceParallel, gather_shards
 from workers.routing_replay.hooks import NOT_RECORDED
 
 ROUTED_EXPERTS = "routed_experts"  # batch key: int16 [B, S, layers, k], `NOT_RECORDED` where the live router picks
+
+
+def without_routing_table(batch: DataProto) -> DataProto:
+    """`batch` without its routing table, for the roles that route live (reference, critic, reward model): the
+    table is the batch's largest tensor on a mixture of experts (~0.3 GB a step at 30B-A3B's shape), so it is
+    not sent where nothing reads it. The other tensors are shared, not copied; `batch` is left as it was."""
+    if ROUTED_EXPERTS not in batch.batch.keys():
+        return batch
+    return batch.select(batch_keys=[key for key in batch.batch.keys() if key != ROUTED_EXPERTS])
 
 
 @dataclass(frozen=True)
