@@ -112,14 +112,8 @@ def test_a_table_of_other_tokens_is_refused():
 
 
 def test_a_dense_model_is_named():
-    config = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)
     with pytest.raises(ValueError, match=r"Qwen2ForCausalLM declares no mixture-of-experts router.*mode=disabled"):
         RouterChoices(Qwen2ForCausalLM(config))
 
@@ -173,11 +167,8 @@ def test_vllm_arrays_line_up_with_the_left_padded_prompts():
     assert table.shape == (2, 6, LAYERS, 2)
     assert table[0, :, 0, 0].tolist() == [-1, 0, 4, 8, 12, -1]
     assert table[1, :, 0, 0].tolist() == [5, 5, 5, -1, -1, -1]
-    with pytest.raises(
-        RuntimeError,
-        match=r"no expert choices for 1 of 2 responses \(rows \[1\]\).*"
-        "enable_return_routed_experts",
-    ):
+    with pytest.raises(RuntimeError, match=r"no expert choices for 1 of 2 responses \(rows \[1\]\).*"
+                                            "enable_return_routed_experts"):
         engine_table([routed[0], None], prompt_mask, response_length=3)
 
 
@@ -189,11 +180,8 @@ def test_the_settings_are_checked_before_anything_starts():
     assert _config()["actor"]["router_replay"]["mode"] == "disabled"
     assert _config(actor={"router_replay": {"mode": "R2"}})["rollout"]["enable_rollout_routing_replay"] is False
     replays = {"actor": {"router_replay": {"mode": "R3"}}}
-    with pytest.raises(
-        ValueError,
-        match=r"mode=R3 replays the experts the rollout chose: set "
-        r"rollout.enable_rollout_routing_replay=true",
-    ):
+    with pytest.raises(ValueError, match=r"mode=R3 replays the experts the rollout chose: set "
+                                         r"rollout.enable_rollout_routing_replay=true"):
         _config(**replays)
     _config(**replays, rollout={"enable_rollout_routing_replay": True})
     with pytest.raises(ValueError, match=r"mode=R2 replays the experts the trainer's own log-prob pass chose"):
@@ -251,9 +239,8 @@ def test_checkpointed_layers_replay_in_the_backward_too():
 
 
 def test_roles_that_route_live_are_sent_the_batch_without_its_table():
-    batch = DataProto.from_dict(
-        {**padded_batch(), ROUTED_EXPERTS: torch.zeros(3, 12, LAYERS, ACTIVE_EXPERTS, dtype=torch.int16)}
-    )
+    table = torch.zeros(3, 12, LAYERS, ACTIVE_EXPERTS, dtype=torch.int16)
+    batch = DataProto.from_dict({**padded_batch(), ROUTED_EXPERTS: table})
     sent = without_routing_table(batch)
     assert ROUTED_EXPERTS not in sent.batch.keys()
     assert ROUTED_EXPERTS in batch.batch.keys()  # the actor's later calls still have it
