@@ -70,3 +70,19 @@ def test_each_ulysses_rank_replays_its_shard_of_the_rollouts_experts(ray_cluster
     )
     assert record["router_replay/mismatch_log_prob"] == 0.0
     assert 0.0 < record["router_replay/mismatch_update"] < 1.0
+
+
+def test_r3_replays_the_experts_of_a_multi_turn_rollout(ray_cluster, tiny_assets, tmp_path):
+    # The tool task's agent loop on HF generate: each turn records the experts of the whole conversation so far, and
+    # the batch's table is the latest turn's; the log-prob pass over prompt, model and tool tokens agrees with it.
+    from trainer.datasets.synthetic import write_synthetic_dataset
+
+    data = tmp_path / "data_tool_vault"
+    write_synthetic_dataset(str(data), tasks=("tool_vault",), seed=0)
+    assets = {**tiny_assets, "train": str(data / "train.parquet"), "val": str(data / "val.parquet")}
+    history = _run(
+        tmp_path, assets, "run", "task=tool_vault", ONE_RANK, f"trainer.total_training_steps={STEPS}",
+        *FOUR_STEPS_AFTER_A_PASS, *R3,
+    )
+    assert [record["router_replay/mismatch_log_prob"] for record in history] == [0.0] * STEPS
+    assert all(0.0 < record["router_replay/mismatch_update"] < 1.0 for record in history)

@@ -340,3 +340,56 @@ def test_hf_turns_log_probs_match_the_trainers_on_model_tokens(tiny_assets):
         recomputed, _ = response_log_probs_and_entropy(model, DataProto.from_dict(out), torch.device("cpu"), 1.0, False)
     gap = (recomputed - out["rollout_log_probs"]).abs()[mask]
     assert gap.max() < 1e-4, gap.max()  # positions and attention over the holes are what the trainer sees
+
+
+def test_hf_turns_record_the_experts_of_every_token_the_conversation_ran():
+    # Routing replay (R3) on a multi-turn rollout: each turn's generate runs the whole conversation so far, and the
+    # latest turn's choices cover every position but its own last sampled token (and a tool message after it).
+    from transformers import Qwen3MoeForCausalLM
+
+    from trainer.tiny_moe import EXPERTS, build_tiny_moe_config
+    from workers.rollout.agent.engines import HFTurns
+    from workers.routing_replay.hooks import NOT_RECORDED, RouterChoices
+    from workers.routing_replay.token_order import ROUTED_EXPERTS, TokenOrder
+
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(build_tiny_moe_config(TOKENIZER)).eval()
+    choices = RouterChoices(model)
+    agent = make_agent(response_length=64, max_turns=3, max_tokens_per_turn=6)
+    prompts = prompt_batch(4)
+    turns = HFTurns(model, PARAMS, torch.device("cpu"), synced=False, routing=choices)
+    loop = AgentLoop(turns, AlwaysCall(), agent.bridge, agent.settings)
+    contexts = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
+    conversations = loop.run(contexts, [agent.new_environment() for _ in range(4)])
+    out = conversation_batch(prompts, conversations, 64, PAD)
+    assert out["num_turns"].tolist() == [3] * 4
+    table, mask = out[ROUTED_EXPERTS], out["attention_mask"].bool()
+    assert table.dtype == torch.int16 and table.shape[:2] == mask.shape
+    recorded = (table != NOT_RECORDED).all(dim=(2, 3))
+    for row, conversation in enumerate(conversations):
+        ran = len(conversation.prompt) + len(conversation.response) - 1  # the last turn's last token never ran
+        assert recorded[row].sum() == ran and not (recorded[row] & ~mask[row]).any()
+    # The trainer's forward over the whole conversation chooses what the turns chose, token for token.
+    order = TokenOrder(mask, packed=False, sequence_parallel=None)
+    batch = {key: out[key] for key in ("input_ids", "attention_mask", "position_ids")}
+    with torch.no_grad(), choices.comparing(order.to_forward(table)):
+        model(**batch)
+    assert choices.pop_mismatch() == 0.0
+    table[recorded] = (table[recorded].long() + 1).remainder(EXPERTS).to(torch.int16)  # every choice moved: all differ
+    with torch.no_grad(), choices.comparing(order.to_forward(table)):
+        model(**batch)
+    assert choices.pop_mismatch() == 1.0
+
+
+def test_a_turn_cut_by_the_budget_keeps_the_experts_of_the_tokens_kept():
+    # An engine returns the experts of every token it ran ([context + sampled - 1, layers, k], vLLM's per-request
+    # array); a turn cut to the response budget keeps those of its context and of the kept tokens but the last.
+    from workers.rollout.agent.loop import Conversation
+
+    agent = make_agent(response_length=4)
+    loop = AgentLoop(ScriptedTurns(TOKENIZER, EOS, lambda request: ""), AlwaysCall(), agent.bridge, agent.settings)
+    conversation = Conversation(0, [5, 6, 7], agent.new_environment())
+    routed = torch.arange(3 + 6 - 1).view(-1, 1, 1).expand(-1, 2, 2)  # 6 sampled tokens after a 3-token context
+    loop.after_turn(conversation, TurnOutput([9] * 6, [-0.1] * 6, routed_experts=routed))
+    assert conversation.truncated and len(conversation.response) == 4
+    assert conversation.routing[:, 0, 0].tolist() == list(range(3 + 4 - 1))

@@ -188,8 +188,9 @@ def test_the_settings_are_checked_before_anything_starts():
         _config(actor={"router_replay": {"mode": "R2"}}, rollout={"enable_rollout_routing_replay": True})
     with pytest.raises(ValueError, match=r"router_replay.mode' must be one of \['disabled', 'R2', 'R3'\].*got 'r3'"):
         _config(actor={"router_replay": {"mode": "r3"}})
-    with pytest.raises(ValueError, match=r"multi-turn agent loop does not return the experts"):
-        _config(rollout={"enable_rollout_routing_replay": True, "multi_turn": {"enable": True}})
+    # The multi-turn agent loop's turns record their experts too.
+    multi_turn = _config(rollout={"enable_rollout_routing_replay": True, "multi_turn": {"enable": True}})
+    assert multi_turn["rollout"]["multi_turn"]["enable"] is True
     with pytest.raises(ValueError, match=r"applies to actor.strategy='fsdp' only"):
         _config(actor={"strategy": "megatron", "router_replay": {"mode": "R2"}})
 

@@ -175,7 +175,9 @@ class FSDPActorSide(FSDPSide):
             if self.agent is not None:
 
                 def run(vllm: Any) -> Any:  # the multi-turn agent loop on this rank's engine
-                    return vllm_agent_generate(self.agent, vllm.llm, prompts, params, rank, vllm.lora_request)
+                    return vllm_agent_generate(
+                        self.agent, vllm.llm, prompts, params, rank, vllm.lora_request, vllm.returns_routing
+                    )
 
             elif MULTI_MODAL_DATA in prompts.non_tensor_batch:  # vLLM decodes and processes the images itself
                 images = [[decode_image(encoded) for encoded in row] for row in row_images(prompts)]
@@ -184,11 +186,13 @@ class FSDPActorSide(FSDPSide):
                 after_sync=self.residency.rollout_needs_device, run=run, images=images,
             )
         engine.module.eval()
+        records = self.config["rollout"]["enable_rollout_routing_replay"]  # the experts of each token (R3)
         if self.agent is not None:
-            return hf_agent_generate(self.agent, engine.module, prompts, params, engine.device, rank, synced), {}
+            routing = engine.routing.choices if records else None
+            turns = hf_agent_generate(self.agent, engine.module, prompts, params, engine.device, rank, synced, routing)
+            return turns, {}
         inputs = {k: prompts.batch[k].to(engine.device) for k in PROMPT_KEYS}
         vision = generate_inputs(engine.module, self.with_images(prompts, "generate_sequences"), engine.device)
-        records = self.config["rollout"]["enable_rollout_routing_replay"]
         recording = engine.routing.choices.recording() if records else nullcontext()
         with seeded_sampling(seed, rank, engine.device), recording:
             result = generate_responses(engine.module, inputs, params, synced=synced, model_kwargs=vision)

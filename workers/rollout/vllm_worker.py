@@ -79,7 +79,9 @@ class VLLMRolloutWorker(StreamWorkerMixin, Worker):
             images = [[decode_image(encoded) for encoded in row] for row in row_images(prompts)]
         with self._engine_idle("generate_sequences"):
             if self.agent is not None:
-                result = vllm_agent_generate(self.agent, engine.llm, prompts, params, self.rank, engine.lora_request)
+                result = vllm_agent_generate(
+                    self.agent, engine.llm, prompts, params, self.rank, engine.lora_request, engine.returns_routing
+                )
             else:
                 forced = forced_lengths(prompts.non_tensor_batch, len(prompts), params.response_length)
                 result = engine.generate(

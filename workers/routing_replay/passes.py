@@ -63,8 +63,9 @@ class ModelRouting:
         if mode in ("replay", "compare") and ROUTED_EXPERTS not in data.batch.keys():
             raise ValueError(
                 f"{method}: routing replay wants the rollout's expert choices ({ROUTED_EXPERTS!r}) in the batch, and "
-                "it has none: set rollout.enable_rollout_routing_replay=true (the single-turn rollout of vLLM on a "
-                "GPU, or HF generate, records them), or actor.router_replay.mode=R2 (the log-prob pass records them)"
+                "it has none: set rollout.enable_rollout_routing_replay=true (vLLM on a GPU or HF generate "
+                "records them, single-turn or in the agent loop), or actor.router_replay.mode=R2 (the log-prob pass "
+                "records them)"
             )
         self.mode = mode
         try:

@@ -24,6 +24,20 @@ def generation_table(calls: Sequence[torch.Tensor], attention_mask: torch.Tensor
     return table.to(torch.int16).cpu()
 
 
+def generation_rows(
+    calls: Sequence[torch.Tensor], context_lengths: Sequence[int], sampled_lengths: Sequence[int]
+) -> list[torch.Tensor]:
+    """HF generate's router calls over left-padded contexts (a prefill of B x max(context) tokens, then one decode
+    step of B tokens after another) -> per row, the experts of the tokens it ran in order: its context and its
+    sampled tokens but the last ([context + sampled - 1, layers, k], as vLLM returns a request's)."""
+    batch, width = len(context_lengths), max(context_lengths)
+    per_row = torch.cat([call.reshape(batch, -1, *call.shape[1:]) for call in calls], dim=1)
+    return [
+        per_row[row, width - context : width + sampled - 1].to(torch.int16).cpu()
+        for row, (context, sampled) in enumerate(zip(context_lengths, sampled_lengths))
+    ]
+
+
 def engine_table(routed: Sequence[Any], prompt_mask: torch.Tensor, response_length: int) -> torch.Tensor:
     """vLLM's `routed_experts` of each request ([its prompt tokens + its response tokens - 1, layers, k]: every
     token the engine ran, in order) -> the table over the left-padded prompts `prompt_mask` [B, P] and

@@ -14,6 +14,8 @@ import torch
 
 from workers.rollout.agent.loop import Conversation
 from workers.rollout.shaping import rollout_tensors
+from workers.routing_replay.rollout_tables import engine_table
+from workers.routing_replay.token_order import ROUTED_EXPERTS
 
 
 def conversation_batch(
@@ -41,9 +43,13 @@ def conversation_batch(
         "hit_max_turns": [int(c.hit_max_turns) for c in conversations],
     }
     rewards = [c.env.reward(c.final_text) for c in conversations]
+    routing = {}
+    if any(c.routing is not None for c in conversations):  # routing replay: one table over prompt + response
+        routing[ROUTED_EXPERTS] = engine_table([c.routing for c in conversations], attention_mask, response_length)
     return {
         **rollout_tensors(prompts, responses, in_response, model_mask),
         "rollout_log_probs": log_probs * model_mask,
         "env_reward": torch.tensor([math.nan if r is None else float(r) for r in rewards], dtype=torch.float32),
         **{key: torch.tensor(values, dtype=torch.int64) for key, values in counts.items()},
+        **routing,
     }

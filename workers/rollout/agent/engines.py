@@ -8,6 +8,7 @@ running batch as soon as its conversation is ready (continuous batching), no rou
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -18,6 +19,8 @@ from workers.rollout.agent.loop import TurnOutput, TurnRequest
 from workers.rollout.hf_generate import generate_token_lists
 from workers.rollout.sampling import SamplingParams
 from workers.rollout.vllm_requests import add_token_request, sampled_tokens, vllm_sampling
+from workers.routing_replay.hooks import RouterChoices
+from workers.routing_replay.rollout_tables import generation_rows
 
 
 def turn_seed(call_seed: int, rank: int, row: int, turn: int) -> int:
@@ -28,8 +31,16 @@ def turn_seed(call_seed: int, rank: int, row: int, turn: int) -> int:
 class HFTurns:
     lockstep = True
 
-    def __init__(self, model: nn.Module, params: SamplingParams, device: torch.device, synced: bool) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        params: SamplingParams,
+        device: torch.device,
+        synced: bool,
+        routing: RouterChoices | None = None,
+    ) -> None:
         self.model, self.params, self.device, self.synced = model, params, device, synced
+        self.routing = routing  # routing replay: the model's routers record each turn's experts
 
     def any_work(self, local: bool) -> bool:
         if not self.synced:
@@ -43,9 +54,15 @@ class HFTurns:
             return []
         # A rank with nothing to do still takes part in the other ranks' generate (FSDP gathers).
         rows = requests or [TurnRequest(-1, 0, [self.params.pad_token_id], 1)]
-        results = generate_token_lists(self.model, [r.context for r in rows], self.params, self.device, self.synced,
-                                       limits=[r.max_tokens for r in rows])
-        return [TurnOutput(tokens, log_probs) for tokens, log_probs in results] if requests else []
+        recording = self.routing.recording() if self.routing is not None else nullcontext()
+        with recording:
+            results = generate_token_lists(self.model, [r.context for r in rows], self.params, self.device,
+                                           self.synced, limits=[r.max_tokens for r in rows])
+        routed: list[torch.Tensor | None] = [None] * len(rows)
+        if self.routing is not None:
+            calls = self.routing.recorded_calls()
+            routed = list(generation_rows(calls, [len(r.context) for r in rows], [len(t) for t, _ in results]))
+        return [TurnOutput(t, lp, routed_experts=r) for (t, lp), r in zip(results, routed)] if requests else []
 
 
 class VLLMTurns:
@@ -54,11 +71,18 @@ class VLLMTurns:
     batch independently (a `StreamingTurnGenerator`)."""
 
     def __init__(
-        self, llm: Any, params: SamplingParams, call_seed: int | None, rank: int, lora_request: Any = None
+        self,
+        llm: Any,
+        params: SamplingParams,
+        call_seed: int | None,
+        rank: int,
+        lora_request: Any = None,
+        returns_routing: bool = False,
     ) -> None:
         self.engine = llm.llm_engine
         self.params, self.call_seed, self.rank = params, call_seed, rank
         self.lora_request = lora_request  # the synced LoRA adapter every turn uses (None: the plain model)
+        self.returns_routing = returns_routing  # the engine returns each request's experts (routing replay)
         self.submitted: dict[str, TurnRequest] = {}
 
     def submit(self, request: TurnRequest) -> None:
@@ -74,7 +98,9 @@ class VLLMTurns:
         finished = []
         for output in self.engine.step():
             if output.finished and output.request_id in self.submitted:
-                finished.append((self.submitted.pop(output.request_id), TurnOutput(*sampled_tokens(output))))
+                routed = output.outputs[0].routed_experts if self.returns_routing else None
+                turn = TurnOutput(*sampled_tokens(output), routed_experts=routed)
+                finished.append((self.submitted.pop(output.request_id), turn))
         return finished
 
     def in_flight(self) -> int:

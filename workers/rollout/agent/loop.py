@@ -22,6 +22,8 @@ import concurrent.futures
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import torch
+
 from workers.rollout.agent.chat import ChatBridge
 from workers.rollout.agent.environment import Environment
 from workers.rollout.agent.parsers import ToolCallParser
@@ -51,6 +53,9 @@ class TurnOutput:
     tokens: list[int]
     log_probs: list[float] | None = None
     versions: list[int] | None = None  # the weights version that sampled each token (asynchronous rollout)
+    # Routing replay: the experts of every token the engine ran for this turn, in order from the conversation's
+    # first token ([context + sampled tokens - 1, layers, k]); None when the rollout does not record them.
+    routed_experts: torch.Tensor | None = None
 
 
 class TurnGenerator(Protocol):
@@ -100,6 +105,10 @@ class Conversation:
     pending: list[concurrent.futures.Future] = field(default_factory=list)
     ended_with_eos: bool = False
     final_text: str = ""  # the text of the model's last turn
+    # The experts of the conversation's tokens as its latest turn's engine pass ran them (routing replay): each turn
+    # runs the whole conversation so far, so the latest covers every earlier position; the tokens after it (its last
+    # sampled token, a final tool message) were never run and are routed live.
+    routing: torch.Tensor | None = None
 
     def append(
         self, tokens: list[int], model: bool, log_probs: list[float] | None = None, versions: list[int] | None = None
@@ -170,6 +179,9 @@ class AgentLoop:
         log_probs = None if output.log_probs is None else list(output.log_probs)[: len(tokens)]
         versions = None if output.versions is None else list(output.versions)[: len(tokens)]
         conversation.append(tokens, model=True, log_probs=log_probs, versions=versions)
+        if output.routed_experts is not None:  # the positions this turn ran: its context and the kept tokens but one
+            ran = len(conversation.prompt) + len(conversation.response) - 1
+            conversation.routing = torch.as_tensor(output.routed_experts)[:ran]
         conversation.turns += 1
         conversation.ended_with_eos = self.bridge.ended_turn(tokens)
         conversation.final_text = self.bridge.decode(tokens)
