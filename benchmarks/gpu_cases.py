@@ -132,6 +132,15 @@ def one_gpu_cases() -> list[Case]:
             RunCheck(20, finite=("actor/pg_loss", *REPLAY_MISMATCH), reward_rises_by=0.2, synced=True),
         ),
         Case(
+            "moe_agent_routing_replay",
+            "one",
+            "routing replay R3 in the multi-turn agent loop (the tool task) on the tiny mixture of experts: each of "
+            "vLLM's turns returns the experts of the conversation so far; the log-prob pass and the updates replay "
+            "them",
+            (_train("task=tool_vault", TINY_MOE, *VLLM, *ALWAYS, *ROUTING_REPLAY, steps(10)),),
+            RunCheck(10, finite=("actor/pg_loss", *REPLAY_MISMATCH)),
+        ),
+        Case(
             "megatron_moe_vllm_hybrid",
             "one",
             "Megatron actor on the tiny mixture of experts (megatron-core's MoE layer: router, all-to-all token "

@@ -23,6 +23,7 @@ REQUIRED = {
         "vllm_hybrid",
         "moe_vllm_hybrid",
         "megatron_moe_vllm_hybrid",
+        "moe_agent_routing_replay",
         "lora_vllm_ref_first",
         "lora_unshared",
         "lora_shared_always",
