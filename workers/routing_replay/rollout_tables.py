@@ -12,11 +12,16 @@ import torch
 from workers.routing_replay.hooks import NOT_RECORDED
 
 
+def _calls_by_row(calls: Sequence[torch.Tensor], batch: int) -> torch.Tensor:
+    """HF generate's router calls (each [batch x positions, layers, k], row by row) -> [batch, positions, layers, k]."""
+    return torch.cat([call.reshape(batch, -1, *call.shape[1:]) for call in calls], dim=1)
+
+
 def generation_table(calls: Sequence[torch.Tensor], attention_mask: torch.Tensor) -> torch.Tensor:
     """HF generate's router calls (the prefill of the padded prompts [B x P tokens], then one decode step of B
     tokens after another; each [tokens, layers, k]) -> the table over `attention_mask` [B, P+R]."""
     batch, width = attention_mask.shape
-    per_row = torch.cat([call.reshape(batch, -1, *call.shape[1:]) for call in calls], dim=1)
+    per_row = _calls_by_row(calls, batch)
     table = per_row.new_full((batch, width, *per_row.shape[2:]), NOT_RECORDED)
     routed = min(width, per_row.shape[1])
     table[:, :routed] = per_row[:, :routed]
@@ -30,8 +35,8 @@ def generation_rows(
     """HF generate's router calls over left-padded contexts (a prefill of B x max(context) tokens, then one decode
     step of B tokens after another) -> per row, the experts of the tokens it ran in order: its context and its
     sampled tokens but the last ([context + sampled - 1, layers, k], as vLLM returns a request's)."""
-    batch, width = len(context_lengths), max(context_lengths)
-    per_row = torch.cat([call.reshape(batch, -1, *call.shape[1:]) for call in calls], dim=1)
+    width = max(context_lengths)
+    per_row = _calls_by_row(calls, len(context_lengths))
     return [
         per_row[row, width - context : width + sampled - 1].to(torch.int16).cpu()
         for row, (context, sampled) in enumerate(zip(context_lengths, sampled_lengths))
