@@ -37,6 +37,7 @@ REQUIRED = {
         "engine_examples",
         "moe_lora_vllm_hybrid",
         "moe_routing_replay",
+        "megatron_moe_routing_replay",
     },
     "two": {"fsdp_two_gpus", "hybrid_sharding_two", "hybrid_tp2", "lora_shared_tp2", "ulysses_two", "separate_async_nccl", "megatron_tp2", "megatron_moe_ep2",
             "engine_quickstart_two_gpus"},

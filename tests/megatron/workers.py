@@ -95,3 +95,56 @@ class MegatronProbe(Worker):
             "weights": weights,
             "loaded_weights": loaded,
         }
+
+    @register(Dispatch.ONE_TO_ALL)
+    def replay_routing(
+        self, model_path: str, tp: int, pp: int, ep: int, batch: dict, hf_table: torch.Tensor, table: torch.Tensor
+    ) -> dict | None:
+        """Routing replay on a trainable `MegatronBackend` (workers/megatron/router_replay.py), through the pass
+        modes the actor worker sets: a recording pass (R2's log-prob pass), a comparing pass over `hf_table` (the HF
+        model's choices), then a replaying forward-only pass and a replaying training step over `table`. Reported
+        from TP rank 0 of the last stage of DP rank 0."""
+        from megatron.core import parallel_state as ps
+
+        from workers.megatron.backend import MegatronBackend
+        from workers.megatron.model import ParallelSettings
+        from workers.routing_replay.token_order import ROUTED_EXPERTS
+        from workers.training.backend import ResponseForward
+
+        init_layout(self, tp, pp, ep)
+        optim = {"lr": 1e-2, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": ADAM_EPS, "lr_warmup_steps": 0,
+                 "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
+        engine = MegatronBackend({"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, tp > 1, False, ep), optim)
+        engine.track_routing()
+        forward = ResponseForward("log_probs", 1.0)
+        data = DataProto.from_dict(batch)
+
+        def keep(outputs, micro):
+            return {"log_probs": outputs.log_probs.detach()}
+
+        def loss(outputs, micro):
+            mask = micro.batch["response_mask"].float()
+            return -(outputs.log_probs * mask).sum() / mask.sum() / 2, {}
+
+        def log_prob_pass(mode, rows):
+            with engine.routing.pass_mode(mode, rows, "test"):
+                kept = engine.forward_only(list(rows.split(2)), forward, keep)
+            return kept, engine.routing.pop_mismatch("pass")
+
+        recorded_kept, _ = log_prob_pass("record", data)  # kept: on the last stage only
+        _, compared = log_prob_pass("compare", DataProto.from_dict({**batch, ROUTED_EXPERTS: hf_table}))
+        replayed = DataProto.from_dict({**batch, ROUTED_EXPERTS: table})
+        replay_kept, replay_share = log_prob_pass("replay", replayed)
+        engine.zero_grad()
+        with engine.routing.pass_mode("replay", replayed, "test"):
+            engine.forward_backward(list(replayed.split(2)), forward, loss)
+        update_share = engine.routing.pop_mismatch("update")
+        grad_norm = engine.optimizer_step(1.0)
+        if not (ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0):
+            return None
+        return {
+            "recorded": torch.cat([k[ROUTED_EXPERTS] for k in recorded_kept]), "compared": compared,
+            "live_log_probs": torch.cat([k["log_probs"] for k in recorded_kept]), "replay_share": replay_share,
+            "replay_log_probs": torch.cat([k["log_probs"] for k in replay_kept]), "update_share": update_share,
+            "grad_norm": grad_norm,
+        }

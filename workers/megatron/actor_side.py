@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -24,6 +24,10 @@ from workers.megatron.side import MegatronSide
 from workers.rollout.agent.worker_glue import PROMPT_KEYS
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import folder_token_ids, model_token_ids, sampling_params
+from workers.routing_replay.hooks import RouterChoices
+from workers.routing_replay.passes import routing_wanted
+from workers.routing_replay.rollout_tables import generation_table
+from workers.routing_replay.token_order import ROUTED_EXPERTS
 from workers.vision.images import MULTI_MODAL_DATA
 
 
@@ -38,12 +42,15 @@ class MegatronActorSide(MegatronSide):
         self.ref: MegatronBackend | None = None
         self.hybrid_rollout = None
         self.rollout_model: torch.nn.Module | None = None  # HF generate (rollout.name=hf)
+        self.rollout_routing: RouterChoices | None = None  # its routers' choices (routing replay R3)
         self.rollout_version = 0  # the weights version the HF replica holds
         if worker.role != "ref":
             mini_batch_per_rank(cfg["actor"], cfg["rollout"]["n"], self.data_parallel_size, self.where("actor"))
             self.actor = MegatronBackend(
                 cfg["model"], settings, cfg["actor"]["optim"], seed=cfg["seed"], max_positions=max_positions
             )
+            if routing_wanted(cfg):
+                self.actor.track_routing()
             if cfg["rollout"]["name"] == "vllm":
                 from workers.megatron.rollout_source import MegatronWeightSource
                 from workers.rollout.engine_group import engine_group
@@ -60,6 +67,8 @@ class MegatronActorSide(MegatronSide):
             else:
                 self.rollout_model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=self.actor.dtype)
                 self.rollout_model.to(self.actor.device).eval()
+                if cfg["rollout"]["enable_rollout_routing_replay"]:  # the replica's routers record each token's experts
+                    self.rollout_routing = RouterChoices(self.rollout_model)
         if worker.role in ("actor_rollout_ref", "ref"):
             self.ref = MegatronBackend(cfg["model"], settings, seed=cfg["seed"], max_positions=max_positions)
 
@@ -107,8 +116,12 @@ class MegatronActorSide(MegatronSide):
         eos, pad = model_token_ids(getattr(model, "generation_config", None), model.config)
         params = sampling_params(self.config["rollout"], prompts.meta_info, eos, pad)
         inputs = {k: prompts.batch[k].to(self.actor.device) for k in PROMPT_KEYS}
-        with seeded_sampling(seed, rank, self.actor.device):
-            return generate_responses(model, inputs, params, synced=False), metrics
+        routing = self.rollout_routing
+        with seeded_sampling(seed, rank, self.actor.device), routing.recording() if routing else nullcontext():
+            result = generate_responses(model, inputs, params, synced=False)
+        if routing is not None:  # the experts each token was routed to (routing replay R3)
+            result[ROUTED_EXPERTS] = generation_table(routing.recorded_calls(), result["attention_mask"])
+        return result, metrics
 
     def sync_rollout_weights(self, weights_version: int) -> dict[str, float] | None:
         if self.hybrid_rollout is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
@@ -35,7 +36,9 @@ from workers.megatron.model import (
     stage_state,
     transformer_config,
 )
+from workers.megatron.router_replay import MegatronRouting
 from workers.megatron.vocab_parallel import log_probs_and_entropy
+from workers.routing_replay.token_order import ROUTED_EXPERTS
 from workers.training.backend import (
     DataParallel,
     MicroKeep,
@@ -78,8 +81,6 @@ def sequence_forward(
 
 
 class MegatronBackend:
-    routing = None  # routing replay hooks Hugging Face routers: FSDP only (workers/config.py)
-
     def __init__(
         self,
         model_cfg: dict[str, Any],
@@ -125,6 +126,7 @@ class MegatronBackend:
         ignore_padding_lookups(self.gpt, getattr(self.hf_config, "pad_token_id", None))
         self.gpt.to(self.device)
         model: nn.Module = Float16Module(self.config, self.gpt) if self.dtype != torch.float32 else self.gpt
+        self.routing: MegatronRouting | None = None  # track_routing()
         self.optimizer = None
         self.optim_cfg = optim_cfg
         self.steps = 0  # LR-schedule position (scheduler steps taken)
@@ -181,9 +183,10 @@ class MegatronBackend:
 
         def forward_step(iterator: Iterator[DataProto], model: nn.Module) -> tuple[torch.Tensor, Any]:
             micro = next(iterator)
-            output = sequence_forward(
-                model, micro.batch["input_ids"], micro.batch["attention_mask"], self.settings, self.device
-            )
+            with self._routing_context(micro, padded):
+                output = sequence_forward(
+                    model, micro.batch["input_ids"], micro.batch["attention_mask"], self.settings, self.device
+                )
             return output, partial(on_last_stage, micro)
 
         self.model.train(not forward_only)
@@ -199,6 +202,20 @@ class MegatronBackend:
                 forward_only=forward_only,
             )
         return list(kept) if ps.is_pipeline_last_stage() else []
+
+    # ---- routing replay (workers/megatron/router_replay.py) -------------------------------------------
+    def track_routing(self) -> None:
+        """The routers' replay objects for routing replay (actor.router_replay.mode)."""
+        if self.layout.moe is None:
+            raise ValueError(
+                f"routing replay (actor.router_replay.mode / rollout.enable_rollout_routing_replay) is set, but "
+                f"{self.hf_config.model_type!r} is a dense model (no router); set actor.router_replay.mode=disabled "
+                "and rollout.enable_rollout_routing_replay=false"
+            )
+        self.routing = MegatronRouting(self.gpt, self.layout.num_layers, self.settings.sequence_parallel, self.device)
+
+    def _routing_context(self, micro: DataProto, padded: int):  # noqa: ANN202 - a context manager
+        return self.routing.micro_batch(micro, padded) if self.routing is not None else nullcontext()
 
     # ---- the training logic's micro-batches (TrainBackend) ------------------------------------------
     def data_parallel(self) -> DataParallel:
@@ -246,7 +263,12 @@ class MegatronBackend:
         def stage_keep(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
             return output.new_zeros(()), keep(self.response_outputs(output, micro, forward), micro)
 
-        return self.run_micro_batches(micros, stage_keep, forward_only=True)
+        kept = self.run_micro_batches(micros, stage_keep, forward_only=True)
+        if self.routing is not None and self.routing.mode == "record":  # routing replay R2: the experts chosen
+            tables = self.routing.recorded_tables()  # collective: every stage's layers
+            for outputs, table in zip(kept, tables):  # kept is empty before the last stage
+                outputs[ROUTED_EXPERTS] = table
+        return kept
 
     # ---- optimizer ------------------------------------------------------------------------------------
     def zero_grad(self) -> None:

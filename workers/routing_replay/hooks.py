@@ -40,6 +40,16 @@ class Mismatch:
     def zero(cls) -> "Mismatch":
         return cls(torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long))
 
+    def count(self, recorded: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+        """Counts the tokens of `recorded` [tokens, k] (long, `NOT_RECORDED` rows: none recorded) whose `live`
+        expert set differs; returns the experts to replay: the recorded ones where there are, else the live ones."""
+        kept = recorded[:, 0] != NOT_RECORDED
+        live = live.long()
+        differ = (recorded.sort(dim=-1).values != live.sort(dim=-1).values).any(dim=-1) & kept
+        self.compared = self.compared + kept.sum()
+        self.differ = self.differ + differ.sum()
+        return torch.where(kept[:, None], recorded, live)
+
     def share(self) -> float | None:
         compared = int(self.compared)
         return None if compared == 0 else int(self.differ) / compared
@@ -136,14 +146,9 @@ class RouterChoices:
             if self._mode == "record":
                 self._recorded[layer].append(live.detach().long())
                 return None
-            chosen = self._replayed(layer, live)
-            recorded = chosen[:, 0] != NOT_RECORDED
-            differ = (chosen.sort(dim=-1).values != live.long().sort(dim=-1).values).any(dim=-1) & recorded
-            self.mismatch.compared = self.mismatch.compared + recorded.sum()
-            self.mismatch.differ = self.mismatch.differ + differ.sum()
+            chosen = self.mismatch.count(self._replayed(layer, live), live)
             if self._mode == "compare":
                 return None
-            chosen = torch.where(recorded[:, None], chosen, live.long())
             new_weights = self._weights(module, logits, weights, live, chosen)
             return logits, new_weights, chosen.to(live.dtype)
 

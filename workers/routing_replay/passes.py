@@ -49,13 +49,11 @@ def update_pass_mode(config: dict[str, Any], data: DataProto) -> PassMode | None
     return None
 
 
-class ModelRouting:
-    """A trained model's `RouterChoices` and the mode of the pass running on it (None: live routing)."""
+class PassRouting:
+    """The mode of the pass running on a trained model's routers (None: live routing), whatever model holds them
+    (Hugging Face: `ModelRouting`; megatron-core: workers/megatron/router_replay.py)."""
 
-    def __init__(self, model: nn.Module, device: torch.device) -> None:
-        self.model = model
-        self.device = device
-        self.choices = RouterChoices(model)
+    def __init__(self) -> None:
         self.mode: PassMode | None = None
 
     @contextmanager
@@ -72,6 +70,28 @@ class ModelRouting:
             yield
         finally:
             self.mode = None
+
+    def mismatch_share(self) -> float | None:
+        """The share of compared token-layer routings whose live choice differed since the last call (None: none
+        compared); a collective where the model's layers or tokens are split over ranks."""
+        raise NotImplementedError
+
+    def pop_mismatch(self, metric: str) -> dict[str, float]:
+        share = self.mismatch_share()
+        return {} if share is None else {f"router_replay/mismatch_{metric}": share}
+
+
+class ModelRouting(PassRouting):
+    """A trained Hugging Face model's `RouterChoices`."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        super().__init__()
+        self.model = model
+        self.device = device
+        self.choices = RouterChoices(model)
+
+    def mismatch_share(self) -> float | None:
+        return self.choices.pop_mismatch()
 
     @contextmanager
     def micro_batch(self, micro: DataProto) -> Iterator[list[torch.Tensor]]:
@@ -95,10 +115,6 @@ class ModelRouting:
         with context:
             yield recorded
 
-    def pop_mismatch(self, metric: str) -> dict[str, float]:
-        share = self.choices.pop_mismatch()
-        return {} if share is None else {f"router_replay/mismatch_{metric}": share}
-
 
 def routing_context(routing: ModelRouting | None, micro: DataProto):  # noqa: ANN201 - a context manager
     """`routing.micro_batch(micro)`, or a context yielding an empty list when the model has no routing hooks."""
@@ -107,7 +123,7 @@ def routing_context(routing: ModelRouting | None, micro: DataProto):  # noqa: AN
 
 @contextmanager
 def routing_pass(
-    routing: ModelRouting | None, mode: PassMode | None, data: DataProto, method: str, metrics: dict[str, float],
+    routing: PassRouting | None, mode: PassMode | None, data: DataProto, method: str, metrics: dict[str, float],
     metric: str,
 ) -> Iterator[None]:
     """One pass of `method` over `data` in `mode` on a model with routing hooks (none: live routing); the share of

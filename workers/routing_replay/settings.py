@@ -15,12 +15,6 @@ def check_routing_replay(config: dict[str, Any], where: str) -> None:
         return
     prefix = f"{where}." if where else ""
     mode_key, rollout_key = f"{prefix}actor.router_replay.mode", f"{prefix}rollout.enable_rollout_routing_replay"
-    setting = f"{mode_key}={mode}" if mode != "disabled" else f"{rollout_key}=true"
-    if config["actor"]["strategy"] != "fsdp":
-        raise ValueError(
-            f"{setting} applies to actor.strategy='fsdp' only (it hooks the Hugging Face model's routers; "
-            f"Megatron-core builds its own layers); set {mode_key}=disabled and {rollout_key}=false"
-        )
     if mode == "R3" and not records:
         raise ValueError(
             f"{mode_key}=R3 replays the experts the rollout chose: set {rollout_key}=true too (verl's pair), or "

@@ -19,7 +19,7 @@ from protocol import DataProto
 from workers.training.micro_batching import MicroBatching
 
 if TYPE_CHECKING:
-    from workers.routing_replay.passes import ModelRouting
+    from workers.routing_replay.passes import PassRouting
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class TrainBackend(Protocol):
     device: torch.device
     dtype: torch.dtype
     model_path: str
-    routing: ModelRouting | None  # the routers' hooks of routing replay (FSDP's mixtures of experts), or None
+    routing: PassRouting | None  # routing replay on a mixture of experts' routers, or None
 
     def data_parallel(self) -> DataParallel:
         """The data-parallel ranks of this model's gradient average."""
