@@ -294,6 +294,15 @@ def two_gpu_cases() -> list[Case]:
             RunCheck(12, synced=True),
         ),
         Case(
+            "moe_async_routing_replay",
+            "two",
+            "routing replay R3 with rollout.async_training=true on the tiny mixture of experts: the separate vLLM "
+            "engine streams each response and hands its experts over with the finished request (a response resumed "
+            "after a weight update covers its earlier tokens too), every sync verified",
+            (_train(TINY_MOE, *VLLM, *VERIFY, *separate, *ROUTING_REPLAY, steps(12)),),
+            RunCheck(12, finite=("actor/pg_loss", "router_replay/mismatch_update"), synced=True),
+        ),
+        Case(
             "megatron_tp2",
             "two",
             "Megatron actor, tensor parallel 2, vLLM hybrid (tiny model with 2 KV heads)",

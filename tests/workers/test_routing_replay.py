@@ -172,6 +172,33 @@ def test_vllm_arrays_line_up_with_the_left_padded_prompts():
         engine_table([routed[0], None], prompt_mask, response_length=3)
 
 
+def test_an_asynchronous_groups_turns_carry_their_experts_into_the_table():
+    # rollout.async_training: vLLM hands a streamed request's experts over with its finished output only, covering
+    # every token it ran from the context's first (a turn resumed after a weight update ran its earlier tokens as
+    # prompt, so its last request covers the whole turn). Row 0: prompt of 2 (left-padded to 3), 3 tokens sampled;
+    # row 1: prompt of 3, 1 token sampled (EOS).
+    from protocol import DataProto
+    from workers.rollout.sampling import SamplingParams
+    from workers.rollout.stream.episodes import GroupFactory
+
+    factory = GroupFactory(SamplingParams(True, 1.0, 1.0, 0, 3, (2,), 0), None)
+    ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    mask = (ids != 0).long()
+    rows = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)})
+    group = factory.group("uid", rows, [0, 1])
+    ran = ([11, 12, 13], [2])
+    for episode, tokens, experts in zip(group.episodes, ran, (torch.arange(4), torch.full((3,), 5))):
+        episode.job.extend(tokens, [-0.5] * len(tokens), version=0)
+        episode.job.routed_experts = experts.view(-1, 1, 1).expand(-1, LAYERS, 2).numpy()
+        episode.after_turn(episode.job)
+    out = factory.batch(group)
+    table = out.batch[ROUTED_EXPERTS]
+    assert table.shape == (2, 6, LAYERS, 2) and table.dtype == torch.int16
+    assert table[0, :, 1, 0].tolist() == [-1, 0, 1, 2, 3, -1]  # the last sampled token was never run
+    assert table[1, :, 1, 0].tolist() == [5, 5, 5, -1, -1, -1]
+    assert torch.equal(out.batch["input_ids"][0, 3:], torch.tensor(ran[0]))
+
+
 def _config(**sections) -> dict:
     return actor_rollout_ref_config({"model": {"path": "m"}, **sections})
 

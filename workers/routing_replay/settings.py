@@ -25,8 +25,3 @@ def check_routing_replay(config: dict[str, Any], where: str) -> None:
             f"{mode_key}=R2 replays the experts the trainer's own log-prob pass chose, {rollout_key}=true is for R3's "
             f"(the rollout's); set {mode_key}=R3, or {rollout_key}=false"
         )
-    if records and rollout["async_training"]:
-        raise ValueError(
-            f"{rollout_key}=true: the asynchronous rollout (rollout.async_training=true) does not return the experts "
-            f"yet; set {rollout_key}=false (and {mode_key}=disabled or R2) or rollout.async_training=false"
-        )

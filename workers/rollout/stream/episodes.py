@@ -21,6 +21,8 @@ from workers.rollout.agent.rollout import AgentRollout, sample_fields
 from workers.rollout.sampling import SamplingParams, forced_lengths
 from workers.rollout.shaping import pad_token_lists, rollout_output, sampled_rollout
 from workers.rollout.stream.jobs import SEED_MODULUS, TurnJob
+from workers.routing_replay.rollout_tables import engine_table
+from workers.routing_replay.token_order import ROUTED_EXPERTS
 
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 # Batch keys of an asynchronous rollout.
@@ -68,7 +70,7 @@ class AgentEpisode:
 
     def after_turn(self, job: TurnJob) -> list[TurnJob]:
         self.running = None
-        self.loop.after_turn(self.conversation, TurnOutput(job.tokens, job.log_probs, job.versions))
+        self.loop.after_turn(self.conversation, TurnOutput(job.tokens, job.log_probs, job.versions, job.routed_experts))
         self.done = self.conversation.done
         return []  # the tool calls run now; `poll_tools` submits the next turn once they all returned
 
@@ -153,6 +155,9 @@ class GroupFactory:
             jobs = [e.job for e in group.episodes]
             result = sampled_rollout(prompts, [j.tokens for j in jobs], [j.log_probs for j in jobs], self.params)
             versions = [j.versions for j in jobs]
+            if any(j.routed_experts is not None for j in jobs):  # routing replay R3: the engine's experts
+                routed = [j.routed_experts for j in jobs]
+                result[ROUTED_EXPERTS] = engine_table(routed, prompts["attention_mask"], self.params.response_length)
         else:
             conversations = [e.conversation for e in group.episodes]
             result = conversation_batch(prompts, conversations, self.params.response_length, self.params.pad_token_id)

@@ -34,6 +34,9 @@ class TurnJob:
     log_probs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # the weights version that sampled each token
     restarts: int = 0  # submissions after the first (each samples from its own seed)
+    # Routing replay: the experts of every token its last request ran, from the context's first token on
+    # ([context + tokens - 1, layers, k]); vLLM hands them over with the finished output only.
+    routed_experts: Any = None
 
     def extend(self, tokens: list[int], log_probs: list[float], version: int) -> None:
         self.tokens.extend(tokens)
@@ -83,6 +86,8 @@ class ContinuousEngine:
             job.extend(tokens, log_probs, self.version)
             if output.finished:
                 del self.running[output.request_id]
+                # A resumed turn's request ran its earlier tokens as prompt: its experts cover the whole turn.
+                job.routed_experts = output.outputs[0].routed_experts if self.vllm.returns_routing else None
                 finished.append(job)
         return finished
 
