@@ -40,6 +40,9 @@ ROUTING_REPLAY = (
     "actor_rollout_ref.actor.router_replay.mode=R3",
 )
 REPLAY_MISMATCH = ("router_replay/mismatch_log_prob", "router_replay/mismatch_update")
+# The trainer's routers against the engine's choices, before the update moves the weights: a near tie now and then
+# (0.28% on the tiny model in bf16); a table mapped to the wrong tokens disagrees on most routings.
+ENGINE_ROUTERS_AGREE = (("router_replay/mismatch_log_prob", 0.05),)
 PPO_FINITE = ("actor/pg_loss", "critic/vf_loss")
 CRITIC_OFFLOAD = ("critic.model.fsdp_config.param_offload=true", "critic.model.fsdp_config.optimizer_offload=true")
 
@@ -129,7 +132,10 @@ def one_gpu_cases() -> list[Case]:
             "routing replay R3 on the tiny mixture of experts: vLLM returns the experts it routed each token to, the "
             "log-prob pass and every update replay them, every sync of the experts verified",
             (_train(TINY_MOE, *VLLM, *VERIFY, *ALWAYS, *ROUTING_REPLAY, steps(20)),),
-            RunCheck(20, finite=("actor/pg_loss", *REPLAY_MISMATCH), reward_rises_by=0.2, synced=True),
+            RunCheck(
+                20, finite=("actor/pg_loss", *REPLAY_MISMATCH), reward_rises_by=0.2, synced=True,
+                at_most=ENGINE_ROUTERS_AGREE,
+            ),
         ),
         Case(
             "moe_agent_routing_replay",
@@ -138,7 +144,7 @@ def one_gpu_cases() -> list[Case]:
             "vLLM's turns returns the experts of the conversation so far; the log-prob pass and the updates replay "
             "them",
             (_train("task=tool_vault", TINY_MOE, *VLLM, *ALWAYS, *ROUTING_REPLAY, steps(10)),),
-            RunCheck(10, finite=("actor/pg_loss", *REPLAY_MISMATCH)),
+            RunCheck(10, finite=("actor/pg_loss", *REPLAY_MISMATCH), at_most=ENGINE_ROUTERS_AGREE),
         ),
         Case(
             "megatron_moe_vllm_hybrid",
@@ -155,7 +161,7 @@ def one_gpu_cases() -> list[Case]:
             "log-prob pass and every update), tiny mixture of experts, vLLM hybrid, every sync verified",
             (_train(TINY_MOE, "actor_rollout_ref.actor.strategy=megatron", *VLLM, *VERIFY, *ALWAYS, *ROUTING_REPLAY,
                     steps(12)),),
-            RunCheck(12, finite=("actor/pg_loss", *REPLAY_MISMATCH), synced=True),
+            RunCheck(12, finite=("actor/pg_loss", *REPLAY_MISMATCH), synced=True, at_most=ENGINE_ROUTERS_AGREE),
         ),
         Case(
             "dapo",

@@ -117,6 +117,7 @@ class RunCheck:
     offloaded: bool = False  # some phase moved bytes to the host
     resumed_after: int | None = None  # the last command resumes from this step's checkpoint
     first_step: tuple[tuple[str, float], ...] = ()  # metrics the first logged step must hold, with these values
+    at_most: tuple[tuple[str, float], ...] = ()  # metrics that must stay at or below these bounds at every step
 
     def describe(self) -> str:
         parts = [f"reaches step {self.steps}", " and ".join(self.finite) + " finite"]
@@ -131,6 +132,7 @@ class RunCheck:
         if self.resumed_after is not None:
             parts.append(f"resumed at step {self.resumed_after + 1}")
         parts.extend(f"step 1 logs {key}={value}" for key, value in self.first_step)
+        parts.extend(f"{key} <= {bound} at every step" for key, bound in self.at_most)
         return "; ".join(parts)
 
     def judge(self, folder: Path, runs: list[CommandRun]) -> list[str]:
@@ -161,6 +163,10 @@ class RunCheck:
             k.startswith("offload/") and k.endswith("d2h_gib") and v > 0 for r in rows for k, v in r.items()
         ):
             problems.append("no offload/*/d2h_gib above 0: nothing left the GPU")
+        for key, bound in self.at_most:
+            over = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and not r[key] <= bound]
+            if over:
+                problems.append(f"{key} above {bound} at (step, value) {over[:5]}")
         for key, value in self.first_step:
             if rows[0].get(key) != value:
                 problems.append(f"step {rows[0].get('step')} logged {key}={rows[0].get(key)}, expected {value}")
@@ -184,6 +190,10 @@ class RunCheck:
         engine_gaps = [r[ENGINE_GAP] for r in rows if ENGINE_GAP in r]
         if engine_gaps:  # the rollout's own log-probs against the trainer's of the same tokens, averaged over steps
             text += f"; engine-trainer log-prob gap mean {sum(engine_gaps) / len(engine_gaps):.4f}"
+        for key, bound in self.at_most:
+            values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+            if values:
+                text += f"; {key} mean {statistics.mean(values):.4f}, max {max(values):.4f}"
         return text
 
 

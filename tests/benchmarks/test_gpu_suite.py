@@ -159,6 +159,17 @@ def test_a_first_step_metric_must_hold_its_value(tmp_path):
     assert not other.passed and other.error == "step 1 logged actor/fsdp_shard_ranks=2.0, expected 1.0"
 
 
+def test_a_bounded_metric_must_stay_under_its_bound_at_every_step(tmp_path):
+    check = RunCheck(2, at_most=(("router_replay/mismatch_log_prob", 0.05),))
+    written = "import json, pathlib; p = pathlib.Path('run/logs'); p.mkdir(parents=True, exist_ok=True); " \
+        "(p / 'metrics.jsonl').write_text('\\n'.join(json.dumps({'step': s, 'actor/pg_loss': 0.5, " \
+        "'router_replay/mismatch_log_prob': v}) for s, v in ((1, 0.01), (2, %s))))"
+    held = run_case(Case("held", "one", "", (_python(written % "0.03"),), check), tmp_path)
+    assert held.passed and "router_replay/mismatch_log_prob mean 0.0200, max 0.0300" in held.detail
+    over = run_case(Case("over", "one", "", (_python(written % "0.9"),), check), tmp_path)
+    assert not over.passed and over.error == "router_replay/mismatch_log_prob above 0.05 at (step, value) [(2, 0.9)]"
+
+
 def test_a_resumed_run_must_start_after_its_checkpoint(tmp_path):
     check = RunCheck(6, resumed_after=4)
     resumed = run_case(
