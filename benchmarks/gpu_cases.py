@@ -158,9 +158,10 @@ def one_gpu_cases() -> list[Case]:
             "megatron_moe_routing_replay",
             "one",
             "routing replay R3 on the Megatron actor (megatron-core's routers take the experts vLLM returned, in the "
-            "log-prob pass and every update), tiny mixture of experts, vLLM hybrid, every sync verified",
+            "log-prob pass and every update, and again in the backward of its recomputed layers), tiny mixture of "
+            "experts, vLLM hybrid, every sync verified",
             (_train(TINY_MOE, "actor_rollout_ref.actor.strategy=megatron", *VLLM, *VERIFY, *ALWAYS, *ROUTING_REPLAY,
-                    steps(12)),),
+                    "actor_rollout_ref.model.enable_gradient_checkpointing=true", steps(12)),),
             RunCheck(12, finite=("actor/pg_loss", *REPLAY_MISMATCH), synced=True, at_most=ENGINE_ROUTERS_AGREE),
         ),
         Case(

@@ -198,11 +198,18 @@ def _reject_packing_on_megatron(config: dict[str, Any], dynamic_keys: tuple[str,
 
 def _reject_hf_patches_on_megatron(config: dict[str, Any], where: str) -> None:
     """Liger patches Hugging Face modules (workers/liger_kernels.py), the router loss hooks them
-    (workers/moe_router_loss.py); Megatron-core builds its own layers."""
+    (workers/moe_router_loss.py), the kept layers are chosen among them (workers/checkpointed_layers.py);
+    Megatron-core builds its own layers."""
     if config["model"]["use_liger"]:
         raise ValueError(
             f"{_dotted(where, 'model.use_liger')}=true applies to strategy='fsdp' only (Liger patches the Hugging Face "
             "model's modules; Megatron-core builds its own layers); set it to false or use strategy='fsdp'"
+        )
+    if config["model"].get("gradient_checkpointing_layers") is not None:
+        raise ValueError(
+            f"{_dotted(where, 'model.gradient_checkpointing_layers')} applies to strategy='fsdp' only (with "
+            "strategy='megatron', model.enable_gradient_checkpointing=true recomputes every layer); leave it null or "
+            "use strategy='fsdp'"
         )
     if config.get("actor", {}).get("router_aux_loss_coef") is not None:  # the actor's section only
         raise ValueError(

@@ -3,7 +3,9 @@ weights came from (fp32, CPU over gloo, real Ray workers): a recording pass retu
 at every real position and every layer, whichever pipeline stage routed them and however sequence parallelism split
 the tokens; comparing with them counts no difference; replaying a table with one layer's choices moved counts that
 layer (and those after it where they choose otherwise) as differing, as the HF model's hooks do, and gives the HF
-model's log-probs and gradient norm under the same replayed table."""
+model's log-probs and gradient norm under the same replayed table, also when the layers run again in the backward
+(model.enable_gradient_checkpointing: each recomputed router replays what its forward did, micro-batch by
+micro-batch through the pipeline schedule)."""
 
 import pytest
 import torch
@@ -58,18 +60,18 @@ def _hf_side(model, batch: dict) -> dict:
 
 
 @pytest.mark.parametrize(
-    "tp, pp, ep, dp, norm_topk_prob",
-    [(2, 1, 1, 1, False), (1, 2, 2, 2, True)],
-    ids=["tp2-sequence-parallel-unnormalised-topk", "pp2-ep2"],
+    "tp, pp, ep, dp, norm_topk_prob, recompute",
+    [(2, 1, 1, 1, False, False), (1, 2, 2, 2, True, True)],
+    ids=["tp2-sequence-parallel-unnormalised-topk", "pp2-ep2-recomputed-layers"],
 )
 def test_megatron_routers_record_compare_and_replay_as_the_hf_model(megatron_probes, tmp_path, tp, pp, ep, dp,
-                                                                    norm_topk_prob):
+                                                                    norm_topk_prob, recompute):
     model = qwen3_moe(tmp_path, norm_topk_prob=norm_topk_prob)
     batch = _batch()
     hf = _hf_side(model, batch)
     assert (hf["chosen"] != NOT_RECORDED).any(-1).any(-1).sum() == batch["attention_mask"].sum()  # real tokens only
     with megatron_probes(tp * pp * dp) as group:
-        outputs = group.replay_routing(str(tmp_path), tp, pp, ep, batch, hf["chosen"], hf["moved"])
+        outputs = group.replay_routing(str(tmp_path), tp, pp, ep, batch, hf["chosen"], hf["moved"], recompute)
     (result,) = [o for o in outputs if o is not None]
     # Every stage's layers, every TP rank's shard of the sequence: the HF routers' expert sets, NOT_RECORDED at padding.
     recorded = result["recorded"]

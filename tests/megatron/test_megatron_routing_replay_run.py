@@ -1,5 +1,6 @@
 """Routing replay through `trainer.main` with the Megatron actor on the tiny mixture of experts (CPU over gloo, the
-HF rollout replica): R3 replays the experts the replica's generate chose, each pipeline stage its own layers'; R2
+HF rollout replica): R3 replays the experts the replica's generate chose, each pipeline stage its own layers' (and
+each recomputed layer again in the backward); R2
 replays those its log-prob pass chose, with the experts split over two ranks. Before the first optimizer step the
 trainer's routers choose as the recording did, token for token; the update's later mini-batches, run after the
 weights moved, report how often they would have chosen otherwise."""
@@ -32,9 +33,11 @@ def _run(tmp_path, tiny_assets, name: str, *extra: str) -> dict:
 
 def test_megatron_replays_the_rollouts_experts_per_stage_and_its_own_over_expert_ranks(ray_cluster, tiny_assets,
                                                                                        tmp_path):
+    # With recomputed layers: each router replays in the backward what its forward did.
     r3 = _run(
         tmp_path, tiny_assets, "r3", "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
         "actor_rollout_ref.actor.router_replay.mode=R3", "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
     )
     # The log-prob pass replayed the replica's experts (prefill, then a token per step), and agreed with every one.
     assert r3["router_replay/mismatch_log_prob"] == 0.0

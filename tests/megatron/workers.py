@@ -98,12 +98,13 @@ class MegatronProbe(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def replay_routing(
-        self, model_path: str, tp: int, pp: int, ep: int, batch: dict, hf_table: torch.Tensor, table: torch.Tensor
+        self, model_path: str, tp: int, pp: int, ep: int, batch: dict, hf_table: torch.Tensor, table: torch.Tensor,
+        recompute: bool = False,
     ) -> dict | None:
         """Routing replay on a trainable `MegatronBackend` (workers/megatron/router_replay.py), through the pass
         modes the actor worker sets: a recording pass (R2's log-prob pass), a comparing pass over `hf_table` (the HF
-        model's choices), then a replaying forward-only pass and a replaying training step over `table`. Reported
-        from TP rank 0 of the last stage of DP rank 0."""
+        model's choices), then a replaying forward-only pass and a replaying training step over `table` (with
+        `recompute`, its layers run again in the backward). Reported from TP rank 0 of the last stage of DP rank 0."""
         from megatron.core import parallel_state as ps
 
         from workers.megatron.backend import MegatronBackend
@@ -114,7 +115,8 @@ class MegatronProbe(Worker):
         init_layout(self, tp, pp, ep)
         optim = {"lr": 1e-2, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": ADAM_EPS, "lr_warmup_steps": 0,
                  "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
-        engine = MegatronBackend({"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, tp > 1, False, ep), optim)
+        model = {"path": model_path, "dtype": "float32", "enable_gradient_checkpointing": recompute}
+        engine = MegatronBackend(model, ParallelSettings(tp, pp, tp > 1, False, ep), optim)
         engine.track_routing()
         forward = ResponseForward("log_probs", 1.0)
         data = DataProto.from_dict(batch)

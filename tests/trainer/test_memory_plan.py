@@ -498,3 +498,16 @@ def test_a_checkpointed_layer_count_below_one_is_refused_before_ray_starts():
     expected = r"'actor_rollout_ref.model.gradient_checkpointing_layers' must be None \(every decoder layer recomputes\) or an int >= 1.*got 0"
     with pytest.raises(ConfigError, match=expected):
         load_config(["actor_rollout_ref.model.gradient_checkpointing_layers=0"])
+
+
+def test_megatron_recomputes_its_layers_when_checkpointing_is_asked(folders):
+    """model.enable_gradient_checkpointing=true recomputes every Megatron layer in the backward: each keeps its input
+    only, as the FSDP workers' checkpointed layers do (one GPU: no tensor-parallel split)."""
+    megatron = "actor_rollout_ref.actor.strategy=megatron"
+    recomputed = plan_of(scale_config(folders["3B"], megatron))
+    kept = plan_of(scale_config(folders["3B"], megatron, "actor_rollout_ref.model.enable_gradient_checkpointing=false"))
+    fsdp = plan_of(scale_config(folders["3B"]))
+    activations = {name: max(r.parts["activations"] for g in plan.groups for r in g.rows if r.phase == "update_actor")
+                   for name, plan in (("recomputed", recomputed), ("kept", kept), ("fsdp", fsdp))}
+    assert activations["recomputed"] < activations["kept"] / 4
+    assert activations["recomputed"] == activations["fsdp"]

@@ -224,3 +224,15 @@ def test_cuda_graphs_are_on_by_default_on_a_gpu_only_and_capture_what_one_engine
                         "actor_rollout_ref.rollout.max_staleness=1",
                         "actor_rollout_ref.rollout.num_engines=2") == 2 * 8 * 4 // 2
     assert decode_batch(*separate, "actor_rollout_ref.rollout.staleness=1") == 8 * 4  # one batch generates at a time
+
+
+def test_megatron_recomputes_every_layer_and_refuses_a_count_of_them():
+    # model.gradient_checkpointing_layers picks the Hugging Face layers that recompute; Megatron recomputes all.
+    with pytest.raises(ValueError, match=r"^model.gradient_checkpointing_layers applies to strategy='fsdp' only .*"
+                                         r"enable_gradient_checkpointing=true recomputes every layer"):
+        actor_rollout_ref_config({"model": {"path": "/m", "enable_gradient_checkpointing": True,
+                                            "gradient_checkpointing_layers": 2}, "actor": {"strategy": "megatron"}})
+    with pytest.raises(ValueError, match=r"^critic.model.gradient_checkpointing_layers applies to strategy='fsdp'"):
+        critic_config({"model": {"path": "/m", "gradient_checkpointing_layers": 2}, "strategy": "megatron"}, "critic")
+    checkpointed = {"model": {"path": "/m", "enable_gradient_checkpointing": True}, "actor": {"strategy": "megatron"}}
+    assert actor_rollout_ref_config(checkpointed)["model"]["enable_gradient_checkpointing"] is True

@@ -225,7 +225,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         chunk = int(_get(cfg, "actor_rollout_ref.model.logits_chunk_tokens", DEFAULT_LOGITS_CHUNK_TOKENS))
     actor = ModelRole(
         "actor", actor_shape, "lm", e, strategy, train,
-        bool(arr.model.enable_gradient_checkpointing) and strategy == "fsdp",
+        bool(arr.model.enable_gradient_checkpointing),  # Megatron: full recompute of every layer
         bool(offload.get("param_offload", False)) and on_gpu, bool(offload.get("optimizer_offload", False)) and on_gpu,
         **parallel,
         logits_chunk_tokens=chunk, kept_layers=_kept_layers(arr.model, actor_shape),
@@ -253,7 +253,7 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         moves = on_gpu and critic_strategy == "fsdp"
         critic = ModelRole(
             "critic", critic_shape, "value", critic_e, critic_strategy,
-            Trainability(full=True), bool(section.model.enable_gradient_checkpointing) and critic_strategy == "fsdp",
+            Trainability(full=True), bool(section.model.enable_gradient_checkpointing),
             bool(critic_offload.get("param_offload", False)) and moves,
             bool(critic_offload.get("optimizer_offload", False)) and moves,
             **(_megatron(section) if critic_strategy == "megatron" else {}),

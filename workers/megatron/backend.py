@@ -114,7 +114,9 @@ class MegatronBackend:
             from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
             model_parallel_cuda_manual_seed(seed)
-        self.config = transformer_config(self.hf_config, self.layout, settings, self.dtype)
+        # A frozen model runs no backward: nothing to recompute.
+        recompute = bool(model_cfg.get("enable_gradient_checkpointing")) and optim_cfg is not None
+        self.config = transformer_config(self.hf_config, self.layout, settings, self.dtype, recompute)
         torch.manual_seed(seed)  # a new value head starts equal on every rank
         self.gpt = build_gpt_model(self.config, self.layout, max_positions, rope_theta(self.hf_config), value_head)
         state = stage_state(
@@ -183,7 +185,7 @@ class MegatronBackend:
 
         def forward_step(iterator: Iterator[DataProto], model: nn.Module) -> tuple[torch.Tensor, Any]:
             micro = next(iterator)
-            with self._routing_context(micro, padded):
+            with self._routing_context(micro, padded, forward_only):
                 output = sequence_forward(
                     model, micro.batch["input_ids"], micro.batch["attention_mask"], self.settings, self.device
                 )
@@ -212,10 +214,13 @@ class MegatronBackend:
                 f"{self.hf_config.model_type!r} is a dense model (no router); set actor.router_replay.mode=disabled "
                 "and rollout.enable_rollout_routing_replay=false"
             )
-        self.routing = MegatronRouting(self.gpt, self.layout.num_layers, self.settings.sequence_parallel, self.device)
+        recompute = self.config.recompute_granularity is not None
+        self.routing = MegatronRouting(
+            self.gpt, self.layout.num_layers, self.settings.sequence_parallel, self.device, recompute
+        )
 
-    def _routing_context(self, micro: DataProto, padded: int):  # noqa: ANN202 - a context manager
-        return self.routing.micro_batch(micro, padded) if self.routing is not None else nullcontext()
+    def _routing_context(self, micro: DataProto, padded: int, forward_only: bool):  # noqa: ANN202 - a context manager
+        return self.routing.micro_batch(micro, padded, not forward_only) if self.routing is not None else nullcontext()
 
     # ---- the training logic's micro-batches (TrainBackend) ------------------------------------------
     def data_parallel(self) -> DataParallel:

@@ -102,4 +102,14 @@ def enable() -> None:
     _CudaToCpu().__enter__()  # stays active for the life of this worker process
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
     _route_moe_host_copies()
+    _route_recompute_rng_states()
     _enabled = True
+
+
+def _route_recompute_rng_states() -> None:
+    """A recomputed layer (model.enable_gradient_checkpointing) saves the CUDA generator's state with its input and
+    restores it in the backward; the CPU generator's state (torch's own, also saved) stands in for it here."""
+    from megatron.core.tensor_parallel import random
+
+    random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    random._set_cuda_rng_state = lambda *args, **kwargs: None

@@ -44,15 +44,20 @@ def rope_theta(hf_config: Any) -> float:
     return float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
 
 
-def transformer_config(hf_config: Any, layout: GPTLayout, settings: ParallelSettings, dtype: torch.dtype) -> Any:
+def transformer_config(
+    hf_config: Any, layout: GPTLayout, settings: ParallelSettings, dtype: torch.dtype, recompute: bool = False
+) -> Any:
     """The megatron-core TransformerConfig that computes what the HF model computes (no dropout, RMSNorm,
-    SwiGLU, grouped-query attention, fused kernels off so the plain-torch paths run everywhere)."""
+    SwiGLU, grouped-query attention, fused kernels off so the plain-torch paths run everywhere). `recompute`
+    (model.enable_gradient_checkpointing): each layer keeps only its input for the backward and runs again there,
+    as the FSDP workers' checkpointed layers do."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     moe = {
         "moe_token_dispatcher_type": "alltoall",  # a dense model: only to pass the config check of variable lengths
         **moe_config_kwargs(layout.moe, settings.ep),
     }
+    recomputed = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     return TransformerConfig(
         num_layers=layout.num_layers,
         hidden_size=layout.hidden_size,
@@ -79,6 +84,7 @@ def transformer_config(hf_config: Any, layout: GPTLayout, settings: ParallelSett
         # Every rank's stage exchanges its real shapes: micro-batches may differ in size.
         variable_seq_lengths=settings.pp > 1,
         **moe,
+        **(recomputed if recompute else {}),
         use_cpu_initialization=True,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,

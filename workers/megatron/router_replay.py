@@ -14,6 +14,7 @@ sequence split over the TP ranks under sequence parallelism), flattened S-major.
 
 from __future__ import annotations
 
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from torch import nn
 
 from protocol import DataProto
 from workers.routing_replay.hooks import NOT_RECORDED, Mismatch
-from workers.routing_replay.passes import PassRouting
+from workers.routing_replay.passes import PassMode, PassRouting
 from workers.routing_replay.token_order import ROUTED_EXPERTS
 
 TopK = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # megatron's (scores, topk, num_groups, group_topk)
@@ -82,7 +83,9 @@ class _LayerReplay:
 class MegatronRouting(PassRouting):
     """Routing replay on the `TopKRouter`s of one pipeline stage of a megatron-core GPT model."""
 
-    def __init__(self, model: nn.Module, num_layers: int, sequence_parallel: bool, device: torch.device) -> None:
+    def __init__(
+        self, model: nn.Module, num_layers: int, sequence_parallel: bool, device: torch.device, recompute: bool
+    ) -> None:
         from megatron.core import parallel_state as ps
         from megatron.core.transformer.moe.router import TopKRouter
 
@@ -103,13 +106,19 @@ class MegatronRouting(PassRouting):
         self.model_parallel_group = ps.get_model_parallel_group()
         self.mismatch = Mismatch.zero()
         self._table: torch.Tensor | None = None  # replay / compare: [tokens, layers, k] of the micro-batch running
+        # Recomputed layers (model.enable_gradient_checkpointing) route again in the backward, outside the forward's
+        # context, micro-batch after micro-batch in the order of their forwards: per layer, the columns to replay.
+        self.recompute = recompute
+        self._in_backward: dict[int, deque[torch.Tensor]] = defaultdict(deque)
+        self._keep_for_backward = False
         self._recorded: dict[int, torch.Tensor] = {}  # record: this micro-batch's choices per layer
         self._recordings: list[tuple[SequenceSplit, dict[int, torch.Tensor]]] = []
 
     # ---- one micro-batch's forward ---------------------------------------------------------------------
     @contextmanager
-    def micro_batch(self, micro: DataProto, padded: int) -> Iterator[None]:
-        """Around the forward of `micro`, run on `padded` positions."""
+    def micro_batch(self, micro: DataProto, padded: int, backward: bool) -> Iterator[None]:
+        """Around the forward of `micro`, run on `padded` positions (`backward`: a training forward, whose recomputed
+        layers route again in its backward)."""
         if self.mode is None:
             yield
             return
@@ -120,6 +129,7 @@ class MegatronRouting(PassRouting):
             self._recordings.append((split, self._recorded))
             return
         self._table = split.to_forward(micro.batch[ROUTED_EXPERTS].to(self.device))
+        self._keep_for_backward = self.recompute and backward
         try:
             yield
         finally:
@@ -133,17 +143,32 @@ class MegatronRouting(PassRouting):
             self._recorded[layer] = live.detach()
         if self.mode not in ("replay", "compare"):
             return values, live
+        if self._table is None:  # a recomputed layer in the backward: the choice its forward replayed
+            if not self._in_backward[layer]:
+                raise RuntimeError(f"routing replay: the router of layer {layer} ran again with no forward pending")
+            chosen = self._in_backward[layer].popleft()
+            return scores.gather(1, chosen), chosen
         table = self._table
-        if table is None or table.shape[0] != live.shape[0] or table.shape[2] != live.shape[1]:
+        if table.shape[0] != live.shape[0] or table.shape[2] != live.shape[1]:
             raise RuntimeError(
                 f"routing replay: the router of layer {layer} chose {tuple(live.shape)} (tokens, experts per token) "
-                f"but the recorded routing for this forward is {None if table is None else tuple(table.shape)} "
-                "(tokens, layers, experts per token): the recorded routing does not belong to these tokens"
+                f"but the recorded routing for this forward is {tuple(table.shape)} (tokens, layers, experts per "
+                "token): the recorded routing does not belong to these tokens"
             )
         chosen = self.mismatch.count(table[:, layer], live)
         if self.mode == "compare":
             return values, live
+        if self._keep_for_backward:  # (megatron-core runs a recomputed layer's forward without autograd)
+            self._in_backward[layer].append(chosen)
         return scores.gather(1, chosen), chosen
+
+    @contextmanager
+    def pass_mode(self, mode: PassMode | None, data: DataProto, method: str) -> Iterator[None]:
+        try:
+            with super().pass_mode(mode, data, method):
+                yield
+        finally:
+            self._in_backward.clear()  # every backward has run (or the pass failed)
 
     # ---- after a pass ----------------------------------------------------------------------------------
     def recorded_tables(self) -> list[torch.Tensor]:
