@@ -173,3 +173,20 @@ def test_the_reference_megatron_layout_must_be_the_actors():
     assert worker_config("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1")["ref"]["megatron"]["tensor_model_parallel_size"] == 1
     with pytest.raises(ValueError, match=r"ref.megatron.tensor_model_parallel_size=2 must equal actor_rollout_ref.actor.megatron"):
         worker_config("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2")
+
+
+def test_verls_megatron_recompute_and_expert_tp_keys_name_what_to_use():
+    # verl's Megatron MoE scripts (examples/router_replay) set recompute through the transformer config overrides and
+    # the experts' TP size; here the model's checkpointing switch recomputes, and the experts split as the dense TP.
+    with pytest.raises(ConfigError) as error:
+        load_config([
+            "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",
+            "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
+            "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype=fp32",
+        ])
+    lines = str(error.value).splitlines()[1:]
+    assert lines[0].startswith("  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full:")
+    assert lines[0].endswith("; use actor_rollout_ref.model.enable_gradient_checkpointing")
+    assert "expert TP = tensor_model_parallel_size); only ['null', 'none'] is accepted here" in lines[1]
+    assert lines[2].endswith("moe_router_dtype=fp32: Megatron's transformer config comes from the Hugging Face config here")
+    load_config(["actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=null"])  # accepted with a note
