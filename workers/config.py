@@ -112,11 +112,6 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
     _fill_ref_sequence_parallel(config, where)
     _check_sequence_parallel(config, config["actor"], _dotted(where, "actor"), where)
     if config["actor"]["strategy"] == "megatron":
-        if rollout["multi_turn"]["enable"]:
-            raise ValueError(
-                "rollout.multi_turn.enable=true needs actor.strategy='fsdp' "
-                "(the Megatron actor has no multi-turn rollout yet)"
-            )
         if rollout["placement"] != "hybrid":
             raise ValueError(
                 "actor.strategy='megatron' supports rollout.placement='hybrid' (an HF replica or a vLLM engine in "

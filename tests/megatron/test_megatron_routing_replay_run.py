@@ -49,3 +49,22 @@ def test_megatron_replays_the_rollouts_experts_per_stage_and_its_own_over_expert
     assert "router_replay/mismatch_log_prob" not in r2  # R2's log-prob pass records, compares nothing
     assert 0.0 < r2["router_replay/mismatch_update"] < 1.0
     assert r2["actor/grad_norm"] > 0
+
+
+def test_megatron_runs_the_multi_turn_agent_loop_and_replays_its_experts(ray_cluster, tiny_assets, tmp_path):
+    # The tool task on the Megatron actor: each rank's HF replica runs its conversations through the agent loop, each
+    # turn recording the experts of the conversation so far; the log-prob pass agrees with the latest turn's choices.
+    # (The random tiny model ends its conversations in one turn here: tests/rollout/test_agent_loop.py scripts the
+    # tool calls of several turns, on the same agent loop.)
+    from trainer.datasets.synthetic import write_synthetic_dataset
+
+    data = tmp_path / "data_tool_vault"
+    write_synthetic_dataset(str(data), tasks=("tool_vault",), seed=0)
+    assets = {**tiny_assets, "train": str(data / "train.parquet"), "val": str(data / "val.parquet")}
+    record = _run(
+        tmp_path, assets, "agent", "task=tool_vault", "actor_rollout_ref.actor.router_replay.mode=R3",
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+    )
+    assert record["agent/turns_mean"] >= 1.0  # the agent loop built the batch
+    assert record["router_replay/mismatch_log_prob"] == 0.0
+    assert 0.0 < record["router_replay/mismatch_update"] < 1.0

@@ -21,7 +21,7 @@ from workers.config import mini_batch_per_rank
 from workers.megatron.backend import MegatronBackend
 from workers.megatron.moe import copy_into_hf_model
 from workers.megatron.side import MegatronSide
-from workers.rollout.agent.worker_glue import PROMPT_KEYS
+from workers.rollout.agent.worker_glue import PROMPT_KEYS, build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import folder_token_ids, model_token_ids, sampling_params
 from workers.routing_replay.hooks import RouterChoices
@@ -71,6 +71,10 @@ class MegatronActorSide(MegatronSide):
                     self.rollout_routing = RouterChoices(self.rollout_model)
         if worker.role in ("actor_rollout_ref", "ref"):
             self.ref = MegatronBackend(cfg["model"], settings, seed=cfg["seed"], max_positions=max_positions)
+        # The multi-turn tool-calling rollout (rollout.multi_turn.enable), on the engine or the HF replica.
+        self.agent = None
+        if self.actor is not None:
+            self.agent = build_agent(cfg["rollout"], cfg["model"]["path"], folder_token_ids(cfg["model"]["path"])[0])
 
     # ---- residency: Megatron's state stays on the device (MegatronSide) -------------------------------------
     @contextmanager
@@ -110,13 +114,24 @@ class MegatronActorSide(MegatronSide):
             eos, pad = folder_token_ids(self.actor.model_path)
             params = sampling_params(self.config["rollout"], prompts.meta_info, eos, pad)
             inputs = {k: prompts.batch[k] for k in PROMPT_KEYS}
-            return self.hybrid_rollout.generate(inputs, params, seed, rank, weights_version)
+            run = None
+            if self.agent is not None:
+
+                def run(vllm: Any) -> dict[str, torch.Tensor]:  # the multi-turn agent loop on this rank's engine
+                    return vllm_agent_generate(
+                        self.agent, vllm.llm, prompts, params, rank, vllm.lora_request, vllm.returns_routing
+                    )
+
+            return self.hybrid_rollout.generate(inputs, params, seed, rank, weights_version, run=run)
         metrics = self._refresh_rollout_model(weights_version)
         model = self.rollout_model
         eos, pad = model_token_ids(getattr(model, "generation_config", None), model.config)
         params = sampling_params(self.config["rollout"], prompts.meta_info, eos, pad)
-        inputs = {k: prompts.batch[k].to(self.actor.device) for k in PROMPT_KEYS}
         routing = self.rollout_routing
+        if self.agent is not None:  # each rank's replica runs its conversations alone (synced=False)
+            device = self.actor.device
+            return hf_agent_generate(self.agent, model, prompts, params, device, rank, False, routing), metrics
+        inputs = {k: prompts.batch[k].to(self.actor.device) for k in PROMPT_KEYS}
         with seeded_sampling(seed, rank, self.actor.device), routing.recording() if routing else nullcontext():
             result = generate_responses(model, inputs, params, synced=False)
         if routing is not None:  # the experts each token was routed to (routing replay R3)
