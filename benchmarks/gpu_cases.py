@@ -165,6 +165,14 @@ def one_gpu_cases() -> list[Case]:
             RunCheck(12, finite=("actor/pg_loss", *REPLAY_MISMATCH), synced=True, at_most=ENGINE_ROUTERS_AGREE),
         ),
         Case(
+            "megatron_agent",
+            "one",
+            "the multi-turn agent loop (the tool task) on the Megatron actor's hybrid vLLM engine: each rank's "
+            "conversations run their turns and tool calls there, the Megatron update trains on them",
+            (_train("task=tool_vault", "actor_rollout_ref.actor.strategy=megatron", *VLLM, *VERIFY, steps(8)),),
+            RunCheck(8, synced=True),
+        ),
+        Case(
             "dapo",
             "one",
             "DAPO (dynamic sampling, clip-higher, overlong penalty), vLLM hybrid",
