@@ -42,7 +42,7 @@ class SequenceSplit:
 
     def to_forward(self, table: torch.Tensor) -> torch.Tensor:
         """[b, S, layers, k] -> [tokens this rank routes (S-major), layers, k] long."""
-        rows, length = self.valid.shape
+        length = self.valid.shape[1]
         table = table.long()
         if self.padded != length:
             table = nn.functional.pad(table, (0, 0, 0, 0, 0, self.padded - length), value=NOT_RECORDED)
