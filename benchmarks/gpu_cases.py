@@ -44,6 +44,9 @@ REPLAY_MISMATCH = ("router_replay/mismatch_log_prob", "router_replay/mismatch_up
 # (0.28% on the tiny model in bf16); a table mapped to the wrong tokens disagrees on most routings.
 ENGINE_ROUTERS_AGREE = (("router_replay/mismatch_log_prob", 0.05),)
 PPO_FINITE = ("actor/pg_loss", "critic/vf_loss")
+MEGATRON_OFFLOAD = tuple(
+    f"actor_rollout_ref.actor.megatron.{key}=true" for key in ("param_offload", "grad_offload", "optimizer_offload")
+)
 CRITIC_OFFLOAD = ("critic.model.fsdp_config.param_offload=true", "critic.model.fsdp_config.optimizer_offload=true")
 
 
@@ -171,6 +174,14 @@ def one_gpu_cases() -> list[Case]:
             "conversations run their turns and tool calls there, the Megatron update trains on them",
             (_train("task=tool_vault", "actor_rollout_ref.actor.strategy=megatron", *VLLM, *VERIFY, steps(8)),),
             RunCheck(8, synced=True),
+        ),
+        Case(
+            "megatron_offload",
+            "one",
+            "verl's Megatron offload switches (weights, float32 gradient buffers, main weights and Adam state to the "
+            "host while the hybrid vLLM engine generates; the reference outside its pass), every sync verified",
+            (_train("actor_rollout_ref.actor.strategy=megatron", *VLLM, *VERIFY, *MEGATRON_OFFLOAD, steps(8)),),
+            RunCheck(8, synced=True, offloaded=True),
         ),
         Case(
             "dapo",

@@ -8,7 +8,8 @@ Random-init Qwen2 models of the Qwen2.5-7B / -3B shapes, or the Qwen3-30B-A3B mi
 `--layers N` keeps its first N decoder layers, so that one GPU holds it), written in bf16 by
 benchmarks/random_model.py in a child process, the arithmetic task, GRPO with the reference KL loss, FSDP2 (bf16
 compute, float32 master weights) with parameter and optimizer offload and gradient checkpointing, packed
-sequences, the hybrid vLLM engine with sleep mode; `--lora-rank 64` trains LoRA adapters instead
+sequences (`--strategy megatron`: the Megatron actor, padded, with its weight, gradient and optimizer offload), the
+hybrid vLLM engine with sleep mode; `--lora-rank 64` trains LoRA adapters instead
 (actor_rollout_ref.model.lora_rank), their frozen base shared with the engine by default
 (actor_rollout_ref.rollout.share_base_weights=false: two copies).
 Before running, the memory plan (trainer/memory_plan) is printed; a size whose plan does not fit the GPU is
@@ -79,6 +80,17 @@ PLAN_PHASE = {"init": "init", "sync": "generate", "generate": "generate", "old_l
 TOLERANCE = 0.15
 
 
+# Each strategy's offload switches, all on (the Megatron ones are verl's megatron.* keys), and whether it packs.
+STRATEGY_OVERRIDES = {
+    "fsdp": ("actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+             "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"),
+    # Megatron runs padded micro-batches (no packing without Transformer Engine: docs/megatron.md).
+    "megatron": ("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.model.use_remove_padding=false",
+                 *(f"actor_rollout_ref.actor.megatron.{key}=true" for key in ("param_offload", "grad_offload",
+                                                                              "optimizer_offload"))),
+}
+
+
 def scale_overrides(args: argparse.Namespace, on_gpu: bool) -> list[str]:
     """The scale setup on top of the GPU GRPO benchmark's (later overrides win)."""
     overrides = [
@@ -87,9 +99,7 @@ def scale_overrides(args: argparse.Namespace, on_gpu: bool) -> list[str]:
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_rows}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.micro_rows}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={args.micro_rows}",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.model.use_remove_padding=true",
-        "actor_rollout_ref.actor.fsdp_config.param_offload=true",
-        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true", *STRATEGY_OVERRIDES[args.strategy],
         "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
         *(["actor_rollout_ref.rollout.enforce_eager=true"] if args.eager else []),  # default: CUDA graphs on a GPU
     ]
@@ -200,7 +210,7 @@ def print_result(result: dict[str, Any]) -> None:
     print_offload_table(result["offload"], Bandwidth(**bandwidth) if bandwidth else None)
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="7B", help=f"comma-separated, of {list(SHAPES)}")
     parser.add_argument("--lora-rank", type=int, default=0, help="> 0: LoRA adapters of this rank (actor_rollout_ref.model.lora_rank)")
@@ -210,6 +220,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--n", type=int, default=8, help="responses per prompt")
     parser.add_argument("--response-length", type=int, default=512)
     parser.add_argument("--micro-rows", type=int, default=8, help="rows per update / log-prob micro-batch")
+    parser.add_argument("--strategy", choices=sorted(STRATEGY_OVERRIDES), default="fsdp",
+                        help="the training backend (megatron: its layout from overrides, e.g. "
+                             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2)")
     parser.add_argument("--token-budget", type=int, default=0,
                         help="> 0: tokens per update micro-batch (use_dynamic_bsz; log-prob passes twice it) instead of --micro-rows")
     parser.add_argument("--log-prob-budget", type=int, default=0,
@@ -220,6 +233,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--force", action="store_true", help="run a size whose memory plan does not fit (trainer.memory_check=warn)")
     parser.add_argument("--workdir", default="/tmp/scale_step")
     parser.add_argument("--out", default="results/scale_step.json")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     sizes = [s for s in args.sizes.split(",") if s]
     unknown = [s for s in sizes if s not in SHAPES]

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from workers.config_schema import validated
-from workers.config_spec import ACTOR_ROLLOUT_REF_SPEC, WORKER_SECTIONS
+from workers.config_spec import ACTOR_ROLLOUT_REF_SPEC, WORKER_SECTIONS, megatron_layout_spec
 from workers.default_values import REQUIRED, section_defaults
 from workers.lora.spec import check_base_sharing, check_lora_settings
 from workers.routing_replay.settings import check_routing_replay
@@ -128,10 +128,15 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
     return config
 
 
+MEGATRON_LAYOUT_KEYS = frozenset(megatron_layout_spec())
+
+
 def _fill_ref_megatron(config: dict[str, Any], where: str) -> None:
     """The reference's Megatron layout is the actor's: unset keys take the actor's value, set ones must equal it."""
     actor, ref = config["actor"]["megatron"], config["ref"]["megatron"]
     for key, value in ref.items():
+        if key not in MEGATRON_LAYOUT_KEYS:
+            continue  # its own offload switch
         if value is not None and value != actor[key]:
             raise ValueError(
                 f"{_dotted(where, f'ref.megatron.{key}')}={value!r} must equal "
@@ -142,19 +147,21 @@ def _fill_ref_megatron(config: dict[str, Any], where: str) -> None:
 
 
 def _reject_fsdp_settings_on_megatron(sections: dict[str, dict[str, Any]], where: str, strategy_key: str) -> None:
-    """Parameter and optimizer offload move FSDP2 shards (workers/fsdp/offload.py) and `fsdp_size` groups them;
-    Megatron has neither (its data-parallel groups follow from its tensor/pipeline sizes)."""
-    offload = [
-        _dotted(where, f"{name}.{key}=true")
+    """`fsdp_config`'s offload switches and `fsdp_size` act on the FSDP workers; the Megatron workers' offload
+    switches are verl's `megatron.*_offload` keys, and their data-parallel groups follow from the tensor/pipeline
+    sizes."""
+    megatron_section = {name: name.replace("model.", "").replace("fsdp_config", "megatron") for name in sections}
+    offload = {
+        _dotted(where, f"{name}.{key}=true"): _dotted(where, f"{megatron_section[name]}.{key}")
         for name, section in sections.items()
         for key, on in section.items()
         if key.endswith("_offload") and on
-    ]
+    }
     fsdp_only = f"{_dotted(where, strategy_key)}='fsdp' only"
     if offload:
         raise ValueError(
-            f"{', '.join(offload)}: offload applies to {fsdp_only} (the Megatron workers keep their state on the GPU); "
-            "set it to false or use strategy='fsdp'"
+            f"{', '.join(offload)}: fsdp_config's offload applies to {fsdp_only}; with megatron set "
+            f"{', '.join(offload.values())}=true instead (verl's keys) and this to false"
         )
     grouped = [
         _dotted(where, f"{name}.fsdp_size={section['fsdp_size']}")

@@ -47,7 +47,7 @@ def _release_field() -> Field:
     )
 
 
-def megatron_spec() -> dict[str, Any]:
+def megatron_layout_spec() -> dict[str, Any]:
     return {
         "tensor_model_parallel_size": Field(
             int_at_least(1), "an int >= 1 (must divide the attention and key/value heads)"
@@ -61,13 +61,25 @@ def megatron_spec() -> dict[str, Any]:
     }
 
 
+def megatron_spec() -> dict[str, Any]:
+    """A trained model's `megatron` section: its layout and verl's offload switches (workers/megatron/offload.py)."""
+    return {
+        **megatron_layout_spec(),
+        "param_offload": Field(boolean, "a bool (GPU: the weights on the host while another tenant computes)"),
+        "grad_offload": Field(boolean, "a bool (GPU: the float32 gradient buffers likewise)"),
+        "optimizer_offload": Field(boolean, "a bool (GPU: main weights and Adam state on the host outside the step)"),
+    }
+
+
 def _ref_megatron_spec() -> dict[str, Any]:
     """verl's `ref.megatron.*`: the reference runs in the actor's processes, so its layout is the actor's; a value
-    set here must equal the actor's (None: the actor's)."""
-    return {
+    set here must equal the actor's (None: the actor's). Its offload switch is its own."""
+    layout = {
         key: Field(optional(field.kind), f"None (the actor's) or {field.expected}, equal to actor.megatron.{key}")
-        for key, field in megatron_spec().items()
+        for key, field in megatron_layout_spec().items()
     }
+    offload = Field(boolean, "a bool (GPU: the frozen reference on the host outside its pass)")
+    return {**layout, "param_offload": offload}
 
 
 def multi_turn_spec() -> dict[str, Any]:

@@ -39,6 +39,7 @@ REQUIRED = {
         "moe_routing_replay",
         "megatron_moe_routing_replay",
         "megatron_agent",
+        "megatron_offload",
     },
     "two": {"fsdp_two_gpus", "hybrid_sharding_two", "hybrid_tp2", "lora_shared_tp2", "ulysses_two", "separate_async_nccl", "megatron_tp2", "megatron_moe_ep2",
             "moe_async_routing_replay",

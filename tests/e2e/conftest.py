@@ -25,7 +25,8 @@ START_REPORTS = ("actor/fsdp_shard_ranks", "rollout/engine_shards_in_trainers", 
 
 
 def comparable_metrics(history: list[dict]) -> list[dict]:
-    """A run's step records without what differs run to run (timing, throughput, memory, the workers' start
-    reports): everything computed from the data must match between a straight and a resumed run."""
-    volatile = ("timing/", "perf/", "memory/", "overhead/", "rollout/sync_s", "rollout/generate_s", "rollout/engine_memory/")
+    """A run's step records without what differs run to run (timing, throughput, memory and its offload moves, the
+    workers' start reports): everything computed from the data must match between a straight and a resumed run."""
+    volatile = ("timing/", "perf/", "memory/", "offload/", "overhead/", "rollout/sync_s", "rollout/generate_s",
+                "rollout/engine_memory/")
     return [{k: v for k, v in r.items() if not k.startswith(volatile) and k not in START_REPORTS} for r in history]

@@ -7,6 +7,10 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.megatron.workers import ADAM_EPS
+from trainer.memory_plan.residency import role_memory
+from trainer.memory_plan.setup import ModelRole
+from trainer.memory_plan.shape import ModelShape, read_model_config
+from trainer.memory_plan.terms import Trainability
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 
@@ -69,6 +73,10 @@ def test_engine_matches_the_hf_model(megatron_probes, tmp_path, tp, pp, sp, dp, 
     with megatron_probes(tp * pp * dp) as group:
         outputs = group.run(str(tmp_path), tp, pp, sp, dp > 1, _batch(), LR)
     (result,) = [o for o in outputs if o is not None]
+    # The memory plan's per-GPU weights are this rank's (the last stage's) parameters exactly.
+    role = ModelRole("actor", ModelShape.from_config(read_model_config(str(tmp_path))), "lm", 4, "megatron", Trainability(full=True),
+                     tp=tp, pp=pp)
+    assert role_memory(role, tp * pp * dp).weights // 4 == result["local_params"]
     valid = _batch()["response_mask"].bool()
     torch.testing.assert_close(result["log_probs"][valid], hf["log_probs"][valid], atol=2e-6, rtol=0)
     torch.testing.assert_close(result["entropy"][valid], hf["entropy"][valid], atol=2e-6, rtol=0)

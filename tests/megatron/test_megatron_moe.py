@@ -12,6 +12,10 @@ from safetensors.torch import load_file
 
 from tests.megatron.moe_models import per_expert_state, qwen3_moe
 from tests.megatron.test_megatron_backend import LR, _batch, _hf_reference
+from trainer.memory_plan.residency import role_memory
+from trainer.memory_plan.setup import ModelRole
+from trainer.memory_plan.shape import ModelShape
+from trainer.memory_plan.terms import Trainability
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 
@@ -33,6 +37,11 @@ def test_moe_engine_matches_the_hf_model(megatron_probes, tmp_path, tp, pp, ep, 
     with megatron_probes(tp * pp * dp) as group:
         outputs = group.run(str(tmp_path), tp, pp, tp > 1, False, _batch(), LR, ep)
     (result,) = [o for o in outputs if o is not None]
+    # The memory plan's per-GPU weights (trainer/memory_plan/residency.py) are this rank's parameters exactly: the
+    # last stage's slice, experts split over TP x EP, the padded vocabulary, norms and routers whole on each TP rank.
+    shape = ModelShape.from_config(model.config.to_dict())
+    role = ModelRole("actor", shape, "lm", 4, "megatron", Trainability(full=True), tp=tp, pp=pp, ep=ep)
+    assert role_memory(role, tp * pp * dp).weights // 4 == result["local_params"]
     # HF -> Megatron (split over TP / PP / EP) -> HF gives back the checkpoint's tensors exactly.
     assert result["loaded_weights"].keys() == on_disk.keys()
     for key, tensor in on_disk.items():

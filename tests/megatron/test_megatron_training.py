@@ -41,8 +41,20 @@ def test_first_step_matches_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path)
 
 
 def test_pipeline_parallel_resume_reproduces_a_straight_run(ray_cluster, tiny_assets, tmp_path):
-    common = (*QUIET, "trainer.save_freq=1", MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2")
+    """With verl's Megatron offload switches on: on CPU nothing moves, but each move the policy asks for is counted
+    (tests/megatron/test_megatron_offload.py moves them for real)."""
+    offload = [f"actor_rollout_ref.actor.megatron.{key}=true" for key in ("param_offload", "grad_offload", "optimizer_offload")]
+    common = (*QUIET, "trainer.save_freq=1", MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", *offload)
     straight = run(load_config(run_overrides(tiny_assets, tmp_path / "straight", "trainer.total_training_steps=2", *common)))
+    moves = {k.removeprefix("offload/").removesuffix("_moves"): v for k, v in straight[1].items() if k.endswith("_moves")}
+    # step 2: the HF replica's generation claims the GPU (weights and gradient buffers out); the old log-probs bring
+    # the weights back, the reference comes and goes, the update brings the gradient buffers, and the optimizer's
+    # state is in for each optimizer step and for the checkpoint only
+    assert moves["generate/actor_params"] == moves["generate/actor_grads"] == 1
+    assert moves["old_log_prob/actor_params"] == 1 and moves["ref_log_prob/ref_params"] == 2
+    assert moves["update_actor/actor_grads"] == 1 and moves["update_actor/actor_params"] == 0
+    assert moves["update_actor/actor_optimizer"] == 2 * 2  # the tiny job's 16 prompts in mini-batches of 8
+    assert moves["save_checkpoint/actor_optimizer"] == 2
     # A run of its own resumes from the straight run's step-1 checkpoint (saved mid-run, as a run ending there would):
     # its step 2 starts from restored weights, Adam state, data position and random state.
     checkpoint = tmp_path / "straight" / "global_step_1"
@@ -86,9 +98,20 @@ def test_ppo_with_megatron_critic_and_distributed_optimizer(ray_cluster, tiny_as
         tiny_assets, tmp_path, "algorithm=ppo", "trainer.total_training_steps=2", *QUIET, MEGATRON,
         "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true", "critic.strategy=megatron",
         "critic.megatron.use_distributed_optimizer=true", "trainer.export_hf_at_end=true",
+        "critic.megatron.param_offload=true", "critic.megatron.grad_offload=true", "critic.megatron.optimizer_offload=true",
     ))
     history = run(cfg)
     assert len(history) == 2
+    # The colocated critic's state leaves when the actor's process claims the GPU (counted on CPU, where nothing
+    # moves; the critic reports the moves since its last phase): by step 2's values its weights and gradient
+    # buffers left for the actor's update and generation, and its weights came back; its update brings the
+    # gradient buffers, and its Adam state comes and goes for each optimizer step (two mini-batches).
+    step_two = history[1]
+    assert step_two["offload/values/critic_params_moves"] == 2
+    assert step_two["offload/values/critic_grads_moves"] == 1
+    assert step_two["offload/update_critic/critic_grads_moves"] == 1
+    assert step_two["offload/update_critic/critic_params_moves"] == 0
+    assert step_two["offload/update_critic/critic_optimizer_moves"] == 2 * 2
     for record in history:
         for key in ("critic/vf_loss", "critic/vpred_mean", "critic/grad_norm", "actor/pg_loss", "reward/mean"):
             assert np.isfinite(record[key]), (key, record)
@@ -105,16 +128,23 @@ def test_ppo_with_megatron_critic_and_distributed_optimizer(ray_cluster, tiny_as
 
 def test_grpo_with_hybrid_vllm_fed_from_pipeline_stages(ray_cluster, tiny_assets, tmp_path):
     """Each of the 2 pipeline-stage ranks holds a vLLM engine; after every update the whole model is
-    streamed into both (each stage's layers broadcast to the other) and the sync is verified."""
+    streamed into both (each stage's layers broadcast to the other) and the sync is verified. The actor's offload
+    switches are on: on CPU nothing moves, each move the engine's claims ask for is counted."""
     from tests.rollout.conftest import SHORT_RUN
     from tests.rollout.test_vllm_rollout import VLLM, _check_verified_run, _param_count
 
     cfg = load_config(run_overrides(
         tiny_assets, tmp_path, *VLLM, *SHORT_RUN, MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+        "actor_rollout_ref.actor.megatron.param_offload=true", "actor_rollout_ref.actor.megatron.grad_offload=true",
     ))
     history = _check_verified_run(run(cfg), tiny_assets["model"])
     for record in history[1:]:
         assert record["rollout/sync_tensors"] == _param_count(tiny_assets["model"])
+        # the engine's claim after its sync sends the weights and gradient buffers out; the old log-probs bring the
+        # weights back, the update the gradient buffers; the reference follows the actor's switch
+        assert record["offload/generate/actor_params_moves"] == record["offload/generate/actor_grads_moves"] == 1
+        assert record["offload/old_log_prob/actor_params_moves"] == record["offload/update_actor/actor_grads_moves"] == 1
+        assert record["offload/ref_log_prob/ref_params_moves"] == 2
 
 
 def test_grpo_with_hybrid_vllm_on_the_tiny_moe_with_expert_parallel(ray_cluster, tiny_assets, tmp_path):

@@ -25,6 +25,19 @@ def init_layout(worker: Worker, tp: int, pp: int, ep: int = 1) -> MeshPlacement:
 ADAM_EPS = 1e-4
 
 
+def optim_settings(lr: float) -> dict:
+    """A constant-LR Adam section as `MegatronBackend` reads it."""
+    return {"lr": lr, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": ADAM_EPS, "lr_warmup_steps": 0,
+            "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
+
+
+def held_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (0 for those offloaded: resized to nothing), less 0-dim tensors
+    (Adam's step counters, which stay where they are)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.dim()}
+    return sum(nbytes for pointer, nbytes in storages.items() if pointer)
+
+
 class MegatronProbe(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_parallel(self, tp: int, pp: int) -> dict:
@@ -67,9 +80,9 @@ class MegatronProbe(Worker):
         from workers.training.backend import ResponseForward
 
         init_layout(self, tp, pp, ep)
-        optim = {"lr": lr, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": ADAM_EPS, "lr_warmup_steps": 0,
-                 "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
-        engine = MegatronBackend({"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, sp, dist_opt, ep), optim)
+        engine = MegatronBackend(
+            {"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, sp, dist_opt, ep), optim_settings(lr)
+        )
         micros = list(DataProto.from_dict(batch).split(2))  # the whole batch on every rank (each DP rank too)
 
         def keep(outputs, micro):
@@ -94,6 +107,7 @@ class MegatronProbe(Worker):
             "grad_norm": grad_norm,
             "weights": weights,
             "loaded_weights": loaded,
+            "local_params": sum(p.numel() for p in engine.gpt.parameters()),  # this rank's slice (the plan's count)
         }
 
     @register(Dispatch.ONE_TO_ALL)
@@ -113,10 +127,8 @@ class MegatronProbe(Worker):
         from workers.training.backend import ResponseForward
 
         init_layout(self, tp, pp, ep)
-        optim = {"lr": 1e-2, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": ADAM_EPS, "lr_warmup_steps": 0,
-                 "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": "constant", "min_lr_ratio": 0.0, "total_training_steps": None}
         model = {"path": model_path, "dtype": "float32", "enable_gradient_checkpointing": recompute}
-        engine = MegatronBackend(model, ParallelSettings(tp, pp, tp > 1, False, ep), optim)
+        engine = MegatronBackend(model, ParallelSettings(tp, pp, tp > 1, False, ep), optim_settings(1e-2))
         engine.track_routing()
         forward = ResponseForward("log_probs", 1.0)
         data = DataProto.from_dict(batch)
@@ -150,3 +162,66 @@ class MegatronProbe(Worker):
             "replay_log_probs": torch.cat([k["log_probs"] for k in replay_kept]), "update_share": update_share,
             "grad_norm": grad_norm,
         }
+
+    @register(Dispatch.ONE_TO_ALL)
+    def offload_round_trip(self, model_path: str, dp: int, dist_opt: bool, batch: dict, offload: bool) -> dict | None:
+        """Two GRPO-like steps of a bf16 actor and its frozen reference under the workers' residency policy, with
+        every Megatron offload switch on (moved for real on CPU) or off: old log-probs, the reference's pass, an
+        update, then the hybrid engine's claim. Reports from DP rank 0 what each pass computed and how many bytes of
+        weights, gradient buffers and optimizer storages were held at each point."""
+        from megatron.core import parallel_state as ps
+
+        from workers.fsdp.residency import ACTOR, DeviceTenants, Residency
+        from workers.megatron.backend import MegatronBackend
+        from workers.megatron.model import ParallelSettings
+        from workers.megatron.offload import MegatronOffloader
+        from workers.training.backend import ResponseForward
+
+        init_layout(self, 1, 1)
+        settings = ParallelSettings(1, 1, False, dist_opt)
+        model = {"path": model_path, "dtype": "bfloat16"}
+        actor = MegatronBackend(model, settings, optim_settings(1e-3))
+        ref = MegatronBackend(model, settings)
+        actor_moves = MegatronOffloader(actor, offload, offload, offload, move_on_cpu=True)
+        ref_moves = MegatronOffloader(ref, offload, frozen=True, move_on_cpu=True)
+        residency = Residency(ACTOR, actor_moves, DeviceTenants(), ref_moves)
+        forward = ResponseForward("log_probs", 1.0)
+        micros = list(DataProto.from_dict(batch).split(2))
+
+        def keep(outputs, micro):
+            return {"log_probs": outputs.log_probs.float()}
+
+        def loss(outputs, micro):
+            mask = micro.batch["response_mask"].float()
+            return -(outputs.log_probs * mask).sum() / mask.sum() / len(micros), {}
+
+        def log_probs(engine):
+            return torch.cat([k["log_probs"] for k in engine.forward_only(micros, forward, keep)])
+
+        def held():
+            return {
+                "weights": held_bytes(actor_moves.param_tensors()),
+                "grads": held_bytes(actor_moves._gradient_buffers()),
+                "optimizer": held_bytes(actor_moves.optimizer_tensors()),
+                "ref": held_bytes(ref_moves.param_tensors()),
+            }
+
+        residency.offload()  # as the actor side does before the engine starts
+        report = {"start": held(), "old": [], "ref": [], "grad_norm": [], "after_step": [], "generating": [], "moves": []}
+        for _ in range(2):
+            residency.trained_needed()
+            report["old"].append(log_probs(actor))
+            residency.ref_needed()
+            report["ref"].append(log_probs(ref))
+            residency.ref_done()
+            residency.trained_needed()
+            actor.zero_grad()
+            actor.forward_backward(micros, forward, loss)
+            report["grad_norm"].append(actor.optimizer_step(1.0))
+            report["after_step"].append(held())
+            report["moves"].append(residency.end_phase("update_actor"))
+            residency.rollout_needs_device()  # the hybrid engine generates next
+            report["generating"].append(held())
+        residency.trained_needed()
+        report["final"] = log_probs(actor)
+        return report if ps.get_data_parallel_rank() == 0 else None

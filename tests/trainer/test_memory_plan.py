@@ -4,8 +4,6 @@ and -3B shapes), which is all the plan reads."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from omegaconf import OmegaConf
 
@@ -20,17 +18,6 @@ QWEN_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidd
                num_key_value_heads=4, intermediate_size=18944, tie_word_embeddings=False)
 QWEN_3B = dict(model_type="qwen2", vocab_size=151936, hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
                num_key_value_heads=2, intermediate_size=11008, tie_word_embeddings=True)
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("memory_plan_models")
-    paths = {}
-    for name, config in (("7B", QWEN_7B), ("3B", QWEN_3B)):
-        (root / name).mkdir()
-        (root / name / "config.json").write_text(json.dumps(config))
-        paths[name] = str(root / name)
-    return paths
 
 
 def scale_config(model: str, *extra: str, lora_rank: int = 0):
@@ -305,11 +292,19 @@ def test_with_a_fixed_kv_cache_the_utilization_only_gates_the_start(folders):
     assert problem.startswith("actor_rollout_ref.rollout.gpu_memory_utilization=0.05 gives the vLLM engine 4.0 GiB per GPU, less than its weights (14.2 GiB)")
     assert plan_of(scale_config(folders["7B"], small, "actor_rollout_ref.rollout.kv_cache_gib=20"), gib=80).problems == []
     # the start still needs the utilization's share free, and the message says what the fraction does now
+    kept = "actor_rollout_ref.actor.fsdp_config.param_offload=false"  # the models' weights on the GPU at the start
     (problem,) = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.gpu_memory_utilization=0.8",
-                                      "actor_rollout_ref.rollout.kv_cache_gib=20")).problems
+                                      "actor_rollout_ref.rollout.kv_cache_gib=20", kept)).problems
     assert "asks 111.8 GiB when the hybrid vLLM engine starts" in problem and "lower it to at most 0.69" in problem
     assert problem.endswith("(with actor_rollout_ref.rollout.kv_cache_gib set it only sets this check: the engine takes its "
                             "weights + the KV cache + 3.2 GiB)")
+    # offloaded weights leave before the engine starts; with the sync check the actor's come back for it
+    assert plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.gpu_memory_utilization=0.8",
+                                "actor_rollout_ref.rollout.kv_cache_gib=20")).problems == []
+    (checked,) = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.gpu_memory_utilization=0.8",
+                                      "actor_rollout_ref.rollout.kv_cache_gib=20",
+                                      "actor_rollout_ref.rollout.verify_sync=true")).problems
+    assert "when the hybrid vLLM engine starts" in checked
     # one sequence of 608 tokens: 28 layers x keys and values x 4 heads x 128 x 2 bytes = 0.03 GiB; checked even
     # without the GPU's size
     (problem,) = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.kv_cache_gib=0.02"), gib=None).problems
@@ -334,11 +329,15 @@ def test_the_engine_remedy_is_the_setting_that_sizes_its_share(folders):
 
 
 def test_vllm_refuses_to_start_when_the_resident_models_leave_less_than_its_budget(folders):
-    plan = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.gpu_memory_utilization=0.8"))
+    kept = "actor_rollout_ref.actor.fsdp_config.param_offload=false"  # the actor's and reference's weights stay
+    plan = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.gpu_memory_utilization=0.8", kept))
     assert plan.fits() is False
     (problem,) = plan.problems
     assert "asks 111.8 GiB when the hybrid vLLM engine starts" in problem and "lower it to at most 0.69" in problem
     assert misfit_message(plan).startswith("memory plan: actor_rollout_ref.rollout.gpu_memory_utilization=0.8")
+    # offloaded, they leave before the engine starts (workers/fsdp/actor_side.py): the start is no problem
+    started = plan_of(scale_config(folders["7B"], "actor_rollout_ref.rollout.gpu_memory_utilization=0.8"))
+    assert not any("when the hybrid vLLM engine starts" in p for p in started.problems)
 
 
 def test_unknown_gpu_memory_prints_without_a_verdict(folders):

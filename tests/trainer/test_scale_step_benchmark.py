@@ -9,7 +9,7 @@ import json
 import pytest
 from transformers import AutoConfig
 
-from benchmarks.scale_step import main
+from benchmarks.scale_step import build_parser, main, scale_overrides
 from trainer.memory_plan.shape import ModelShape
 
 
@@ -53,3 +53,27 @@ def test_a_token_budget_replaces_row_micro_batches_in_update_and_log_prob_passes
     assert "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768" in overrides
     args.log_prob_budget = 40960  # a step's 64 rows of up to 608 tokens in one log-prob micro-batch
     assert "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=40960" in scale_overrides(args, on_gpu=True)
+
+
+def test_the_megatron_strategy_runs_padded_with_its_own_offload_switches(tmp_path):
+    """`--strategy megatron` swaps FSDP's packing and offload keys (refused with megatron) for verl's Megatron
+    switches: the setup loads, passes the actor's checks and plans the 14B run of the issue at TP 2 x DP 2."""
+    from benchmarks.model_shapes import QWEN2_14B
+    from benchmarks.random_model import write_config
+    from trainer.config_loader import load_config
+    from trainer.memory_plan import build_plan
+    from trainer.role_groups import actor_worker_config
+    from workers.config import actor_rollout_ref_config
+
+    args, _ = build_parser().parse_known_args(["--strategy", "megatron", "--prompts", "32", "--response-length", "1024",
+                                               "--micro-rows", "4", "--gpu-memory-utilization", "0.4"])
+    write_config(tmp_path / "14b", QWEN2_14B)
+    overrides = [*scale_overrides(args, on_gpu=True), f"actor_rollout_ref.model.path={tmp_path / '14b'}",
+                 "data.max_prompt_length=512", "trainer.n_gpus_per_node=4",
+                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                 "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true"]
+    cfg = load_config(overrides)
+    actor = actor_rollout_ref_config(actor_worker_config(cfg))["actor"]
+    assert actor["strategy"] == "megatron" and not actor["fsdp_config"]["param_offload"]
+    assert all(actor["megatron"][k] for k in ("param_offload", "grad_offload", "optimizer_offload"))
+    assert build_plan(cfg, int(139.8 * (1 << 30))).fits() is True

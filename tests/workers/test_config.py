@@ -159,8 +159,30 @@ def test_the_reference_offload_follows_the_actor_and_is_fsdp_only():
     kept = actor_worker_config(load_config(["actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.ref.fsdp_config.param_offload=false"]))
     assert actor_rollout_ref_config(kept)["ref"]["fsdp_config"]["param_offload"] is False
     assert actor_rollout_ref_config({"model": {"path": "/m"}})["ref"]["fsdp_config"]["param_offload"] is False
-    with pytest.raises(ValueError, match=r"^ref.fsdp_config.param_offload=true: offload applies to actor.strategy='fsdp' only"):
+    with pytest.raises(ValueError, match=r"^ref.fsdp_config.param_offload=true: fsdp_config's offload applies to "
+                       r"actor.strategy='fsdp' only; with megatron set ref.megatron.param_offload=true instead"):
         actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"strategy": "megatron"}, "ref": {"fsdp_config": {"param_offload": True}}})
+
+
+def test_megatron_takes_verls_offload_switches_and_the_reference_follows_the_actor():
+    from trainer.config_loader import load_config
+    from trainer.role_groups import actor_worker_config, critic_worker_config
+
+    switches = ("param_offload", "grad_offload", "optimizer_offload")
+    megatron = ["actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron"]
+    plain = actor_rollout_ref_config(actor_worker_config(load_config(megatron)))
+    assert [plain["actor"]["megatron"][k] for k in switches] == [False] * 3
+    assert plain["ref"]["megatron"]["param_offload"] is False
+    on = [f"actor_rollout_ref.actor.megatron.{k}=true" for k in switches]
+    config = actor_rollout_ref_config(actor_worker_config(load_config(megatron + on)))
+    assert [config["actor"]["megatron"][k] for k in switches] == [True] * 3
+    assert config["ref"]["megatron"]["param_offload"] is True  # as the actor's, unless set
+    kept = load_config(megatron + on + ["actor_rollout_ref.ref.megatron.param_offload=false"])
+    assert actor_rollout_ref_config(actor_worker_config(kept))["ref"]["megatron"]["param_offload"] is False
+    critic = critic_config(critic_worker_config(load_config(megatron + ["critic.megatron.grad_offload=true"])))
+    assert [critic["megatron"][k] for k in switches] == [False, True, False]
+    with pytest.raises(ValueError, match=r"'actor.megatron.grad_offload' must be a bool .*got 'yes'"):
+        actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"strategy": "megatron", "megatron": {"grad_offload": "yes"}}})
 
 
 def test_the_critic_takes_verls_offload_switches_under_model_fsdp_config():
@@ -181,7 +203,8 @@ def test_the_critic_takes_verls_offload_switches_under_model_fsdp_config():
     for key in ("param_offload", "optimizer_offload"):
         with pytest.raises(ValueError, match=rf"'critic.model.fsdp_config.{key}' must be a bool .*got 'yes'"):
             critic_config({"model": {"path": "/m", "fsdp_config": {key: "yes"}}}, "critic")
-        with pytest.raises(ValueError, match=rf"^critic.model.fsdp_config.{key}=true: offload applies to critic.strategy='fsdp' only"):
+        with pytest.raises(ValueError, match=rf"^critic.model.fsdp_config.{key}=true: fsdp_config's offload applies to "
+                           rf"critic.strategy='fsdp' only; with megatron set critic.megatron.{key}=true instead"):
             critic_config({"model": {"path": "/m", "fsdp_config": {key: True}}, "strategy": "megatron"}, "critic")
     with pytest.raises(ValueError, match=r"unknown config key\(s\) \['param_ofload'\] in section 'critic.model.fsdp_config'"):
         critic_config({"model": {"path": "/m", "fsdp_config": {"param_ofload": True}}}, "critic")

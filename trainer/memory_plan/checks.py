@@ -62,12 +62,15 @@ def startup_problems(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
             f"refuses to start: raise it to at least {least:.2f}"
         )
     if rollout.placement == "hybrid":
-        # The engine starts after the actor (and a separate reference) loaded, before anything is offloaded.
+        # The engine starts after the actor (and a separate reference) loaded and offloaded what they offload; the
+        # actor's weights are back for the sync check (rollout.verify_sync), and a base to be shared stays.
         before = RUNTIME_BYTES
         for role in (setup.actor, setup.ref):
             if role is not None:
                 mem = role_memory(role, setup.gpus_per_pool)
-                before += mem.weights + (mem.grads if role.strategy == "megatron" else 0)
+                stays = role.name == "actor" and (rollout.verify_sync or rollout.shares_base)
+                before += mem.weights if stays or not role.param_offload else 0
+                before += mem.grads if role.strategy == "megatron" and not role.grad_offload else 0
         free = gpu_bytes - before
         if free < budget:
             most = max(0.0, free / gpu_bytes)
@@ -148,13 +151,15 @@ def plan_notes(setup: PlanSetup, gpu_bytes: int | None) -> list[str]:
                      "share of the GPU in every phase")
     host = mem.weights - (mem.frozen_base if shares_base else 0) if actor.param_offload else 0
     host += mem.optimizer if actor.optimizer_offload else 0
+    host += mem.grads if actor.grad_offload else 0
     if setup.ref is not None and setup.ref.param_offload:
         host += role_memory(setup.ref, setup.gpus_per_pool).weights
     critic = setup.critic
-    if critic is not None and (critic.param_offload or critic.optimizer_offload):
+    if critic is not None and (critic.param_offload or critic.optimizer_offload or critic.grad_offload):
         critic_mem = role_memory(critic, setup.gpus_per_pool)
         critic_host = critic_mem.weights if critic.param_offload else 0
         critic_host += critic_mem.optimizer if critic.optimizer_offload else 0
+        critic_host += critic_mem.grads if critic.grad_offload else 0
         # per GPU: a colocated critic's beside the actor's, a separate one's on GPUs of its own
         host = host + critic_host if setup.placement == "colocated" else max(host, critic_host)
     if host:

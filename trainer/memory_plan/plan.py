@@ -217,10 +217,13 @@ class _TrainerGpu:
         return CACHED_BLOCKS_LIMIT if self.setup.on_gpu and self.roles[name].strategy == "fsdp" else 0
 
     def resident(self, actor_loaded: bool, with_optimizer: bool, engine_awake: bool, optimizer_state: bool = True,
-                 loaded: tuple[str, ...] = (), engine_started: bool = True, stepping: str = "actor") -> dict[str, int]:
+                 loaded: tuple[str, ...] = (), engine_started: bool = True, stepping: str = "actor",
+                 training: tuple[str, ...] = ()) -> dict[str, int]:
         """What sits on the GPU between computations; `optimizer_state` False before the first step
         (AdamW creates its moments lazily); `loaded` names other offloading roles brought in for the phase;
-        `with_optimizer`: the offloaded optimizer state of role `stepping` is in, for its step.
+        `with_optimizer`: the offloaded optimizer state of role `stepping` is in, for its step; `training`: the
+        Megatron roles whose offloaded gradient buffers are in (workers/megatron/offload.py: they leave with the
+        weights and come back for an update only).
         A LoRA base shared with the engine is the engine's (under weights while it sleeps, inside its share
         while awake) once the engine has started, and never offloaded."""
         weights = grads = optimizer = 0
@@ -229,8 +232,8 @@ class _TrainerGpu:
             offloaded = role.param_offload and not (actor_loaded if name == "actor" else name in loaded)
             own = mem.weights - (self.shared_base if name == "actor" and engine_started else 0)
             weights += 0 if offloaded else own
-            if role.strategy == "megatron":
-                grads += mem.grads  # Megatron's gradient buffer lives as long as the model
+            if role.strategy == "megatron" and (name in training or not role.grad_offload):
+                grads += mem.grads  # Megatron's gradient buffer lives as long as the model, unless offloaded
             optimizer_off = role.optimizer_offload and not (with_optimizer and name == stepping)
             optimizer += mem.optimizer if optimizer_state and not optimizer_off else 0
         engine_holds_budget = engine_awake or not self.setup.rollout.sleeps
@@ -251,7 +254,13 @@ class _TrainerGpu:
         if self.critic_in[phase]:
             loaded = (*loaded, "critic")
         return self.resident(self.actor_in[phase], stepping is not None, engine_awake=False, loaded=loaded,
-                             stepping=stepping or "actor")
+                             stepping=stepping or "actor", training=self._gradients_in(phase))
+
+    def _gradients_in(self, phase: str) -> tuple[str, ...]:
+        """Roles whose offloaded Megatron gradient buffers are on the GPU in `phase`: the role whose update it is
+        (its first zero_grad brings them), and a critic on GPUs of its own (nothing claims them after that)."""
+        training = {"update_actor": ("actor",), "update_critic": ("critic",)}.get(phase, ())
+        return (*training, "critic") if "actor" not in self.roles else training
 
     def forward(self, name: str, batch: Batching, logits_use: str | None) -> dict[str, int]:
         """The compute memory of a no-grad pass of model `name`, by column: its compute copies (weights),
@@ -324,8 +333,8 @@ def _init_row(gpu: _TrainerGpu) -> Row:
     """The larger of two moments: every model just loaded (before any offload), and the engine started
     (the workers offload their models first, so offloaded weights are not under the engine's start)."""
     every_model = tuple(gpu.memory)
-    loaded = Row("actor", "init", "models loaded",
-                 gpu.resident(True, False, False, optimizer_state=False, loaded=every_model, engine_started=False))
+    loaded = Row("actor", "init", "models loaded", gpu.resident(
+        True, False, False, optimizer_state=False, loaded=every_model, engine_started=False, training=every_model))
     if not gpu.engine:
         return loaded
     rollout = gpu.setup.rollout

@@ -12,6 +12,9 @@ SHARD = "more GPUs to shard over (trainer.n_gpus_per_node)"
 LORA = "LoRA (actor_rollout_ref.model.lora_rank)"
 PARAM_OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload=true"
 OPTIMIZER_OFFLOAD = "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true (between updates)"
+MEGATRON_PARAM_OFFLOAD = "actor_rollout_ref.actor.megatron.param_offload=true"
+MEGATRON_GRAD_OFFLOAD = "actor_rollout_ref.actor.megatron.grad_offload=true"
+MEGATRON_OPTIMIZER_OFFLOAD = "actor_rollout_ref.actor.megatron.optimizer_offload=true"
 CRITIC_PARAM_OFFLOAD = "critic.model.fsdp_config.param_offload=true"
 CRITIC_OPTIMIZER_OFFLOAD = "critic.model.fsdp_config.optimizer_offload=true"
 CHUNKED_LOGITS = (
@@ -31,9 +34,9 @@ SMALLER_KV_CACHE = "a smaller actor_rollout_ref.rollout.kv_cache_gib"
 # What lowers each column, most effective first; `misfit_message` lists each suggestion once and leaves out
 # the settings a run already has and those that do not apply to it (`MemoryPlan.settings_on`).
 REMEDIES = {
-    "weights": (SHARD, PARAM_OFFLOAD, CRITIC_PARAM_OFFLOAD, LORA),
-    "grads": (SHARD, LORA),
-    "optimizer": (SHARD, LORA, OPTIMIZER_OFFLOAD, CRITIC_OPTIMIZER_OFFLOAD),
+    "weights": (SHARD, PARAM_OFFLOAD, MEGATRON_PARAM_OFFLOAD, CRITIC_PARAM_OFFLOAD, LORA),
+    "grads": (SHARD, MEGATRON_GRAD_OFFLOAD, LORA),
+    "optimizer": (SHARD, LORA, OPTIMIZER_OFFLOAD, MEGATRON_OPTIMIZER_OFFLOAD, CRITIC_OPTIMIZER_OFFLOAD),
     "activations": ("actor_rollout_ref.model.enable_gradient_checkpointing=true", SMALLER_MICRO, ULYSSES),
     "logits": (CHUNKED_LOGITS, SMALLER_MICRO, ULYSSES),
     "engine": (LOWER_UTILIZATION, SMALLER_KV_CACHE),
@@ -121,8 +124,15 @@ def settings_on(setup: PlanSetup) -> set[str]:
     """The remedies not to suggest: settings the run already has, and the engine setting that does not size its
     share (with a fixed KV cache the utilization only gates the start; without one there is no cache size)."""
     actor = setup.actor
-    on = {PARAM_OFFLOAD} if actor.param_offload else set()
-    on |= {OPTIMIZER_OFFLOAD} if actor.optimizer_offload else set()
+    # The actor's switches of its own strategy; the other strategy's (and LoRA with Megatron) are never suggested.
+    if actor.strategy == "megatron":
+        switches = {MEGATRON_PARAM_OFFLOAD: actor.param_offload, MEGATRON_GRAD_OFFLOAD: actor.grad_offload,
+                    MEGATRON_OPTIMIZER_OFFLOAD: actor.optimizer_offload}
+        on = {PARAM_OFFLOAD, OPTIMIZER_OFFLOAD, LORA}
+    else:
+        switches = {PARAM_OFFLOAD: actor.param_offload, OPTIMIZER_OFFLOAD: actor.optimizer_offload}
+        on = {MEGATRON_PARAM_OFFLOAD, MEGATRON_GRAD_OFFLOAD, MEGATRON_OPTIMIZER_OFFLOAD}
+    on |= {key for key, is_set in switches.items() if is_set}
     # The critic's switches: not suggested without a critic that could move its state (FSDP, on a GPU), or when on.
     critic = setup.critic
     movable = critic is not None and critic.strategy == "fsdp" and setup.on_gpu

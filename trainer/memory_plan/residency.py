@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from trainer.memory_plan.setup import ModelRole
 from trainer.memory_plan.shape import lora_params
 from trainer.memory_plan.terms import FP32
+from workers.megatron.vocab_padding import padded_vocab_size
 
 ADAM_MOMENTS = 2 * FP32
 
@@ -81,25 +82,57 @@ def role_memory(role: ModelRole, gpus: int) -> RoleMemory:
 
 def megatron_stage_params(role: ModelRole) -> int:
     """Parameters of the largest pipeline stage (layers split evenly; the embedding on the first stage, the
-    head, or with tied embeddings a copy of the embedding, on the last)."""
+    head, or with tied embeddings a copy of the embedding, on the last), the vocabulary padded as Megatron pads it."""
     shape = role.shape
+    embedding = padded_vocab_size(shape.vocab, role.tp) * shape.hidden
+    head = shape.head_params(role.head)
+    head = embedding if role.head == "lm" and head else head  # an untied LM head has the padded rows too
     layers = _ceil_div(shape.layers, role.pp) * shape.layer_params()
-    head = shape.head_params(role.head) or (shape.embedding_params() if role.pp > 1 else 0)
     if role.pp == 1:
-        return layers + shape.root_params(role.head)
-    return layers + max(shape.embedding_params(), head + shape.hidden)
+        return layers + embedding + shape.hidden + head
+    return layers + max(embedding, (head or embedding) + shape.hidden)
+
+
+def megatron_replicated_params(role: ModelRole) -> int:
+    """Parameters of the largest stage that every tensor-parallel rank holds whole: the RMSNorms (Qwen3's per-head
+    q/k norms too) and the routers."""
+    shape = role.shape
+    layers = range(_ceil_div(shape.layers, role.pp))
+    norms = 2 * shape.hidden + 2 * shape.head_dim * shape.qk_norm
+    routers = sum(shape.moe.router_params(shape.hidden) for layer in layers if shape.sparse(layer)) if shape.moe else 0
+    return len(layers) * norms + routers + shape.hidden  # the final norm (last stage)
+
+
+def megatron_stage_experts(role: ModelRole) -> int:
+    """Expert parameters of the largest pipeline stage (part of `megatron_stage_params`)."""
+    moe, shape = role.shape.moe, role.shape
+    if moe is None:
+        return 0
+    sparse_layers = sum(1 for layer in range(shape.layers) if shape.sparse(layer))
+    return _ceil_div(sparse_layers, role.pp) * moe.experts_params(shape.hidden)
 
 
 def _megatron_memory(role: ModelRole, gpus: int, largest: int) -> RoleMemory:
+    """Dense parameters split over TP; experts over TP x EP (expert TP is the TP size: workers/megatron/moe.py).
+    The distributed optimizer shards the dense state over the data-parallel ranks and the experts' over the
+    expert-data-parallel ones (the data-parallel ranks / EP)."""
     e = role.e
-    local = _ceil_div(megatron_stage_params(role), role.tp)
+    stage, experts, whole = megatron_stage_params(role), megatron_stage_experts(role), megatron_replicated_params(role)
+    dense_local = _ceil_div(stage - experts - whole, role.tp) + whole
+    expert_local = _ceil_div(experts, role.tp * role.ep)
+    local = dense_local + expert_local
     if role.train is None:
         return RoleMemory(e * local, 0, 0, 0, 0, 0, 0, largest, role.shape.total_params(role.head))
     dp = max(1, gpus // (role.tp * role.pp))
-    shards = dp if role.distributed_optimizer else 1
+    dense_shards = dp if role.distributed_optimizer else 1
+    expert_shards = max(1, dp // role.ep) if role.distributed_optimizer else 1
     main_weights = FP32 if e < FP32 else 0  # the mixed-precision optimizer's float32 copy
+
+    def sharded(per_param: int) -> int:
+        return _ceil_div(per_param * dense_local, dense_shards) + _ceil_div(per_param * expert_local, expert_shards)
+
     return RoleMemory(
-        weights=e * local, grads=FP32 * local, optimizer=_ceil_div((main_weights + ADAM_MOMENTS) * local, shards),
-        step_temporary=_ceil_div(FP32 * local, shards), gathered=0, reduce=0, root_reduce=0, largest_tensor=largest,
+        weights=e * local, grads=FP32 * local, optimizer=sharded(main_weights + ADAM_MOMENTS),
+        step_temporary=sharded(FP32), gathered=0, reduce=0, root_reduce=0, largest_tensor=largest,
         synced_params=role.shape.total_params(role.head),
     )

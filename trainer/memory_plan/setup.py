@@ -78,8 +78,10 @@ class ModelRole:
     checkpointing: bool = False
     param_offload: bool = False
     optimizer_offload: bool = False
+    grad_offload: bool = False  # Megatron's float32 gradient buffers leave with the weights, return for its update
     tp: int = 1
     pp: int = 1
+    ep: int = 1  # Megatron's expert parallel size: each layer's experts split over this many data-parallel ranks
     distributed_optimizer: bool = False
     # The LM head's log-probs a chunk of this many tokens at a time (0: full logits; megatron: always full).
     logits_chunk_tokens: int = 0
@@ -198,6 +200,7 @@ def _megatron(section: DictConfig) -> dict[str, Any]:
     return {
         "tp": int(mega.get("tensor_model_parallel_size", 1)),
         "pp": int(mega.get("pipeline_model_parallel_size", 1)),
+        "ep": int(mega.get("expert_model_parallel_size") or 1),
         "distributed_optimizer": bool(mega.get("use_distributed_optimizer", False)),
     }
 
@@ -217,7 +220,9 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
     strategy = str(_get(cfg, "actor_rollout_ref.actor.strategy", "fsdp"))
     actor_shape = read_shape(str(arr.model.path), "actor_rollout_ref.model.path", arr.model.get("override_config"))
     train = lora_trainability(arr.model, actor_shape) if strategy == "fsdp" else Trainability(full=True)
-    offload = arr.actor.get("fsdp_config") or {}
+    fsdp_config = arr.actor.get("fsdp_config") or {}
+    # The offload switches act on a GPU: verl's fsdp_config keys for FSDP, its megatron keys for Megatron.
+    offload = (arr.actor.get("megatron") or {}) if strategy == "megatron" else fsdp_config
     parallel = _megatron(arr.actor) if strategy == "megatron" else {}
     # Megatron computes its vocabulary-parallel logits whole (workers/megatron/vocab_parallel.py).
     chunk = 0
@@ -227,15 +232,17 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         "actor", actor_shape, "lm", e, strategy, train,
         bool(arr.model.enable_gradient_checkpointing),  # Megatron: full recompute of every layer
         bool(offload.get("param_offload", False)) and on_gpu, bool(offload.get("optimizer_offload", False)) and on_gpu,
+        bool(offload.get("grad_offload", False)) and on_gpu,
         **parallel,
         logits_chunk_tokens=chunk, kept_layers=_kept_layers(arr.model, actor_shape),
         liger=bool(_get(cfg, "actor_rollout_ref.model.use_liger", False)) and strategy == "fsdp",
-        fsdp_size=_fsdp_size(offload),
+        fsdp_size=_fsdp_size(fsdp_config),
     )
     uses_reference = bool(arr.actor.use_kl_loss) or bool(_get(cfg, "algorithm.use_kl_in_reward", False))
     lora_reference = uses_reference and train.lora_rank > 0
     ref_fsdp = arr.ref.get("fsdp_config") or {}
-    ref_offload = bool(ref_fsdp.get("param_offload", False)) and on_gpu and strategy == "fsdp"
+    ref_switches = (arr.ref.get("megatron") or {}) if strategy == "megatron" else ref_fsdp
+    ref_offload = bool(ref_switches.get("param_offload", False)) and on_gpu
     ref = (
         ModelRole("ref", actor_shape, "lm", e, strategy, None, param_offload=ref_offload, logits_chunk_tokens=chunk,
                   fsdp_size=_fsdp_size(ref_fsdp), **parallel)
@@ -248,18 +255,19 @@ def plan_setup(cfg: DictConfig, on_gpu: bool) -> PlanSetup:
         critic_e = dtype_bytes(str(section.model.dtype), on_gpu)
         critic_strategy = str(section.get("strategy", "fsdp"))
         critic_shape = read_shape(str(section.model.path), "critic.model.path", section.model.get("override_config"))
-        # As the actor's: offload moves state on a GPU only, with the FSDP worker.
-        critic_offload = section.model.get("fsdp_config") or {}
-        moves = on_gpu and critic_strategy == "fsdp"
+        # As the actor's: offload moves state on a GPU only, by the switches of the critic's strategy.
+        critic_fsdp = section.model.get("fsdp_config") or {}
+        critic_offload = (section.get("megatron") or {}) if critic_strategy == "megatron" else critic_fsdp
         critic = ModelRole(
             "critic", critic_shape, "value", critic_e, critic_strategy,
             Trainability(full=True), bool(section.model.enable_gradient_checkpointing),
-            bool(critic_offload.get("param_offload", False)) and moves,
-            bool(critic_offload.get("optimizer_offload", False)) and moves,
+            bool(critic_offload.get("param_offload", False)) and on_gpu,
+            bool(critic_offload.get("optimizer_offload", False)) and on_gpu,
+            bool(critic_offload.get("grad_offload", False)) and on_gpu,
             **(_megatron(section) if critic_strategy == "megatron" else {}),
             kept_layers=_kept_layers(section.model, critic_shape),
             liger=bool(_get(cfg, "critic.model.use_liger", False)) and critic_strategy == "fsdp",
-            fsdp_size=_fsdp_size(critic_offload),
+            fsdp_size=_fsdp_size(critic_fsdp),
         )
         dynamic = bool(section.use_dynamic_bsz)
         critic_sp = int(_get(cfg, "critic.ulysses_sequence_parallel_size", 1))

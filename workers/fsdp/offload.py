@@ -79,15 +79,21 @@ class Offloader:
         self.param_offload = param_offload
         self.optimizer_offload = optimizer_offload and optimizer is not None
         self.moves_bytes = device.type == "cuda" or move_on_cpu
-        self.params = StorageOffloader(lambda: module_state_tensors(module), device, frozen=frozen, stays=params_stay)
-        optimizers = [optimizer] if optimizer is not None else []
-        self.optimizer_state = StorageOffloader(lambda: optimizer_state_tensors(optimizers), device)
+        self.params = StorageOffloader(self.param_tensors, device, frozen=frozen, stays=params_stay)
+        self.optimizer_state = StorageOffloader(self.optimizer_tensors, device)
         self.params_on_device = True
         self.optimizer_on_device = True
         self.param_moves = 0  # requested changes of place, also where nothing moves (CPU)
         self.optimizer_moves = 0
         self._step_hooks: list[Any] = []
         self._optimizer_holds = 0  # open `optimizer_held` blocks: the optimizer's state does not leave
+
+    # ---- what moves (asked at each move: an optimizer's lazily created state is followed) ----------------
+    def param_tensors(self) -> Iterator[torch.Tensor]:
+        return module_state_tensors(self.module)
+
+    def optimizer_tensors(self) -> Iterator[torch.Tensor]:
+        return optimizer_state_tensors([self.optimizer] if self.optimizer is not None else [])
 
     # ---- moves ----------------------------------------------------------------------------------------
     def load_params(self) -> None:
@@ -160,6 +166,15 @@ class Offloader:
         ]
 
     # ---- accounting -----------------------------------------------------------------------------------
+    @property
+    def offloads(self) -> bool:
+        """Anything is configured to leave the device."""
+        return self.param_offload or self.optimizer_offload
+
+    def move_counts(self) -> dict[str, int]:
+        """Requested changes of place so far, by kind of state."""
+        return {"params": self.param_moves, "optimizer": self.optimizer_moves}
+
     @property
     def host_allocations(self) -> int:
         return self.params.host_allocations + self.optimizer_state.host_allocations

@@ -24,7 +24,7 @@ import contextlib
 from collections.abc import Callable
 from typing import ContextManager
 
-from workers.fsdp.offload import Offloader, transfer_metrics
+from workers.fsdp.offload import GIB, Offloader, transfer_metrics
 from workers.fsdp.storage_offload import Transfer
 
 ACTOR, ROLLOUT, CRITIC, REWARD_MODEL = "actor", "rollout", "critic", "reward_model"
@@ -65,7 +65,7 @@ class Residency:
     ) -> None:
         self.tenant, self.trained, self.ref, self.tenants = tenant, trained, ref, tenants
         self.offloaders = [o for o in (trained, ref) if o is not None]
-        self.reports = any(o.param_offload or o.optimizer_offload for o in self.offloaders)
+        self.reports = any(o.offloads for o in self.offloaders)
         self._counted: dict[str, int] = {}
         if trained is not None:
             trained.optimizer_only_in_steps()
@@ -109,8 +109,7 @@ class Residency:
             transfer.add(offloader.take_transfer())
         counts = {}
         if self.trained is not None:
-            counts[f"{self.tenant}_params"] = self.trained.param_moves
-            counts[f"{self.tenant}_optimizer"] = self.trained.optimizer_moves
+            counts.update({f"{self.tenant}_{kind}": n for kind, n in self.trained.move_counts().items()})
         if self.ref is not None:
             counts["ref_params"] = self.ref.param_moves
         moves = {name: count - self._counted.get(name, 0) for name, count in counts.items()}
@@ -120,3 +119,25 @@ class Residency:
     @property
     def host_bytes(self) -> int:
         return sum(o.host_bytes for o in self.offloaders)
+
+
+class ResidencyHooks:
+    """The residency hooks of a backend's side (workers/training/side.py `TrainedSide`) answered by its
+    `Residency`: shared by the FSDP and Megatron sides."""
+
+    residency: Residency
+    host_buffers_metric: str  # the metric of the host memory the offloaded state holds
+
+    def trained_needed(self, with_optimizer: bool = False) -> None:
+        self.residency.trained_needed(with_optimizer)
+
+    def optimizer_held(self) -> ContextManager[None]:
+        return self.residency.optimizer_held()
+
+    def end_phase(self, phase: str) -> dict[str, float]:
+        """Nothing leaves the GPU here but optimizer state a checkpoint brought: the trained model's parameters
+        stay until another tenant claims the device."""
+        metrics = self.residency.end_phase(phase)
+        if metrics:
+            metrics[self.host_buffers_metric] = self.residency.host_bytes / GIB
+        return metrics

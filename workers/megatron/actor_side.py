@@ -1,6 +1,8 @@
 """`MegatronActorSide`: the actor worker's megatron-core models and rollout (workers/actor/side.py).
 
-The actor and the reference are `MegatronBackend`s over TP x PP x DP; their state stays on the device. Every
+The actor and the reference are `MegatronBackend`s over TP x PP x DP; with `actor.megatron.*_offload` /
+`ref.megatron.param_offload` their state leaves the device while another tenant computes (workers/megatron/
+offload.py, under the FSDP workers' residency policy: the hybrid engine's generation, the reference's pass). Every
 rank generates its share with a vLLM engine in its process (`rollout.name=vllm`) or an HF replica of the
 policy, either refreshed from the Megatron weights (TP-gathered, PP-broadcast as whole HF tensors) whenever
 they changed. Text-only models.
@@ -18,9 +20,11 @@ from transformers import AutoModelForCausalLM
 
 from protocol import DataProto
 from workers.config import mini_batch_per_rank
+from workers.fsdp.residency import ACTOR, Residency, process_tenants
 from workers.megatron.backend import MegatronBackend
 from workers.megatron.moe import copy_into_hf_model
-from workers.megatron.side import MegatronSide
+from workers.megatron.offload import MegatronOffloader
+from workers.megatron.side import MegatronSide, trained_offloader
 from workers.rollout.agent.worker_glue import PROMPT_KEYS, build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
 from workers.rollout.sampling import folder_token_ids, model_token_ids, sampling_params
@@ -32,6 +36,8 @@ from workers.vision.images import MULTI_MODAL_DATA
 
 
 class MegatronActorSide(MegatronSide):
+    host_buffers_metric = "offload/host_buffers_gib"
+
     def __init__(self, worker: Any) -> None:
         self.worker = worker
         cfg = self.config = worker.config
@@ -51,35 +57,56 @@ class MegatronActorSide(MegatronSide):
             )
             if routing_wanted(cfg):
                 self.actor.track_routing()
-            if cfg["rollout"]["name"] == "vllm":
-                from workers.megatron.rollout_source import MegatronWeightSource
-                from workers.rollout.engine_group import engine_group
-                from workers.rollout.hybrid import HybridRollout
-
-                rollout = cfg["rollout"]
-                group = engine_group(
-                    rollout["tensor_model_parallel_size"], self.actor.device, not rollout["engine_process"]
-                )
-                self.hybrid_rollout = HybridRollout(
-                    MegatronWeightSource(self.actor), rollout, seed=cfg["seed"], rank=worker.rank, group=group
-                )
-                self.start_metrics.update(self.hybrid_rollout.start_metrics)
-            else:
-                self.rollout_model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=self.actor.dtype)
-                self.rollout_model.to(self.actor.device).eval()
-                if cfg["rollout"]["enable_rollout_routing_replay"]:  # the replica's routers record each token's experts
-                    self.rollout_routing = RouterChoices(self.rollout_model)
         if worker.role in ("actor_rollout_ref", "ref"):
             self.ref = MegatronBackend(cfg["model"], settings, seed=cfg["seed"], max_positions=max_positions)
+        self.residency = self._build_residency()
+        # Offloaded models leave the GPU before the rollout starts: the engine then finds its whole budget free.
+        self.residency.offload()
+        if self.actor is not None:
+            self._start_rollout()
         # The multi-turn tool-calling rollout (rollout.multi_turn.enable), on the engine or the HF replica.
         self.agent = None
         if self.actor is not None:
             self.agent = build_agent(cfg["rollout"], cfg["model"]["path"], folder_token_ids(cfg["model"]["path"])[0])
 
-    # ---- residency: Megatron's state stays on the device (MegatronSide) -------------------------------------
+    def _build_residency(self) -> Residency:
+        actor = ref = None
+        if self.actor is not None:
+            actor = trained_offloader(self.actor, self.config["actor"]["megatron"])
+        if self.ref is not None:
+            ref = MegatronOffloader(self.ref, self.config["ref"]["megatron"]["param_offload"], frozen=True)
+        return Residency(ACTOR, actor, process_tenants(), ref)
+
+    def _start_rollout(self) -> None:
+        """The hybrid vLLM engine (rollout.name=vllm) or the HF replica of the policy, in this process."""
+        cfg = self.config
+        if cfg["rollout"]["name"] == "vllm":
+            from workers.megatron.rollout_source import MegatronWeightSource
+            from workers.rollout.engine_group import engine_group
+            from workers.rollout.hybrid import HybridRollout
+
+            rollout = cfg["rollout"]
+            if rollout["verify_sync"]:
+                self.residency.trained_needed()  # the engine's first check reads the actor's initial weights
+            tp = rollout["tensor_model_parallel_size"]
+            group = engine_group(tp, self.actor.device, not rollout["engine_process"])
+            self.hybrid_rollout = HybridRollout(
+                MegatronWeightSource(self.actor), rollout, seed=cfg["seed"], rank=self.worker.rank, group=group
+            )
+            self.start_metrics.update(self.hybrid_rollout.start_metrics)
+            return
+        self.rollout_model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=self.actor.dtype)
+        self.rollout_model.to(self.actor.device).eval()
+        if cfg["rollout"]["enable_rollout_routing_replay"]:  # the replica's routers record each token's experts
+            self.rollout_routing = RouterChoices(self.rollout_model)
+
+    # ---- residency (the trained actor's hooks: MegatronSide) ------------------------------------------------
     @contextmanager
     def reference(self, method: str) -> Iterator[MegatronBackend]:
-        yield self.worker._engine("ref", method)
+        engine = self.worker._engine("ref", method)
+        self.residency.ref_needed()  # the actor stays: the update follows
+        yield engine
+        self.residency.ref_done()
 
     def with_images(self, data: DataProto, method: str) -> DataProto:
         if MULTI_MODAL_DATA in data.non_tensor_batch:
@@ -97,6 +124,7 @@ class MegatronActorSide(MegatronSide):
         """Copy the actor's current weights into the HF replica (collective) unless it has them."""
         if self.rollout_version == weights_version:
             return {}
+        self.residency.trained_needed()
         start = time.perf_counter()
         params = dict(self.rollout_model.named_parameters())
         count = 0
@@ -122,8 +150,12 @@ class MegatronActorSide(MegatronSide):
                         self.agent, vllm.llm, prompts, params, rank, vllm.lora_request, vllm.returns_routing
                     )
 
-            return self.hybrid_rollout.generate(inputs, params, seed, rank, weights_version, run=run)
+            return self.hybrid_rollout.generate(
+                inputs, params, seed, rank, weights_version, before_sync=self.residency.trained_needed,
+                after_sync=self.residency.rollout_needs_device, run=run,
+            )
         metrics = self._refresh_rollout_model(weights_version)
+        self.residency.rollout_needs_device()  # the replica generates: the actor's offloadable state leaves
         model = self.rollout_model
         eos, pad = model_token_ids(getattr(model, "generation_config", None), model.config)
         params = sampling_params(self.config["rollout"], prompts.meta_info, eos, pad)
@@ -140,5 +172,8 @@ class MegatronActorSide(MegatronSide):
 
     def sync_rollout_weights(self, weights_version: int) -> dict[str, float] | None:
         if self.hybrid_rollout is not None:
+            if self.hybrid_rollout.syncs_at_generate:
+                return None
+            self.residency.trained_needed()
             return self.hybrid_rollout.sync_now(weights_version)
         return self._refresh_rollout_model(weights_version)

@@ -80,6 +80,27 @@ def sequence_forward(
     return model(ids, positions, causal[None, None] | ~mask.bool()[:, None, None, :])
 
 
+class BackendHooks:
+    """Callables a backend runs at named points of training, in the order they were added."""
+
+    POINTS = ("before_zero_grad", "before_step", "after_step")
+
+    def __init__(self) -> None:
+        self._at: dict[str, list[Callable[[], None]]] = {point: [] for point in self.POINTS}
+
+    def add(self, **hooks: Callable[[], None]) -> dict[str, Callable[[], None]]:
+        unknown = sorted(set(hooks) - set(self.POINTS))
+        if unknown:
+            raise ValueError(f"unknown hook point(s) {unknown}; valid: {list(self.POINTS)}")
+        for point, hook in hooks.items():
+            self._at[point].append(hook)
+        return hooks
+
+    def run(self, point: str) -> None:
+        for hook in self._at[point]:
+            hook()
+
+
 class MegatronBackend:
     def __init__(
         self,
@@ -130,6 +151,7 @@ class MegatronBackend:
         model: nn.Module = Float16Module(self.config, self.gpt) if self.dtype != torch.float32 else self.gpt
         self.routing: MegatronRouting | None = None  # track_routing()
         self.optimizer = None
+        self._hooks = BackendHooks()  # add_hooks
         self.optim_cfg = optim_cfg
         self.steps = 0  # LR-schedule position (scheduler steps taken)
         if optim_cfg is None:
@@ -278,6 +300,7 @@ class MegatronBackend:
     # ---- optimizer ------------------------------------------------------------------------------------
     def zero_grad(self) -> None:
         require_trainable(self.optimizer, "zero_grad")
+        self._hooks.run("before_zero_grad")
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
@@ -287,8 +310,15 @@ class MegatronBackend:
         require_trainable(self.optimizer, "optimizer_step")
         for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
             opt.config.clip_grad = grad_clip
+        self._hooks.run("before_step")
         _, grad_norm, _ = self.optimizer.step()
+        self._hooks.run("after_step")
         return float(grad_norm) if grad_norm is not None else float("nan")
+
+    def add_hooks(self, **hooks: Callable[[], None]) -> dict[str, Callable[[], None]]:
+        """Callables run at `BackendHooks.POINTS` (the offloader's moves: Megatron's step reads and writes the
+        optimizer's state outside its inner torch optimizer's step, where torch's hooks fire)."""
+        return self._hooks.add(**hooks)
 
     def _set_lr(self) -> None:
         lr = self.optim_cfg["lr"] * self._lr_factor(self.steps)

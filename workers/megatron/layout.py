@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.megatron.moe import MOE_MODEL_TYPES, MoELayout, moe_layout_from_hf_config
+from workers.megatron.vocab_padding import VOCAB_DIVISIBLE_BY, padded_vocab_size
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3", *MOE_MODEL_TYPES)
 _QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")  # per-head RMSNorm of queries and keys before RoPE
@@ -33,7 +34,7 @@ class GPTLayout:
 
 
 def layout_from_hf_config(
-    config: Any, tp: int = 1, pp: int = 1, make_vocab_size_divisible_by: int = 128, ep: int = 1
+    config: Any, tp: int = 1, pp: int = 1, make_vocab_size_divisible_by: int = VOCAB_DIVISIBLE_BY, ep: int = 1
 ) -> GPTLayout:
     """Read an HF config (Qwen2, Qwen3, Qwen3-MoE or Llama family) and check that TP `tp`, PP `pp` and expert
     parallel `ep` can split it; every problem is listed in one error naming the sizes involved."""
@@ -70,7 +71,6 @@ def layout_from_hf_config(
     problems += moe_problems
     if problems:
         raise ValueError("cannot lay this model out for Megatron:\n  " + "\n  ".join(problems))
-    vocab_multiple = make_vocab_size_divisible_by * tp
     return GPTLayout(
         num_layers=config.num_hidden_layers,
         hidden_size=config.hidden_size,
@@ -79,7 +79,7 @@ def layout_from_hf_config(
         head_dim=head_dim,
         ffn_hidden_size=config.intermediate_size,
         vocab_size=config.vocab_size,
-        padded_vocab_size=-(-config.vocab_size // vocab_multiple) * vocab_multiple,
+        padded_vocab_size=padded_vocab_size(config.vocab_size, tp, make_vocab_size_divisible_by),
         tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
         qk_layernorm=model_type in _QK_NORM_MODEL_TYPES,
