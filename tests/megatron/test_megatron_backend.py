@@ -30,10 +30,12 @@ def _model(folder, tied: bool) -> Qwen2ForCausalLM:
     return model
 
 
-def _batch() -> dict:
+def _batch(common_pad: bool = True) -> dict:
     torch.manual_seed(1)
     ids = torch.randint(0, 100, (4, PROMPT + RESPONSE))
     mask = torch.ones_like(ids)
+    if common_pad:  # a column every row pads: not run (MegatronBackend)
+        mask[:, :1] = 0
     mask[0, :3] = 0  # left-padded prompts
     mask[3, :2] = 0
     mask[2, -2:] = 0  # a response that ended early
@@ -86,3 +88,19 @@ def test_engine_matches_the_hf_model(megatron_probes, tmp_path, tp, pp, sp, dp, 
     for name, tensor in expected.items():
         # Adam's first step moves every weight by ~lr; the two implementations agree far closer than that.
         torch.testing.assert_close(result["weights"][name], tensor, atol=2e-4, rtol=0, msg=name)
+
+
+def test_the_columns_every_row_pads_on_the_left_are_counted_over_all_micro_batches():
+    from protocol import DataProto
+    from workers.megatron.backend import common_left_padding
+
+    def micro(mask_rows):
+        mask = torch.tensor(mask_rows)
+        return DataProto.from_dict({"input_ids": torch.zeros_like(mask), "attention_mask": mask})
+
+    first = micro([[0, 0, 1, 1], [0, 0, 0, 1]])
+    second = micro([[0, 1, 1, 0], [0, 0, 1, 1]])
+    assert common_left_padding([first]) == 2
+    assert common_left_padding([first, second]) == 1  # one width for every micro-batch of the call
+    assert common_left_padding([micro([[1, 1, 0, 0]])]) == 0
+    assert common_left_padding(list(DataProto.from_dict(_batch()).split(2))) == 1  # the batch the engine tests run

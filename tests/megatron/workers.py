@@ -225,3 +225,40 @@ class MegatronProbe(Worker):
         residency.trained_needed()
         report["final"] = log_probs(actor)
         return report if ps.get_data_parallel_rank() == 0 else None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def resume_round_trip(
+        self, model_path: str, dp: int, dist_opt: bool, batch: dict, folder: str, dtype: str
+    ) -> dict | None:
+        """One Adam step, a checkpoint, a second step; then a new backend loads the checkpoint and takes the second
+        step. Reports (DP rank 0) both second steps' gradient norms and the weights after them."""
+        from megatron.core import parallel_state as ps
+
+        from workers.megatron.backend import MegatronBackend
+        from workers.megatron.model import ParallelSettings
+        from workers.training.backend import ResponseForward
+
+        init_layout(self, 1, 1)
+        settings = ParallelSettings(1, 1, False, dist_opt)
+        forward = ResponseForward("log_probs", 1.0)
+        micros = list(DataProto.from_dict(batch).split(2))
+
+        def loss(outputs, micro):
+            mask = micro.batch["response_mask"].float()
+            return -(outputs.log_probs.float() * mask).sum() / mask.sum() / len(micros), {}
+
+        def step(engine):
+            engine.zero_grad()
+            engine.forward_backward(micros, forward, loss)
+            return engine.optimizer_step(1.0)
+
+        straight = MegatronBackend({"path": model_path, "dtype": dtype}, settings, optim_settings(1e-3))
+        step(straight)
+        straight.save_checkpoint(folder)
+        norms = [step(straight)]
+        weights = [{name: t.clone() for name, t in straight.hf_weights(torch.float32)}]
+        resumed = MegatronBackend({"path": model_path, "dtype": dtype}, settings, optim_settings(1e-3))
+        resumed.load_checkpoint(folder)
+        norms.append(step(resumed))
+        weights.append({name: t.clone() for name, t in resumed.hf_weights(torch.float32)})
+        return {"grad_norms": norms, "weights": weights} if ps.get_data_parallel_rank() == 0 else None

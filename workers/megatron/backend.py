@@ -22,6 +22,7 @@ from transformers import AutoConfig
 
 from protocol import DataProto
 from workers.fsdp.model_loading import compute_dtype, worker_device
+from workers.fsdp.offload import torch_optimizers
 from workers.fsdp.optim import lr_factor_fn
 from workers.megatron import cpu_host
 from workers.megatron.export import iter_hf_weights
@@ -59,6 +60,14 @@ def padded_length(length: int, settings: ParallelSettings) -> int:
     the TP ranks)."""
     multiple = settings.tp if settings.sequence_parallel else 1
     return -(-length // multiple) * multiple
+
+
+def common_left_padding(micros: list[DataProto]) -> int:
+    """Leading columns that are padding in every row of every micro-batch: left-padded prompts (padded to
+    data.max_prompt_length) leave many, which no real token attends to."""
+    columns = [m.batch["attention_mask"].bool().any(dim=0) for m in micros]
+    firsts = [int(real.int().argmax()) if bool(real.any()) else real.numel() for real in columns]
+    return min(firsts)
 
 
 def sequence_forward(
@@ -191,14 +200,22 @@ class MegatronBackend:
         self, micros: list[DataProto], loss_fn: StageLossFn, forward_only: bool
     ) -> list[dict[str, Any]]:
         """Megatron's pipeline schedule over `micros` (each with batch keys `input_ids`, `attention_mask` [b, S]);
-        `loss_fn` runs on the last stage with the output cut back to S positions. Returns, on the last
-        stage, what `loss_fn` kept per micro-batch ([] elsewhere). Gradients accumulate (Megatron divides
-        each loss by the number of micro-batches; this undoes it, so `loss_fn` chooses the weights)."""
+        `loss_fn` runs on the last stage with the output cut back to the positions run (S less the columns every row
+        pads on the left). Returns, on the last stage, what `loss_fn` kept per micro-batch ([] elsewhere). Gradients
+        accumulate (Megatron divides each loss by the number of micro-batches; this undoes it, so `loss_fn` chooses
+        the weights)."""
         from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         count = len(micros)
-        length = micros[0].batch["input_ids"].shape[1]
+        # The columns every row pads are not run (one width for all micro-batches: the pipeline sends one shape).
+        # Outputs are read from the right (the responses), so they need no shift; routing replay's tables index
+        # the full width, so with routing tracked every column runs.
+        lead = common_left_padding(micros) if self.routing is None else 0
+        width = micros[0].batch["input_ids"].shape[1]
+        if "responses" in micros[0].batch.keys():  # every response position (and the one before) stays
+            lead = min(lead, width - micros[0].batch["responses"].shape[1] - 1)
+        length = width - lead
         padded = padded_length(length, self.settings)
 
         def on_last_stage(micro: DataProto, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -207,10 +224,9 @@ class MegatronBackend:
 
         def forward_step(iterator: Iterator[DataProto], model: nn.Module) -> tuple[torch.Tensor, Any]:
             micro = next(iterator)
+            ids, mask = micro.batch["input_ids"][:, lead:], micro.batch["attention_mask"][:, lead:]
             with self._routing_context(micro, padded, forward_only):
-                output = sequence_forward(
-                    model, micro.batch["input_ids"], micro.batch["attention_mask"], self.settings, self.device
-                )
+                output = sequence_forward(model, ids, mask, self.settings, self.device)
             return output, partial(on_last_stage, micro)
 
         self.model.train(not forward_only)
@@ -372,14 +388,47 @@ class MegatronBackend:
             return ps.get_expert_data_parallel_rank() == 0
         return ps.get_data_parallel_rank() == 0
 
+    def _layout_sizes(self) -> dict[str, int]:
+        return {"tp": self.settings.tp, "pp": self.settings.pp, "ep": self.settings.ep, "world": dist.get_world_size()}
+
+    def _optimizer_shard_file(self, path: str) -> str:
+        return os.path.join(path, f"optimizer_shard_rank{dist.get_rank()}.pt")
+
+    def _save_optimizer_shard(self, path: str) -> None:
+        """The distributed optimizer's state held by this rank: its float32 main weights and Adam state, one file a
+        rank. (megatron-core's own parameter-state files expect a fused Adam with one global step; torch's Adam,
+        used without Transformer Engine or Apex, keeps a step per parameter, which they cannot be read back with.)"""
+        inner = torch_optimizers(self.optimizer)
+        state = {
+            "layout": self._layout_sizes(),
+            "optimizers": [opt.state_dict() for opt in inner],
+            "main_weights": [[p.detach().cpu() for g in opt.param_groups for p in g["params"]] for opt in inner],
+        }
+        torch.save(state, self._optimizer_shard_file(path))
+
+    def _load_optimizer_shard(self, path: str) -> None:
+        file = self._optimizer_shard_file(path)
+        if not os.path.exists(file):
+            raise FileNotFoundError(f"{file} not found: the distributed optimizer's state is read by the rank that "
+                                    f"wrote it ({dist.get_world_size()} ranks here)")
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        if state["layout"] != self._layout_sizes():
+            raise ValueError(f"{file} was saved with layout {state['layout']}; this run has {self._layout_sizes()}: "
+                             "resume with the sizes it was saved with")
+        inner = torch_optimizers(self.optimizer)
+        with torch.no_grad():  # a float32 model's main weights are its parameters themselves
+            for opt, saved, main_weights in zip(inner, state["optimizers"], state["main_weights"]):
+                opt.load_state_dict(saved)
+                for param, value in zip((p for g in opt.param_groups for p in g["params"]), main_weights):
+                    param.copy_(value)
+
     def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
         """One file per TP x PP (x EP) rank (model slice, optimizer, LR position, RNG, `extra`), written by DP rank 0
-        (`_writes_model_shard`); the distributed optimizer's sharded state is gathered over DP into its own file per
-        TP x PP (x EP) rank."""
+        (`_writes_model_shard`); with the distributed optimizer each rank also writes the optimizer state it holds."""
         require_trainable(self.optimizer, "save_checkpoint")
         os.makedirs(path, exist_ok=True)
         if self.settings.use_distributed_optimizer:
-            self.optimizer.save_parameter_state(self._shard_file(path, "optimizer_params"))
+            self._save_optimizer_shard(path)
         if self._writes_model_shard():
             state = {
                 "model": {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")},
@@ -404,7 +453,7 @@ class MegatronBackend:
         self.gpt.load_state_dict(state["model"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.settings.use_distributed_optimizer:
-            self.optimizer.load_parameter_state(self._shard_file(path, "optimizer_params"))
+            self._load_optimizer_shard(path)
         self.steps = int(state["lr_steps"])
         self._set_lr()
         torch.set_rng_state(state["torch_rng"])
