@@ -10,8 +10,6 @@ DictConfigs are accepted too.
 
 from __future__ import annotations
 
-import functools
-import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -121,9 +119,7 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
             {"actor.fsdp_config": config["actor"]["fsdp_config"], "ref.fsdp_config": config["ref"]["fsdp_config"]},
             where, "actor.strategy",
         )
-        _reject_packing_on_megatron(
-            config, ("actor.use_dynamic_bsz", "rollout.log_prob_use_dynamic_bsz", "ref.log_prob_use_dynamic_bsz")
-        )
+        _reject_packing_on_megatron(config)
         _reject_hf_patches_on_megatron(config, where)
     return config
 
@@ -186,15 +182,13 @@ def _check_lora_reference_groups(config: dict[str, Any], where: str) -> None:
         )
 
 
-def _reject_packing_on_megatron(config: dict[str, Any], dynamic_keys: tuple[str, ...]) -> None:
-    """Packed (THD) forwards and token-budget micro-batches exist for the FSDP workers only."""
-    keys = ("model.use_remove_padding", *dynamic_keys)
-    asked = [key for key in keys if functools.reduce(operator.getitem, key.split("."), config) is True]
-    if asked:
+def _reject_packing_on_megatron(config: dict[str, Any]) -> None:
+    """Packed (THD) forwards exist for the FSDP workers only (Megatron's need Transformer Engine's attention)."""
+    if config["model"]["use_remove_padding"] is True:
         raise ValueError(
-            f"{asked} = true is not supported with megatron (strategy='megatron' runs padded micro-batches of "
-            "a fixed row count); leave model.use_remove_padding null/false and the *use_dynamic_bsz keys false, "
-            "or use strategy='fsdp'"
+            "model.use_remove_padding = true is not supported with megatron (strategy='megatron' runs padded "
+            "micro-batches; a token budget, use_dynamic_bsz, fills them with as many padded rows as fit); leave "
+            "model.use_remove_padding null/false, or use strategy='fsdp'"
         )
 
 
@@ -259,7 +253,7 @@ def critic_config(user: Any, where: str = "") -> dict[str, Any]:
     _check_sequence_parallel(config, config, where, where)
     if config["strategy"] == "megatron":
         _reject_fsdp_settings_on_megatron({"model.fsdp_config": config["model"]["fsdp_config"]}, where, "strategy")
-        _reject_packing_on_megatron(config, ("use_dynamic_bsz",))
+        _reject_packing_on_megatron(config)
         _reject_hf_patches_on_megatron(config, where)
     return config
 

@@ -104,3 +104,18 @@ def test_the_columns_every_row_pads_on_the_left_are_counted_over_all_micro_batch
     assert common_left_padding([first, second]) == 1  # one width for every micro-batch of the call
     assert common_left_padding([micro([[1, 1, 0, 0]])]) == 0
     assert common_left_padding(list(DataProto.from_dict(_batch()).split(2))) == 1  # the batch the engine tests run
+
+
+def test_token_budget_micro_batches_fill_the_budget_with_padded_rows_across_pipeline_stages(megatron_probes, tmp_path):
+    """use_dynamic_bsz with megatron: as many rows as fit the budget at the pass's run width (the batch's 11
+    positions less its one common pad column), split evenly; uneven micro-batches cross the pipeline (each shape
+    sent first) and give the log-probs of one whole micro-batch."""
+    _model(tmp_path, tied=False)
+    four = _batch()
+    batch = {k: torch.cat([v, v[:1]]) for k, v in four.items()}  # 5 rows
+    with megatron_probes(2) as group:
+        (result,) = [o for o in group.token_budget_passes(str(tmp_path), 2, batch, 25) if o is not None]
+    assert result["rows"] == [2, 2, 1]  # 25 // 10 = 2 rows a micro-batch
+    valid = batch["response_mask"].bool()
+    torch.testing.assert_close(result["budgeted"][valid], result["whole"][valid], atol=1e-6, rtol=0)
+    assert result["grad_norm"] > 0

@@ -129,13 +129,17 @@ def test_ppo_with_megatron_critic_and_distributed_optimizer(ray_cluster, tiny_as
 def test_grpo_with_hybrid_vllm_fed_from_pipeline_stages(ray_cluster, tiny_assets, tmp_path):
     """Each of the 2 pipeline-stage ranks holds a vLLM engine; after every update the whole model is
     streamed into both (each stage's layers broadcast to the other) and the sync is verified. The actor's offload
-    switches are on: on CPU nothing moves, each move the engine's claims ask for is counted."""
+    switches are on: on CPU nothing moves, each move the engine's claims ask for is counted. Token budgets
+    (use_dynamic_bsz) fill each micro-batch with the padded rows that fit, in micro-batches of uneven rows."""
     from tests.rollout.conftest import SHORT_RUN
     from tests.rollout.test_vllm_rollout import VLLM, _check_verified_run, _param_count
 
     cfg = load_config(run_overrides(
         tiny_assets, tmp_path, *VLLM, *SHORT_RUN, MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
         "actor_rollout_ref.actor.megatron.param_offload=true", "actor_rollout_ref.actor.megatron.grad_offload=true",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=500",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=700",
     ))
     history = _check_verified_run(run(cfg), tiny_assets["model"])
     for record in history[1:]:

@@ -262,3 +262,37 @@ class MegatronProbe(Worker):
         norms.append(step(resumed))
         weights.append({name: t.clone() for name, t in resumed.hf_weights(torch.float32)})
         return {"grad_norms": norms, "weights": weights} if ps.get_data_parallel_rank() == 0 else None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def token_budget_passes(self, model_path: str, pp: int, batch: dict, budget: int) -> dict | None:
+        """The log-probs of a batch in token-budget micro-batches (`MegatronBackend.micro_batches`) and in one
+        micro-batch, and a training step over the budget's micro-batches; reported from the last stage."""
+        from megatron.core import parallel_state as ps
+
+        from workers.megatron.backend import MegatronBackend
+        from workers.megatron.model import ParallelSettings
+        from workers.training.backend import ResponseForward
+        from workers.training.micro_batching import MicroBatching, in_row_order
+
+        init_layout(self, 1, pp)
+        engine = MegatronBackend({"path": model_path, "dtype": "float32"}, ParallelSettings(1, pp), optim_settings(1e-2))
+        forward = ResponseForward("log_probs", 1.0)
+        data = DataProto.from_dict(batch)
+        micros, order = engine.micro_batches(data, MicroBatching(rows=1, max_tokens=budget, setting="max_token_len"))
+        tokens = data.batch["response_mask"].sum()
+
+        def keep(outputs, micro):
+            return {"log_probs": outputs.log_probs.detach()}
+
+        def loss(outputs, micro):  # weighted by tokens: the same sum whatever the split
+            return -(outputs.log_probs * micro.batch["response_mask"]).sum() / tokens, {}
+
+        budgeted = in_row_order(engine.forward_only(micros, forward, keep), order)
+        whole = in_row_order(engine.forward_only([data], forward, keep), list(range(len(data))))
+        engine.zero_grad()
+        engine.forward_backward(micros, forward, loss)
+        grad_norm = engine.optimizer_step(1.0)
+        if not ps.is_pipeline_last_stage():
+            return None
+        return {"rows": [len(m) for m in micros], "budgeted": budgeted["log_probs"], "whole": whole["log_probs"],
+                "grad_norm": grad_norm}

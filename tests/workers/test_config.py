@@ -140,13 +140,14 @@ def test_worker_rejects_unknown_role_and_bad_config_at_construction():
         ActorRolloutRefWorker({"model": {"path": "/m", "tokenizer": "x"}}, "ref")
 
 
-def test_packing_and_token_budgets_are_refused_with_megatron():
-    with pytest.raises(ValueError, match="not supported with megatron"):
+def test_packing_is_refused_with_megatron_and_token_budgets_are_taken():
+    with pytest.raises(ValueError, match="use_remove_padding = true is not supported with megatron"):
         actor_rollout_ref_config({"model": {"path": "/m", "use_remove_padding": True}, "actor": {"strategy": "megatron"}})
-    with pytest.raises(ValueError, match=r"actor.use_dynamic_bsz.*not supported with megatron"):
-        actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"strategy": "megatron", "use_dynamic_bsz": True}})
-    with pytest.raises(ValueError, match="not supported with megatron"):
-        critic_config({"model": {"path": "/m"}, "strategy": "megatron", "use_dynamic_bsz": True})
+    with pytest.raises(ValueError, match="use_remove_padding = true is not supported with megatron"):
+        critic_config({"model": {"path": "/m", "use_remove_padding": True}, "strategy": "megatron"})
+    budget = {"strategy": "megatron", "use_dynamic_bsz": True}
+    assert actor_rollout_ref_config({"model": {"path": "/m"}, "actor": budget})["actor"]["use_dynamic_bsz"] is True
+    assert critic_config({"model": {"path": "/m"}, **budget})["use_dynamic_bsz"] is True
     assert actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {"strategy": "megatron"}})["model"]["use_remove_padding"] is None
 
 

@@ -49,6 +49,7 @@ from workers.training.backend import (
     ResponseOutputs,
     require_trainable,
 )
+from workers.training.dist_utils import reduce_over_ranks
 from workers.training.micro_batching import MicroBatching
 
 # (last-stage output [b, S, V/tp] or values [b, S, 1], the micro-batch) -> (scalar loss, outputs to keep)
@@ -229,6 +230,8 @@ class MegatronBackend:
                 output = sequence_forward(model, ids, mask, self.settings, self.device)
             return output, partial(on_last_stage, micro)
 
+        # Token-budget micro-batches may differ by a row: pipeline stages then send each one's shape first.
+        self.config.variable_seq_lengths = len({len(m) for m in micros}) > 1
         self.model.train(not forward_only)
         context = torch.no_grad() if forward_only else torch.enable_grad()
         with context:
@@ -274,9 +277,24 @@ class MegatronBackend:
         return ps.is_pipeline_last_stage()
 
     def micro_batches(self, data: DataProto, batching: MicroBatching) -> tuple[list[DataProto], list[int]]:
-        """Fixed row counts: the pipeline schedule sends one activation shape between stages, so a token
-        budget (use_dynamic_bsz) is not applied here."""
-        return list(data.split(batching.rows)), list(range(len(data)))
+        """Fixed row counts, or with a token budget (use_dynamic_bsz) as many rows as fit it padded: a pass runs
+        every row at one width (S less the columns every row pads on the left), so a micro-batch of n rows costs
+        n x that width, whatever its rows' real lengths. Every rank runs the same number of micro-batches (the
+        largest any rank needs: expert-parallel ranks exchange tokens in each forward), their rows split evenly
+        in order. Collective with a budget: call on every rank."""
+        order = list(range(len(data)))
+        if batching.max_tokens is None:
+            return list(data.split(batching.rows)), order
+        width = data.batch["input_ids"].shape[1] - common_left_padding([data])
+        if width > batching.max_tokens:
+            raise ValueError(
+                f"{batching.setting}={batching.max_tokens} holds no row of this pass: Megatron runs rows padded to "
+                f"{width} positions; raise it to at least {width}"
+            )
+        needed = {"count": -(-len(data) // (batching.max_tokens // width))}
+        count = int(reduce_over_ranks(needed, self.device, {"count": "max"})["count"])
+        rows = torch.arange(len(data)).tensor_split(min(count, len(data)))
+        return [data[index] for index in rows], order
 
     def response_outputs(self, output: torch.Tensor, micro: DataProto, forward: ResponseForward) -> ResponseOutputs:
         """Last-stage output (logits [b, S, V/tp] or values [b, S, 1]) at the response tokens [b, R]."""
