@@ -56,6 +56,33 @@ def optimizer_state_tensors(optimizers: list[Any]) -> Iterator[torch.Tensor]:
             yield from (value for value in state.values() if isinstance(value, torch.Tensor))
 
 
+class TrackedState:
+    """One kind of a model's state (its parameters, its optimizer's state, Megatron's gradient buffers): whether it
+    is on the device, moved on request when it `may_leave` (on CPU only counted, unless `moves_bytes`), and how many
+    changes of place were asked for."""
+
+    def __init__(self, storages: StorageOffloader, may_leave: bool, moves_bytes: bool, device: torch.device) -> None:
+        self.storages, self.may_leave, self.moves_bytes, self.device = storages, may_leave, moves_bytes, device
+        self.on_device = True
+        self.moves = 0  # requested changes of place, also where nothing moves (CPU)
+
+    def load(self) -> None:
+        if not self.on_device:
+            if self.moves_bytes:
+                self.storages.load()
+            self.on_device = True
+            self.moves += 1
+
+    def offload(self) -> None:
+        if self.may_leave and self.on_device:
+            if self.moves_bytes:
+                self.storages.offload()
+                if self.device.type == "cuda":  # freed storages go back to PyTorch's cache: hand them to vLLM
+                    torch.cuda.empty_cache()
+            self.on_device = False
+            self.moves += 1
+
+
 class Offloader:
     """Where one model's parameters and its optimizer's state are (`params_on_device`,
     `optimizer_on_device`), moved on request. `param_offload` / `optimizer_offload` say what may leave
@@ -81,10 +108,8 @@ class Offloader:
         self.moves_bytes = device.type == "cuda" or move_on_cpu
         self.params = StorageOffloader(self.param_tensors, device, frozen=frozen, stays=params_stay)
         self.optimizer_state = StorageOffloader(self.optimizer_tensors, device)
-        self.params_on_device = True
-        self.optimizer_on_device = True
-        self.param_moves = 0  # requested changes of place, also where nothing moves (CPU)
-        self.optimizer_moves = 0
+        self._params = TrackedState(self.params, param_offload, self.moves_bytes, device)
+        self._optimizer = TrackedState(self.optimizer_state, self.optimizer_offload, self.moves_bytes, device)
         self._step_hooks: list[Any] = []
         self._optimizer_holds = 0  # open `optimizer_held` blocks: the optimizer's state does not leave
 
@@ -96,35 +121,34 @@ class Offloader:
         return optimizer_state_tensors([self.optimizer] if self.optimizer is not None else [])
 
     # ---- moves ----------------------------------------------------------------------------------------
+    @property
+    def params_on_device(self) -> bool:
+        return self._params.on_device
+
+    @property
+    def optimizer_on_device(self) -> bool:
+        return self._optimizer.on_device
+
+    @property
+    def param_moves(self) -> int:
+        return self._params.moves
+
+    @property
+    def optimizer_moves(self) -> int:
+        return self._optimizer.moves
+
     def load_params(self) -> None:
-        if not self.params_on_device:
-            if self.moves_bytes:
-                self.params.load()
-            self.params_on_device = True
-            self.param_moves += 1
+        self._params.load()
 
     def offload_params(self) -> None:
-        if self.param_offload and self.params_on_device:
-            if self.moves_bytes:
-                self.params.offload()
-                self._return_freed_memory()
-            self.params_on_device = False
-            self.param_moves += 1
+        self._params.offload()
 
     def load_optimizer(self) -> None:
-        if not self.optimizer_on_device:
-            if self.moves_bytes:
-                self.optimizer_state.load()
-            self.optimizer_on_device = True
-            self.optimizer_moves += 1
+        self._optimizer.load()
 
     def offload_optimizer(self) -> None:
-        if self.optimizer_offload and self.optimizer_on_device and not self._optimizer_holds:
-            if self.moves_bytes:
-                self.optimizer_state.offload()
-                self._return_freed_memory()
-            self.optimizer_on_device = False
-            self.optimizer_moves += 1
+        if not self._optimizer_holds:
+            self._optimizer.offload()
 
     def load(self, with_optimizer: bool = False) -> None:
         """Bring what the next computation needs onto the device."""
@@ -136,11 +160,6 @@ class Offloader:
         """Move everything configured to be offloaded to the host."""
         self.offload_params()
         self.offload_optimizer()
-
-    def _return_freed_memory(self) -> None:
-        """Freed storages go back to PyTorch's cache; empty it so another tenant (vLLM) can take them."""
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
 
     @contextlib.contextmanager
     def optimizer_held(self) -> Iterator[None]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from workers.fsdp.offload import Offloader, torch_optimizers
+from workers.fsdp.offload import Offloader, TrackedState, torch_optimizers
 from workers.fsdp.storage_offload import StorageOffloader, Transfer
 
 if TYPE_CHECKING:
@@ -47,8 +47,7 @@ class MegatronOffloader(Offloader):
         )
         self.grad_offload = grad_offload and backend.optimizer is not None
         self.grads = StorageOffloader(self._gradient_buffers, backend.device)
-        self.grads_on_device = True
-        self.grad_moves = 0
+        self._grads = TrackedState(self.grads, self.grad_offload, self.moves_bytes, backend.device)
         if self.grad_offload:
             backend.add_hooks(before_zero_grad=self.load_grads)
 
@@ -78,19 +77,10 @@ class MegatronOffloader(Offloader):
     def offload_params(self) -> None:
         """Another tenant claims the device: the weights and the gradient buffers leave (each if configured)."""
         super().offload_params()
-        if self.grad_offload and self.grads_on_device:
-            if self.moves_bytes:
-                self.grads.offload()
-                self._return_freed_memory()
-            self.grads_on_device = False
-            self.grad_moves += 1
+        self._grads.offload()
 
     def load_grads(self) -> None:
-        if not self.grads_on_device:
-            if self.moves_bytes:
-                self.grads.load()
-            self.grads_on_device = True
-            self.grad_moves += 1
+        self._grads.load()
 
     def optimizer_only_in_steps(self) -> None:
         """With `optimizer_offload`, the optimizer's state is on the device inside each `optimizer_step` only."""
@@ -104,7 +94,7 @@ class MegatronOffloader(Offloader):
         return super().offloads or self.grad_offload
 
     def move_counts(self) -> dict[str, int]:
-        return {**super().move_counts(), "grads": self.grad_moves}
+        return {**super().move_counts(), "grads": self._grads.moves}
 
     @property
     def host_allocations(self) -> int:
