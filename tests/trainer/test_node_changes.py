@@ -97,3 +97,15 @@ def test_free_pool_nodes_counts_what_the_cluster_can_reserve_now(ray_cluster):
     while ray.available_resources().get("CPU", 0) < before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert ray.available_resources().get("CPU", 0) >= before
+
+
+def test_continue_is_refused_with_megatrons_per_rank_optimizer_state(no_ray, small_assets, tmp_path, capsys):
+    megatron = ("trainer.on_node_loss=continue", "actor_rollout_ref.actor.strategy=megatron",
+                "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true")
+    assert main(short_run(small_assets, tmp_path, *megatron)) == 2
+    assert error_lines(capsys) == [
+        "error: trainer.on_node_loss=continue reloads the last checkpoint on fewer data-parallel ranks, but "
+        "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true saves the optimizer's state per rank "
+        "(Megatron's distributed optimizer is read back only by as many ranks as saved it); set it to false or "
+        "trainer.on_node_loss=stop"
+    ]
