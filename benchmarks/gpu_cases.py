@@ -47,6 +47,11 @@ PPO_FINITE = ("actor/pg_loss", "critic/vf_loss")
 MEGATRON_OFFLOAD = tuple(
     f"actor_rollout_ref.actor.megatron.{key}=true" for key in ("param_offload", "grad_offload", "optimizer_offload")
 )
+MEGATRON_OFFLOAD_RUN = (
+    "actor_rollout_ref.actor.strategy=megatron", *VLLM, *VERIFY, *MEGATRON_OFFLOAD, "trainer.save_freq=2",
+    "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=600",
+)
 CRITIC_OFFLOAD = ("critic.model.fsdp_config.param_offload=true", "critic.model.fsdp_config.optimizer_offload=true")
 
 
@@ -179,9 +184,10 @@ def one_gpu_cases() -> list[Case]:
             "megatron_offload",
             "one",
             "verl's Megatron offload switches (weights, float32 gradient buffers, main weights and Adam state to the "
-            "host while the hybrid vLLM engine generates; the reference outside its pass), every sync verified",
-            (_train("actor_rollout_ref.actor.strategy=megatron", *VLLM, *VERIFY, *MEGATRON_OFFLOAD, steps(8)),),
-            RunCheck(8, synced=True, offloaded=True),
+            "host while the hybrid vLLM engine generates; the reference outside its pass), the distributed "
+            "optimizer, token-budget micro-batches; saved at step 4 and resumed to step 6, every sync verified",
+            (_train(*MEGATRON_OFFLOAD_RUN, steps(4)), _train(*MEGATRON_OFFLOAD_RUN, steps(6))),
+            RunCheck(6, synced=True, offloaded=True, resumed_after=4),
         ),
         Case(
             "dapo",
