@@ -103,6 +103,7 @@ def enable() -> None:
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
     _route_moe_host_copies()
     _route_recompute_rng_states()
+    _route_uneven_gathers()
     _enabled = True
 
 
@@ -113,3 +114,36 @@ def _route_recompute_rng_states() -> None:
 
     random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
     random._set_cuda_rng_state = lambda *args, **kwargs: None
+
+
+def _route_uneven_gathers() -> None:
+    """gloo's all-gather takes equal parts only. With tensor x expert parallel layers the MoE dispatcher gathers the
+    tensor-parallel group's tokens in uneven parts (and reduce-scatters them back likewise): pad each part to the
+    largest for the gather; all-reduce and keep this rank's slice for the reduce-scatter."""
+    from megatron.core.tensor_parallel import mappings
+
+    gather, reduce_scatter = mappings._gather_along_first_dim, mappings._reduce_scatter_along_first_dim
+
+    def gather_uneven(input_: Any, group: Any, output_split_sizes: Any = None, use_global_buffer: bool = False) -> Any:
+        if output_split_sizes is None or group.size() == 1:
+            return gather(input_, group, output_split_sizes, use_global_buffer)
+        sizes = [int(n) for n in output_split_sizes]
+        padded = input_.new_zeros((max(sizes), *input_.shape[1:]))
+        padded[: input_.shape[0]] = input_
+        parts = [torch.empty_like(padded) for _ in sizes]
+        torch.distributed.all_gather(parts, padded, group=group)
+        return torch.cat([part[:n] for part, n in zip(parts, sizes)])
+
+    def reduce_scatter_uneven(
+        input_: Any, group: Any, input_split_sizes: Any = None, use_global_buffer: bool = False
+    ) -> Any:
+        if input_split_sizes is None or group.size() == 1:
+            return reduce_scatter(input_, group, input_split_sizes, use_global_buffer)
+        sizes = [int(n) for n in input_split_sizes]
+        total = input_.contiguous().clone()
+        torch.distributed.all_reduce(total, group=group)
+        start = sum(sizes[: torch.distributed.get_rank(group)])
+        return total[start : start + sizes[torch.distributed.get_rank(group)]]
+
+    mappings._gather_along_first_dim = gather_uneven
+    mappings._reduce_scatter_along_first_dim = reduce_scatter_uneven
