@@ -286,14 +286,16 @@ class MegatronBackend:
         if batching.max_tokens is None:
             return list(data.split(batching.rows)), order
         width = data.batch["input_ids"].shape[1] - common_left_padding([data])
-        if width > batching.max_tokens:
+        needed = {"count": -(-len(data) // max(1, batching.max_tokens // width)), "width": width}
+        # Agreed first, so that a budget too small for some rank's rows stops every rank (none waits in a collective).
+        agreed = reduce_over_ranks(needed, self.device, {"count": "max", "width": "max"})
+        if agreed["width"] > batching.max_tokens:
+            widest = int(agreed["width"])
             raise ValueError(
                 f"{batching.setting}={batching.max_tokens} holds no row of this pass: Megatron runs rows padded to "
-                f"{width} positions; raise it to at least {width}"
+                f"{widest} positions; raise it to at least {widest}"
             )
-        needed = {"count": -(-len(data) // (batching.max_tokens // width))}
-        count = int(reduce_over_ranks(needed, self.device, {"count": "max"})["count"])
-        rows = torch.arange(len(data)).tensor_split(min(count, len(data)))
+        rows = torch.arange(len(data)).tensor_split(max(1, min(int(agreed["count"]), len(data))))
         return [data[index] for index in rows], order
 
     def response_outputs(self, output: torch.Tensor, micro: DataProto, forward: ResponseForward) -> ResponseOutputs:
