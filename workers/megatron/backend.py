@@ -9,7 +9,6 @@ shards them over DP). Forward/backward runs through Megatron's pipeline schedule
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from functools import partial
@@ -22,9 +21,9 @@ from transformers import AutoConfig
 
 from protocol import DataProto
 from workers.fsdp.model_loading import compute_dtype, worker_device
-from workers.fsdp.offload import torch_optimizers
 from workers.fsdp.optim import lr_factor_fn
 from workers.megatron import cpu_host
+from workers.megatron.checkpoint import load_megatron_checkpoint, save_megatron_checkpoint
 from workers.megatron.export import iter_hf_weights
 from workers.megatron.hf_reader import HFCheckpointReader
 from workers.megatron.layout import layout_from_hf_config
@@ -38,6 +37,7 @@ from workers.megatron.model import (
     transformer_config,
 )
 from workers.megatron.router_replay import MegatronRouting
+from workers.megatron.training_hooks import BackendHooks
 from workers.megatron.vocab_parallel import log_probs_and_entropy
 from workers.routing_replay.token_order import ROUTED_EXPERTS
 from workers.training.backend import (
@@ -88,27 +88,6 @@ def sequence_forward(
     # HF model with its shifted position ids.
     causal = torch.ones(padded, padded, dtype=torch.bool, device=device).triu(1)
     return model(ids, positions, causal[None, None] | ~mask.bool()[:, None, None, :])
-
-
-class BackendHooks:
-    """Callables a backend runs at named points of training, in the order they were added."""
-
-    POINTS = ("before_zero_grad", "before_step", "after_step")
-
-    def __init__(self) -> None:
-        self._at: dict[str, list[Callable[[], None]]] = {point: [] for point in self.POINTS}
-
-    def add(self, **hooks: Callable[[], None]) -> dict[str, Callable[[], None]]:
-        unknown = sorted(set(hooks) - set(self.POINTS))
-        if unknown:
-            raise ValueError(f"unknown hook point(s) {unknown}; valid: {list(self.POINTS)}")
-        for point, hook in hooks.items():
-            self._at[point].append(hook)
-        return hooks
-
-    def run(self, point: str) -> None:
-        for hook in self._at[point]:
-            hook()
 
 
 class MegatronBackend:
@@ -390,91 +369,15 @@ class MegatronBackend:
             save_hf_folder(state, AutoModelForCausalLM, self.hf_config, path, self.model_path)
         dist.barrier()
 
-    # ---- checkpoints ----------------------------------------------------------------------------------
-    def _shard_file(self, path: str, kind: str) -> str:
-        from megatron.core import parallel_state as ps
-
-        tp, pp = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
-        # Expert parallel ranks of one TP x PP coordinate hold different experts: one file each.
-        ep = f"_ep{ps.get_expert_model_parallel_rank()}" if self.settings.ep > 1 else ""
-        return os.path.join(path, f"{kind}_tp{tp}_pp{pp}{ep}.pt")
-
-    def _writes_model_shard(self) -> bool:
-        """One rank per file: DP rank 0, or with expert parallelism the first expert-data-parallel rank of each
-        EP rank (the DP ranks 0 .. EP-1)."""
-        from megatron.core import parallel_state as ps
-
-        if self.settings.ep > 1:
-            return ps.get_expert_data_parallel_rank() == 0
-        return ps.get_data_parallel_rank() == 0
-
-    def _layout_sizes(self) -> dict[str, int]:
-        return {"tp": self.settings.tp, "pp": self.settings.pp, "ep": self.settings.ep, "world": dist.get_world_size()}
-
-    def _optimizer_shard_file(self, path: str) -> str:
-        return os.path.join(path, f"optimizer_shard_rank{dist.get_rank()}.pt")
-
-    def _save_optimizer_shard(self, path: str) -> None:
-        """The distributed optimizer's state held by this rank: its float32 main weights and Adam state, one file a
-        rank. (megatron-core's own parameter-state files expect a fused Adam with one global step; torch's Adam,
-        used without Transformer Engine or Apex, keeps a step per parameter, which they cannot be read back with.)"""
-        inner = torch_optimizers(self.optimizer)
-        state = {
-            "layout": self._layout_sizes(),
-            "optimizers": [opt.state_dict() for opt in inner],
-            "main_weights": [[p.detach().cpu() for g in opt.param_groups for p in g["params"]] for opt in inner],
-        }
-        torch.save(state, self._optimizer_shard_file(path))
-
-    def _load_optimizer_shard(self, path: str) -> None:
-        file = self._optimizer_shard_file(path)
-        if not os.path.exists(file):
-            raise FileNotFoundError(f"{file} not found: the distributed optimizer's state is read by the rank that "
-                                    f"wrote it ({dist.get_world_size()} ranks here)")
-        state = torch.load(file, map_location="cpu", weights_only=True)
-        if state["layout"] != self._layout_sizes():
-            raise ValueError(f"{file} was saved with layout {state['layout']}; this run has {self._layout_sizes()}: "
-                             "resume with the sizes it was saved with")
-        inner = torch_optimizers(self.optimizer)
-        with torch.no_grad():  # a float32 model's main weights are its parameters themselves
-            for opt, saved, main_weights in zip(inner, state["optimizers"], state["main_weights"]):
-                opt.load_state_dict(saved)
-                for param, value in zip((p for g in opt.param_groups for p in g["params"]), main_weights):
-                    param.copy_(value)
-
+    # ---- checkpoints (workers/megatron/checkpoint.py) ------------------------------------------------------
     def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
-        """One file per TP x PP (x EP) rank (model slice, optimizer, LR position, RNG, `extra`), written by DP rank 0
-        (`_writes_model_shard`); with the distributed optimizer each rank also writes the optimizer state it holds."""
+        """The model slice, optimizer, LR position, RNG state and `extra`; a collective."""
         require_trainable(self.optimizer, "save_checkpoint")
-        os.makedirs(path, exist_ok=True)
-        if self.settings.use_distributed_optimizer:
-            self._save_optimizer_shard(path)
-        if self._writes_model_shard():
-            state = {
-                "model": {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")},
-                "optimizer": self.optimizer.state_dict(),
-                "lr_steps": self.steps,
-                "torch_rng": torch.get_rng_state(),
-                "extra": dict(extra or {}),
-            }
-            torch.save(state, self._shard_file(path, "model_optim"))
-        dist.barrier()
+        save_megatron_checkpoint(self, path, extra)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Restore what `save_checkpoint` wrote (same TP/PP/EP sizes); returns the caller's `extra` entries."""
         require_trainable(self.optimizer, "load_checkpoint")
-        file = self._shard_file(path, "model_optim")
-        if not os.path.exists(file):
-            raise FileNotFoundError(
-                f"{file} not found: a Megatron checkpoint is read with the TP/PP/EP sizes it was saved with "
-                f"(tp={self.settings.tp}, pp={self.settings.pp}, ep={self.settings.ep} here)"
-            )
-        state = torch.load(file, map_location="cpu", weights_only=True)
-        self.gpt.load_state_dict(state["model"], strict=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.settings.use_distributed_optimizer:
-            self._load_optimizer_shard(path)
-        self.steps = int(state["lr_steps"])
+        extra = load_megatron_checkpoint(self, path)
         self._set_lr()
-        torch.set_rng_state(state["torch_rng"])
-        return state["extra"]
+        return extra

@@ -1,0 +1,109 @@
+"""A `MegatronBackend`'s checkpoint: one file per tensor x pipeline (x expert) rank, written by the first data-parallel
+rank of each (the model slice, the optimizer, the LR position, the RNG state and the caller's `extra`), and with the
+distributed optimizer one file per rank of the optimizer state it holds. Read back with the sizes it was saved with."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workers.fsdp.offload import torch_optimizers
+
+# `backend` below is a workers.megatron.backend.MegatronBackend (not imported: it imports this module).
+
+
+def _shard_file(backend: Any, path: str, kind: str) -> str:
+    from megatron.core import parallel_state as ps
+
+    tp, pp = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+    # Expert parallel ranks of one TP x PP coordinate hold different experts: one file each.
+    ep = f"_ep{ps.get_expert_model_parallel_rank()}" if backend.settings.ep > 1 else ""
+    return os.path.join(path, f"{kind}_tp{tp}_pp{pp}{ep}.pt")
+
+
+def _writes_model_shard(backend: Any) -> bool:
+    """One rank per file: DP rank 0, or with expert parallelism the first expert-data-parallel rank of each EP rank
+    (the DP ranks 0 .. EP-1)."""
+    from megatron.core import parallel_state as ps
+
+    if backend.settings.ep > 1:
+        return ps.get_expert_data_parallel_rank() == 0
+    return ps.get_data_parallel_rank() == 0
+
+
+def _layout_sizes(backend: Any) -> dict[str, int]:
+    settings = backend.settings
+    return {"tp": settings.tp, "pp": settings.pp, "ep": settings.ep, "world": dist.get_world_size()}
+
+
+def _optimizer_shard_file(path: str) -> str:
+    return os.path.join(path, f"optimizer_shard_rank{dist.get_rank()}.pt")
+
+
+def _save_optimizer_shard(backend: Any, path: str) -> None:
+    """The distributed optimizer's state held by this rank: its float32 main weights and Adam state, one file a rank.
+    (megatron-core's own parameter-state files expect a fused Adam with one global step; torch's Adam, used without
+    Transformer Engine or Apex, keeps a step per parameter, which they cannot be read back with.)"""
+    inner = torch_optimizers(backend.optimizer)
+    state = {
+        "layout": _layout_sizes(backend),
+        "optimizers": [opt.state_dict() for opt in inner],
+        "main_weights": [[p.detach().cpu() for g in opt.param_groups for p in g["params"]] for opt in inner],
+    }
+    torch.save(state, _optimizer_shard_file(path))
+
+
+def _load_optimizer_shard(backend: Any, path: str) -> None:
+    file = _optimizer_shard_file(path)
+    if not os.path.exists(file):
+        raise FileNotFoundError(f"{file} not found: the distributed optimizer's state is read by the rank that "
+                                f"wrote it ({dist.get_world_size()} ranks here)")
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    here = _layout_sizes(backend)
+    if state["layout"] != here:
+        raise ValueError(f"{file} was saved with layout {state['layout']}; this run has {here}: resume with the "
+                         "sizes it was saved with")
+    inner = torch_optimizers(backend.optimizer)
+    with torch.no_grad():  # a float32 model's main weights are its parameters themselves
+        for opt, saved, main_weights in zip(inner, state["optimizers"], state["main_weights"]):
+            opt.load_state_dict(saved)
+            for param, value in zip((p for g in opt.param_groups for p in g["params"]), main_weights):
+                param.copy_(value)
+
+
+def save_megatron_checkpoint(backend: Any, path: str, extra: dict[str, Any] | None) -> None:
+    os.makedirs(path, exist_ok=True)
+    if backend.settings.use_distributed_optimizer:
+        _save_optimizer_shard(backend, path)
+    if _writes_model_shard(backend):
+        state = {
+            "model": {k: v for k, v in backend.gpt.state_dict().items() if not k.endswith("_extra_state")},
+            "optimizer": backend.optimizer.state_dict(),
+            "lr_steps": backend.steps,
+            "torch_rng": torch.get_rng_state(),
+            "extra": dict(extra or {}),
+        }
+        torch.save(state, _shard_file(backend, path, "model_optim"))
+    dist.barrier()
+
+
+def load_megatron_checkpoint(backend: Any, path: str) -> dict[str, Any]:
+    """Restores the model, the optimizer, the LR position (`backend.steps`) and the RNG state; returns `extra`."""
+    file = _shard_file(backend, path, "model_optim")
+    if not os.path.exists(file):
+        settings = backend.settings
+        raise FileNotFoundError(
+            f"{file} not found: a Megatron checkpoint is read with the TP/PP/EP sizes it was saved with "
+            f"(tp={settings.tp}, pp={settings.pp}, ep={settings.ep} here)"
+        )
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    backend.gpt.load_state_dict(state["model"], strict=False)
+    backend.optimizer.load_state_dict(state["optimizer"])
+    if backend.settings.use_distributed_optimizer:
+        _load_optimizer_shard(backend, path)
+    backend.steps = int(state["lr_steps"])
+    torch.set_rng_state(state["torch_rng"])
+    return state["extra"]
