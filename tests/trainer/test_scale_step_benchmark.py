@@ -44,7 +44,7 @@ def test_a_token_budget_replaces_row_micro_batches_in_update_and_log_prob_passes
     from benchmarks.scale_step import scale_overrides
 
     args = Namespace(prompts=8, n=8, response_length=512, micro_rows=8, gpu_memory_utilization=0.5, eager=False,
-                     lora_rank=0, force=False, token_budget=0, log_prob_budget=0)
+                     lora_rank=0, force=False, token_budget=0, log_prob_budget=0, strategy="fsdp")
     assert not any("use_dynamic_bsz" in o for o in scale_overrides(args, on_gpu=True))
     args.token_budget = 16384
     overrides = scale_overrides(args, on_gpu=True)

@@ -105,11 +105,12 @@ class Offloader:
         self.module, self.optimizer, self.device = module, optimizer, device
         self.param_offload = param_offload
         self.optimizer_offload = optimizer_offload and optimizer is not None
-        self.moves_bytes = device.type == "cuda" or move_on_cpu
+        moves_bytes = device.type == "cuda" or move_on_cpu
         self.params = StorageOffloader(self.param_tensors, device, frozen=frozen, stays=params_stay)
         self.optimizer_state = StorageOffloader(self.optimizer_tensors, device)
-        self._params = TrackedState(self.params, param_offload, self.moves_bytes, device)
-        self._optimizer = TrackedState(self.optimizer_state, self.optimizer_offload, self.moves_bytes, device)
+        self._params = TrackedState(self.params, param_offload, moves_bytes, device)
+        self._optimizer = TrackedState(self.optimizer_state, self.optimizer_offload, moves_bytes, device)
+        self._states = [self._params, self._optimizer]  # a subclass adds the kinds it moves besides
         self._step_hooks: list[Any] = []
         self._optimizer_holds = 0  # open `optimizer_held` blocks: the optimizer's state does not leave
 
@@ -121,6 +122,16 @@ class Offloader:
         return optimizer_state_tensors([self.optimizer] if self.optimizer is not None else [])
 
     # ---- moves ----------------------------------------------------------------------------------------
+    @property
+    def moves_bytes(self) -> bool:
+        """Moves copy bytes (on a GPU, or on CPU when asked); otherwise they are only counted."""
+        return self._params.moves_bytes
+
+    @moves_bytes.setter
+    def moves_bytes(self, value: bool) -> None:
+        for state in self._states:
+            state.moves_bytes = value
+
     @property
     def params_on_device(self) -> bool:
         return self._params.on_device

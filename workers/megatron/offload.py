@@ -48,6 +48,7 @@ class MegatronOffloader(Offloader):
         self.grad_offload = grad_offload and backend.optimizer is not None
         self.grads = StorageOffloader(self._gradient_buffers, backend.device)
         self._grads = TrackedState(self.grads, self.grad_offload, self.moves_bytes, backend.device)
+        self._states.append(self._grads)
         if self.grad_offload:
             backend.add_hooks(before_zero_grad=self.load_grads)
 
