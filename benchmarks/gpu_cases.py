@@ -188,6 +188,7 @@ def one_gpu_cases() -> list[Case]:
             "optimizer, token-budget micro-batches; saved at step 4 and resumed to step 6, every sync verified",
             (_train(*MEGATRON_OFFLOAD_RUN, steps(4)), _train(*MEGATRON_OFFLOAD_RUN, steps(6))),
             RunCheck(6, synced=True, offloaded=True, resumed_after=4),
+            timeout_s=420,  # two runs, each starting Ray, Megatron and the engine
         ),
         Case(
             "dapo",
