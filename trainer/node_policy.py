@@ -38,27 +38,5 @@ def node_policy_problem(cfg: DictConfig) -> str | None:
             "trainer.on_node_loss=continue (it is 'stop': the run ends at the first lost node); set both, or "
             "trainer.on_node_join=ignore"
         )
-    if trainer.get("on_node_loss", "stop") == "continue":
-        sharded = _per_rank_optimizer_keys(cfg)
-        if sharded:
-            return (
-                f"trainer.on_node_loss=continue reloads the last checkpoint on fewer data-parallel ranks, but "
-                f"{', '.join(sharded)}=true saves the optimizer's state per rank (Megatron's distributed optimizer "
-                "is read back only by as many ranks as saved it); set it to false or trainer.on_node_loss=stop"
-            )
     return None
-
-
-def _per_rank_optimizer_keys(cfg: DictConfig) -> list[str]:
-    """The Megatron roles of the run whose checkpoints hold the distributed optimizer's per-rank shards."""
-    roles = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor)]
-    if cfg.get("algorithm", {}).get("adv_estimator") == "gae":  # the critic runs
-        roles.append(("critic", cfg.critic))
-    return [
-        f"{name}.megatron.use_distributed_optimizer"
-        for name, section in roles
-        if section.get("strategy", "fsdp") == "megatron"
-        and (section.get("megatron") or {}).get("use_distributed_optimizer")
-    ]
-
 

@@ -12,10 +12,11 @@ pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 PROMPT, RESPONSE = 6, 5
 
 
-def _model_folder(folder) -> str:
+def _model_folder(folder, num_hidden_layers: int = 2) -> str:
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=num_hidden_layers,
+        num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False, pad_token_id=0,
     )
     Qwen2ForCausalLM(config).save_pretrained(folder)

@@ -117,6 +117,19 @@ def test_ppo_with_megatron_critic_and_distributed_optimizer(ray_cluster, tiny_as
             assert np.isfinite(record[key]), (key, record)
     assert history[1]["critic/vpred_mean"] != history[0]["critic/vpred_mean"]  # the critic learned
     assert any((tmp_path / "global_step_2" / "critic").iterdir())
+    # Saved by two data-parallel ranks, resumed by one (what trainer.on_node_loss=continue does on the node left):
+    # each role's one rank reads its range of the optimizer state from both ranks' files.
+    resumed = run(load_config(run_overrides(
+        tiny_assets, tmp_path / "resumed", "algorithm=ppo", "trainer.total_training_steps=3", *QUIET, MEGATRON,
+        ONE_RANK,
+        "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true", "critic.strategy=megatron",
+        "critic.megatron.use_distributed_optimizer=true", f"trainer.resume_mode={tmp_path / 'global_step_2'}",
+        "trainer.save_at_end=false",
+    )))
+    assert [r["step"] for r in resumed] == [3]
+    for key in ("critic/vf_loss", "critic/grad_norm", "actor/pg_loss", "actor/grad_norm"):
+        assert np.isfinite(resumed[0][key]), key
+    assert len(list((tmp_path / "global_step_2" / "critic").glob("optimizer_tp0_pp0_rank*.pt"))) == 2
     export = tmp_path / "hf_export"
     from transformers import AutoModelForCausalLM
 

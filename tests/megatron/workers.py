@@ -264,6 +264,38 @@ class MegatronProbe(Worker):
         return {"grad_norms": norms, "weights": weights} if ps.get_data_parallel_rank() == 0 else None
 
     @register(Dispatch.ONE_TO_ALL)
+    def reshard_leg(self, model_path: str, batch: dict, dtype: str, load_from: str | None, save_to: str) -> dict | None:
+        """Data-parallel over every rank of the group, the distributed optimizer: one Adam step (or the load of
+        `load_from`), a checkpoint into `save_to`, one more step. Reports (rank 0) that step's gradient norm and the
+        weights after it. Every rank trains on the whole batch, so the mean gradient is the same at any DP size."""
+        from workers.megatron.backend import MegatronBackend
+        from workers.megatron.model import ParallelSettings
+        from workers.training.backend import ResponseForward
+
+        init_layout(self, 1, 1)
+        forward = ResponseForward("log_probs", 1.0)
+        micros = list(DataProto.from_dict(batch).split(2))
+
+        def loss(outputs, micro):
+            mask = micro.batch["response_mask"].float()
+            return -(outputs.log_probs.float() * mask).sum() / mask.sum() / len(micros), {}
+
+        engine = MegatronBackend({"path": model_path, "dtype": dtype}, ParallelSettings(1, 1, False, True),
+                                 optim_settings(1e-3))
+        if load_from is None:
+            engine.zero_grad()
+            engine.forward_backward(micros, forward, loss)
+            engine.optimizer_step(1.0)
+        else:
+            engine.load_checkpoint(load_from)
+        engine.save_checkpoint(save_to)
+        engine.zero_grad()
+        engine.forward_backward(micros, forward, loss)
+        norm = engine.optimizer_step(1.0)
+        weights = {name: t.clone() for name, t in engine.hf_weights(torch.float32)}
+        return {"grad_norm": norm, "weights": weights} if self.rank == 0 else None
+
+    @register(Dispatch.ONE_TO_ALL)
     def token_budget_passes(self, model_path: str, pp: int, batch: dict, budget: int) -> dict | None:
         """The log-probs of a batch in token-budget micro-batches (`MegatronBackend.micro_batches`) and in one
         micro-batch, and a training step over the budget's micro-batches; reported from the last stage."""

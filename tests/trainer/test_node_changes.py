@@ -15,6 +15,7 @@ from trainer.config_loader import load_config
 from trainer.input_errors import InputError
 from trainer.main import main
 from trainer.node_changes import config_on_nodes, free_pool_nodes, pool_nodes_of
+from trainer.node_policy import node_policy_problem
 from trainer.run_setup import settle_device_on_cluster
 from workers.fsdp.checkpoint import _extra_state_file, extra_state_path
 
@@ -99,13 +100,8 @@ def test_free_pool_nodes_counts_what_the_cluster_can_reserve_now(ray_cluster):
     assert ray.available_resources().get("CPU", 0) >= before
 
 
-def test_continue_is_refused_with_megatrons_per_rank_optimizer_state(no_ray, small_assets, tmp_path, capsys):
+def test_continue_is_accepted_with_megatrons_distributed_optimizer(no_ray, small_assets, tmp_path):
+    """Its checkpoint is read back at any data-parallel size (tests/megatron/test_megatron_checkpoint.py)."""
     megatron = ("trainer.on_node_loss=continue", "actor_rollout_ref.actor.strategy=megatron",
                 "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true")
-    assert main(short_run(small_assets, tmp_path, *megatron)) == 2
-    assert error_lines(capsys) == [
-        "error: trainer.on_node_loss=continue reloads the last checkpoint on fewer data-parallel ranks, but "
-        "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true saves the optimizer's state per rank "
-        "(Megatron's distributed optimizer is read back only by as many ranks as saved it); set it to false or "
-        "trainer.on_node_loss=stop"
-    ]
+    assert node_policy_problem(load_config(short_run(small_assets, tmp_path, *megatron))) is None

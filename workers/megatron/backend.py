@@ -376,7 +376,7 @@ class MegatronBackend:
         save_megatron_checkpoint(self, path, extra)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        """Restore what `save_checkpoint` wrote (same TP/PP/EP sizes); returns the caller's `extra` entries."""
+        """Restore what `save_checkpoint` wrote (same TP/PP/EP sizes, any DP size); returns the caller's `extra`."""
         require_trainable(self.optimizer, "load_checkpoint")
         extra = load_megatron_checkpoint(self, path)
         self._set_lr()

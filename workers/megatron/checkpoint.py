@@ -1,6 +1,7 @@
 """A `MegatronBackend`'s checkpoint: one file per tensor x pipeline (x expert) rank, written by the first data-parallel
 rank of each (the model slice, the optimizer, the LR position, the RNG state and the caller's `extra`), and with the
-distributed optimizer one file per rank of the optimizer state it holds. Read back with the sizes it was saved with."""
+distributed optimizer one file per rank of the optimizer state it holds (workers/megatron/optimizer_shards.py). Read
+back with the tensor, pipeline and expert sizes it was saved with; the data-parallel size may change."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers.fsdp.offload import torch_optimizers
+from workers.megatron.optimizer_shards import load_optimizer_slices, save_optimizer_slices
 
 # `backend` below is a workers.megatron.backend.MegatronBackend (not imported: it imports this module).
 
@@ -34,50 +35,10 @@ def _writes_model_shard(backend: Any) -> bool:
     return ps.get_data_parallel_rank() == 0
 
 
-def _layout_sizes(backend: Any) -> dict[str, int]:
-    settings = backend.settings
-    return {"tp": settings.tp, "pp": settings.pp, "ep": settings.ep, "world": dist.get_world_size()}
-
-
-def _optimizer_shard_file(path: str) -> str:
-    return os.path.join(path, f"optimizer_shard_rank{dist.get_rank()}.pt")
-
-
-def _save_optimizer_shard(backend: Any, path: str) -> None:
-    """The distributed optimizer's state held by this rank: its float32 main weights and Adam state, one file a rank.
-    (megatron-core's own parameter-state files expect a fused Adam with one global step; torch's Adam, used without
-    Transformer Engine or Apex, keeps a step per parameter, which they cannot be read back with.)"""
-    inner = torch_optimizers(backend.optimizer)
-    state = {
-        "layout": _layout_sizes(backend),
-        "optimizers": [opt.state_dict() for opt in inner],
-        "main_weights": [[p.detach().cpu() for g in opt.param_groups for p in g["params"]] for opt in inner],
-    }
-    torch.save(state, _optimizer_shard_file(path))
-
-
-def _load_optimizer_shard(backend: Any, path: str) -> None:
-    file = _optimizer_shard_file(path)
-    if not os.path.exists(file):
-        raise FileNotFoundError(f"{file} not found: the distributed optimizer's state is read by the rank that "
-                                f"wrote it ({dist.get_world_size()} ranks here)")
-    state = torch.load(file, map_location="cpu", weights_only=True)
-    here = _layout_sizes(backend)
-    if state["layout"] != here:
-        raise ValueError(f"{file} was saved with layout {state['layout']}; this run has {here}: resume with the "
-                         "sizes it was saved with")
-    inner = torch_optimizers(backend.optimizer)
-    with torch.no_grad():  # a float32 model's main weights are its parameters themselves
-        for opt, saved, main_weights in zip(inner, state["optimizers"], state["main_weights"]):
-            opt.load_state_dict(saved)
-            for param, value in zip((p for g in opt.param_groups for p in g["params"]), main_weights):
-                param.copy_(value)
-
-
 def save_megatron_checkpoint(backend: Any, path: str, extra: dict[str, Any] | None) -> None:
     os.makedirs(path, exist_ok=True)
     if backend.settings.use_distributed_optimizer:
-        _save_optimizer_shard(backend, path)
+        save_optimizer_slices(backend, path)
     if _writes_model_shard(backend):
         state = {
             "model": {k: v for k, v in backend.gpt.state_dict().items() if not k.endswith("_extra_state")},
@@ -97,13 +58,13 @@ def load_megatron_checkpoint(backend: Any, path: str) -> dict[str, Any]:
         settings = backend.settings
         raise FileNotFoundError(
             f"{file} not found: a Megatron checkpoint is read with the TP/PP/EP sizes it was saved with "
-            f"(tp={settings.tp}, pp={settings.pp}, ep={settings.ep} here)"
+            f"(tp={settings.tp}, pp={settings.pp}, ep={settings.ep} here; the data-parallel size may differ)"
         )
     state = torch.load(file, map_location="cpu", weights_only=True)
     backend.gpt.load_state_dict(state["model"], strict=False)
     backend.optimizer.load_state_dict(state["optimizer"])
     if backend.settings.use_distributed_optimizer:
-        _load_optimizer_shard(backend, path)
+        load_optimizer_slices(backend, path)
     backend.steps = int(state["lr_steps"])
     torch.set_rng_state(state["torch_rng"])
     return state["extra"]
