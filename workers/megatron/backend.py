@@ -188,14 +188,8 @@ class MegatronBackend:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         count = len(micros)
-        # The columns every row pads are not run (one width for all micro-batches: the pipeline sends one shape).
-        # Outputs are read from the right (the responses), so they need no shift; routing replay's tables index
-        # the full width, so with routing tracked every column runs.
-        lead = common_left_padding(micros) if self.routing is None else 0
-        width = micros[0].batch["input_ids"].shape[1]
-        if "responses" in micros[0].batch.keys():  # every response position (and the one before) stays
-            lead = min(lead, width - micros[0].batch["responses"].shape[1] - 1)
-        length = width - lead
+        lead = self._skipped_columns(micros)
+        length = micros[0].batch["input_ids"].shape[1] - lead
         padded = padded_length(length, self.settings)
 
         def on_last_stage(micro: DataProto, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -224,6 +218,18 @@ class MegatronBackend:
                 forward_only=forward_only,
             )
         return list(kept) if ps.is_pipeline_last_stage() else []
+
+    def _skipped_columns(self, micros: list[DataProto]) -> int:
+        """The leading columns a pass over `micros` does not run: those every row pads (one width for all
+        micro-batches: the pipeline sends one shape). Outputs are read from the right (the responses), so they
+        need no shift; routing replay's tables index the full width, so with routing tracked every column runs."""
+        if self.routing is not None:
+            return 0
+        lead = common_left_padding(micros)
+        batch = micros[0].batch
+        if "responses" in batch.keys():  # every response position (and the one before) stays
+            lead = min(lead, batch["input_ids"].shape[1] - batch["responses"].shape[1] - 1)
+        return lead
 
     # ---- routing replay (workers/megatron/router_replay.py) -------------------------------------------
     def track_routing(self) -> None:
@@ -264,7 +270,7 @@ class MegatronBackend:
         order = list(range(len(data)))
         if batching.max_tokens is None:
             return list(data.split(batching.rows)), order
-        width = data.batch["input_ids"].shape[1] - common_left_padding([data])
+        width = data.batch["input_ids"].shape[1] - self._skipped_columns([data])  # the width its pass will run
         needed = {"count": -(-len(data) // max(1, batching.max_tokens // width)), "width": width}
         # Agreed first, so that a budget too small for some rank's rows stops every rank (none waits in a collective).
         agreed = reduce_over_ranks(needed, self.device, {"count": "max", "width": "max"})
