@@ -110,11 +110,6 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
     _fill_ref_sequence_parallel(config, where)
     _check_sequence_parallel(config, config["actor"], _dotted(where, "actor"), where)
     if config["actor"]["strategy"] == "megatron":
-        if rollout["placement"] != "hybrid":
-            raise ValueError(
-                "actor.strategy='megatron' supports rollout.placement='hybrid' (an HF replica or a vLLM engine in "
-                f"each actor process, fed from the Megatron weights); got placement={rollout['placement']!r}"
-            )
         _reject_fsdp_settings_on_megatron(
             {"actor.fsdp_config": config["actor"]["fsdp_config"], "ref.fsdp_config": config["ref"]["fsdp_config"]},
             where, "actor.strategy",

@@ -134,3 +134,18 @@ def test_expert_parallel_sizes_that_cannot_split_are_named():
     with pytest.raises(ValueError, match=r"expert_model_parallel_size=2 needs a mixture-of-experts model; model_type 'qwen2' is dense"):
         layout_from_hf_config(dense, ep=2)
     assert layout_from_hf_config(dense).moe is None
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_sync_plan_names_every_hf_tensor_of_the_stream_once_with_its_shape(pp):
+    """`hf_stream_specs` (a separate engine's bucket plan follows it) lists each HF tensor of the mixture of experts
+    once, per expert, with the checkpoint's shapes; stage 0's layers come before stage 1's."""
+    from workers.megatron.export import hf_stream_specs
+
+    model = qwen3_moe()
+    hf = per_expert_state(model)
+    specs = hf_stream_specs(layout_from_hf_config(model.config, pp=pp), pp)
+    assert len(specs) == len({name for name, _ in specs}) == len(hf)
+    assert {name: shape for name, shape in specs} == {name: tuple(t.shape) for name, t in hf.items()}
+    layers = [int(name.split(".")[2]) for name, _ in specs if name.startswith("model.layers.")]
+    assert layers == sorted(layers)

@@ -164,6 +164,21 @@ def test_grpo_with_hybrid_vllm_fed_from_pipeline_stages(ray_cluster, tiny_assets
         assert record["offload/ref_log_prob/ref_params_moves"] == 2
 
 
+def test_grpo_with_a_separate_vllm_engine_fed_from_pipeline_stages(ray_cluster, tiny_assets, tmp_path):
+    """rollout.placement=separate: a vLLM engine in its own pool; the two pipeline stages stream the whole model
+    (each stage's layers broadcast to the other) and rank 0 broadcasts it to the engine in buckets planned in the
+    stream's order (small buckets: many of them); every sync is verified."""
+    from tests.rollout.conftest import SHORT_RUN
+    from tests.rollout.test_vllm_rollout import VLLM, _check_verified_run
+
+    cfg = load_config(run_overrides(
+        tiny_assets, tmp_path, *VLLM, *SHORT_RUN, MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+        "actor_rollout_ref.rollout.placement=separate", "actor_rollout_ref.rollout.weight_sync_bucket_mb=1",
+    ))
+    history = _check_verified_run(run(cfg), tiny_assets["model"])
+    assert all(record["rollout/sync_gib"] > 0 for record in history[1:])
+
+
 def test_grpo_with_hybrid_vllm_on_the_tiny_moe_with_expert_parallel(ray_cluster, tiny_assets, tmp_path):
     """EP=2: each rank holds half the experts and a vLLM engine of the whole model; after every update each
     expert is broadcast from its EP rank into both engines under its checkpoint name, and the sync is verified."""

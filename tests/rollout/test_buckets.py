@@ -123,3 +123,21 @@ def test_sync_group_rejects_bad_backend_and_rank():
     address = host.host_store(2, "gloo")
     with pytest.raises(ValueError, match="outside the weight-sync group"):
         WeightSyncGroup().connect(address, 5)
+
+
+def test_a_stream_is_cut_into_its_planned_buckets_and_a_stream_out_of_plan_is_named():
+    from workers.rollout.weight_sync import stream_buckets
+
+    specs = [("a", (4,), torch.float32), ("b", (300,), torch.float32), ("c", (2, 3), torch.float32)]
+    layouts = plan_buckets(specs, 1 << 10)
+    tensors = {name: torch.full(shape, float(i)) for i, (name, shape, _) in enumerate(specs)}
+    buckets = list(stream_buckets(iter(tensors.items()), layouts))
+    assert [layout for layout, _ in buckets] == layouts and len(layouts) > 1
+    streamed = [t for _, bucket in buckets for t in bucket]
+    assert all(torch.equal(a, b) for a, b in zip(streamed, tensors.values())) and len(streamed) == 3
+    swapped = iter([("b", tensors["b"]), ("a", tensors["a"]), ("c", tensors["c"])])
+    with pytest.raises(RuntimeError, match="the stream gave 'b' where the bucket plan has 'a'"):
+        list(stream_buckets(swapped, layouts))
+    extra = iter([*tensors.items(), ("d", torch.zeros(1))])
+    with pytest.raises(RuntimeError, match="the stream gave 'd' after every planned bucket was filled"):
+        list(stream_buckets(extra, layouts))

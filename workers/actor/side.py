@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import torch
 
 from protocol import DataProto
+from workers.rollout.in_process_sync import WeightSource
 from workers.training.backend import TrainBackend
 from workers.training.side import TrainedSide
 
@@ -37,6 +38,10 @@ class ActorSide(TrainedSide, Protocol):
 
     def generate(self, prompts: DataProto, weights_version: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """This rank's share of `prompts` -> responses, and the step metrics the generation measured."""
+        ...
+
+    def weight_source(self) -> WeightSource:
+        """The actor as the source of a weight send to engines in other processes (rollout.placement=separate)."""
         ...
 
     def sync_rollout_weights(self, weights_version: int) -> dict[str, float] | None:

@@ -26,6 +26,7 @@ from workers.cached_blocks import set_release_point
 from workers.config import actor_rollout_ref_config
 from workers.memory import MemoryLog
 from workers.rl_math.rollout_correction import OLD_LOG_PROBS
+from workers.rollout.in_process_sync import WeightSource
 from workers.rollout.shaping import rollout_output
 from workers.rollout.weight_sender import WeightSenderMixin
 from workers.routing_replay.passes import log_prob_pass_mode, routing_pass, update_pass_mode
@@ -115,8 +116,9 @@ class ActorRolloutRefWorker(CheckpointMethods, WeightSenderMixin, Worker):
         self.side.trained_needed(with_optimizer)
         return engine
 
-    def _sync_source(self) -> TrainBackend:
-        return self._resident("broadcast_weights")
+    def _sync_source(self) -> WeightSource:
+        self._resident("broadcast_weights")
+        return self.side.weight_source()
 
     def _end_phase(self, phase: str) -> None:
         """The phase's offload traffic and memory reading."""

@@ -16,8 +16,10 @@ from workers.engines.materialize import materialize
 from workers.fsdp.model_loading import compute_dtype, worker_device
 from workers.fsdp.offload import Offloader
 from workers.rollout.buckets import BucketLayout, plan_buckets
+from workers.rollout.verify import trainer_log_probs
 from workers.rollout.weight_sender import WeightSenderMixin
 from workers.rollout.weight_sync import WeightBuckets, full_parameter
+from workers.vision.models import probe_vocab_size
 
 
 class ModuleWorker(WeightSenderMixin, Worker):
@@ -79,11 +81,11 @@ class ModuleWorker(WeightSenderMixin, Worker):
             torch.cuda.empty_cache()
 
     # ---- weight export (the sends are WeightSenderMixin's) --------------------------------------------------
-    def _sync_source(self) -> "ModuleWorker":
-        """This worker, its module's parameters on the device: the mixin reads `module` and `device`."""
+    def _sync_source(self) -> "ExportedWeights":
+        """The module's exported weights, its parameters on the device."""
         self._require_module("weight sync")
         self.offloader.load()
-        return self
+        return ExportedWeights(self)
 
     def _exported(self, meta: bool) -> dict[str, torch.Tensor]:
         """The module's state as the inference engine sees it (after the output hook). With `meta`, shapes
@@ -98,14 +100,6 @@ class ModuleWorker(WeightSenderMixin, Worker):
             for name, tensor in full.items():
                 out.update(module.postprocess_output_named_parameters(name, tensor, full))
         return out
-
-    def _sync_buckets(self, source: Any, layouts: list[BucketLayout], cast: bool = True) -> WeightBuckets:
-        """The exported full weights as `(layout, tensors)` per bucket (cast to the layout's dtypes with `cast`)."""
-        exported = self._exported(meta=False)  # the gathers run now, on every rank
-        return (
-            (layout, [exported[slot.name].to(slot.dtype) if cast else exported[slot.name] for slot in layout.slots])
-            for layout in layouts
-        )
 
     @register(Dispatch.ONE_TO_ALL)
     def full_state(self, exported: bool = False) -> dict[str, torch.Tensor] | None:
@@ -128,3 +122,24 @@ class ModuleWorker(WeightSenderMixin, Worker):
     @register(Dispatch.RANK_ZERO)
     def current_weights_version(self) -> int:
         return self.calls
+
+
+class ExportedWeights:
+    """A `ModuleWorker`'s module as the source of the weight sends (`WeightSenderMixin`): what the module's output
+    hook exports, whole; the probe runs the module itself."""
+
+    def __init__(self, worker: ModuleWorker) -> None:
+        self.worker = worker
+        self.device = worker.device
+        self.vocab_size = probe_vocab_size(worker.module.config)
+
+    def buckets(self, layouts: list[BucketLayout], cast: bool = True) -> WeightBuckets:
+        """`(layout, tensors)` per bucket (cast to the layout's dtypes with `cast`)."""
+        exported = self.worker._exported(meta=False)  # the gathers run now, on every rank
+        return (
+            (layout, [exported[slot.name].to(slot.dtype) if cast else exported[slot.name] for slot in layout.slots])
+            for layout in layouts
+        )
+
+    def probe_log_probs(self, probe: torch.Tensor) -> torch.Tensor:
+        return trainer_log_probs(self.worker.module, probe, self.device)

@@ -200,6 +200,11 @@ class FSDPActorSide(FSDPSide):
             result[ROUTED_EXPERTS] = generation_table(engine.routing.choices.recorded_calls(), result["attention_mask"])
         return result, {}
 
+    def weight_source(self) -> Any:
+        from workers.rollout.hybrid import FSDPWeightSource
+
+        return FSDPWeightSource(self.actor)
+
     def sync_rollout_weights(self, weights_version: int) -> dict[str, float] | None:
         """Hybrid vLLM only; a sleeping engine takes the weights at its next generate: nothing to load here."""
         if self.hybrid_rollout is None or self.hybrid_rollout.syncs_at_generate:

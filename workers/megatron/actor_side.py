@@ -5,7 +5,8 @@ The actor and the reference are `MegatronBackend`s over TP x PP x DP; with `acto
 offload.py, under the FSDP workers' residency policy: the hybrid engine's generation, the reference's pass). Every
 rank generates its share with a vLLM engine in its process (`rollout.name=vllm`) or an HF replica of the
 policy, either refreshed from the Megatron weights (TP-gathered, PP-broadcast as whole HF tensors) whenever
-they changed. Text-only models.
+they changed; or, with `rollout.placement=separate`, vLLM engines of their own take the same stream by
+broadcast (`weight_source`, the actor worker's WeightSenderMixin). Text-only models.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ class MegatronActorSide(MegatronSide):
         self.residency = self._build_residency()
         # Offloaded models leave the GPU before the rollout starts: the engine then finds its whole budget free.
         self.residency.offload()
-        if self.actor is not None:
-            self._start_rollout()
+        if self.actor is not None and cfg["rollout"]["placement"] == "hybrid":
+            self._start_rollout()  # separate engines are their own worker group, fed by broadcast_weights
         # The multi-turn tool-calling rollout (rollout.multi_turn.enable), on the engine or the HF replica.
         self.agent = None
         if self.actor is not None:
@@ -118,6 +119,11 @@ class MegatronActorSide(MegatronSide):
 
     def after_update(self) -> None:
         pass
+
+    def weight_source(self) -> Any:
+        from workers.megatron.rollout_source import MegatronWeightSource
+
+        return MegatronWeightSource(self.actor)
 
     # ---- generation -----------------------------------------------------------------------------------
     def _refresh_rollout_model(self, weights_version: int) -> dict[str, float]:
@@ -176,4 +182,6 @@ class MegatronActorSide(MegatronSide):
                 return None
             self.residency.trained_needed()
             return self.hybrid_rollout.sync_now(weights_version)
+        if self.rollout_model is None:  # separate engines: the driver broadcasts to them
+            return None
         return self._refresh_rollout_model(weights_version)

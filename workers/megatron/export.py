@@ -53,6 +53,27 @@ def hf_meta_state(layout: GPTLayout) -> dict[str, torch.Tensor]:
     return {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
 
 
+def _stage_tensors(layout: GPTLayout, pp: int) -> list[dict[str, torch.Tensor]]:
+    """Per pipeline stage, its Megatron tensor names (layers numbered within the stage, experts globally) and
+    shapes (meta tensors), in the order the stream exports them."""
+    stages = split_pp(hf_to_megatron(hf_meta_state(layout), layout), layout, pp)
+    if layout.tied_embeddings and pp > 1:
+        stages[-1].pop("embedding.word_embeddings.weight")  # the last stage's copy: stage 0 exports it
+    return stages
+
+
+def hf_stream_specs(layout: GPTLayout, pp: int) -> list[tuple[str, tuple[int, ...]]]:
+    """(HF name, shape) of every tensor `iter_hf_weights` yields, in its order (no collective): a sync's buckets
+    are planned in it, so the stream fills them one after another."""
+    per_stage = layout.num_layers // pp
+    return [
+        (hf_name, tuple(tensor.shape))
+        for stage, tensors in enumerate(_stage_tensors(layout, pp))
+        for name, meta in tensors.items()
+        for hf_name, tensor in megatron_tensor_to_hf(name, meta, layout, layer_offset=stage * per_stage)
+    ]
+
+
 def _gather(shard: torch.Tensor, name: str, group: Any) -> torch.Tensor:
     size = dist.get_world_size(group)
     if size == 1:
@@ -78,11 +99,7 @@ def iter_hf_weights(
         ep_ranks, per_rank = dist.get_process_group_ranks(ep_group), layout.moe.num_experts // ep
     own = dict(stage_module.named_parameters())
     per_stage = layout.num_layers // pp
-    # Per pipeline stage, its Megatron tensor names (layers numbered within the stage, experts globally) and shapes.
-    stages = split_pp(hf_to_megatron(hf_meta_state(layout), layout), layout, pp)
-    if layout.tied_embeddings and pp > 1:
-        stages[-1].pop("embedding.word_embeddings.weight")  # the last stage's copy: stage 0 exports it
-    for stage, tensors in enumerate(stages):
+    for stage, tensors in enumerate(_stage_tensors(layout, pp)):
         for name, meta in tensors.items():
             expert = expert_index(name) if ep > 1 else None
             if stage != my_stage:

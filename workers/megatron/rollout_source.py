@@ -1,4 +1,5 @@
-"""A `MegatronBackend` as the weight source of a hybrid vLLM engine (see workers/rollout/hybrid.py)."""
+"""A `MegatronBackend` as the weight source of a hybrid vLLM engine (see workers/rollout/hybrid.py) and of the
+broadcast to separate engines (workers/rollout/weight_sender.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import torch.distributed as dist
 
 from protocol import DataProto
 from workers.megatron.backend import MegatronBackend
+from workers.megatron.export import hf_stream_specs
 from workers.megatron.vocab_parallel import log_probs_and_entropy
 from workers.moe_config import model_has_experts
 from workers.rollout.buckets import BucketLayout, plan_buckets
+from workers.rollout.weight_sync import WeightBuckets, stream_buckets
 
 
 class MegatronWeightSource:
@@ -26,15 +29,17 @@ class MegatronWeightSource:
         self.lora = None  # the Megatron backend trains every weight
 
     def sync_layouts(self, dtype: torch.dtype, bucket_bytes: int) -> list[BucketLayout]:
-        from transformers import AutoModelForCausalLM
-
-        with torch.device("meta"):
-            shapes = AutoModelForCausalLM.from_config(self.engine.hf_config)
-        return plan_buckets(((name, tuple(p.shape), dtype) for name, p in shapes.named_parameters()), bucket_bytes)
+        """Planned in the order the weights stream out (per-expert names), so a broadcast fills bucket after
+        bucket without holding tensors back."""
+        specs = hf_stream_specs(self.engine.layout, self.engine.settings.pp)
+        return plan_buckets(((name, shape, dtype) for name, shape in specs), bucket_bytes)
 
     def named_weights(self, layouts: list[BucketLayout]) -> Iterator[tuple[str, torch.Tensor]]:
         dtype = layouts[0].slots[0].dtype if layouts and layouts[0].slots else self.dtype
         return self.engine.hf_weights(dtype)
+
+    def buckets(self, layouts: list[BucketLayout], cast: bool = True) -> WeightBuckets:
+        return stream_buckets(self.named_weights(layouts), layouts)  # streamed in the layouts' dtype already
 
     def probe_log_probs(self, probe: torch.Tensor) -> torch.Tensor:
         """Computed on the last pipeline stage, then broadcast to the other stages."""

@@ -24,7 +24,7 @@ from workers.rollout.verify import trainer_log_probs
 from workers.rollout.vllm_engine import VLLMEngine
 from workers.rollout.vllm_options import sleeps_between_calls
 from workers.rollout.vllm_requests import draw_seed
-from workers.rollout.weight_sync import named_full_parameters, plan_model_buckets
+from workers.rollout.weight_sync import WeightBuckets, gathered_buckets, named_full_parameters, plan_model_buckets
 from workers.vision.models import probe_vocab_size
 
 
@@ -45,6 +45,9 @@ class FSDPWeightSource:
 
     def named_weights(self, layouts: list[BucketLayout]) -> Iterator[tuple[str, torch.Tensor]]:
         return named_full_parameters(self.actor.module, layouts)
+
+    def buckets(self, layouts: list[BucketLayout], cast: bool = True) -> WeightBuckets:
+        return gathered_buckets(self.actor.module, layouts, cast=cast)
 
     def probe_log_probs(self, probe: torch.Tensor) -> torch.Tensor:
         return trainer_log_probs(self.actor.module, probe, self.device)

@@ -29,6 +29,7 @@ from workers.rollout.verify import (
     require_changed,
     require_match,
 )
+from workers.rollout.weight_sync import WeightBuckets
 
 GIB = float(1 << 30)
 WORST_DIFF = "rollout/sync_logprob_scaled_max_diff"  # the engine that differs most, relative to its bound
@@ -52,6 +53,11 @@ class WeightSource(Protocol):
 
     def named_weights(self, layouts: list[BucketLayout]) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, whole tensor) pairs of the current weights; a collective over the trainer's ranks."""
+        ...
+
+    def buckets(self, layouts: list[BucketLayout], cast: bool = True) -> WeightBuckets:
+        """The same weights as `(layout, tensors)` per bucket, for a send to engines in other processes; with
+        `cast` False a tensor may still be in the trainer's dtype (the sender casts while it packs)."""
         ...
 
     def probe_log_probs(self, probe: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 The driver (`workers/rollout/separate_sync.py`) asks rank 0 to host the group's store, connects rank 0
 and every engine worker at once, then per sync calls `broadcast_weights` on every actor rank (all take
-part in the FSDP gathers; rank 0 sends) while the engines receive.
+part in the gathers: FSDP's, or Megatron's TP gathers and PP broadcasts; rank 0 sends) while the engines receive.
 """
 
 from __future__ import annotations
@@ -15,25 +15,21 @@ import torch
 from single_controller import Dispatch, register
 from workers.rollout.buckets import BucketLayout, payload_bytes
 from workers.rollout.sync_group import SyncGroupAddress, WeightSyncGroup
-from workers.rollout.verify import TRAINER_FINGERPRINT, WeightFingerprint, probe_sequences, trainer_log_probs
+from workers.rollout.verify import TRAINER_FINGERPRINT, WeightFingerprint, probe_sequences
 from workers.rollout.weight_sync import (
     BroadcastSender,
     IpcStagingBuffers,
-    WeightBuckets,
-    gathered_buckets,
-    plan_model_buckets,
     send_broadcast,
     send_ipc_to_engines,
 )
-from workers.vision.models import probe_vocab_size
 
 GIB = float(1 << 30)
 
 
 class WeightSenderMixin:
-    """Needs `self.rank`, `self.config` and `self._sync_source()`, which returns the FSDP engine to send
-    with its parameters on the device (anything with `module` and `device`). A sender whose exported weights are
-    not its module's parameters (the engine API's module worker) overrides `_sync_buckets` and the layouts."""
+    """Needs `self.rank`, `self.config` and `self._sync_source()`, which returns the trainer's weights as a
+    `WeightSource` (workers/rollout/in_process_sync.py: FSDP's or Megatron's), their parameters on the device. The
+    engine API's module worker plans its own layouts (`weight_sync_layouts`)."""
 
     rank: int
     config: dict[str, Any]
@@ -55,23 +51,22 @@ class WeightSenderMixin:
         """The bucket plan (names, shapes, engine dtype) both sides follow; with LoRA, the adapter factors only."""
         from workers.rollout.hybrid import engine_dtype
 
-        engine = self._sync_source()
+        source = self._sync_source()
         bucket_bytes = self.config["rollout"]["weight_sync_bucket_mb"] << 20
-        dtype = engine_dtype(self.config["rollout"], engine)
-        return plan_model_buckets(engine.module, dtype, bucket_bytes, engine.synced_parameter_names())
+        return source.sync_layouts(engine_dtype(self.config["rollout"], source), bucket_bytes)
 
     @register(Dispatch.ONE_TO_ALL)
     def broadcast_weights(self, layouts: list[BucketLayout], fingerprint: bool = False) -> dict[str, float]:
         """Every rank gathers, rank 0 sends (its staging buffers are kept for the next sync). With
         `fingerprint`, rank 0 also returns the `WeightFingerprint` of what it sent."""
-        engine = self._sync_source()
+        source = self._sync_source()
         start = time.perf_counter()
         if self.rank == 0 and self._broadcast_sender is None:
-            self._broadcast_sender = BroadcastSender(engine.device)
+            self._broadcast_sender = BroadcastSender(source.device)
         taken = WeightFingerprint() if fingerprint and self.rank == 0 else None
         sent = send_broadcast(
-            self._sync_buckets(engine, layouts, cast=False), self._sync_group if self.rank == 0 else None,
-            engine.device, sender=self._broadcast_sender, fingerprint=taken,
+            source.buckets(layouts, cast=False), self._sync_group if self.rank == 0 else None,
+            source.device, sender=self._broadcast_sender, fingerprint=taken,
         )
         metrics = {
             "rollout/sync_s": time.perf_counter() - start,
@@ -79,10 +74,6 @@ class WeightSenderMixin:
             "rollout/sync_bytes": float(payload_bytes(layouts)) if sent else 0.0,  # rank 0 sends, the others gather
         }
         return metrics if taken is None else {**metrics, TRAINER_FINGERPRINT: taken.value}
-
-    def _sync_buckets(self, source: Any, layouts: list[BucketLayout], cast: bool = True) -> WeightBuckets:
-        """The full weights a sync sends, bucket by bucket (a collective); `cast=False` keeps their own dtype."""
-        return gathered_buckets(source.module, layouts, cast=cast)
 
     # ---- CUDA IPC (separate engines on this rank's GPU: fractional GPU shares) ------------------------------
     _ipc_staging: IpcStagingBuffers | None = None
@@ -99,9 +90,8 @@ class WeightSenderMixin:
     def send_ipc(self, layouts: list[BucketLayout], targets: list[list[Any]]) -> dict[str, float]:
         """Every rank gathers; a rank sharing its GPU with engines (`targets[rank]`, their actor handles)
         packs each bucket and has them load it in place."""
-        engine = self._sync_source()
         start = time.perf_counter()
-        buckets = self._sync_buckets(engine, layouts, cast=False)
+        buckets = self._sync_source().buckets(layouts, cast=False)
         sent = send_ipc_to_engines(self._ipc_staging, buckets, targets[self.rank])
         return {"rollout/sync_s": time.perf_counter() - start, "rollout/sync_gib": sent / GIB}
 
@@ -109,13 +99,13 @@ class WeightSenderMixin:
     def weights_fingerprint(self, layouts: list[BucketLayout]) -> float:
         """`WeightFingerprint` of the weights as a sync would send them (engine dtype); a collective."""
         taken = WeightFingerprint()
-        for _, tensors in self._sync_buckets(self._sync_source(), layouts):
+        for _, tensors in self._sync_source().buckets(layouts):
             taken.add(tensors)
         return taken.value
 
     @register(Dispatch.ONE_TO_ALL)
     def probe_log_probs(self) -> torch.Tensor:
         """The trainer's log-probs of the probe batch (compared with each engine's after a sync); every
-        rank runs the forward (FSDP), each returns the same values."""
-        engine = self._sync_source()
-        return trainer_log_probs(engine.module, probe_sequences(probe_vocab_size(engine.module.config)), engine.device)
+        rank runs the forward (a collective), each returns the same values."""
+        source = self._sync_source()
+        return source.probe_log_probs(probe_sequences(source.vocab_size))

@@ -74,6 +74,22 @@ def named_full_parameters(
         yield from zip(layout.names, tensors)
 
 
+def stream_buckets(pairs: Iterator[tuple[str, torch.Tensor]], layouts: list[BucketLayout]) -> WeightBuckets:
+    """A stream of `(name, full tensor)` pairs (already in the layouts' dtypes) cut into the layouts' buckets; the
+    stream must come in the layouts' order (they were planned in it). Draws one bucket's tensors at a time."""
+    for layout in layouts:
+        tensors = []
+        for slot in layout.slots:
+            name, tensor = next(pairs, (None, None))
+            if name != slot.name:
+                raise RuntimeError(f"weight sync: the stream gave {name!r} where the bucket plan has {slot.name!r}; "
+                                   "the plan must follow the order the weights are streamed in")
+            tensors.append(tensor)
+        yield layout, tensors
+    for name, _ in pairs:
+        raise RuntimeError(f"weight sync: the stream gave {name!r} after every planned bucket was filled")
+
+
 def copy_into(views: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
     """`views[i].copy_(tensors[i])` (casting) for a whole bucket: one fused launch per dtype on CUDA instead
     of one per tensor, which is what a bucket of a small model costs most."""
