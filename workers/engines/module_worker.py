@@ -87,7 +87,7 @@ class ModuleWorker(WeightSenderMixin, Worker):
         self.offloader.load()
         return ExportedWeights(self)
 
-    def _exported(self, meta: bool) -> dict[str, torch.Tensor]:
+    def exported_state(self, meta: bool) -> dict[str, torch.Tensor]:
         """The module's state as the inference engine sees it (after the output hook). With `meta`, shapes
         only (no gathers); otherwise full tensors (a collective over the ranks)."""
         module = self._require_module("export")
@@ -107,7 +107,7 @@ class ModuleWorker(WeightSenderMixin, Worker):
         names, or with `exported` what the inference engine receives."""
         self.offloader.load()
         if exported:
-            state = self._exported(meta=False)
+            state = self.exported_state(meta=False)
         else:
             state = {n: full_parameter(p.detach()) for n, p in self._require_module("full_state").named_parameters()}
         return {n: t.cpu().clone() for n, t in state.items()} if self.rank == 0 else None
@@ -116,7 +116,7 @@ class ModuleWorker(WeightSenderMixin, Worker):
     def weight_sync_layouts(self) -> list[BucketLayout]:
         dtype = self.dtype if self.sync_dtype_name == "auto" else compute_dtype(self.sync_dtype_name, self.device)
         return plan_buckets(
-            ((n, tuple(t.shape), dtype) for n, t in self._exported(meta=True).items()), self.bucket_bytes
+            ((n, tuple(t.shape), dtype) for n, t in self.exported_state(meta=True).items()), self.bucket_bytes
         )
 
     @register(Dispatch.RANK_ZERO)
@@ -135,7 +135,7 @@ class ExportedWeights:
 
     def buckets(self, layouts: list[BucketLayout], cast: bool = True) -> WeightBuckets:
         """`(layout, tensors)` per bucket (cast to the layout's dtypes with `cast`)."""
-        exported = self.worker._exported(meta=False)  # the gathers run now, on every rank
+        exported = self.worker.exported_state(meta=False)  # the gathers run now, on every rank
         return (
             (layout, [exported[slot.name].to(slot.dtype) if cast else exported[slot.name] for slot in layout.slots])
             for layout in layouts

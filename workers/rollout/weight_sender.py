@@ -8,7 +8,7 @@ part in the gathers: FSDP's, or Megatron's TP gathers and PP broadcasts; rank 0 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -19,6 +19,7 @@ from workers.rollout.verify import TRAINER_FINGERPRINT, WeightFingerprint, probe
 from workers.rollout.weight_sync import (
     BroadcastSender,
     IpcStagingBuffers,
+    WeightBuckets,
     send_broadcast,
     send_ipc_to_engines,
 )
@@ -26,13 +27,28 @@ from workers.rollout.weight_sync import (
 GIB = float(1 << 30)
 
 
+class SendSource(Protocol):
+    """What the sends read of the trainer's weights: a `WeightSource` (workers/rollout/in_process_sync.py, FSDP's
+    or Megatron's) has it all, and `weight_sync_layouts` also asks it for `sync_layouts` and its dtype."""
+
+    device: torch.device
+    vocab_size: int
+
+    def buckets(self, layouts: list[BucketLayout], cast: bool = True) -> WeightBuckets: ...
+
+    def probe_log_probs(self, probe: torch.Tensor) -> torch.Tensor: ...
+
+
 class WeightSenderMixin:
-    """Needs `self.rank`, `self.config` and `self._sync_source()`, which returns the trainer's weights as a
-    `WeightSource` (workers/rollout/in_process_sync.py: FSDP's or Megatron's), their parameters on the device. The
-    engine API's module worker plans its own layouts (`weight_sync_layouts`)."""
+    """Needs `self.rank`, `self.config` and `self._sync_source()`, which returns the trainer's weights (a
+    `SendSource`), their parameters on the device. The engine API's module worker plans its own layouts
+    (`weight_sync_layouts`)."""
 
     rank: int
     config: dict[str, Any]
+
+    def _sync_source(self) -> SendSource:
+        raise NotImplementedError(f"{type(self).__name__} must say which weights it sends (_sync_source)")
     _sync_group: WeightSyncGroup | None = None  # rank 0's broadcast group with the engines
     _broadcast_sender: BroadcastSender | None = None  # rank 0's staging buffers, kept between syncs
 
