@@ -202,8 +202,6 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("*megatron.override_transformer_config.recompute_*", "Megatron's layers are recomputed (all of them, one "
             "at a time) when the model's gradient checkpointing is on",
             nearest="actor_rollout_ref.model.enable_gradient_checkpointing"),
-    VerlKey("*megatron.expert_tensor_parallel_size", "the experts are split over the tensor-parallel ranks as the "
-            "dense layers are (expert TP = tensor_model_parallel_size)", hint=("null", "none")),
     VerlKey("*megatron.override_transformer_config.*", "Megatron's transformer config comes from the Hugging Face "
             "config here"),
     # Copies and other names of this project's keys.

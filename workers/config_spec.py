@@ -56,6 +56,10 @@ def megatron_layout_spec() -> dict[str, Any]:
         "expert_model_parallel_size": Field(
             int_at_least(1), "an int >= 1 (mixture of experts: must divide the experts and the data-parallel size)"
         ),
+        "expert_tensor_parallel_size": Field(
+            optional(int_at_least(1)), "None or an int equal to tensor_model_parallel_size (the experts split over "
+            "the TP ranks as the dense layers; another expert-TP size is not supported yet)"
+        ),
         "sequence_parallel": Field(boolean, "a bool (split activations along the sequence over the TP ranks)"),
         "use_distributed_optimizer": Field(boolean, "a bool (shard the fp32 weights and Adam state over DP ranks)"),
     }

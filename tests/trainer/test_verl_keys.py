@@ -175,18 +175,35 @@ def test_the_reference_megatron_layout_must_be_the_actors():
         worker_config("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2")
 
 
-def test_verls_megatron_recompute_and_expert_tp_keys_name_what_to_use():
-    # verl's Megatron MoE scripts (examples/router_replay) set recompute through the transformer config overrides and
-    # the experts' TP size; here the model's checkpointing switch recomputes, and the experts split as the dense TP.
+def test_verls_megatron_recompute_keys_name_what_to_use():
+    # verl's Megatron MoE scripts (examples/router_replay) set recompute through the transformer config overrides;
+    # here the model's checkpointing switch recomputes.
     with pytest.raises(ConfigError) as error:
         load_config([
             "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",
-            "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
             "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype=fp32",
         ])
     lines = str(error.value).splitlines()[1:]
     assert lines[0].startswith("  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full:")
     assert lines[0].endswith("; use actor_rollout_ref.model.enable_gradient_checkpointing")
-    assert "expert TP = tensor_model_parallel_size); only ['null', 'none'] is accepted here" in lines[1]
-    assert lines[2].endswith("moe_router_dtype=fp32: Megatron's transformer config comes from the Hugging Face config here")
-    load_config(["actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=null"])  # accepted with a note
+    assert lines[1].endswith("moe_router_dtype=fp32: Megatron's transformer config comes from the Hugging Face config here")
+
+
+def test_verls_expert_tp_size_is_taken_when_it_equals_the_tp_size():
+    """verl's scripts set the experts' TP size; the experts split over TP as the dense layers, so a size equal to
+    the TP size (or null) runs and another is refused naming both keys."""
+    def worker_config(*overrides):
+        return actor_rollout_ref_config(actor_worker_config(load_config(list(overrides))), "actor_rollout_ref")
+
+    megatron = "actor_rollout_ref.actor.strategy=megatron"
+    taken = worker_config(megatron, "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1")
+    assert taken["actor"]["megatron"]["expert_tensor_parallel_size"] == 1
+    assert taken["ref"]["megatron"]["expert_tensor_parallel_size"] == 1  # the reference takes the actor's layout
+    with pytest.raises(ValueError) as error:
+        worker_config(megatron, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                      "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1")
+    assert str(error.value) == (
+        "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 differs from "
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2: the experts split over the tensor-parallel "
+        "ranks as the dense layers do here; set it to null or 2, or the tensor-parallel size to 1"
+    )
