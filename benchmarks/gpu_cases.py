@@ -363,6 +363,28 @@ def two_gpu_cases() -> list[Case]:
             RunCheck(10, synced=True),
         ),
         Case(
+            "megatron_moe_folded",
+            "two",
+            "Megatron actor on the tiny mixture of experts (2 KV heads) with verl's parallel folding: attention over "
+            "TP 2 (sequence parallel), whole experts over EP 2 (expert TP 1) on the same two GPUs, vLLM hybrid, every "
+            "sync of the experts verified",
+            (
+                ("-m", "trainer.tiny_moe", "moe_kv2", "--kv-heads", "2"),
+                _train(
+                    "actor_rollout_ref.model.path=moe_kv2",
+                    *VLLM,
+                    *VERIFY,
+                    "actor_rollout_ref.actor.strategy=megatron",
+                    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                    "actor_rollout_ref.actor.megatron.sequence_parallel=true",
+                    "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+                    "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
+                    steps(10),
+                ),
+            ),
+            RunCheck(10, synced=True),
+        ),
+        Case(
             "engine_quickstart_two_gpus",
             "two",
             "engine-API quick start, train engine colocated and on its own GPU (NCCL)",

@@ -83,11 +83,27 @@ def data_parallel_ranks(cfg: DictConfig, section: str, strategy: str) -> tuple[R
             f"multiple of {per_copy}, or smaller parallel sizes"
         )
     ep = _get(cfg, f"{section}.megatron.expert_model_parallel_size", 1) or 1
-    if (workers // per_copy) % ep:
-        return None, (
-            f"{section}.megatron.expert_model_parallel_size={ep} must divide the {workers // per_copy} data-parallel "
-            f"ranks ({described} ÷ ({sizes})); use one of {_listed(_divisors(workers // per_copy))}"
-        )
+    etp = _get(cfg, f"{section}.megatron.expert_tensor_parallel_size", None)
+    if etp is None or etp == tp:
+        if (workers // per_copy) % ep:
+            return None, (
+                f"{section}.megatron.expert_model_parallel_size={ep} must divide the {workers // per_copy} "
+                f"data-parallel ranks ({described} ÷ ({sizes})); use one of {_listed(_divisors(workers // per_copy))}"
+            )
+    else:
+        # Parallel folding: the experts lay a stage's TP x DP ranks out again as expert TP x EP x expert DP.
+        stage_ranks, stage = workers // pp, f"{described} ÷ pipeline_model_parallel_size={pp}"
+        if stage_ranks % etp:
+            return None, (
+                f"{section}.megatron.expert_tensor_parallel_size={etp} must divide the {stage_ranks} ranks of a "
+                f"pipeline stage ({stage}); use one of {_listed(_divisors(stage_ranks))}"
+            )
+        if (stage_ranks // etp) % ep:
+            return None, (
+                f"{section}.megatron.expert_model_parallel_size={ep} must divide {stage_ranks // etp} (the "
+                f"{stage_ranks} ranks of a pipeline stage ({stage}) ÷ expert_tensor_parallel_size={etp}); use one of "
+                f"{_listed(_divisors(stage_ranks // etp))}"
+            )
     return Ranks(workers // per_copy, f"{described} ÷ ({sizes}) = {workers // per_copy} data-parallel ranks"), None
 
 
@@ -169,20 +185,24 @@ def megatron_layout_problem(cfg: DictConfig, section: str, model_key: str) -> st
     from transformers import AutoConfig
 
     from workers.megatron.layout import layout_from_hf_config
+    from workers.megatron.moe import moe_sequence_parallel_problem
 
     path = _get(cfg, model_key)
     tp = _get(cfg, f"{section}.megatron.tensor_model_parallel_size", 1)
     pp = _get(cfg, f"{section}.megatron.pipeline_model_parallel_size", 1)
     ep = _get(cfg, f"{section}.megatron.expert_model_parallel_size", 1) or 1
+    etp = _get(cfg, f"{section}.megatron.expert_tensor_parallel_size", None)
+    sizes = f"tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}" + (
+        f", expert_model_parallel_size={ep}" if ep != 1 else ""
+    ) + (f", expert_tensor_parallel_size={etp}" if etp is not None and etp != tp else "")
     try:
-        layout_from_hf_config(AutoConfig.from_pretrained(path), tp=tp, pp=pp, ep=ep)
+        layout = layout_from_hf_config(AutoConfig.from_pretrained(path), tp=tp, pp=pp, ep=ep, etp=etp)
     except ValueError as error:
         reasons = str(error).replace(":\n  ", ": ", 1).replace("\n  ", "; ")
-        sizes = f"tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}" + (
-            f", expert_model_parallel_size={ep}" if ep != 1 else ""
-        )
         return f"{section}.megatron ({sizes}) with {model_key}={path!r}: {reasons}"
-    return None
+    switch = f"{section}.megatron.sequence_parallel"
+    problem = moe_sequence_parallel_problem(layout.moe, tp, bool(_get(cfg, switch)), switch)
+    return None if problem is None else f"{section}.megatron ({sizes}) with {model_key}={path!r}: {problem}"
 
 
 def _language_config(path: str) -> dict[str, Any] | None:

@@ -161,25 +161,25 @@ def _make_tokenizer_config_portable(config_path: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def run_builder(argv: list[str] | None, doc: str, build: Callable[..., Path], what: str) -> None:
-    """`python -m trainer.tiny_<kind> OUT_DIR [--seed N]`: the command line of a tiny model's builder."""
+def run_builder(
+    argv: list[str] | None, doc: str, build: Callable[..., Path], what: str, kv_heads: bool = False
+) -> None:
+    """`python -m trainer.tiny_<kind> OUT_DIR [--seed N] [--kv-heads K]`: the command line of a tiny model's builder
+    (`--kv-heads` where `build` takes `num_key_value_heads`)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    if kv_heads:
+        parser.add_argument(
+            "--kv-heads", type=int, default=None, help="key/value heads (default 1; 2 for tensor parallel 2)"
+        )
     args = parser.parse_args(argv)
-    print(f"wrote {what} to {build(args.out_dir, seed=args.seed)}")
+    shape = {"num_key_value_heads": args.kv_heads} if kv_heads else {}
+    print(f"wrote {what} to {build(args.out_dir, seed=args.seed, **shape)}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--kv-heads", type=int, default=None, help="key/value heads (default 1; 2 for tensor parallel 2)"
-    )
-    args = parser.parse_args(argv)
-    path = build_tiny_model(args.out_dir, seed=args.seed, num_key_value_heads=args.kv_heads)
-    print(f"wrote tiny model to {path}")
+    run_builder(argv, __doc__, build_tiny_model, "tiny model", kv_heads=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Build a tiny random-init Qwen3-MoE with the character tokenizer, offline.
 
-    python -m trainer.tiny_moe OUT_DIR [--seed N]
+    python -m trainer.tiny_moe OUT_DIR [--seed N] [--kv-heads K]
 
 The mixture-of-experts counterpart of trainer/tiny_model.py (same tokenizer, chat template, attention sizes and
 depth): every layer's MLP is 8 experts of width 64 with 2 active per token, so a token runs about as many MLP
@@ -51,12 +51,16 @@ def build_tiny_moe_config(tokenizer) -> Qwen3MoeConfig:  # noqa: ANN001 - the to
     )
 
 
-def build_tiny_moe(out_dir: str | Path, seed: int = 0) -> Path:
-    """Write tokenizer + random-init Qwen3MoeForCausalLM to `out_dir`; same seed -> same weights."""
+def build_tiny_moe(out_dir: str | Path, seed: int = 0, num_key_value_heads: int | None = None) -> Path:
+    """Write tokenizer + random-init Qwen3MoeForCausalLM to `out_dir`; same seed -> same weights.
+    `num_key_value_heads=2` gives a shape that tensor parallelism of 2 can split (the default has one)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_char_tokenizer()
-    model = seeded_model(Qwen3MoeForCausalLM, build_tiny_moe_config(tokenizer), tokenizer, seed)
+    config = build_tiny_moe_config(tokenizer)
+    if num_key_value_heads is not None:
+        config.num_key_value_heads = num_key_value_heads
+    model = seeded_model(Qwen3MoeForCausalLM, config, tokenizer, seed)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     _make_tokenizer_config_portable(out / "tokenizer_config.json")
@@ -64,7 +68,7 @@ def build_tiny_moe(out_dir: str | Path, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_builder(argv, __doc__, build_tiny_moe, "tiny mixture-of-experts model")
+    run_builder(argv, __doc__, build_tiny_moe, "tiny mixture-of-experts model", kv_heads=True)
 
 
 if __name__ == "__main__":

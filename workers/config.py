@@ -110,7 +110,6 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
     _fill_ref_sequence_parallel(config, where)
     _check_sequence_parallel(config, config["actor"], _dotted(where, "actor"), where)
     if config["actor"]["strategy"] == "megatron":
-        _check_expert_tensor_parallel(config["actor"]["megatron"], _dotted(where, "actor.megatron"))
         _reject_fsdp_settings_on_megatron(
             {"actor.fsdp_config": config["actor"]["fsdp_config"], "ref.fsdp_config": config["ref"]["fsdp_config"]},
             where, "actor.strategy",
@@ -136,18 +135,6 @@ def _fill_ref_megatron(config: dict[str, Any], where: str) -> None:
                 "the reference runs in the actor's processes with the actor's layout"
             )
         ref[key] = actor[key]
-
-
-def _check_expert_tensor_parallel(megatron: dict[str, Any], where: str) -> None:
-    """verl's expert-TP size: the experts split over the TP ranks as the dense layers do (megatron-core's default);
-    another size (verl's "parallel folding", e.g. TP 4 with expert TP 1) is not built yet."""
-    expert_tp, tp = megatron["expert_tensor_parallel_size"], megatron["tensor_model_parallel_size"]
-    if expert_tp is not None and expert_tp != tp:
-        raise ValueError(
-            f"{where}.expert_tensor_parallel_size={expert_tp} differs from {where}.tensor_model_parallel_size={tp}: "
-            "the experts split over the tensor-parallel ranks as the dense layers do here; set it to null or "
-            f"{tp}, or the tensor-parallel size to {expert_tp}"
-        )
 
 
 def _reject_fsdp_settings_on_megatron(sections: dict[str, dict[str, Any]], where: str, strategy_key: str) -> None:
@@ -260,7 +247,6 @@ def critic_config(user: Any, where: str = "") -> dict[str, Any]:
     config = complete_section("critic", user, where)
     _check_sequence_parallel(config, config, where, where)
     if config["strategy"] == "megatron":
-        _check_expert_tensor_parallel(config["megatron"], _dotted(where, "megatron"))
         _reject_fsdp_settings_on_megatron({"model.fsdp_config": config["model"]["fsdp_config"]}, where, "strategy")
         _reject_packing_on_megatron(config)
         _reject_hf_patches_on_megatron(config, where)

@@ -54,11 +54,12 @@ def megatron_layout_spec() -> dict[str, Any]:
         ),
         "pipeline_model_parallel_size": Field(int_at_least(1), "an int >= 1 (must divide the layers)"),
         "expert_model_parallel_size": Field(
-            int_at_least(1), "an int >= 1 (mixture of experts: must divide the experts and the data-parallel size)"
+            int_at_least(1), "an int >= 1 (mixture of experts: must divide the experts; expert TP x EP must divide a "
+            "pipeline stage's TP x DP ranks)"
         ),
         "expert_tensor_parallel_size": Field(
-            optional(int_at_least(1)), "None or an int equal to tensor_model_parallel_size (the experts split over "
-            "the TP ranks as the dense layers; another expert-TP size is not supported yet)"
+            optional(int_at_least(1)), "None (the TP size) or an int >= 1 (mixture of experts: each expert split over "
+            "this many ranks; expert TP x EP must divide a pipeline stage's TP x DP ranks)"
         ),
         "sequence_parallel": Field(boolean, "a bool (split activations along the sequence over the TP ranks)"),
         "use_distributed_optimizer": Field(boolean, "a bool (shard the fp32 weights and Adam state over DP ranks)"),

@@ -42,6 +42,7 @@ REQUIRED = {
         "megatron_offload",
     },
     "two": {"fsdp_two_gpus", "hybrid_sharding_two", "hybrid_tp2", "lora_shared_tp2", "ulysses_two", "separate_async_nccl", "megatron_tp2", "megatron_moe_ep2",
+            "megatron_moe_folded",
             "moe_async_routing_replay",
             "engine_quickstart_two_gpus"},
 }

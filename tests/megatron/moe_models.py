@@ -4,11 +4,14 @@ import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 
-def qwen3_moe(folder=None, norm_topk_prob: bool = True, tied: bool = False, layers: int = 4) -> Qwen3MoeForCausalLM:
-    """4 experts of width 32, 2 active; 4 query / 2 key-value heads (so TP=2 splits them); saved to `folder` if given."""
+def qwen3_moe(
+    folder=None, norm_topk_prob: bool = True, tied: bool = False, layers: int = 4, experts: int = 4
+) -> Qwen3MoeForCausalLM:
+    """`experts` experts of width 32, 2 active; 4 query / 2 key-value heads (so TP=2 splits them); saved to `folder` if
+    given."""
     torch.manual_seed(0)
     config = Qwen3MoeConfig(
-        vocab_size=100, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=4,
+        vocab_size=100, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=experts,
         num_experts_per_tok=2, norm_topk_prob=norm_topk_prob, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=128, tie_word_embeddings=tied, dtype="float32",
         pad_token_id=0,

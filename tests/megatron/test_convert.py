@@ -134,6 +134,10 @@ def test_expert_parallel_sizes_that_cannot_split_are_named():
     with pytest.raises(ValueError, match=r"expert_model_parallel_size=2 needs a mixture-of-experts model; model_type 'qwen2' is dense"):
         layout_from_hf_config(dense, ep=2)
     assert layout_from_hf_config(dense).moe is None
+    assert layout_from_hf_config(config, tp=2, ep=2, etp=1).moe.num_experts == 4  # parallel folding
+    assert layout_from_hf_config(dense, tp=2, etp=1).moe is None  # a dense model has no experts to lay out
+    with pytest.raises(ValueError, match=r"expert tensor parallel size 3 must divide the expert MLP size \(32\)"):
+        layout_from_hf_config(config, ep=2, etp=3)
 
 
 @pytest.mark.parametrize("pp", [1, 2])

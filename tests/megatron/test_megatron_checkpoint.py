@@ -5,6 +5,7 @@ taken after the load equals the step the saving run took next, bit for bit, in f
 import pytest
 import torch
 
+from tests.megatron.moe_models import qwen3_moe
 from tests.megatron.test_megatron_offload import _batch, _model_folder
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
@@ -27,11 +28,14 @@ def test_a_resumed_distributed_optimizer_takes_the_same_next_step(megatron_probe
 
 
 def _model_space_state(folder) -> dict[str, dict[str, torch.Tensor]]:
-    """Every parameter's optimizer state (main weight, Adam moments) whole, joined from the slices of every file."""
+    """Every parameter's optimizer state (main weight, Adam moments) whole, joined from the slices of every file; a
+    tensor-parallel slice is keyed by its TP rank (an expert's by its expert-TP rank)."""
     slices: dict[str, list[dict]] = {}
     for file in sorted(folder.glob("optimizer_*.pt")):
-        for key, piece in torch.load(file, weights_only=True)["pieces"].items():
-            slices.setdefault(key, []).append(piece)
+        state = torch.load(file, weights_only=True)
+        for key, piece in state["pieces"].items():
+            split = f"etp{state['expert_tp_rank']}" if ".experts." in key else f"tp{state['tp_rank']}"
+            slices.setdefault(f"{split}/{key}", []).append(piece)
     whole = {}
     for key, pieces in slices.items():
         pieces.sort(key=lambda piece: piece["start"])
@@ -73,3 +77,31 @@ def test_the_distributed_optimizer_state_is_read_back_on_fewer_and_more_ranks(me
     assert len(list(dp1.glob("optimizer_*.pt"))) == 1 and len(list(dp2_again.glob("optimizer_*.pt"))) == 2
     _close_after_a_step(straight, shrunk)
     _close_after_a_step(straight, grown)
+
+
+def test_folded_experts_optimizer_state_is_read_back_across_tensor_parallel_ranks(megatron_probes, tmp_path):
+    """verl's "parallel folding" (expert TP 1 under TP 2): each expert is whole on both TP ranks, and the distributed
+    optimizer shards its state over the expert-data-parallel ranks, which span both TP coordinates. Saved by TP 2 x
+    DP 2 and read by TP 2 x DP 1, a rank takes expert slices from the files of the other TP coordinate (and dense
+    slices only from its own); the state comes back whole and the next step is the straight run's."""
+    folder, batch = str(tmp_path / "model"), _batch()
+    qwen3_moe(folder, layers=1, experts=6)  # 6 experts over 4 expert-data-parallel ranks: boundaries cut experts
+    dp2, dp1 = tmp_path / "dp2", tmp_path / "dp1"
+    with megatron_probes(4) as group:
+        (straight,) = [o for o in group.reshard_leg(folder, batch, "float32", None, str(dp2), 2, 1) if o is not None]
+    with megatron_probes(2) as group:
+        (shrunk,) = [o for o in group.reshard_leg(folder, batch, "float32", str(dp2), str(dp1), 2, 1) if o is not None]
+    assert sorted(p.name for p in dp2.glob("model_optim_*.pt")) == ["model_optim_tp0_pp0_etp0.pt",
+                                                                    "model_optim_tp1_pp0_etp0.pt"]
+    experts_by_tp: dict[int, set[str]] = {0: set(), 1: set()}
+    for file in dp2.glob("optimizer_*.pt"):
+        state = torch.load(file, weights_only=True)
+        experts_by_tp[state["tp_rank"]].update(key for key in state["pieces"] if ".experts." in key)
+    # Each TP coordinate's files hold part of the experts' state: a rank of TP 2 x DP 1 needs both to cover its range.
+    assert experts_by_tp[0] and experts_by_tp[1] and experts_by_tp[0] & experts_by_tp[1]
+    saved, reread = _model_space_state(dp2), _model_space_state(dp1)
+    assert saved.keys() == reread.keys() and any(".experts." in key for key in saved)
+    for key in saved:
+        for name in saved[key]:
+            assert torch.equal(reread[key][name], saved[key][name]), (key, name)
+    _close_after_a_step(straight, shrunk)

@@ -1,8 +1,9 @@
 """`MegatronBackend` on a Qwen3 mixture of experts against the HF model it was loaded from (fp32, megatron-core's
 MoE layer with SequentialMLP experts and the all-to-all dispatcher on CPU over gloo, real Ray workers): response
 log-probs and entropies, one training step's gradient norm and the weights after one Adam step (streamed back out
-under the per-expert HF names, gathered over the EP group) agree at EP=1, EP=2, TP=2 and PP=2 x EP=2, with normalised and
-unnormalised top-k routing weights; the weights streamed out right after loading are the checkpoint's, exactly."""
+under the per-expert HF names, gathered over the EP group) agree at EP=1, EP=2, TP=2, PP=2 x EP=2, and TP=2 with whole
+experts (expert TP 1) at EP=2 and EP=1, with normalised and unnormalised top-k routing weights; the weights streamed
+out right after loading are the checkpoint's, exactly."""
 
 import glob
 
@@ -21,13 +22,16 @@ pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 
 
 @pytest.mark.parametrize(
-    "tp, pp, ep, dp, norm_topk_prob, tied",
+    "tp, pp, ep, dp, norm_topk_prob, tied, etp",
     # EP=2 alone and PP=2 alone are inside pp2-ep2 and ep2-unnormalised-topk: not run again (CI time).
-    [(1, 1, 1, 1, True, True), (1, 1, 2, 2, False, False), (2, 1, 1, 1, True, False), (1, 2, 2, 2, True, True),
-     (2, 1, 2, 2, True, False)],
-    ids=["ep1", "ep2-unnormalised-topk", "tp2", "pp2-ep2", "tp2-ep2"],
+    # tp2-etp1-ep2: verl's "parallel folding", attention over TP 2 and whole experts over EP 2 on the same two ranks;
+    # tp2-etp1: whole experts on both TP ranks, their gradients summed over the expert-data-parallel pair.
+    [(1, 1, 1, 1, True, True, None), (1, 1, 2, 2, False, False, None), (2, 1, 1, 1, True, False, None),
+     (1, 2, 2, 2, True, True, None), (2, 1, 2, 2, True, False, None), (2, 1, 2, 1, True, False, 1),
+     (2, 1, 1, 1, True, True, 1)],
+    ids=["ep1", "ep2-unnormalised-topk", "tp2", "pp2-ep2", "tp2-ep2", "tp2-etp1-ep2", "tp2-etp1"],
 )
-def test_moe_engine_matches_the_hf_model(megatron_probes, tmp_path, tp, pp, ep, dp, norm_topk_prob, tied):
+def test_moe_engine_matches_the_hf_model(megatron_probes, tmp_path, tp, pp, ep, dp, norm_topk_prob, tied, etp):
     model = qwen3_moe(tmp_path, norm_topk_prob=norm_topk_prob, tied=tied)
     initial = per_expert_state(model)
     # The loader reads the checkpoint's per-expert names; the helper's split of the fused experts must match them.
@@ -36,12 +40,12 @@ def test_moe_engine_matches_the_hf_model(megatron_probes, tmp_path, tp, pp, ep, 
     assert all(torch.equal(on_disk[k], initial[k]) for k in on_disk)
     hf = _hf_reference(model, _batch())
     with megatron_probes(tp * pp * dp) as group:
-        outputs = group.run(str(tmp_path), tp, pp, tp > 1, False, _batch(), LR, ep)
+        outputs = group.run(str(tmp_path), tp, pp, tp > 1, False, _batch(), LR, ep, etp)
     (result,) = [o for o in outputs if o is not None]
     # The memory plan's per-GPU weights (trainer/memory_plan/residency.py) are this rank's parameters exactly: the
     # last stage's slice, experts split over TP x EP, the padded vocabulary, norms and routers whole on each TP rank.
     shape = ModelShape.from_config(model.config.to_dict())
-    role = ModelRole("actor", shape, "lm", 4, "megatron", Trainability(full=True), tp=tp, pp=pp, ep=ep)
+    role = ModelRole("actor", shape, "lm", 4, "megatron", Trainability(full=True), tp=tp, pp=pp, ep=ep, etp=etp)
     assert role_memory(role, tp * pp * dp).weights // 4 == result["local_params"]
     # HF -> Megatron (split over TP / PP / EP) -> HF gives back the checkpoint's tensors exactly.
     assert result["loaded_weights"].keys() == on_disk.keys()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tests.e2e.conftest import ONE_RANK, comparable_metrics, run_overrides
+from trainer.batch_checks import batch_split_problems
 from trainer.config_loader import load_config
 from trainer.main import run
 from trainer.tiny_moe import build_tiny_moe
@@ -179,18 +180,28 @@ def test_grpo_with_a_separate_vllm_engine_fed_from_pipeline_stages(ray_cluster, 
     assert all(record["rollout/sync_gib"] > 0 for record in history[1:])
 
 
-def test_grpo_with_hybrid_vllm_on_the_tiny_moe_with_expert_parallel(ray_cluster, tiny_assets, tmp_path):
-    """EP=2: each rank holds half the experts and a vLLM engine of the whole model; after every update each
-    expert is broadcast from its EP rank into both engines under its checkpoint name, and the sync is verified."""
+def test_grpo_with_hybrid_vllm_on_the_tiny_moe_with_folded_expert_parallel(ray_cluster, tiny_assets, tmp_path):
+    """verl's "parallel folding": attention over TP 2 and whole experts over EP 2 (expert TP 1) on the same two
+    ranks, each with a vLLM engine of the whole model; after every update each expert is broadcast from its EP rank
+    into both engines under its checkpoint name, and the sync is verified."""
     from safetensors import safe_open
 
     from tests.rollout.conftest import SHORT_RUN
     from tests.rollout.test_vllm_rollout import VLLM, _check_verified_run
 
-    model = build_tiny_moe(tmp_path / "tiny_moe", seed=0)
-    cfg = load_config(run_overrides(
-        {**tiny_assets, "model": str(model)}, tmp_path / "run", *VLLM, *SHORT_RUN, MEGATRON,
+    model = build_tiny_moe(tmp_path / "tiny_moe", seed=0, num_key_value_heads=2)
+    overrides = (
+        *VLLM, *SHORT_RUN, MEGATRON, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
         "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+        "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
+    )
+    # megatron-core's MoE layer trains under TP only with sequence parallelism: said before the run, not in its update.
+    assets = {**tiny_assets, "model": str(model)}
+    (problem,) = batch_split_problems(load_config(run_overrides(assets, tmp_path, *overrides)))
+    assert problem.endswith("needs sequence parallelism (megatron-core's MoE layer refuses to train without it): set "
+                            "actor_rollout_ref.actor.megatron.sequence_parallel=true, or the tensor parallel size to 1")
+    cfg = load_config(run_overrides(
+        assets, tmp_path / "run", *overrides, "actor_rollout_ref.actor.megatron.sequence_parallel=true",
     ))
     history = _check_verified_run(run(cfg), str(model))
     (weights,) = model.glob("*.safetensors")

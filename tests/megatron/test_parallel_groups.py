@@ -34,3 +34,12 @@ def test_world_sizes_that_cannot_hold_the_split_are_named():
     assert megatron_mesh_shape(8, 2, 1, ep=4) == {"pp": 1, "dp": 4, "tp": 2}  # EP splits the DP ranks' experts
     with pytest.raises(ValueError, match=r"expert_model_parallel_size=4 must divide the data-parallel size 2 .* valid EP sizes: \[1, 2\]"):
         megatron_mesh_shape(8, 2, 2, ep=4)
+    # Parallel folding: the experts lay a stage's TP x DP ranks out again, so EP may exceed DP (verl: TP 4, expert TP 1).
+    assert megatron_mesh_shape(2, 2, 1, ep=2, etp=1) == {"pp": 1, "dp": 1, "tp": 2}
+    assert megatron_mesh_shape(16, 4, 2, ep=8, etp=1) == {"pp": 2, "dp": 2, "tp": 4}
+    with pytest.raises(ValueError, match=r"expert_model_parallel_size=4 must divide 2 \(= tp 2 x dp 1 / "
+                                         r"expert_tensor_parallel_size 1\); valid EP sizes: \[1, 2\]"):
+        megatron_mesh_shape(2, 2, 1, ep=4, etp=1)
+    with pytest.raises(ValueError, match=r"expert_tensor_parallel_size=3 must divide the 4 ranks of a pipeline stage "
+                                         r"\(tp=4 x dp=1\); valid sizes: \[1, 2, 4\]"):
+        megatron_mesh_shape(4, 4, 1, etp=3)

@@ -12,12 +12,12 @@ from workers.megatron.parallel import init_megatron_parallel
 from workers.training.mesh import TRAIN_MESH
 
 
-def init_layout(worker: Worker, tp: int, pp: int, ep: int = 1) -> MeshPlacement:
+def init_layout(worker: Worker, tp: int, pp: int, ep: int = 1, etp: int | None = None) -> MeshPlacement:
     """Megatron's groups for this layout, after those of the layout the worker ran before (if any) are dropped."""
     from megatron.core import parallel_state as ps
 
     ps.destroy_model_parallel()
-    return init_megatron_parallel(worker, tp, pp, ep)
+    return init_megatron_parallel(worker, tp, pp, ep, etp)
 
 
 # Adam's first step is lr * g / (|g| + eps): with eps=1e-8 the rounding noise of a near-zero gradient
@@ -69,7 +69,8 @@ class MegatronProbe(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def run(
-        self, model_path: str, tp: int, pp: int, sp: bool, dist_opt: bool, batch: dict, lr: float, ep: int = 1
+        self, model_path: str, tp: int, pp: int, sp: bool, dist_opt: bool, batch: dict, lr: float, ep: int = 1,
+        etp: int | None = None,
     ) -> dict | None:
         """Builds a trainable `MegatronBackend` and reports, from TP rank 0 of the last stage, the response
         log-probs and entropies of a fixed batch, a training step's gradient norm and the exported weights."""
@@ -79,9 +80,10 @@ class MegatronProbe(Worker):
         from workers.megatron.model import ParallelSettings
         from workers.training.backend import ResponseForward
 
-        init_layout(self, tp, pp, ep)
+        init_layout(self, tp, pp, ep, etp)
         engine = MegatronBackend(
-            {"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, sp, dist_opt, ep), optim_settings(lr)
+            {"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, sp, dist_opt, ep, etp),
+            optim_settings(lr),
         )
         micros = list(DataProto.from_dict(batch).split(2))  # the whole batch on every rank (each DP rank too)
 
@@ -264,15 +266,19 @@ class MegatronProbe(Worker):
         return {"grad_norms": norms, "weights": weights} if ps.get_data_parallel_rank() == 0 else None
 
     @register(Dispatch.ONE_TO_ALL)
-    def reshard_leg(self, model_path: str, batch: dict, dtype: str, load_from: str | None, save_to: str) -> dict | None:
-        """Data-parallel over every rank of the group, the distributed optimizer: one Adam step (or the load of
-        `load_from`), a checkpoint into `save_to`, one more step. Reports (rank 0) that step's gradient norm and the
-        weights after it. Every rank trains on the whole batch, so the mean gradient is the same at any DP size."""
+    def reshard_leg(
+        self, model_path: str, batch: dict, dtype: str, load_from: str | None, save_to: str, tp: int = 1,
+        etp: int | None = None, ep: int = 1,
+    ) -> dict | None:
+        """Data-parallel over the group's ranks / `tp` (experts over expert TP `etp` x EP `ep`), the distributed
+        optimizer: one Adam step (or the load of `load_from`), a checkpoint into `save_to`, one more step. Reports
+        (rank 0) that step's gradient norm and the weights after it. Every rank trains on the whole batch, so the mean
+        gradient is the same at any DP size."""
         from workers.megatron.backend import MegatronBackend
         from workers.megatron.model import ParallelSettings
         from workers.training.backend import ResponseForward
 
-        init_layout(self, 1, 1)
+        init_layout(self, tp, 1, ep, etp)
         forward = ResponseForward("log_probs", 1.0)
         micros = list(DataProto.from_dict(batch).split(2))
 
@@ -280,8 +286,8 @@ class MegatronProbe(Worker):
             mask = micro.batch["response_mask"].float()
             return -(outputs.log_probs.float() * mask).sum() / mask.sum() / len(micros), {}
 
-        engine = MegatronBackend({"path": model_path, "dtype": dtype}, ParallelSettings(1, 1, False, True),
-                                 optim_settings(1e-3))
+        settings = ParallelSettings(tp, 1, tp > 1, True, ep, etp)
+        engine = MegatronBackend({"path": model_path, "dtype": dtype}, settings, optim_settings(1e-3))
         if load_from is None:
             engine.zero_grad()
             engine.forward_backward(micros, forward, loss)

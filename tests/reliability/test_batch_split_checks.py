@@ -73,8 +73,14 @@ MEGATRON = "actor_rollout_ref.actor.strategy=megatron"
      "expert_model_parallel_size=2) with actor_rollout_ref.model.path="),
     ((MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", "trainer.n_gpus_per_node=3"),
      "error: actor_rollout_ref.actor.megatron.expert_model_parallel_size=2 must divide the 3 data-parallel ranks"),
+    ((MEGATRON, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2",
+      "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
+      "actor_rollout_ref.actor.megatron.expert_model_parallel_size=4"),
+     "error: actor_rollout_ref.actor.megatron.expert_model_parallel_size=4 must divide 2 (the 2 ranks of a pipeline "
+     "stage (trainer.n_gpus_per_node=2 × trainer.nnodes=1 = 2 workers ÷ pipeline_model_parallel_size=1) ÷ "
+     "expert_tensor_parallel_size=1); use one of 1, 2"),
 ], ids=["megatron_tp_vs_workers", "megatron_data_parallel_ranks", "megatron_pp_vs_layers", "vllm_tp_vs_heads",
-        "megatron_ep_on_a_dense_model", "megatron_ep_vs_data_parallel_ranks"])
+        "megatron_ep_on_a_dense_model", "megatron_ep_vs_data_parallel_ranks", "megatron_folded_ep_vs_stage_ranks"])
 def test_model_parallel_sizes(no_ray, small_assets, tmp_path, capsys, overrides, expected):
     assert main(short_run(small_assets, tmp_path, *overrides)) == 2
     lines = error_lines(capsys)

@@ -189,21 +189,17 @@ def test_verls_megatron_recompute_keys_name_what_to_use():
     assert lines[1].endswith("moe_router_dtype=fp32: Megatron's transformer config comes from the Hugging Face config here")
 
 
-def test_verls_expert_tp_size_is_taken_when_it_equals_the_tp_size():
-    """verl's scripts set the experts' TP size; the experts split over TP as the dense layers, so a size equal to
-    the TP size (or null) runs and another is refused naming both keys."""
+def test_verls_expert_tp_size_is_taken():
+    """verl's scripts set the experts' TP size apart from the TP size ("parallel folding", e.g. TP 2 with expert TP
+    1): the key reaches the actor's and the reference's Megatron layout (sizes are checked against the model and the
+    worker count by the driver's batch checks and at the workers' start)."""
     def worker_config(*overrides):
         return actor_rollout_ref_config(actor_worker_config(load_config(list(overrides))), "actor_rollout_ref")
 
     megatron = "actor_rollout_ref.actor.strategy=megatron"
-    taken = worker_config(megatron, "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1")
+    taken = worker_config(megatron, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                          "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+                          "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1")
     assert taken["actor"]["megatron"]["expert_tensor_parallel_size"] == 1
     assert taken["ref"]["megatron"]["expert_tensor_parallel_size"] == 1  # the reference takes the actor's layout
-    with pytest.raises(ValueError) as error:
-        worker_config(megatron, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
-                      "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1")
-    assert str(error.value) == (
-        "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 differs from "
-        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2: the experts split over the tensor-parallel "
-        "ranks as the dense layers do here; set it to null or 2, or the tensor-parallel size to 1"
-    )
+    assert worker_config(megatron)["actor"]["megatron"]["expert_tensor_parallel_size"] is None

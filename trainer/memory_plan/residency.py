@@ -113,19 +113,20 @@ def megatron_stage_experts(role: ModelRole) -> int:
 
 
 def _megatron_memory(role: ModelRole, gpus: int, largest: int) -> RoleMemory:
-    """Dense parameters split over TP; experts over TP x EP (expert TP is the TP size: workers/megatron/moe.py).
-    The distributed optimizer shards the dense state over the data-parallel ranks and the experts' over the
-    expert-data-parallel ones (the data-parallel ranks / EP)."""
+    """Dense parameters split over TP; experts over expert TP x EP (expert TP is the TP size unless set:
+    workers/megatron/moe.py). The distributed optimizer shards the dense state over the data-parallel ranks and the
+    experts' over the expert-data-parallel ones (a stage's TP x DP ranks / (expert TP x EP))."""
     e = role.e
+    expert_tp = role.tp if role.etp is None else role.etp
     stage, experts, whole = megatron_stage_params(role), megatron_stage_experts(role), megatron_replicated_params(role)
     dense_local = _ceil_div(stage - experts - whole, role.tp) + whole
-    expert_local = _ceil_div(experts, role.tp * role.ep)
+    expert_local = _ceil_div(experts, expert_tp * role.ep)
     local = dense_local + expert_local
     if role.train is None:
         return RoleMemory(e * local, 0, 0, 0, 0, 0, 0, largest, role.shape.total_params(role.head))
     dp = max(1, gpus // (role.tp * role.pp))
     dense_shards = dp if role.distributed_optimizer else 1
-    expert_shards = max(1, dp // role.ep) if role.distributed_optimizer else 1
+    expert_shards = max(1, role.tp * dp // (expert_tp * role.ep)) if role.distributed_optimizer else 1
     main_weights = FP32 if e < FP32 else 0  # the mixed-precision optimizer's float32 copy
 
     def sharded(per_param: int) -> int:

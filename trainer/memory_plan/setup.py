@@ -81,7 +81,8 @@ class ModelRole:
     grad_offload: bool = False  # Megatron's float32 gradient buffers leave with the weights, return for its update
     tp: int = 1
     pp: int = 1
-    ep: int = 1  # Megatron's expert parallel size: each layer's experts split over this many data-parallel ranks
+    ep: int = 1  # Megatron's expert parallel size: each layer's experts split over this many ranks
+    etp: int | None = None  # Megatron's expert tensor parallel size: each expert split over this many (None: tp)
     distributed_optimizer: bool = False
     # The LM head's log-probs a chunk of this many tokens at a time (0: full logits; megatron: always full).
     logits_chunk_tokens: int = 0
@@ -201,6 +202,7 @@ def _megatron(section: DictConfig) -> dict[str, Any]:
         "tp": int(mega.get("tensor_model_parallel_size", 1)),
         "pp": int(mega.get("pipeline_model_parallel_size", 1)),
         "ep": int(mega.get("expert_model_parallel_size") or 1),
+        "etp": None if mega.get("expert_tensor_parallel_size") is None else int(mega["expert_tensor_parallel_size"]),
         "distributed_optimizer": bool(mega.get("use_distributed_optimizer", False)),
     }
 

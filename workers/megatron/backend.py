@@ -29,6 +29,7 @@ from workers.megatron.hf_reader import HFCheckpointReader
 from workers.megatron.layout import layout_from_hf_config
 from workers.megatron.model import (
     ParallelSettings,
+    RankCoordinate,
     build_gpt_model,
     ignore_padding_lookups,
     load_stage_state,
@@ -36,6 +37,7 @@ from workers.megatron.model import (
     stage_state,
     transformer_config,
 )
+from workers.megatron.moe import moe_sequence_parallel_problem
 from workers.megatron.router_replay import MegatronRouting
 from workers.megatron.training_hooks import BackendHooks
 from workers.megatron.vocab_parallel import log_probs_and_entropy
@@ -100,7 +102,6 @@ class MegatronBackend:
         seed: int = 0,
         max_positions: int = 4096,
     ) -> None:
-        from megatron.core import parallel_state as ps
         from megatron.core.distributed import (
             DistributedDataParallel,
             DistributedDataParallelConfig,
@@ -119,7 +120,12 @@ class MegatronBackend:
         self.config_overrides: dict[str, Any] = dict(model_cfg.get("override_config") or {})  # verl's key
         for key, value in self.config_overrides.items():
             setattr(self.hf_config, key, value)
-        self.layout = layout_from_hf_config(self.hf_config, settings.tp, settings.pp, ep=settings.ep)
+        self.layout = layout_from_hf_config(
+            self.hf_config, settings.tp, settings.pp, ep=settings.ep, etp=settings.expert_tp
+        )
+        problem = moe_sequence_parallel_problem(self.layout.moe, settings.tp, settings.sequence_parallel)
+        if problem is not None and optim_cfg is not None:
+            raise ValueError(problem)
         if self.device.type == "cuda":
             from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -130,9 +136,7 @@ class MegatronBackend:
         torch.manual_seed(seed)  # a new value head starts equal on every rank
         self.gpt = build_gpt_model(self.config, self.layout, max_positions, rope_theta(self.hf_config), value_head)
         state = stage_state(
-            HFCheckpointReader(self.model_path), self.layout, settings.tp, settings.pp,
-            ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), value_head,
-            settings.ep, ps.get_expert_model_parallel_rank(),
+            HFCheckpointReader(self.model_path), self.layout, settings, RankCoordinate.current(), value_head
         )
         load_stage_state(self.gpt, state, value_head)
         ignore_padding_lookups(self.gpt, getattr(self.hf_config, "pad_token_id", None))

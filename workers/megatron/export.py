@@ -1,7 +1,7 @@
 """Streaming a TP/PP/EP-split Megatron model out as whole HF tensors, on every rank (rollout sync, HF export).
 
 For each pipeline stage in turn, each of its tensors is all-gathered over the stage's TP group (an expert's over
-the expert-TP group, on the EP rank that holds that expert, then broadcast over the EP group), then broadcast
+the expert-TP group of the EP rank that holds that expert, then broadcast over the EP group), then broadcast
 from that stage to the other stages of the pipeline group, converted to HF names and yielded. Every rank runs the
 same sequence of collectives, so every rank can call it, and at most one whole tensor is in flight at a time.
 Full shapes come from the layout, not from the peers.
@@ -93,29 +93,32 @@ def iter_hf_weights(
     tp_group, pp_group = ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group()
     my_stage = ps.get_pipeline_model_parallel_rank()
     pp_ranks = dist.get_process_group_ranks(pp_group)
-    ep = ps.get_expert_model_parallel_world_size() if layout.moe is not None else 1
-    if ep > 1:
-        ep_group, ep_rank = ps.get_expert_model_parallel_group(), ps.get_expert_model_parallel_rank()
+    moe = layout.moe is not None
+    if moe:
+        ep, ep_rank = ps.get_expert_model_parallel_world_size(), ps.get_expert_model_parallel_rank()
+        ep_group, expert_tp_group = ps.get_expert_model_parallel_group(), ps.get_expert_tensor_parallel_group()
         ep_ranks, per_rank = dist.get_process_group_ranks(ep_group), layout.moe.num_experts // ep
     own = dict(stage_module.named_parameters())
     per_stage = layout.num_layers // pp
     for stage, tensors in enumerate(_stage_tensors(layout, pp)):
         for name, meta in tensors.items():
-            expert = expert_index(name) if ep > 1 else None
+            expert = expert_index(name) if moe else None
             if stage != my_stage:
                 whole = torch.empty(meta.shape, dtype=dtype, device=device)
             elif expert is None:
                 whole = _gather(own[name].detach().to(dtype), name, tp_group)
             else:
+                # An expert is split over the expert-TP group (the TP group unless its size is set apart) of the EP
+                # rank that holds it, which then sends it to the other EP ranks.
                 owner = expert // per_rank
                 if owner == ep_rank:
                     local = renumber_expert(name, expert - owner * per_rank)
-                    shard = own[local].detach().to(dtype)
-                    whole = _gather(shard, name, ps.get_expert_tensor_parallel_group())
+                    whole = _gather(own[local].detach().to(dtype), name, expert_tp_group)
                 else:
                     whole = torch.empty(meta.shape, dtype=dtype, device=device)
-                whole = whole.contiguous()
-                dist.broadcast(whole, src=ep_ranks[owner], group=ep_group)
+                if ep > 1:
+                    whole = whole.contiguous()
+                    dist.broadcast(whole, src=ep_ranks[owner], group=ep_group)
             if pp > 1:
                 whole = whole.contiguous()
                 dist.broadcast(whole, src=pp_ranks[stage], group=pp_group)

@@ -34,10 +34,16 @@ class GPTLayout:
 
 
 def layout_from_hf_config(
-    config: Any, tp: int = 1, pp: int = 1, make_vocab_size_divisible_by: int = VOCAB_DIVISIBLE_BY, ep: int = 1
+    config: Any,
+    tp: int = 1,
+    pp: int = 1,
+    make_vocab_size_divisible_by: int = VOCAB_DIVISIBLE_BY,
+    ep: int = 1,
+    etp: int | None = None,
 ) -> GPTLayout:
-    """Read an HF config (Qwen2, Qwen3, Qwen3-MoE or Llama family) and check that TP `tp`, PP `pp` and expert
-    parallel `ep` can split it; every problem is listed in one error naming the sizes involved."""
+    """Read an HF config (Qwen2, Qwen3, Qwen3-MoE or Llama family) and check that TP `tp`, PP `pp`, expert
+    parallel `ep` and expert TP `etp` (None: `tp`) can split it; every problem is listed in one error naming the sizes
+    involved."""
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
@@ -67,7 +73,7 @@ def layout_from_hf_config(
             )
     if heads % kv_heads:
         problems.append(f"attention heads ({heads}) must be a multiple of key/value heads ({kv_heads})")
-    moe, moe_problems = moe_layout_from_hf_config(config, max(tp, 1), ep)
+    moe, moe_problems = moe_layout_from_hf_config(config, max(tp, 1), ep, max(tp if etp is None else etp, 1))
     problems += moe_problems
     if problems:
         raise ValueError("cannot lay this model out for Megatron:\n  " + "\n  ".join(problems))

@@ -12,7 +12,13 @@ from torch import nn
 from workers.megatron.convert import hf_to_megatron, shard_tp
 from workers.megatron.hf_reader import HFCheckpointReader
 from workers.megatron.layout import GPTLayout
-from workers.megatron.moe import allow_router_without_transformer_engine, moe_config_kwargs, select_ep
+from workers.megatron.moe import (
+    allow_router_without_transformer_engine,
+    expert_index,
+    moe_config_kwargs,
+    select_ep,
+    use_expert_groups_for_folded_experts,
+)
 
 
 @dataclass(frozen=True)
@@ -21,7 +27,8 @@ class ParallelSettings:
     pp: int = 1
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = False
-    ep: int = 1  # expert parallel: the experts of each MoE layer split over this many DP ranks
+    ep: int = 1  # expert parallel: the experts of each MoE layer split over this many ranks
+    etp: int | None = None  # expert tensor parallel: each expert split over this many ranks (None: the TP size)
 
     @classmethod
     def from_config(cls, section: dict[str, Any]) -> "ParallelSettings":
@@ -32,7 +39,12 @@ class ParallelSettings:
             sequence_parallel=section["sequence_parallel"] and section["tensor_model_parallel_size"] > 1,
             use_distributed_optimizer=section["use_distributed_optimizer"],
             ep=section.get("expert_model_parallel_size") or 1,
+            etp=section.get("expert_tensor_parallel_size"),
         )
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
 
 
 def rope_theta(hf_config: Any) -> float:
@@ -55,7 +67,7 @@ def transformer_config(
 
     moe = {
         "moe_token_dispatcher_type": "alltoall",  # a dense model: only to pass the config check of variable lengths
-        **moe_config_kwargs(layout.moe, settings.ep),
+        **moe_config_kwargs(layout.moe, settings.ep, settings.expert_tp),
     }
     recomputed = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     return TransformerConfig(
@@ -130,6 +142,7 @@ def build_gpt_model(
     )
     if value_head and ps.is_pipeline_last_stage():
         model.output_layer = ValueHead(config.hidden_size, config.sequence_parallel)
+    use_expert_groups_for_folded_experts(model, config.tensor_model_parallel_size, config.expert_tensor_parallel_size)
     return model
 
 
@@ -200,19 +213,37 @@ class ValueHead(nn.Module):
         return nn.functional.linear(hidden, self.weight.to(hidden.dtype), self.bias.to(hidden.dtype)), None
 
 
+@dataclass(frozen=True)
+class RankCoordinate:
+    """Where a rank sits in Megatron's groups: its TP and PP ranks, and for the experts its EP and expert-TP ranks."""
+
+    tp_rank: int = 0
+    pp_rank: int = 0
+    ep_rank: int = 0
+    etp_rank: int = 0
+
+    @classmethod
+    def current(cls) -> "RankCoordinate":
+        """This process's coordinate in the initialised parallel state."""
+        from megatron.core import parallel_state as ps
+
+        return cls(
+            ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(),
+            ps.get_expert_model_parallel_rank(), ps.get_expert_tensor_parallel_rank(),
+        )
+
+
 def stage_state(
     reader: HFCheckpointReader,
     layout: GPTLayout,
-    tp: int,
-    pp: int,
-    tp_rank: int,
-    pp_rank: int,
+    settings: ParallelSettings,
+    rank: RankCoordinate,
     value_head: bool = False,
-    ep: int = 1,
-    ep_rank: int = 0,
 ) -> dict[str, torch.Tensor]:
     """This rank's tensors (Megatron names, layers numbered within the stage, its EP rank's experts numbered
-    from 0) read from an HF folder; with `value_head` the LM head is left out (a critic's head is new)."""
+    from 0, split over expert TP) read from an HF folder; with `value_head` the LM head is left out (a critic's head
+    is new)."""
+    pp, pp_rank = settings.pp, rank.pp_rank
     per_stage = layout.num_layers // pp
     last = pp_rank == pp - 1
     # The last stage of a tied model holds its own copy of the embedding, as its output layer.
@@ -220,8 +251,10 @@ def stage_state(
     hf = reader.stage_tensors(range(pp_rank * per_stage, (pp_rank + 1) * per_stage), embedding, last)
     if value_head:
         hf.pop("lm_head.weight", None)
-    whole = select_ep(hf_to_megatron(hf, replace(layout, num_layers=per_stage)), layout.moe, ep, ep_rank)
-    state = shard_tp(whole, tp)[tp_rank]
+    whole = select_ep(hf_to_megatron(hf, replace(layout, num_layers=per_stage)), layout.moe, settings.ep, rank.ep_rank)
+    experts = {name: tensor for name, tensor in whole.items() if expert_index(name) is not None}
+    dense = {name: tensor for name, tensor in whole.items() if name not in experts}
+    state = shard_tp(dense, settings.tp)[rank.tp_rank] | shard_tp(experts, settings.expert_tp)[rank.etp_rank]
     if pp > 1 and last and layout.tied_embeddings and not value_head:
         state["output_layer.weight"] = state.pop("embedding.word_embeddings.weight")
     return state

@@ -5,7 +5,8 @@ HF checkpoints hold, per layer, the router `mlp.gate.weight` [E, H] and per expe
 `mlp.experts.{e}.{gate,up,down}_proj.weight`. megatron-core's `MoELayer` with `SequentialMLP` (no grouped GEMM,
 so no Transformer Engine) holds `mlp.router.weight` and, on the rank of EP index r, the global experts
 r*E/EP .. (r+1)*E/EP - 1 as `mlp.experts.local_experts.{0..E/EP-1}.linear_fc1/linear_fc2.weight` (fc1 = [gate; up],
-split over TP like the dense MLP's). The router is replicated.
+split over the expert-TP ranks as the dense MLP's over the TP ranks; expert TP is the TP size unless set). The router
+is replicated.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ class MoELayout:
     norm_topk_prob: bool  # renormalise the top-k routing weights to sum to 1
 
 
-def moe_layout_from_hf_config(config: Any, tp: int, ep: int) -> tuple[MoELayout | None, list[str]]:
-    """The MoE sizes of an HF config (None for a dense model) and what keeps TP `tp` / EP `ep` from splitting it."""
+def moe_layout_from_hf_config(config: Any, tp: int, ep: int, etp: int) -> tuple[MoELayout | None, list[str]]:
+    """The MoE sizes of an HF config (None for a dense model) and what keeps EP `ep` / expert TP `etp` (under TP `tp`)
+    from splitting it."""
     model_type = getattr(config, "model_type", None)
     if model_type not in MOE_MODEL_TYPES:
         if ep != 1:
@@ -52,8 +54,9 @@ def moe_layout_from_hf_config(config: Any, tp: int, ep: int) -> tuple[MoELayout 
             f"expert_model_parallel_size {ep} must divide the number of experts ({experts}); valid EP sizes: "
             f"{[e for e in range(1, experts + 1) if experts % e == 0]}"
         )
-    if width % tp:
-        problems.append(f"tensor parallel size {tp} must divide the expert MLP size ({width})")
+    if width % etp:
+        problems.append(f"expert tensor parallel size {etp} must divide the expert MLP size ({width})")
+
     moe = MoELayout(
         num_experts=experts,
         topk=config.num_experts_per_tok,
@@ -63,7 +66,20 @@ def moe_layout_from_hf_config(config: Any, tp: int, ep: int) -> tuple[MoELayout 
     return moe, problems
 
 
-def moe_config_kwargs(moe: MoELayout | None, ep: int) -> dict[str, Any]:
+def moe_sequence_parallel_problem(
+    moe: MoELayout | None, tp: int, sequence_parallel: bool, key: str = "megatron.sequence_parallel"
+) -> str | None:
+    """megatron-core's MoE layer trains under tensor parallelism only with sequence parallelism (its forward raises
+    otherwise, after a whole rollout): named before the run starts; `key` is the switch's name for the message."""
+    if moe is None or tp == 1 or sequence_parallel:
+        return None
+    return (
+        f"a mixture-of-experts model trained with tensor parallel size {tp} needs sequence parallelism "
+        f"(megatron-core's MoE layer refuses to train without it): set {key}=true, or the tensor parallel size to 1"
+    )
+
+
+def moe_config_kwargs(moe: MoELayout | None, ep: int, etp: int) -> dict[str, Any]:
     """TransformerConfig fields of the MoE layers; {} for a dense model."""
     if moe is None:
         return {}
@@ -79,6 +95,7 @@ def moe_config_kwargs(moe: MoELayout | None, ep: int) -> dict[str, Any]:
         "moe_token_dispatcher_type": "alltoall",
         "moe_grouped_gemm": False,  # SequentialMLP of local MLPs: grouped GEMM needs Transformer Engine
         "expert_model_parallel_size": ep,
+        "expert_tensor_parallel_size": etp,
     }
 
 
@@ -135,6 +152,22 @@ def megatron_moe_tensor_to_hf(rest: str, tensor: torch.Tensor, dst: str) -> list
         return [(expert + "down_proj.weight", tensor)]
     gate, up = torch.chunk(tensor, 2, dim=0)
     return [(expert + "gate_proj.weight", gate), (expert + "up_proj.weight", up)]
+
+
+# megatron-core's mark on a parameter: False = its gradients and optimizer state belong to the expert groups (expert
+# data parallel), not the dense ones.
+EXPERT_GROUPS_MARK = "allreduce"
+
+
+def use_expert_groups_for_folded_experts(model: Any, tp: int, expert_tp: int) -> None:
+    """megatron-core 0.16 puts expert weights in the expert groups only when EP > 1 (0.19 also when the expert-TP size
+    differs from TP). With experts split apart from TP at EP 1, its gradients would be reduced over the dense
+    data-parallel ranks only, without the other TP ranks' tokens: mark them as 0.19 does (before the DDP wrap)."""
+    if expert_tp == tp:
+        return
+    for name, param in model.named_parameters():
+        if expert_index(name) is not None:
+            setattr(param, EXPERT_GROUPS_MARK, False)
 
 
 def allow_router_without_transformer_engine() -> None:

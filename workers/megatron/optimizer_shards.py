@@ -1,9 +1,11 @@
 """The distributed optimizer's state in a checkpoint, in model space: each rank writes the slices it holds of every
 parameter's float32 main weight and Adam moments, named by parameter and placed by their offsets in the flattened
 parameter. Any number of data-parallel ranks reads them back (each takes the slices of its own range from the files
-of its tensor x pipeline coordinate), so a run resumes on fewer or more ranks, as `trainer.on_node_loss=continue`
-does. megatron-core's own parameter-state files are not used: they assume a fused Adam with one global step, and
-torch's Adam (used without Transformer Engine or Apex) keeps a step per parameter."""
+of the ranks that held the same tensor: its tensor x pipeline coordinate, and for expert weights its expert-TP x
+pipeline one, which spans TP coordinates when the expert-TP size differs from TP), so a run resumes on fewer or more
+ranks, as `trainer.on_node_loss=continue` does. megatron-core's own parameter-state files are not used: they assume
+a fused Adam with one global step, and torch's Adam (used without Transformer Engine or Apex) keeps a step per
+parameter."""
 
 from __future__ import annotations
 
@@ -14,15 +16,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workers.megatron.model import RankCoordinate
+from workers.megatron.moe import EXPERT_GROUPS_MARK
+
 MAIN_WEIGHT = "param"  # the key of the main weight's slice beside the optimizer state's (exp_avg, exp_avg_sq)
 STEP = "step"  # torch Adam's per-parameter step counter: one value for the whole optimizer, saved once per file
 
 
-def _coordinate_prefix(path: str) -> str:
-    from megatron.core import parallel_state as ps
-
-    tp, pp = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
-    return os.path.join(path, f"optimizer_tp{tp}_pp{pp}_rank")
+def _file_prefix(path: str, tp_rank: int | str, pp_rank: int) -> str:
+    return os.path.join(path, f"optimizer_tp{tp_rank}_pp{pp_rank}_rank")
 
 
 def _distributed_optimizers(optimizer: Any) -> list[Any]:
@@ -30,17 +32,17 @@ def _distributed_optimizers(optimizer: Any) -> list[Any]:
     return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
 
 
+def _is_expert(param: torch.nn.Parameter) -> bool:
+    return not getattr(param, EXPERT_GROUPS_MARK, True)
+
+
 def _parameter_keys(backend: Any) -> dict[torch.nn.Parameter, str]:
     """Each parameter's name in the files. Expert weights are named per expert-parallel rank: local expert i of
     EP rank 0 and of EP rank 1 share a module name but are different experts."""
-    from megatron.core import parallel_state as ps
-
-    ep_rank = ps.get_expert_model_parallel_rank()
-    keys = {}
-    for name, param in backend.gpt.named_parameters():
-        is_expert = not getattr(param, "allreduce", True)  # megatron-core's mark on expert-parallel weights
-        keys[param] = f"ep{ep_rank}/{name}" if is_expert else name
-    return keys
+    ep_rank = RankCoordinate.current().ep_rank
+    return {
+        param: f"ep{ep_rank}/{name}" if _is_expert(param) else name for name, param in backend.gpt.named_parameters()
+    }
 
 
 def _held_slices(dist_opt: Any, model_param: torch.nn.Parameter) -> tuple[Any, torch.Tensor, dict[str, Any]]:
@@ -53,7 +55,12 @@ def _held_slices(dist_opt: Any, model_param: torch.nn.Parameter) -> tuple[Any, t
 
 def _layout(backend: Any) -> dict[str, int]:
     settings = backend.settings
-    return {"tp": settings.tp, "pp": settings.pp, "ep": settings.ep}
+    return {"tp": settings.tp, "pp": settings.pp, "ep": settings.ep, "etp": settings.expert_tp}
+
+
+def _saved_layout(state: dict[str, Any]) -> dict[str, int]:
+    # Files written before the expert-TP size was a setting split the experts over the TP ranks.
+    return {"etp": state["layout"]["tp"], **state["layout"]}
 
 
 def save_optimizer_slices(backend: Any, path: str) -> None:
@@ -71,15 +78,21 @@ def save_optimizer_slices(backend: Any, path: str) -> None:
             pieces[keys[model_param]] = piece
     if len(steps) > 1:
         raise RuntimeError(f"the optimizer's parameters are at different steps {sorted(steps)}; cannot save one step")
-    state = {"layout": _layout(backend), "step": steps.pop() if steps else None, "pieces": pieces}
-    torch.save(state, f"{_coordinate_prefix(path)}{dist.get_rank()}.pt")
+    rank = RankCoordinate.current()
+    state = {
+        "layout": _layout(backend), "step": steps.pop() if steps else None, "pieces": pieces,
+        "tp_rank": rank.tp_rank, "expert_tp_rank": rank.etp_rank,
+    }
+    torch.save(state, f"{_file_prefix(path, rank.tp_rank, rank.pp_rank)}{dist.get_rank()}.pt")
 
 
 def load_optimizer_slices(backend: Any, path: str) -> None:
     """After the DistributedOptimizer's own `load_state_dict` (which allocates the state): each parameter's slices
-    from every file of this coordinate that holds part of this rank's range."""
-    prefix = _coordinate_prefix(path)
-    files = sorted(glob.glob(f"{glob.escape(prefix)}*.pt"))
+    from every file that holds part of this rank's range."""
+    rank = RankCoordinate.current()
+    folding = backend.settings.expert_tp != backend.settings.tp  # expert slices come from other TP coordinates
+    prefix = _file_prefix(path, "*" if folding else rank.tp_rank, rank.pp_rank)
+    files = sorted(glob.glob(f"{glob.escape(os.path.dirname(prefix))}/{os.path.basename(prefix)}*.pt"))
     if not files:
         raise FileNotFoundError(
             f"no {prefix}*.pt in {path}: the distributed optimizer's state is missing (checkpoints written before "
@@ -88,19 +101,23 @@ def load_optimizer_slices(backend: Any, path: str) -> None:
     saved = [torch.load(file, map_location="cpu", weights_only=True, mmap=True) for file in files]
     here = _layout(backend)
     for file, state in zip(files, saved):
-        if state["layout"] != here:
-            raise ValueError(f"{file} was saved with layout {state['layout']}; this run has {here}: the number of "
-                             "data-parallel ranks may change on resume, the tensor, pipeline and expert sizes not")
+        if _saved_layout(state) != here:
+            raise ValueError(f"{file} was saved with layout {_saved_layout(state)}; this run has {here}: the number "
+                             "of data-parallel ranks may change on resume, the tensor, pipeline and expert sizes not")
     steps = {state["step"] for state in saved}
     if len(steps) != 1:
         raise ValueError(f"the files {files} hold different optimizer steps {sorted(map(str, steps))}: more than "
                          "one checkpoint in one folder")
     step = steps.pop()
+    # Files written before the ranks' coordinates were recorded are read from this rank's TP coordinate only.
+    dense_sources = [state for state in saved if state.get("tp_rank", rank.tp_rank) == rank.tp_rank]
+    expert_sources = [state for state in saved if state.get("expert_tp_rank", rank.etp_rank) == rank.etp_rank]
     keys = _parameter_keys(backend)
     with torch.no_grad():
         for dist_opt in _distributed_optimizers(backend.optimizer):
             for model_param in dist_opt.model_param_group_index_map:
-                _fill(keys[model_param], model_param, *_held_slices(dist_opt, model_param), saved, step)
+                sources = expert_sources if _is_expert(model_param) else dense_sources
+                _fill(keys[model_param], model_param, *_held_slices(dist_opt, model_param), sources, step)
 
 
 def _fill(key: str, model_param: torch.nn.Parameter, held: Any, main_weight: torch.Tensor, state: dict[str, Any],

@@ -20,7 +20,9 @@ class MegatronSide(ResidencyHooks):
     def init_parallel(self, worker: Any, megatron_cfg: dict[str, Any]) -> ParallelSettings:
         """Megatron's groups over the worker group (workers/megatron/parallel.py); the settings they follow."""
         settings = ParallelSettings.from_config(megatron_cfg)
-        self.data_parallel_size = init_megatron_parallel(worker, settings.tp, settings.pp, settings.ep).dp_size
+        self.data_parallel_size = init_megatron_parallel(
+            worker, settings.tp, settings.pp, settings.ep, settings.etp
+        ).dp_size
         return settings
 
     def where(self, role: str) -> str:
