@@ -64,7 +64,10 @@ def test_pipeline_parallel_resume_reproduces_a_straight_run(ray_cluster, tiny_as
     )))
     assert [r["step"] for r in resumed] == [2]
     assert comparable_metrics(resumed) == comparable_metrics(straight[1:])
-    assert sorted(p.name for p in (checkpoint / "actor").iterdir()) == ["model_optim_tp0_pp0.pt", "model_optim_tp0_pp1.pt"]
+    # verl's default distributed optimizer: besides each stage's model file, each rank's slices of the optimizer state.
+    assert sorted(p.name for p in (checkpoint / "actor").iterdir()) == [
+        "model_optim_tp0_pp0.pt", "model_optim_tp0_pp1.pt", "optimizer_tp0_pp0_rank0.pt", "optimizer_tp0_pp1_rank1.pt",
+    ]
 
 
 def test_tiny_moe_with_expert_parallel_matches_the_fsdp_backend_and_resumes(ray_cluster, tiny_assets, tmp_path):
@@ -91,7 +94,9 @@ def test_tiny_moe_with_expert_parallel_matches_the_fsdp_backend_and_resumes(ray_
     )))
     assert [r["step"] for r in resumed] == [2]
     assert comparable_metrics(resumed) == comparable_metrics(straight[1:])
-    assert sorted(p.name for p in (checkpoint / "actor").iterdir()) == ["model_optim_tp0_pp0_ep0.pt", "model_optim_tp0_pp0_ep1.pt"]
+    assert sorted(p.name for p in (checkpoint / "actor").iterdir()) == [
+        "model_optim_tp0_pp0_ep0.pt", "model_optim_tp0_pp0_ep1.pt", "optimizer_tp0_pp0_rank0.pt", "optimizer_tp0_pp0_rank1.pt",
+    ]
 
 
 def test_ppo_with_megatron_critic_and_distributed_optimizer(ray_cluster, tiny_assets, tmp_path):
@@ -195,14 +200,14 @@ def test_grpo_with_hybrid_vllm_on_the_tiny_moe_with_folded_expert_parallel(ray_c
         "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
         "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
     )
-    # megatron-core's MoE layer trains under TP only with sequence parallelism: said before the run, not in its update.
+    # megatron-core's MoE layer trains under TP only with sequence parallelism (verl's default, and here): turned off,
+    # that is said before the run, not in its update.
     assets = {**tiny_assets, "model": str(model)}
-    (problem,) = batch_split_problems(load_config(run_overrides(assets, tmp_path, *overrides)))
+    without = (*overrides, "actor_rollout_ref.actor.megatron.sequence_parallel=false")
+    (problem,) = batch_split_problems(load_config(run_overrides(assets, tmp_path, *without)))
     assert problem.endswith("needs sequence parallelism (megatron-core's MoE layer refuses to train without it): set "
                             "actor_rollout_ref.actor.megatron.sequence_parallel=true, or the tensor parallel size to 1")
-    cfg = load_config(run_overrides(
-        assets, tmp_path / "run", *overrides, "actor_rollout_ref.actor.megatron.sequence_parallel=true",
-    ))
+    cfg = load_config(run_overrides(assets, tmp_path / "run", *overrides))
     history = _check_verified_run(run(cfg), str(model))
     (weights,) = model.glob("*.safetensors")
     with safe_open(weights, framework="pt") as handle:
