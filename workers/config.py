@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from workers.config_schema import validated
-from workers.config_spec import ACTOR_ROLLOUT_REF_SPEC, WORKER_SECTIONS, megatron_layout_spec
+from workers.config_spec import ACTOR_ROLLOUT_REF_SPEC, WORKER_SECTIONS
+from workers.config_spec_megatron import megatron_layout_spec
 from workers.default_values import REQUIRED, section_defaults
 from workers.lora.spec import check_base_sharing, check_lora_settings
 from workers.routing_replay.settings import check_routing_replay

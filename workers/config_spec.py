@@ -24,6 +24,7 @@ from workers.config_fields import (
     spec_list,
     token_ids,
 )
+from workers.config_spec_megatron import megatron_spec, ref_megatron_spec
 from workers.dtypes import DTYPE_NAMES
 from workers.rl_math.names import (
     KL_PENALTY_NAMES,
@@ -45,46 +46,6 @@ def _release_field() -> Field:
         one_of(*RELEASE_POINTS),
         f"one of {list(RELEASE_POINTS)} (when the caching allocator's free blocks beyond its peak go back to the GPU)",
     )
-
-
-def megatron_layout_spec() -> dict[str, Any]:
-    return {
-        "tensor_model_parallel_size": Field(
-            int_at_least(1), "an int >= 1 (must divide the attention and key/value heads)"
-        ),
-        "pipeline_model_parallel_size": Field(int_at_least(1), "an int >= 1 (must divide the layers)"),
-        "expert_model_parallel_size": Field(
-            int_at_least(1), "an int >= 1 (mixture of experts: must divide the experts; expert TP x EP must divide a "
-            "pipeline stage's TP x DP ranks)"
-        ),
-        "expert_tensor_parallel_size": Field(
-            optional(int_at_least(1)), "None (the TP size) or an int >= 1 (mixture of experts: each expert split over "
-            "this many ranks; expert TP x EP must divide a pipeline stage's TP x DP ranks)"
-        ),
-        "sequence_parallel": Field(boolean, "a bool (split activations along the sequence over the TP ranks)"),
-        "use_distributed_optimizer": Field(boolean, "a bool (shard the fp32 weights and Adam state over DP ranks)"),
-    }
-
-
-def megatron_spec() -> dict[str, Any]:
-    """A trained model's `megatron` section: its layout and verl's offload switches (workers/megatron/offload.py)."""
-    return {
-        **megatron_layout_spec(),
-        "param_offload": Field(boolean, "a bool (GPU: the weights on the host while another tenant computes)"),
-        "grad_offload": Field(boolean, "a bool (GPU: the float32 gradient buffers likewise)"),
-        "optimizer_offload": Field(boolean, "a bool (GPU: main weights and Adam state on the host outside the step)"),
-    }
-
-
-def _ref_megatron_spec() -> dict[str, Any]:
-    """verl's `ref.megatron.*`: the reference runs in the actor's processes, so its layout is the actor's; a value
-    set here must equal the actor's (None: the actor's). Its offload switch is its own."""
-    layout = {
-        key: Field(optional(field.kind), f"None (the actor's) or {field.expected}, equal to actor.megatron.{key}")
-        for key, field in megatron_layout_spec().items()
-    }
-    offload = Field(boolean, "a bool (GPU: the frozen reference on the host outside its pass)")
-    return {**layout, "param_offload": offload}
 
 
 def multi_turn_spec() -> dict[str, Any]:
@@ -394,7 +355,7 @@ ACTOR_ROLLOUT_REF_SPEC: dict[str, Any] = {
                 boolean, "a bool (keep the reference's parameters on the host outside its log-prob pass; GPU only)"
             ),
         },
-        "megatron": _ref_megatron_spec(),
+        "megatron": ref_megatron_spec(),
     },
 }
 
