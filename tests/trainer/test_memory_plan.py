@@ -454,9 +454,9 @@ def test_the_reference_row_holds_the_actors_parameters_only_where_a_phase_brough
 
 
 def test_the_actors_residency_per_phase_follows_the_tenants_that_claim_the_gpu(folders):
-    """One rule for every row (trainer/memory_plan/plan.py `actor_residency`): the hybrid engine, a colocated
+    """One rule for every row (trainer/memory_plan/offload_residency.py `actor_residency`): the hybrid engine, a colocated
     critic or reward model send the actor's parameters out; a phase computing with the actor brings them."""
-    from trainer.memory_plan.plan import actor_residency
+    from trainer.memory_plan.offload_residency import actor_residency
     from trainer.memory_plan.setup import plan_setup
 
     def residency(*extra: str, lora_rank: int = 0, roles: tuple[str, ...] = ("actor", "ref")) -> dict[str, bool]:

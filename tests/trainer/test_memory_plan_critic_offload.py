@@ -11,7 +11,7 @@ import pytest
 from tests.trainer.test_memory_plan import QWEN_3B, plan_of, scale_config
 from trainer.memory_plan import misfit_message
 from trainer.memory_plan.checks import gib
-from trainer.memory_plan.plan import critic_residency
+from trainer.memory_plan.offload_residency import critic_residency
 from trainer.memory_plan.setup import plan_setup
 from trainer.memory_plan.shape import ModelShape
 

@@ -1,0 +1,48 @@
+"""The Megatron sections' keys (`actor.megatron`, `ref.megatron`, `critic.megatron`): the layout verl's scripts set and
+verl's offload switches; part of the worker config spec (workers/config_spec.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.config_fields import Field, boolean, int_at_least, optional
+
+
+def megatron_layout_spec() -> dict[str, Any]:
+    return {
+        "tensor_model_parallel_size": Field(
+            int_at_least(1), "an int >= 1 (must divide the attention and key/value heads)"
+        ),
+        "pipeline_model_parallel_size": Field(int_at_least(1), "an int >= 1 (must divide the layers)"),
+        "expert_model_parallel_size": Field(
+            int_at_least(1), "an int >= 1 (mixture of experts: must divide the experts; expert TP x EP must divide a "
+            "pipeline stage's TP x DP ranks)"
+        ),
+        "expert_tensor_parallel_size": Field(
+            optional(int_at_least(1)), "None (the TP size) or an int >= 1 (mixture of experts: each expert split over "
+            "this many ranks; expert TP x EP must divide a pipeline stage's TP x DP ranks)"
+        ),
+        "sequence_parallel": Field(boolean, "a bool (split activations along the sequence over the TP ranks)"),
+        "use_distributed_optimizer": Field(boolean, "a bool (shard the fp32 weights and Adam state over DP ranks)"),
+    }
+
+
+def megatron_spec() -> dict[str, Any]:
+    """A trained model's `megatron` section: its layout and verl's offload switches (workers/megatron/offload.py)."""
+    return {
+        **megatron_layout_spec(),
+        "param_offload": Field(boolean, "a bool (GPU: the weights on the host while another tenant computes)"),
+        "grad_offload": Field(boolean, "a bool (GPU: the float32 gradient buffers likewise)"),
+        "optimizer_offload": Field(boolean, "a bool (GPU: main weights and Adam state on the host outside the step)"),
+    }
+
+
+def ref_megatron_spec() -> dict[str, Any]:
+    """verl's `ref.megatron.*`: the reference runs in the actor's processes, so its layout is the actor's; a value
+    set here must equal the actor's (None: the actor's). Its offload switch is its own."""
+    layout = {
+        key: Field(optional(field.kind), f"None (the actor's) or {field.expected}, equal to actor.megatron.{key}")
+        for key, field in megatron_layout_spec().items()
+    }
+    offload = Field(boolean, "a bool (GPU: the frozen reference on the host outside its pass)")
+    return {**layout, "param_offload": offload}
