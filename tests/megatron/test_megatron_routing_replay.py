@@ -60,18 +60,19 @@ def _hf_side(model, batch: dict) -> dict:
 
 
 @pytest.mark.parametrize(
-    "tp, pp, ep, dp, norm_topk_prob, recompute",
-    [(2, 1, 1, 1, False, False), (1, 2, 2, 2, True, True)],
-    ids=["tp2-sequence-parallel-unnormalised-topk", "pp2-ep2-recomputed-layers"],
+    "tp, pp, ep, dp, norm_topk_prob, recompute, etp",
+    # tp2-etp1-ep2: attention over TP 2 (sequence parallel), whole experts over EP 2 on the same ranks (verl's folding).
+    [(2, 1, 1, 1, False, False, None), (1, 2, 2, 2, True, True, None), (2, 1, 2, 1, True, False, 1)],
+    ids=["tp2-sequence-parallel-unnormalised-topk", "pp2-ep2-recomputed-layers", "tp2-etp1-ep2"],
 )
 def test_megatron_routers_record_compare_and_replay_as_the_hf_model(megatron_probes, tmp_path, tp, pp, ep, dp,
-                                                                    norm_topk_prob, recompute):
+                                                                    norm_topk_prob, recompute, etp):
     model = qwen3_moe(tmp_path, norm_topk_prob=norm_topk_prob)
     batch = _batch(common_pad=False)  # with routing tracked every column runs; this batch's routings differ widely
     hf = _hf_side(model, batch)
     assert (hf["chosen"] != NOT_RECORDED).any(-1).any(-1).sum() == batch["attention_mask"].sum()  # real tokens only
     with megatron_probes(tp * pp * dp) as group:
-        outputs = group.replay_routing(str(tmp_path), tp, pp, ep, batch, hf["chosen"], hf["moved"], recompute)
+        outputs = group.replay_routing(str(tmp_path), tp, pp, ep, batch, hf["chosen"], hf["moved"], recompute, etp)
     (result,) = [o for o in outputs if o is not None]
     # Every stage's layers, every TP rank's shard of the sequence: the HF routers' expert sets, NOT_RECORDED at padding.
     recorded = result["recorded"]

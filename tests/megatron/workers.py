@@ -115,7 +115,7 @@ class MegatronProbe(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def replay_routing(
         self, model_path: str, tp: int, pp: int, ep: int, batch: dict, hf_table: torch.Tensor, table: torch.Tensor,
-        recompute: bool = False,
+        recompute: bool = False, etp: int | None = None,
     ) -> dict | None:
         """Routing replay on a trainable `MegatronBackend` (workers/megatron/router_replay.py), through the pass
         modes the actor worker sets: a recording pass (R2's log-prob pass), a comparing pass over `hf_table` (the HF
@@ -128,9 +128,9 @@ class MegatronProbe(Worker):
         from workers.routing_replay.token_order import ROUTED_EXPERTS
         from workers.training.backend import ResponseForward
 
-        init_layout(self, tp, pp, ep)
+        init_layout(self, tp, pp, ep, etp)
         model = {"path": model_path, "dtype": "float32", "enable_gradient_checkpointing": recompute}
-        engine = MegatronBackend(model, ParallelSettings(tp, pp, tp > 1, False, ep), optim_settings(1e-2))
+        engine = MegatronBackend(model, ParallelSettings(tp, pp, tp > 1, False, ep, etp), optim_settings(1e-2))
         engine.track_routing()
         forward = ResponseForward("log_probs", 1.0)
         data = DataProto.from_dict(batch)
