@@ -74,11 +74,21 @@ class MegatronSettings:
     pipeline_model_parallel_size: int = 1
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = False
+    expert_model_parallel_size: int = 1  # mixture of experts: each layer's experts split over this many ranks
+    expert_tensor_parallel_size: int | None = None  # mixture of experts: each expert's TP size (None: the TP size)
 
     def __post_init__(self) -> None:
         _require(
             self.tensor_model_parallel_size >= 1,
             f"megatron.tensor_model_parallel_size must be >= 1, got {self.tensor_model_parallel_size}",
+        )
+        _require(
+            self.expert_model_parallel_size >= 1,
+            f"megatron.expert_model_parallel_size must be >= 1, got {self.expert_model_parallel_size}",
+        )
+        _require(
+            self.expert_tensor_parallel_size is None or self.expert_tensor_parallel_size >= 1,
+            f"megatron.expert_tensor_parallel_size must be None or >= 1, got {self.expert_tensor_parallel_size}",
         )
         # The strategy runs the user's forward and backward directly; pipeline stages need Megatron's schedules.
         _require(

@@ -1,5 +1,5 @@
-"""`MegatronStrategy`: a megatron-core GPT model built from an HF folder (TP x DP, optional sequence
-parallelism and distributed optimizer), trained by the user's own forward, loss and backward.
+"""`MegatronStrategy`: a megatron-core GPT model built from an HF folder (TP x DP, a mixture of experts' EP and expert
+TP, optional sequence parallelism and distributed optimizer), trained by the user's own forward, loss and backward.
 
 `prepare` returns Megatron's DDP-wrapped model, its optimizer and an LR schedule object; call the model
 through `sequence_log_probs` (the logits are split over the TP ranks' vocabulary). On a machine without
@@ -39,7 +39,11 @@ class MegatronStrategy(Strategy):
         from workers.megatron.parallel import init_megatron_groups
 
         super().__init__(config)
-        init_megatron_groups(self.world_size, config.megatron.tensor_model_parallel_size, 1)
+        layout = config.megatron
+        init_megatron_groups(
+            self.world_size, layout.tensor_model_parallel_size, 1, layout.expert_model_parallel_size,
+            layout.expert_tensor_parallel_size,
+        )
 
     def prepare(self, model: Any, optimizer: Any = None, scheduler: Any = None) -> Any:
         """`model`: an HF model folder (or an HF model loaded from one: its folder is read). `optimizer` and
