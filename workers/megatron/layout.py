@@ -73,7 +73,8 @@ def layout_from_hf_config(
             )
     if heads % kv_heads:
         problems.append(f"attention heads ({heads}) must be a multiple of key/value heads ({kv_heads})")
-    moe, moe_problems = moe_layout_from_hf_config(config, max(tp, 1), ep, max(tp if etp is None else etp, 1))
+    expert_tp = tp if etp is None else etp
+    moe, moe_problems = moe_layout_from_hf_config(config, ep, max(expert_tp, 1))
     problems += moe_problems
     if problems:
         raise ValueError("cannot lay this model out for Megatron:\n  " + "\n  ".join(problems))

@@ -30,9 +30,9 @@ class MoELayout:
     norm_topk_prob: bool  # renormalise the top-k routing weights to sum to 1
 
 
-def moe_layout_from_hf_config(config: Any, tp: int, ep: int, etp: int) -> tuple[MoELayout | None, list[str]]:
-    """The MoE sizes of an HF config (None for a dense model) and what keeps EP `ep` / expert TP `etp` (under TP `tp`)
-    from splitting it."""
+def moe_layout_from_hf_config(config: Any, ep: int, etp: int) -> tuple[MoELayout | None, list[str]]:
+    """The MoE sizes of an HF config (None for a dense model) and what keeps EP `ep` / expert TP `etp` from splitting
+    it."""
     model_type = getattr(config, "model_type", None)
     if model_type not in MOE_MODEL_TYPES:
         if ep != 1:
@@ -56,7 +56,6 @@ def moe_layout_from_hf_config(config: Any, tp: int, ep: int, etp: int) -> tuple[
         )
     if width % etp:
         problems.append(f"expert tensor parallel size {etp} must divide the expert MLP size ({width})")
-
     moe = MoELayout(
         num_experts=experts,
         topk=config.num_experts_per_tok,

@@ -23,8 +23,8 @@ MAIN_WEIGHT = "param"  # the key of the main weight's slice beside the optimizer
 STEP = "step"  # torch Adam's per-parameter step counter: one value for the whole optimizer, saved once per file
 
 
-def _file_prefix(path: str, tp_rank: int | str, pp_rank: int) -> str:
-    return os.path.join(path, f"optimizer_tp{tp_rank}_pp{pp_rank}_rank")
+def _file_name(tp_rank: int | str, pp_rank: int, rank: int | str) -> str:
+    return f"optimizer_tp{tp_rank}_pp{pp_rank}_rank{rank}.pt"
 
 
 def _distributed_optimizers(optimizer: Any) -> list[Any]:
@@ -83,7 +83,7 @@ def save_optimizer_slices(backend: Any, path: str) -> None:
         "layout": _layout(backend), "step": steps.pop() if steps else None, "pieces": pieces,
         "tp_rank": rank.tp_rank, "expert_tp_rank": rank.etp_rank,
     }
-    torch.save(state, f"{_file_prefix(path, rank.tp_rank, rank.pp_rank)}{dist.get_rank()}.pt")
+    torch.save(state, os.path.join(path, _file_name(rank.tp_rank, rank.pp_rank, dist.get_rank())))
 
 
 def load_optimizer_slices(backend: Any, path: str) -> None:
@@ -91,11 +91,11 @@ def load_optimizer_slices(backend: Any, path: str) -> None:
     from every file that holds part of this rank's range."""
     rank = RankCoordinate.current()
     folding = backend.settings.expert_tp != backend.settings.tp  # expert slices come from other TP coordinates
-    prefix = _file_prefix(path, "*" if folding else rank.tp_rank, rank.pp_rank)
-    files = sorted(glob.glob(f"{glob.escape(os.path.dirname(prefix))}/{os.path.basename(prefix)}*.pt"))
+    pattern = _file_name("*" if folding else rank.tp_rank, rank.pp_rank, "*")
+    files = sorted(glob.glob(os.path.join(glob.escape(path), pattern)))
     if not files:
         raise FileNotFoundError(
-            f"no {prefix}*.pt in {path}: the distributed optimizer's state is missing (checkpoints written before "
+            f"no {pattern} in {path}: the distributed optimizer's state is missing (checkpoints written before "
             "the optimizer's state was saved by parameter are read only by a run of this version before it)"
         )
     saved = [torch.load(file, map_location="cpu", weights_only=True, mmap=True) for file in files]
