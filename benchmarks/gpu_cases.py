@@ -43,6 +43,12 @@ REPLAY_MISMATCH = ("router_replay/mismatch_log_prob", "router_replay/mismatch_up
 # The trainer's routers against the engine's choices, before the update moves the weights: a near tie now and then
 # (0.28% on the tiny model in bf16); a table mapped to the wrong tokens disagrees on most routings.
 ENGINE_ROUTERS_AGREE = (("router_replay/mismatch_log_prob", 0.05),)
+# verl's megatron-core router keys (its Qwen3-MoE scripts' values) and the metrics they add.
+VERL_ROUTER = tuple(
+    f"+actor_rollout_ref.actor.megatron.override_transformer_config.{setting}"
+    for setting in ("moe_aux_loss_coeff=0.01", "moe_z_loss_coeff=0.001", "moe_router_dtype=fp32")
+)
+ROUTER_LOSSES = ("actor/router_aux_loss", "actor/router_z_loss")
 PPO_FINITE = ("actor/pg_loss", "critic/vf_loss")
 MEGATRON_OFFLOAD = tuple(
     f"actor_rollout_ref.actor.megatron.{key}=true" for key in ("param_offload", "grad_offload", "optimizer_offload")
@@ -158,9 +164,10 @@ def one_gpu_cases() -> list[Case]:
             "megatron_moe_vllm_hybrid",
             "one",
             "Megatron actor on the tiny mixture of experts (megatron-core's MoE layer: router, all-to-all token "
-            "dispatcher, experts), vLLM hybrid engine, every sync of the experts verified",
-            (_train(TINY_MOE, "actor_rollout_ref.actor.strategy=megatron", *VLLM, *VERIFY, steps(12)),),
-            RunCheck(12, synced=True),
+            "dispatcher, experts), vLLM hybrid engine, every sync of the experts verified; the routers train with "
+            "verl's megatron-core load-balancing and z-losses and fp32 gating",
+            (_train(TINY_MOE, "actor_rollout_ref.actor.strategy=megatron", *VLLM, *VERIFY, *VERL_ROUTER, steps(12)),),
+            RunCheck(12, finite=("actor/pg_loss", *ROUTER_LOSSES), synced=True),
         ),
         Case(
             "megatron_moe_routing_replay",
@@ -367,7 +374,7 @@ def two_gpu_cases() -> list[Case]:
             "two",
             "Megatron actor on the tiny mixture of experts (2 KV heads) with verl's parallel folding: attention over "
             "TP 2 (sequence parallel), whole experts over EP 2 (expert TP 1) on the same two GPUs, vLLM hybrid, every "
-            "sync of the experts verified",
+            "sync of the experts verified; the routers' losses (verl's keys) under sequence parallelism",
             (
                 ("-m", "trainer.tiny_moe", "moe_kv2", "--kv-heads", "2"),
                 _train(
@@ -379,10 +386,11 @@ def two_gpu_cases() -> list[Case]:
                     "actor_rollout_ref.actor.megatron.sequence_parallel=true",
                     "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
                     "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
+                    *VERL_ROUTER,
                     steps(10),
                 ),
             ),
-            RunCheck(10, synced=True),
+            RunCheck(10, finite=("actor/pg_loss", *ROUTER_LOSSES), synced=True),
         ),
         Case(
             "engine_quickstart_two_gpus",

@@ -52,6 +52,17 @@ _CHUNKED_LOGITS = (
     "log-probs and entropy come from the LM head in chunks of model.logits_chunk_tokens here, without the full logits"
 )
 _FSDP_WRAP = "FSDP2 shards each decoder layer here"
+# megatron-core's fused kernels and token dispatchers, which verl's Megatron scripts switch on: they change speed only.
+MEGATRON_KERNEL_KEYS = (
+    "apply_rope_fusion", "masked_softmax_fusion", "bias_activation_fusion", "bias_dropout_fusion",
+    "gradient_accumulation_fusion", "persist_layer_norm", "cross_entropy_loss_fusion", "use_flash_attn",
+    "attention_backend", "moe_grouped_gemm", "moe_permute_fusion", "moe_router_fusion", "moe_enable_deepep",
+    "moe_token_dispatcher_type", "moe_shared_expert_overlap",
+)
+_MEGATRON_KERNELS = (
+    "megatron-core's layers are built here without Transformer Engine, Apex or DeepEP: the plain-torch kernels, "
+    "experts as a SequentialMLP, tokens exchanged by all-to-all"
+)
 _MICRO_GLOBAL = "verl's deprecated global micro-batch size; micro-batches are per GPU here"
 
 VERL_KEYS: tuple[VerlKey, ...] = (
@@ -92,6 +103,13 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("*.optim.optimizer_impl", "the FSDP workers use torch.optim.AdamW here", hint=("torch.optim",)),
     VerlKey("*.optim.override_optimizer_config", "no extra optimizer arguments are passed here; the optim keys "
             "are the settings", hint=("null", "none")),
+    *(VerlKey(f"*.optim.override_optimizer_config.{name}", "megatron-core's optimizer steps on the GPU here; "
+              "megatron.optimizer_offload keeps its float32 state on the host outside the step (the same Adam)",
+              nearest="actor_rollout_ref.actor.megatron.optimizer_offload", hint=True)
+      for name in ("optimizer_cpu_offload", "optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d",
+                   "use_precision_aware_optimizer")),
+    VerlKey("*.optim.lr_decay_style", "verl's Megatron name of the LR schedule; one key serves both backends here",
+            nearest="actor_rollout_ref.actor.optim.lr_scheduler_type", hint=("constant",)),
     VerlKey("actor_rollout_ref.actor.calculate_entropy", "the update always computes the entropy here (actor/entropy)",
             hint=True),
     VerlKey("actor_rollout_ref.actor.loss_scale_factor", "seq-mean-token-sum-norm divides by the padded response "
@@ -196,14 +214,29 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("ray_kwargs.ray_init.num_cpus", "the local Ray cluster's CPUs", nearest="trainer.ray_num_cpus"),
     VerlKey("ray_kwargs.*", "the trainer starts or joins Ray itself (RAY_ADDRESS, trainer.ray_num_cpus)"),
     VerlKey("data.reward_fn_key", "the scorer is chosen by the data_source column here", hint=("data_source",)),
+    VerlKey("*megatron.use_mbridge", "Megatron workers convert the Hugging Face weights themselves here (to load, "
+            "to sync the engine, to export)", hint=True),
+    VerlKey("*megatron.vanilla_mbridge", "Megatron workers convert the Hugging Face weights themselves here",
+            hint=True),
+    VerlKey("*megatron.virtual_pipeline_model_parallel_size", "each pipeline stage holds one chunk of layers here "
+            "(no interleaved schedule)", hint=("null", "none", "1")),
+    VerlKey("*megatron.context_parallel_size", "a sequence is split over ranks only by sequence parallelism (TP) "
+            "here; no context parallelism", hint=("1",)),
     VerlKey("*megatron.use_dist_checkpointing", "Megatron workers load the Hugging Face weights here", hint=("false",)),
     VerlKey("*megatron.dist_checkpointing_path", "Megatron workers load the Hugging Face weights here",
             hint=("null", "none")),
     VerlKey("*megatron.override_transformer_config.recompute_*", "Megatron's layers are recomputed (all of them, one "
             "at a time) when the model's gradient checkpointing is on",
             nearest="actor_rollout_ref.model.enable_gradient_checkpointing"),
+    *(VerlKey(f"*megatron.override_transformer_config.{name}", _MEGATRON_KERNELS, hint=True)
+      for name in MEGATRON_KERNEL_KEYS),
+    VerlKey("*megatron.override_transformer_config.deallocate_pipeline_outputs", "pipeline stages keep the outputs "
+            "they sent until the backward here (megatron-core's default; results are the same)", hint=True),
+    VerlKey("actor_rollout_ref.ref.megatron.override_transformer_config.*", "the reference runs with the actor's "
+            "transformer config", nearest="actor_rollout_ref.actor.megatron.override_transformer_config"),
     VerlKey("*megatron.override_transformer_config.*", "Megatron's transformer config comes from the Hugging Face "
-            "config here"),
+            "config here; of its override keys only the routers' (moe_aux_loss_coeff, moe_z_loss_coeff, "
+            "moe_router_load_balancing_type, moe_router_dtype), recomputation and kernel settings are taken"),
     # Copies and other names of this project's keys.
     VerlKey("*.rollout_n", "verl's copy of the responses per prompt", nearest="actor_rollout_ref.rollout.n"),
     VerlKey("actor_rollout_ref.rollout.prompt_length", "verl's copy of the prompt limit",

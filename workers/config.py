@@ -110,6 +110,7 @@ def actor_rollout_ref_config(user: Any, where: str = "") -> dict[str, Any]:
     _fill_ref_megatron(config, where)
     _fill_ref_sequence_parallel(config, where)
     _check_sequence_parallel(config, config["actor"], _dotted(where, "actor"), where)
+    _check_router_training(config["actor"], config["actor"]["strategy"], _dotted(where, "actor"))
     if config["actor"]["strategy"] == "megatron":
         _reject_fsdp_settings_on_megatron(
             {"actor.fsdp_config": config["actor"]["fsdp_config"], "ref.fsdp_config": config["ref"]["fsdp_config"]},
@@ -178,6 +179,33 @@ def _check_lora_reference_groups(config: dict[str, Any], where: str) -> None:
         )
 
 
+def _check_router_training(section: dict[str, Any], strategy: str, prefix: str) -> None:
+    """A mixture of experts' router settings (workers/megatron/router_training.py): verl's
+    `megatron.override_transformer_config` keys act on megatron-core's routers; `router_aux_loss_coef` (the actor's)
+    on either backend, so not beside megatron-core's own coefficient."""
+    overrides = {k: v for k, v in section["megatron"]["override_transformer_config"].items() if v is not None}
+    named = [_dotted(prefix, f"megatron.override_transformer_config.{key}={value}") for key, value in overrides.items()]
+    if overrides and strategy != "megatron":
+        raise ValueError(
+            f"{', '.join(named)}: megatron-core's router settings apply to strategy='megatron' only; with fsdp the "
+            f"load-balancing loss is {_dotted(prefix, 'router_aux_loss_coef')} (averaged over the layers)"
+        )
+    coef = section.get("router_aux_loss_coef")
+    if coef is not None and overrides.get("moe_aux_loss_coeff") is not None:
+        verl_key = named[list(overrides).index("moe_aux_loss_coeff")]
+        raise ValueError(
+            f"{_dotted(prefix, 'router_aux_loss_coef')}={coef} and {verl_key} "
+            "both set the load-balancing loss (averaged over the layers, or per layer as megatron-core adds it); set "
+            "one of them"
+        )
+    if overrides.get("moe_router_load_balancing_type") == "none" and (coef or overrides.get("moe_aux_loss_coeff")):
+        raise ValueError(
+            f"{_dotted(prefix, 'megatron.override_transformer_config.moe_router_load_balancing_type')}=none turns the "
+            "load-balancing loss off, but a coefficient for it is set; leave the type null (or aux_loss), or unset the "
+            "coefficient"
+        )
+
+
 def _reject_packing_on_megatron(config: dict[str, Any]) -> None:
     """Packed (THD) forwards exist for the FSDP workers only (Megatron's need Transformer Engine's attention)."""
     if config["model"]["use_remove_padding"] is True:
@@ -202,11 +230,6 @@ def _reject_hf_patches_on_megatron(config: dict[str, Any], where: str) -> None:
             f"{_dotted(where, 'model.gradient_checkpointing_layers')} applies to strategy='fsdp' only (with "
             "strategy='megatron', model.enable_gradient_checkpointing=true recomputes every layer); leave it null or "
             "use strategy='fsdp'"
-        )
-    if config.get("actor", {}).get("router_aux_loss_coef") is not None:  # the actor's section only
-        raise ValueError(
-            f"{_dotted(where, 'actor.router_aux_loss_coef')} applies to strategy='fsdp' only (it hooks the Hugging "
-            "Face model's routers; Megatron-core builds its own layers); leave it null or use strategy='fsdp'"
         )
 
 
@@ -247,6 +270,7 @@ def critic_config(user: Any, where: str = "") -> dict[str, Any]:
     """Complete, validated config of `CriticWorker`."""
     config = complete_section("critic", user, where)
     _check_sequence_parallel(config, config, where, where)
+    _check_router_training(config, config["strategy"], where)
     if config["strategy"] == "megatron":
         _reject_fsdp_settings_on_megatron({"model.fsdp_config": config["model"]["fsdp_config"]}, where, "strategy")
         _reject_packing_on_megatron(config)

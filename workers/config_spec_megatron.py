@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.config_fields import Field, boolean, int_at_least, optional
+from workers.config_fields import Field, boolean, float_in, int_at_least, one_of, optional
+from workers.megatron.router_training import LOAD_BALANCING_TYPES, ROUTER_DTYPES
 
 
 def megatron_layout_spec() -> dict[str, Any]:
@@ -27,10 +28,29 @@ def megatron_layout_spec() -> dict[str, Any]:
     }
 
 
+def transformer_overrides_spec() -> dict[str, Any]:
+    """The keys of verl's `megatron.override_transformer_config` taken here: a mixture of experts' router settings
+    (workers/megatron/router_training.py). verl's kernel and dispatcher keys are speed hints (trainer/verl_keys.py)."""
+    return {
+        "moe_aux_loss_coeff": Field(
+            optional(float_in(0.0)), "None (off) or a float >= 0 (megatron-core's load-balancing loss, per MoE layer)"
+        ),
+        "moe_z_loss_coeff": Field(optional(float_in(0.0)), "None (off) or a float >= 0 (the routers' z-loss)"),
+        "moe_router_load_balancing_type": Field(
+            optional(one_of(*LOAD_BALANCING_TYPES)), f"None or one of {list(LOAD_BALANCING_TYPES)}"
+        ),
+        "moe_router_dtype": Field(
+            optional(one_of(*ROUTER_DTYPES)), f"None (the compute dtype) or one of {list(ROUTER_DTYPES)}"
+        ),
+    }
+
+
 def megatron_spec() -> dict[str, Any]:
-    """A trained model's `megatron` section: its layout and verl's offload switches (workers/megatron/offload.py)."""
+    """A trained model's `megatron` section: its layout, verl's offload switches (workers/megatron/offload.py) and the
+    router keys of its transformer config."""
     return {
         **megatron_layout_spec(),
+        "override_transformer_config": transformer_overrides_spec(),
         "param_offload": Field(boolean, "a bool (GPU: the weights on the host while another tenant computes)"),
         "grad_offload": Field(boolean, "a bool (GPU: the float32 gradient buffers likewise)"),
         "optimizer_offload": Field(boolean, "a bool (GPU: main weights and Adam state on the host outside the step)"),

@@ -43,7 +43,9 @@ def _batch(common_pad: bool = True) -> dict:
     return {"input_ids": ids, "attention_mask": mask, "responses": ids[:, PROMPT:], "response_mask": mask[:, PROMPT:]}
 
 
-def _hf_reference(model: Qwen2ForCausalLM, batch: dict) -> dict:
+def _hf_reference(model: Qwen2ForCausalLM, batch: dict, extra_loss=None) -> dict:
+    """The HF model's log-probs, entropies, gradient norm and weights after one Adam step over two micro-batches;
+    `extra_loss(attention_mask of the rows)`, if given, is added to each micro-batch's loss after its forward."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
 
@@ -59,7 +61,10 @@ def _hf_reference(model: Qwen2ForCausalLM, batch: dict) -> dict:
     for rows in (slice(0, 2), slice(2, 4)):
         lp, _ = response_log_probs(rows)
         rmask = batch["response_mask"][rows].float()
-        (-(lp * rmask).sum() / rmask.sum() / 2).backward()
+        loss = -(lp * rmask).sum() / rmask.sum()
+        if extra_loss is not None:
+            loss = loss + extra_loss(mask[rows])
+        (loss / 2).backward()
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
     optimizer.step()
     return {"log_probs": log_probs, "entropy": entropy, "grad_norm": grad_norm, "weights": model.state_dict()}
@@ -92,7 +97,7 @@ def test_engine_matches_the_hf_model(megatron_probes, tmp_path, tp, pp, sp, dp, 
 
 def test_the_columns_every_row_pads_on_the_left_are_counted_over_all_micro_batches():
     from protocol import DataProto
-    from workers.megatron.backend import common_left_padding
+    from workers.megatron.rows_forward import common_left_padding
 
     def micro(mask_rows):
         mask = torch.tensor(mask_rows)

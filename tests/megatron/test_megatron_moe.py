@@ -3,7 +3,9 @@ MoE layer with SequentialMLP experts and the all-to-all dispatcher on CPU over g
 log-probs and entropies, one training step's gradient norm and the weights after one Adam step (streamed back out
 under the per-expert HF names, gathered over the EP group) agree at EP=1, EP=2, TP=2, PP=2 x EP=2, and TP=2 with whole
 experts (expert TP 1) at EP=2 and EP=1, with normalised and unnormalised top-k routing weights; the weights streamed
-out right after loading are the checkpoint's, exactly."""
+out right after loading are the checkpoint's, exactly. With the routers' losses on (megatron-core's load-balancing
+loss and z-loss, at PP=2 x EP=2 and TP=2 x EP=2) the step equals the HF model's with the FSDP workers' loss added, and
+the reported losses equal the HF model's."""
 
 import glob
 
@@ -17,31 +19,78 @@ from trainer.memory_plan.residency import role_memory
 from trainer.memory_plan.setup import ModelRole
 from trainer.memory_plan.shape import ModelShape
 from trainer.memory_plan.terms import Trainability
+from workers.moe_router_loss import load_balance_loss, router_source
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 
 
+# Router losses (workers/megatron/router_training.py): actor.router_aux_loss_coef's (averaged over the layers) with a
+# z-loss, and megatron-core's own per-layer coefficient (verl's moe_aux_loss_coeff) under sequence parallelism.
+AVERAGED_WITH_Z = {"aux_loss_coeff": 0.5, "averaged_over_layers": True, "z_loss_coeff": 0.02}
+PER_LAYER = {"aux_loss_coeff": 0.2}
+
+
+class HFRouterLosses:
+    """The HF model's side of the router losses: each training forward's router logits (hooks), turned into the
+    load-balancing loss of the FSDP workers (workers/moe_router_loss.py) and megatron-core's z-loss, over real tokens."""
+
+    def __init__(self, model, settings: dict) -> None:
+        router_class, self.index = router_source(model)
+        self.settings, self.top_k, self.logits = settings, model.config.num_experts_per_tok, []
+        self.aux: list[float] = []  # per micro-batch: the load-balancing loss averaged over layers
+        self.z: list[float] = []  # and the z-loss likewise
+        for module in model.modules():
+            if isinstance(module, router_class):
+                module.register_forward_hook(self._keep)
+
+    def _keep(self, module, args, output) -> None:
+        if torch.is_grad_enabled():
+            self.logits.append(output[self.index])
+
+    def __call__(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        layers, self.logits = self.logits, []
+        real = attention_mask.reshape(-1).float()
+        balance = torch.stack([load_balance_loss([logits], self.top_k, real) for logits in layers])
+        z = torch.stack([(torch.logsumexp(logits.float(), -1).square() * real).sum() / real.sum() for logits in layers])
+        self.aux.append(float(balance.detach().mean()))
+        self.z.append(float(z.detach().mean()))
+        scale = 1 / len(layers) if self.settings.get("averaged_over_layers") else 1.0
+        loss = self.settings["aux_loss_coeff"] * scale * balance.sum()
+        return loss + self.settings.get("z_loss_coeff", 0.0) * z.sum()
+
+
 @pytest.mark.parametrize(
-    "tp, pp, ep, dp, norm_topk_prob, tied, etp",
+    "tp, pp, ep, dp, norm_topk_prob, tied, etp, router",
     # EP=2 alone and PP=2 alone are inside pp2-ep2 and ep2-unnormalised-topk: not run again (CI time).
     # tp2-etp1-ep2: verl's "parallel folding", attention over TP 2 and whole experts over EP 2 on the same two ranks;
     # tp2-etp1: whole experts on both TP ranks, their gradients summed over the expert-data-parallel pair.
-    [(1, 1, 1, 1, True, True, None), (1, 1, 2, 2, False, False, None), (2, 1, 1, 1, True, False, None),
-     (1, 2, 2, 2, True, True, None), (2, 1, 2, 2, True, False, None), (2, 1, 2, 1, True, False, 1),
-     (2, 1, 1, 1, True, True, 1)],
-    ids=["ep1", "ep2-unnormalised-topk", "tp2", "pp2-ep2", "tp2-ep2", "tp2-etp1-ep2", "tp2-etp1"],
+    [(1, 1, 1, 1, True, True, None, None), (1, 1, 2, 2, False, False, None, None), (2, 1, 1, 1, True, False, None, None),
+     (1, 2, 2, 2, True, True, None, AVERAGED_WITH_Z), (2, 1, 2, 2, True, False, None, PER_LAYER),
+     (2, 1, 2, 1, True, False, 1, None), (2, 1, 1, 1, True, True, 1, None)],
+    ids=["ep1", "ep2-unnormalised-topk", "tp2", "pp2-ep2-router-losses", "tp2-ep2-router-loss", "tp2-etp1-ep2",
+         "tp2-etp1"],
 )
-def test_moe_engine_matches_the_hf_model(megatron_probes, tmp_path, tp, pp, ep, dp, norm_topk_prob, tied, etp):
+def test_moe_engine_matches_the_hf_model(megatron_probes, tmp_path, tp, pp, ep, dp, norm_topk_prob, tied, etp, router):
     model = qwen3_moe(tmp_path, norm_topk_prob=norm_topk_prob, tied=tied)
     initial = per_expert_state(model)
     # The loader reads the checkpoint's per-expert names; the helper's split of the fused experts must match them.
     (on_disk,) = [load_file(f) for f in glob.glob(str(tmp_path / "*.safetensors"))]
     assert sorted(on_disk) == sorted(k for k in initial if not (tied and k == "lm_head.weight"))
     assert all(torch.equal(on_disk[k], initial[k]) for k in on_disk)
-    hf = _hf_reference(model, _batch())
+    router_losses = HFRouterLosses(model, router) if router else None
+    hf = _hf_reference(model, _batch(), router_losses)
     with megatron_probes(tp * pp * dp) as group:
-        outputs = group.run(str(tmp_path), tp, pp, tp > 1, False, _batch(), LR, ep, etp)
+        outputs = group.run(str(tmp_path), tp, pp, tp > 1, False, _batch(), LR, ep, etp, router)
     (result,) = [o for o in outputs if o is not None]
+    if router_losses is None:
+        assert all("router_aux_loss" not in metrics for metrics in result["metrics"])
+    else:
+        # Reported as the FSDP workers do: per micro-batch, averaged over the layers (of both pipeline stages).
+        for metrics in result["metrics"]:
+            assert metrics["router_aux_loss"] == pytest.approx(sum(router_losses.aux) / 2, rel=1e-5)
+            assert ("router_z_loss" in metrics) == ("z_loss_coeff" in router)
+            if "z_loss_coeff" in router:
+                assert metrics["router_z_loss"] == pytest.approx(sum(router_losses.z) / 2, rel=1e-5)
     # The memory plan's per-GPU weights (trainer/memory_plan/residency.py) are this rank's parameters exactly: the
     # last stage's slice, experts split over TP x EP, the padded vocabulary, norms and routers whole on each TP rank.
     shape = ModelShape.from_config(model.config.to_dict())

@@ -10,7 +10,7 @@ from tests.e2e.conftest import ONE_RANK, comparable_metrics, run_overrides
 from trainer.batch_checks import batch_split_problems
 from trainer.config_loader import load_config
 from trainer.main import run
-from trainer.tiny_moe import build_tiny_moe
+from trainer.tiny_moe import ACTIVE_EXPERTS, EXPERTS, build_tiny_moe
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 pytestmark = pytest.mark.slow
@@ -188,7 +188,9 @@ def test_grpo_with_a_separate_vllm_engine_fed_from_pipeline_stages(ray_cluster, 
 def test_grpo_with_hybrid_vllm_on_the_tiny_moe_with_folded_expert_parallel(ray_cluster, tiny_assets, tmp_path):
     """verl's "parallel folding": attention over TP 2 and whole experts over EP 2 (expert TP 1) on the same two
     ranks, each with a vLLM engine of the whole model; after every update each expert is broadcast from its EP rank
-    into both engines under its checkpoint name, and the sync is verified."""
+    into both engines under its checkpoint name, and the sync is verified. The routers train with verl's
+    megatron-core load-balancing and z-losses (`+...override_transformer_config.*`, as verl's MoE scripts set them)
+    beside its kernel switches, which change nothing here."""
     from safetensors import safe_open
 
     from tests.rollout.conftest import SHORT_RUN
@@ -207,13 +209,19 @@ def test_grpo_with_hybrid_vllm_on_the_tiny_moe_with_folded_expert_parallel(ray_c
     (problem,) = batch_split_problems(load_config(run_overrides(assets, tmp_path, *without)))
     assert problem.endswith("needs sequence parallelism (megatron-core's MoE layer refuses to train without it): set "
                             "actor_rollout_ref.actor.megatron.sequence_parallel=true, or the tensor parallel size to 1")
-    cfg = load_config(run_overrides(assets, tmp_path / "run", *overrides))
+    verl_router = "+actor_rollout_ref.actor.megatron.override_transformer_config"
+    router_keys = (f"{verl_router}.moe_aux_loss_coeff=0.01", f"{verl_router}.moe_z_loss_coeff=0.001",
+                   f"{verl_router}.moe_router_dtype=fp32", f"{verl_router}.moe_permute_fusion=True")
+    cfg = load_config(run_overrides(assets, tmp_path / "run", *overrides, *router_keys))
     history = _check_verified_run(run(cfg), str(model))
     (weights,) = model.glob("*.safetensors")
     with safe_open(weights, framework="pt") as handle:
         on_disk = len(list(handle.keys()))  # per-expert tensors, as vLLM loads them
     for record in history[1:]:
         assert record["rollout/sync_tensors"] == on_disk
+        # Switch Transformer's loss: 1 for uniform routing, at most experts / active ones.
+        assert 1.0 <= record["actor/router_aux_loss"] < EXPERTS / ACTIVE_EXPERTS, record
+        assert record["actor/router_z_loss"] > 0, record
 
 
 def test_online_dpo_step_matches_the_fsdp_backend(ray_cluster, tiny_assets, tmp_path):

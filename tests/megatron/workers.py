@@ -70,20 +70,22 @@ class MegatronProbe(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def run(
         self, model_path: str, tp: int, pp: int, sp: bool, dist_opt: bool, batch: dict, lr: float, ep: int = 1,
-        etp: int | None = None,
+        etp: int | None = None, router: dict | None = None,
     ) -> dict | None:
-        """Builds a trainable `MegatronBackend` and reports, from TP rank 0 of the last stage, the response
-        log-probs and entropies of a fixed batch, a training step's gradient norm and the exported weights."""
+        """Builds a trainable `MegatronBackend` (with `router`: `RouterTraining`'s fields) and reports, from TP rank 0
+        of the last stage, the response log-probs and entropies of a fixed batch, a training step's gradient norm and
+        metrics, and the exported weights."""
         from megatron.core import parallel_state as ps
 
         from workers.megatron.backend import MegatronBackend
         from workers.megatron.model import ParallelSettings
+        from workers.megatron.router_training import RouterTraining
         from workers.training.backend import ResponseForward
 
         init_layout(self, tp, pp, ep, etp)
         engine = MegatronBackend(
             {"path": model_path, "dtype": "float32"}, ParallelSettings(tp, pp, sp, dist_opt, ep, etp),
-            optim_settings(lr),
+            optim_settings(lr), router=RouterTraining(**(router or {})),
         )
         micros = list(DataProto.from_dict(batch).split(2))  # the whole batch on every rank (each DP rank too)
 
@@ -98,7 +100,7 @@ class MegatronProbe(Worker):
         loaded = {name: t.clone() for name, t in engine.hf_weights(torch.float32)}  # before any step
         kept = engine.forward_only(micros, ResponseForward("log_probs", 1.0, with_entropy=True), keep)
         engine.zero_grad()
-        engine.forward_backward(micros, ResponseForward("log_probs", 1.0), loss)
+        trained = engine.forward_backward(micros, ResponseForward("log_probs", 1.0), loss)
         grad_norm = engine.optimizer_step(1.0)
         weights = {name: t.clone() for name, t in engine.hf_weights(torch.float32)}
         if not (ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0):
@@ -107,6 +109,7 @@ class MegatronProbe(Worker):
             "log_probs": torch.cat([k["log_probs"] for k in kept]),
             "entropy": torch.cat([k["entropy"] for k in kept]),
             "grad_norm": grad_norm,
+            "metrics": trained.kept,
             "weights": weights,
             "loaded_weights": loaded,
             "local_params": sum(p.numel() for p in engine.gpt.parameters()),  # this rank's slice (the plan's count)

@@ -175,18 +175,35 @@ def test_the_reference_megatron_layout_must_be_the_actors():
         worker_config("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2")
 
 
-def test_verls_megatron_recompute_keys_name_what_to_use():
-    # verl's Megatron MoE scripts (examples/router_replay) set recompute through the transformer config overrides;
-    # here the model's checkpointing switch recomputes.
+def test_verls_megatron_transformer_config_keys():
+    # verl's Megatron MoE scripts (examples/router_replay, the Qwen3-MoE scripts) set recompute, the routers and the
+    # kernels through the transformer config overrides: here the model's checkpointing switch recomputes, the routers'
+    # keys are taken, the kernel switches are hints, and other megatron-core fields are refused.
     with pytest.raises(ConfigError) as error:
         load_config([
             "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",
             "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype=fp32",
+            "+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=4",
+            "+actor_rollout_ref.ref.megatron.override_transformer_config.moe_router_dtype=fp32",
         ])
     lines = str(error.value).splitlines()[1:]
+    assert len(lines) == 3
     assert lines[0].startswith("  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full:")
     assert lines[0].endswith("; use actor_rollout_ref.model.enable_gradient_checkpointing")
-    assert lines[1].endswith("moe_router_dtype=fp32: Megatron's transformer config comes from the Hugging Face config here")
+    assert "num_layers_in_first_pipeline_stage=4: Megatron's transformer config comes from the Hugging Face" in lines[1]
+    assert lines[2].endswith("moe_router_dtype=fp32: the reference runs with the actor's transformer config; use "
+                             "actor_rollout_ref.actor.megatron.override_transformer_config")
+    verl_router = "+actor_rollout_ref.actor.megatron.override_transformer_config"
+    cfg = load_config([
+        "actor_rollout_ref.actor.strategy=megatron", f"{verl_router}.moe_router_dtype=fp32",
+        f"{verl_router}.moe_aux_loss_coeff=0.01", f"{verl_router}.moe_grouped_gemm=True",
+        f"{verl_router}.moe_token_dispatcher_type=flex",
+    ])
+    taken = actor_rollout_ref_config(actor_worker_config(cfg), "actor_rollout_ref")["actor"]["megatron"]
+    assert taken["override_transformer_config"] == {
+        "moe_aux_loss_coeff": 0.01, "moe_z_loss_coeff": None, "moe_router_load_balancing_type": None,
+        "moe_router_dtype": "fp32",
+    }
 
 
 def test_verls_expert_tp_size_is_taken():

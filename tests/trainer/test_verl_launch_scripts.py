@@ -17,6 +17,12 @@ from trainer.main import main
 # A 7B-class shape (Qwen2-7B's config.json fields the plan reads): the scripts' models, without weights.
 QWEN_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, intermediate_size=18944, tie_word_embeddings=False, max_position_embeddings=32768)
+# Qwen3-30B-A3B's shape (128 experts of 768, 8 active): the mixture-of-experts scripts' model.
+QWEN3_30B_A3B = dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
+                     num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144,
+                     moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                     tie_word_embeddings=False, max_position_embeddings=40960)
+MOE_SCRIPTS = ("megatron_moe_96gb",)
 MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path")
 DATA_KEYS = {"data.train_files": "train", "data.val_files": "val"}
 
@@ -66,6 +72,13 @@ def model_folder(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def moe_model_folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("verl_30b_a3b")
+    (folder / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    return folder
+
+
 def adapted(name: str, model: Path, assets: dict[str, str], out: Path) -> list[str]:
     """The script's arguments with the model and data paths replaced, planned only."""
     args = []
@@ -86,8 +99,10 @@ def adapted(name: str, model: Path, assets: dict[str, str], out: Path) -> list[s
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_a_verl_script_is_accepted_or_refused_in_one_line(name, no_ray, small_assets, model_folder, tmp_path, capsys):
-    code = main(adapted(name, model_folder, small_assets, tmp_path))
+def test_a_verl_script_is_accepted_or_refused_in_one_line(
+    name, no_ray, small_assets, model_folder, moe_model_folder, tmp_path, capsys
+):
+    code = main(adapted(name, moe_model_folder if name in MOE_SCRIPTS else model_folder, small_assets, tmp_path))
     captured = capsys.readouterr()
     errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
     if name in EXPECTED_REFUSALS:

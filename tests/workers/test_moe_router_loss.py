@@ -66,8 +66,22 @@ def test_a_dense_model_is_refused_by_name():
         RouterLogits(dense, 2)
 
 
-def test_the_router_loss_is_refused_with_megatron():
-    with pytest.raises(ValueError, match=r"^actor.router_aux_loss_coef applies to strategy='fsdp' only"):
-        actor_rollout_ref_config(
-            {"model": {"path": "/m"}, "actor": {"strategy": "megatron", "router_aux_loss_coef": 0.01}}
-        )
+def test_router_settings_are_checked_against_the_backend():
+    """The load-balancing loss has one key per meaning: the actor's averaged coefficient on either backend, verl's
+    per-layer megatron-core keys with strategy=megatron only, never both."""
+    megatron = {"model": {"path": "/m"}, "actor": {"strategy": "megatron", "router_aux_loss_coef": 0.01}}
+    assert actor_rollout_ref_config(megatron)["actor"]["router_aux_loss_coef"] == 0.01
+    verl_key = {"megatron": {"override_transformer_config": {"moe_aux_loss_coeff": 0.01}}}
+    with pytest.raises(ValueError, match=r"^actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.01: "
+                       r"megatron-core's router settings apply to strategy='megatron' only"):
+        actor_rollout_ref_config({"model": {"path": "/m"}, "actor": verl_key})
+    with pytest.raises(ValueError, match=r"^actor.router_aux_loss_coef=0.01 and "
+                       r"actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.01 both set"):
+        actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {**megatron["actor"], **verl_key}})
+    off = {"megatron": {"override_transformer_config": {"moe_router_load_balancing_type": "none"}}}
+    with pytest.raises(ValueError, match="moe_router_load_balancing_type=none turns the load-balancing loss off"):
+        actor_rollout_ref_config({"model": {"path": "/m"}, "actor": {**megatron["actor"], **off}})
+    wrong = {"strategy": "megatron", "megatron": {"override_transformer_config": {"moe_router_dtype": "bf16"}}}
+    with pytest.raises(ValueError, match=r"moe_router_dtype' must be None \(the compute dtype\) or one of "
+                       r"\['fp32', 'fp64'\], got 'bf16'"):
+        actor_rollout_ref_config({"model": {"path": "/m"}, "actor": wrong})

@@ -25,6 +25,7 @@ from workers.fsdp.residency import ACTOR, Residency, process_tenants
 from workers.megatron.backend import MegatronBackend
 from workers.megatron.moe import copy_into_hf_model
 from workers.megatron.offload import MegatronOffloader
+from workers.megatron.router_training import RouterTraining
 from workers.megatron.side import MegatronSide, trained_offloader
 from workers.rollout.agent.worker_glue import PROMPT_KEYS, build_agent, hf_agent_generate, vllm_agent_generate
 from workers.rollout.hf_generate import generate_responses, seeded_sampling
@@ -51,15 +52,22 @@ class MegatronActorSide(MegatronSide):
         self.rollout_model: torch.nn.Module | None = None  # HF generate (rollout.name=hf)
         self.rollout_routing: RouterChoices | None = None  # its routers' choices (routing replay R3)
         self.rollout_version = 0  # the weights version the HF replica holds
+        # The reference's routers compute as the actor's (their dtype); their losses act in training passes only.
+        router = RouterTraining.from_config(
+            cfg["actor"]["megatron"]["override_transformer_config"], cfg["actor"]["router_aux_loss_coef"]
+        )
         if worker.role != "ref":
             mini_batch_per_rank(cfg["actor"], cfg["rollout"]["n"], self.data_parallel_size, self.where("actor"))
             self.actor = MegatronBackend(
-                cfg["model"], settings, cfg["actor"]["optim"], seed=cfg["seed"], max_positions=max_positions
+                cfg["model"], settings, cfg["actor"]["optim"], seed=cfg["seed"], max_positions=max_positions,
+                router=router,
             )
             if routing_wanted(cfg):
                 self.actor.track_routing()
         if worker.role in ("actor_rollout_ref", "ref"):
-            self.ref = MegatronBackend(cfg["model"], settings, seed=cfg["seed"], max_positions=max_positions)
+            self.ref = MegatronBackend(
+                cfg["model"], settings, seed=cfg["seed"], max_positions=max_positions, router=router
+            )
         self.residency = self._build_residency()
         # Offloaded models leave the GPU before the rollout starts: the engine then finds its whole budget free.
         self.residency.offload()

@@ -39,6 +39,8 @@ from workers.megatron.model import (
 )
 from workers.megatron.moe import moe_sequence_parallel_problem
 from workers.megatron.router_replay import MegatronRouting
+from workers.megatron.router_training import RouterTraining, clear_router_losses, router_loss_metrics
+from workers.megatron.rows_forward import common_left_padding, padded_length, sequence_forward
 from workers.megatron.training_hooks import BackendHooks
 from workers.megatron.vocab_parallel import log_probs_and_entropy
 from workers.routing_replay.token_order import ROUTED_EXPERTS
@@ -58,40 +60,6 @@ from workers.training.micro_batching import MicroBatching
 StageLossFn = Callable[[torch.Tensor, DataProto], tuple[torch.Tensor, dict[str, Any]]]
 
 
-def padded_length(length: int, settings: ParallelSettings) -> int:
-    """`length` rounded up to a multiple of the TP size under sequence parallelism (it splits the sequence over
-    the TP ranks)."""
-    multiple = settings.tp if settings.sequence_parallel else 1
-    return -(-length // multiple) * multiple
-
-
-def common_left_padding(micros: list[DataProto]) -> int:
-    """Leading columns that are padding in every row of every micro-batch: left-padded prompts (padded to
-    data.max_prompt_length) leave many, which no real token attends to."""
-    columns = [m.batch["attention_mask"].bool().any(dim=0) for m in micros]
-    firsts = [int(real.int().argmax()) if bool(real.any()) else real.numel() for real in columns]
-    return min(firsts)
-
-
-def sequence_forward(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, settings: ParallelSettings,
-    device: torch.device,
-) -> torch.Tensor:
-    """The GPT model's forward over rows [b, S] (1 = token in `attention_mask`), padded on the right to
-    `padded_length` (the output keeps the padded positions; the caller cuts them off). Also the strategy API's."""
-    length = input_ids.shape[1]
-    padded = padded_length(length, settings)
-    ids, mask = input_ids.to(device), attention_mask.to(device)
-    if padded != length:
-        ids, mask = nn.functional.pad(ids, (0, padded - length)), nn.functional.pad(mask, (0, padded - length))
-    positions = torch.arange(padded, device=device).expand_as(ids)
-    # [b, 1, S, S] True = masked: causal, and no attention to padding. Rows of left-padded prompts start at
-    # position > 0; RoPE scores depend only on relative positions, so the real tokens see what they see in the
-    # HF model with its shifted position ids.
-    causal = torch.ones(padded, padded, dtype=torch.bool, device=device).triu(1)
-    return model(ids, positions, causal[None, None] | ~mask.bool()[:, None, None, :])
-
-
 class MegatronBackend:
     def __init__(
         self,
@@ -101,6 +69,7 @@ class MegatronBackend:
         value_head: bool = False,
         seed: int = 0,
         max_positions: int = 4096,
+        router: RouterTraining | None = None,
     ) -> None:
         from megatron.core.distributed import (
             DistributedDataParallel,
@@ -116,6 +85,7 @@ class MegatronBackend:
         self.dtype = compute_dtype(model_cfg["dtype"], self.device)
         self.settings = settings
         self.value_head = value_head
+        self.router = router or RouterTraining()  # a mixture of experts' router losses and dtype
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
         self.config_overrides: dict[str, Any] = dict(model_cfg.get("override_config") or {})  # verl's key
         for key, value in self.config_overrides.items():
@@ -132,7 +102,7 @@ class MegatronBackend:
             model_parallel_cuda_manual_seed(seed)
         # A frozen model runs no backward: nothing to recompute.
         recompute = bool(model_cfg.get("enable_gradient_checkpointing")) and optim_cfg is not None
-        self.config = transformer_config(self.hf_config, self.layout, settings, self.dtype, recompute)
+        self.config = transformer_config(self.hf_config, self.layout, settings, self.dtype, recompute, self.router)
         torch.manual_seed(seed)  # a new value head starts equal on every rank
         self.gpt = build_gpt_model(self.config, self.layout, max_positions, rope_theta(self.hf_config), value_head)
         state = stage_state(
@@ -204,7 +174,7 @@ class MegatronBackend:
             micro = next(iterator)
             ids, mask = micro.batch["input_ids"][:, lead:], micro.batch["attention_mask"][:, lead:]
             with self._routing_context(micro, padded, forward_only):
-                output = sequence_forward(model, ids, mask, self.settings, self.device)
+                output = sequence_forward(model, ids, mask, self.settings, self.device, self.router.tracks_losses)
             return output, partial(on_last_stage, micro)
 
         # Token-budget micro-batches may differ by a row: pipeline stages then send each one's shape first.
@@ -307,7 +277,12 @@ class MegatronBackend:
         def stage_loss(output: torch.Tensor, micro: DataProto) -> tuple[torch.Tensor, dict[str, Any]]:
             return loss_fn(self.response_outputs(output, micro, forward), micro)
 
-        return MicroResults(self.run_micro_batches(micros, stage_loss, forward_only=False))
+        if not self.router.tracks_losses:
+            return MicroResults(self.run_micro_batches(micros, stage_loss, forward_only=False))
+        clear_router_losses()  # what earlier passes left
+        kept = self.run_micro_batches(micros, stage_loss, forward_only=False)
+        router_metrics = router_loss_metrics(self.router, len(micros), self.layout.num_layers, self.device)
+        return MicroResults([{**metrics, **router_metrics} for metrics in kept])
 
     def forward_only(
         self, micros: list[DataProto], forward: ResponseForward, keep: MicroKeep

@@ -8,6 +8,7 @@ from typing import Any
 from workers.config import mini_batch_per_rank
 from workers.fsdp.residency import CRITIC, Residency, process_tenants
 from workers.megatron.backend import MegatronBackend
+from workers.megatron.router_training import RouterTraining
 from workers.megatron.side import MegatronSide, trained_offloader
 
 
@@ -19,7 +20,10 @@ class MegatronCriticSide(MegatronSide):
         settings = self.init_parallel(worker, cfg["megatron"])
         mini_batch_per_rank(cfg, cfg["rollout_n"], self.data_parallel_size, self.where("critic"))
         # The value head is new: seeded, so it starts equal on every rank.
-        self.critic = MegatronBackend(cfg["model"], settings, cfg["optim"], value_head=True, seed=cfg["seed"])
+        router = RouterTraining.from_config(cfg["megatron"]["override_transformer_config"])
+        self.critic = MegatronBackend(
+            cfg["model"], settings, cfg["optim"], value_head=True, seed=cfg["seed"], router=router
+        )
         self.residency = Residency(CRITIC, trained_offloader(self.critic, cfg["megatron"]), process_tenants())
         self.residency.offload()  # as the FSDP critic: its state leaves at the end of its start
 

@@ -19,6 +19,7 @@ from workers.megatron.moe import (
     select_ep,
     use_expert_groups_for_folded_experts,
 )
+from workers.megatron.router_training import RouterTraining
 
 
 @dataclass(frozen=True)
@@ -57,17 +58,30 @@ def rope_theta(hf_config: Any) -> float:
 
 
 def transformer_config(
-    hf_config: Any, layout: GPTLayout, settings: ParallelSettings, dtype: torch.dtype, recompute: bool = False
+    hf_config: Any,
+    layout: GPTLayout,
+    settings: ParallelSettings,
+    dtype: torch.dtype,
+    recompute: bool = False,
+    router: RouterTraining | None = None,
 ) -> Any:
     """The megatron-core TransformerConfig that computes what the HF model computes (no dropout, RMSNorm,
     SwiGLU, grouped-query attention, fused kernels off so the plain-torch paths run everywhere). `recompute`
     (model.enable_gradient_checkpointing): each layer keeps only its input for the backward and runs again there,
-    as the FSDP workers' checkpointed layers do."""
+    as the FSDP workers' checkpointed layers do. `router`: a mixture of experts' router losses and dtype."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    router = router or RouterTraining()
+    if layout.moe is None and not router.is_default:
+        raise ValueError(
+            f"router losses or dtype are set (actor.router_aux_loss_coef or megatron.override_transformer_config."
+            f"moe_*), but model_type {getattr(hf_config, 'model_type', None)!r} is a dense model (no router); "
+            "leave them unset"
+        )
     moe = {
         "moe_token_dispatcher_type": "alltoall",  # a dense model: only to pass the config check of variable lengths
         **moe_config_kwargs(layout.moe, settings.ep, settings.expert_tp),
+        **(router.config_kwargs(layout.num_layers) if layout.moe is not None else {}),
     }
     recomputed = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     return TransformerConfig(

@@ -71,7 +71,7 @@ class MegatronStrategy(Strategy):
     def sequence_log_probs(
         self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
-        from workers.megatron.backend import sequence_forward
+        from workers.megatron.rows_forward import sequence_forward
         from workers.megatron.vocab_parallel import log_probs_and_entropy
 
         engine = self._engine(model, "sequence_log_probs")
