@@ -249,6 +249,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             nearest="actor_rollout_ref.actor.strategy"),
     VerlKey("*.data_loader_seed", "the mini-batch shuffles are seeded from the run's seed", nearest="trainer.seed"),
     VerlKey("*fsdp_config.seed", "every seed comes from the run's seed here", nearest="trainer.seed"),
+    VerlKey("*megatron.seed", "every seed comes from the run's seed here", nearest="trainer.seed"),
     VerlKey("actor_rollout_ref.*.fsdp_config.ulysses_sequence_parallel_size", "the sequence-parallel size is a "
             "role key here", nearest="actor_rollout_ref.actor.ulysses_sequence_parallel_size"),
     VerlKey("critic.model.fsdp_config.ulysses_sequence_parallel_size", "the sequence-parallel size is a role key "
