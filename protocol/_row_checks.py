@@ -70,3 +70,19 @@ def _copied_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def _require_positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ProtocolValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _check_batch_dims(tensors: dict[str, Any], num_batch_dims: int, non_tensors: Any) -> None:
+    """from_dict's num_batch_dims: positive, the tensors agree on that many leading dims, and it is 1."""
+    _require_positive_int("num_batch_dims", num_batch_dims)
+    if num_batch_dims == 1:
+        return
+    leading = {k: tuple(v.shape[:num_batch_dims]) for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+    if len(set(leading.values())) > 1:
+        raise ProtocolValueError(f"from_dict: tensors disagree on their first {num_batch_dims} dims: {leading}")
+    raise ProtocolValueError(
+        f"from_dict: num_batch_dims={num_batch_dims}, but a DataProto has exactly one batch dimension"
+        + (" (and non_tensors need it too)" if non_tensors else "")
+        + "; build it with num_batch_dims=1 (extra dims stay per-sample dims), or flatten the leading dims "
+        "first (see protocol.fold_batch_dim / unfold_batch_dim)"
+    )

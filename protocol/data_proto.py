@@ -12,13 +12,16 @@ Same names and meanings as verl's DataProto, with safer semantics:
     Python objects held by object arrays and the values in meta_info are (copy.deepcopy
     or `select(deepcopy=True)` copies them too).
   * Bad keys, lengths and index kinds raise errors that name the key and what was expected.
+
+This file holds the container itself; splitting/joining rows is in row_operations.py, verl's extra methods
+in verl_methods.py (mixins that DataProto inherits).
 """
 
 from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,19 +35,18 @@ from protocol._keys import BatchKey, as_key_list, format_key, require_keys
 from protocol._row_checks import (
     KeyArg,
     _batch_key_list,
-    _check_concat_leaves,
+    _check_batch_dims,
     _common_length,
     _copied_arrays,
     _dedupe,
     _describe_tensor,
-    _require_positive_int,
 )
 from protocol._tensordict_utils import flatten_tensordict, td_key
 from protocol.arrays import arrays_equal, as_non_tensor_array, copy_array, tensors_equal, values_equal
 from protocol.auto_padding import AUTO_PADDING_KEY
 from protocol.batch_guard import guard_batch
 from protocol.errors import ProtocolTypeError, ProtocolValueError
-from protocol.meta_merge import merge_meta_info
+from protocol.row_operations import RowOperations
 from protocol.verl_methods import VerlMethods
 
 
@@ -61,7 +63,7 @@ class DataProtoItem:
 
 
 @dataclass(eq=False)
-class DataProto(VerlMethods):
+class DataProto(RowOperations, VerlMethods):
     """A batch of N samples.
 
     batch: TensorDict with batch_size [N] (always present, possibly without keys; pass
@@ -362,82 +364,7 @@ class DataProto(VerlMethods):
         meta = {**self.meta_info, **{k: v for k, v in other.meta_info.items() if k not in self.meta_info}}
         return DataProto(batch, non_tensor, meta)
 
-    # ------------------------------------------------------------------ row operations
-
-    @staticmethod
-    def concat(items: Sequence[DataProto]) -> DataProto:
-        """Concatenate along the batch dimension (copies).
-
-        meta_info is merged (see protocol/meta_merge.py): `metrics` dicts become per-key lists in item
-        order; per-batch keys (the sampling `seed`, the rollout weights version) are combined by their rule
-        (first seed, oldest version); any other key must have equal values in the items that hold it.
-        """
-        items = list(items)
-        if not items:
-            raise ProtocolValueError("concat needs at least one DataProto")
-        for i, item in enumerate(items):
-            if not isinstance(item, DataProto):
-                raise ProtocolTypeError(f"concat: item {i} is {type(item).__name__}, not a DataProto")
-        first_batch = sorted(map(format_key, items[0]._batch_keys()))
-        first_non_tensor = sorted(items[0].non_tensor_batch)
-        for i, item in enumerate(items[1:], start=1):
-            batch_keys = sorted(map(format_key, item._batch_keys()))
-            if batch_keys != first_batch:
-                raise ProtocolValueError(f"concat: item 0 has batch keys {first_batch} but item {i} has {batch_keys}")
-            non_tensor_keys = sorted(item.non_tensor_batch)
-            if non_tensor_keys != first_non_tensor:
-                raise ProtocolValueError(
-                    f"concat: item 0 has non_tensor_batch keys {first_non_tensor} but item {i} has {non_tensor_keys}"
-                )
-        _check_concat_leaves([item.batch for item in items])
-        batch = torch.cat([item.batch for item in items], dim=0)
-        non_tensor = {
-            k: np.concatenate([item.non_tensor_batch[k] for item in items]) for k in items[0].non_tensor_batch
-        }
-        return DataProto(batch, non_tensor, merge_meta_info([item.meta_info for item in items]))
-
-    def chunk(self, chunks: int) -> list[DataProto]:
-        """Split into `chunks` equal parts (views). len(self) must be divisible by chunks, unless
-        padding is enabled (`is_padding_enabled()`): then the first len % chunks parts get one more row."""
-        _require_positive_int("chunks", chunks)
-        length = len(self)
-        if length % chunks and self.is_padding_enabled():
-            bounds = np.cumsum([0] + [length // chunks + (i < length % chunks) for i in range(chunks)])
-            return [self[int(a) : int(b)] for a, b in zip(bounds[:-1], bounds[1:])]
-        if length % chunks:
-            raise ProtocolValueError(
-                f"cannot chunk a DataProto of length {length} into {chunks} equal chunks; pad it first with "
-                f"data.pad_to_divisor({chunks}) / pad_dataproto_to_divisor(data, {chunks}), or use split() "
-                "for uneven pieces"
-            )
-        size = length // chunks
-        return [self[i * size : (i + 1) * size] for i in range(chunks)]
-
-    def split(self, split_size: int) -> list[DataProto]:
-        """Consecutive parts of split_size samples (views); the last may be smaller; [] if empty."""
-        _require_positive_int("split_size", split_size)
-        return [self[start : start + split_size] for start in range(0, len(self), split_size)]
-
-    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
-        """Each sample repeat_times times: [a, a, b, b] if interleave else [a, b, a, b] (copies)."""
-        if isinstance(repeat_times, bool) or not isinstance(repeat_times, int) or repeat_times < 0:
-            raise ProtocolValueError(f"repeat_times must be a non-negative int, got {repeat_times!r}")
-        positions = torch.arange(len(self))
-        positions = positions.repeat_interleave(repeat_times) if interleave else positions.repeat(repeat_times)
-        return self._take(positions)
-
-    def reorder(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
-        """MUTATES self, like verl: its rows become the rows at `indices` (any index list, array, tensor or
-        bool mask; repeats and subsets allowed, as `batch[indices]` allows). Returns self as well, so
-        `data = data.reorder(idx)` also works. Tensors are copied into new containers: other DataProtos that
-        shared this one's tensors keep their rows."""
-        if isinstance(indices, (int, np.integer, slice)) or (isinstance(indices, torch.Tensor) and indices.ndim == 0):
-            raise ProtocolTypeError(f"reorder needs a sequence of row indices, got {type(indices).__name__}")
-        positions = normalize_index(indices, len(self))
-        assert isinstance(positions, torch.Tensor)
-        reordered = self._take(positions)
-        self.batch, self.non_tensor_batch = reordered.batch, reordered.non_tensor_batch
-        return self
+    # ------------------------------------------------------------------ device
 
     def to(self, device: str | torch.device) -> DataProto:
         """New DataProto with tensors on `device` (tensors already there are shared, like torch)."""
@@ -446,73 +373,7 @@ class DataProto(VerlMethods):
             batch = batch.clone(recurse=False)
         return DataProto(batch, dict(self.non_tensor_batch), dict(self.meta_info))
 
-    def make_iterator(
-        self,
-        mini_batch_size: int,
-        epochs: int,
-        seed: int | None = None,
-        dataloader_kwargs: dict[str, Any] | None = None,
-        shuffle: bool = True,
-    ) -> Iterator[DataProto]:
-        """Yield mini-batches (copies) of mini_batch_size, covering every sample once per epoch.
-
-        With shuffle, epoch e uses a permutation from torch.Generator seeded with seed + e
-        (a random seed when seed is None). len(self) must be divisible by mini_batch_size.
-        `dataloader_kwargs` may only hold {"shuffle": bool}; when given it decides shuffling, with
-        torch DataLoader's default (no shuffle) when the key is absent.
-        """
-        if dataloader_kwargs is not None:
-            unknown = sorted(set(dataloader_kwargs) - {"shuffle"})
-            if unknown:
-                raise ProtocolValueError(
-                    f"make_iterator: dataloader_kwargs {unknown} are not supported; only 'shuffle' is"
-                )
-            shuffle = bool(dataloader_kwargs.get("shuffle", False))
-        _require_positive_int("mini_batch_size", mini_batch_size)
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-            raise ProtocolValueError(f"epochs must be a non-negative int, got {epochs!r}")
-        length = len(self)
-        if length % mini_batch_size:
-            raise ProtocolValueError(
-                f"make_iterator: length {length} is not divisible by mini_batch_size {mini_batch_size}; "
-                "pad first (pad_to_divisor) or pick another mini_batch_size"
-            )
-        base_seed = seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item())
-
-        def generate() -> Iterator[DataProto]:
-            for epoch in range(epochs):
-                if shuffle:
-                    generator = torch.Generator().manual_seed(base_seed + epoch)
-                    order = torch.randperm(length, generator=generator)
-                else:
-                    order = torch.arange(length)
-                for start in range(0, length, mini_batch_size):
-                    yield self._take(order[start : start + mini_batch_size])
-
-        return generate()
-
-    # ------------------------------------------------------------------ padding / disk
-
-    def pad_to_divisor(self, size_divisor: int) -> tuple[DataProto, int]:
-        """Return (a new DataProto whose length is a multiple of size_divisor, pad_size).
-
-        Padding rows repeat rows from the start (cyclically when the pad is longer than the
-        data), so they are real samples any worker can process. The result never shares
-        memory with `self`, even when no padding is needed.
-        """
-        _require_positive_int("size_divisor", size_divisor)
-        length = len(self)
-        if length == 0:
-            raise ProtocolValueError("cannot pad an empty DataProto: there are no rows to repeat")
-        pad_size = (-length) % size_divisor
-        positions = torch.cat([torch.arange(length), torch.arange(pad_size) % length])
-        return self[positions], pad_size
-
-    def unpad(self, pad_size: int) -> DataProto:
-        """Drop the last pad_size rows; returns a new DataProto that does not share memory with `self`."""
-        if isinstance(pad_size, bool) or not isinstance(pad_size, int) or not 0 <= pad_size <= len(self):
-            raise ProtocolValueError(f"pad_size must be an int in [0, {len(self)}], got {pad_size!r}")
-        return self[torch.arange(len(self) - pad_size)]
+    # ------------------------------------------------------------------ disk
 
     def save_to_disk(self, path: str | os.PathLike[str]) -> None:
         """Write one safetensors file (no pickle); see protocol/disk.py for the format."""
@@ -522,22 +383,6 @@ class DataProto(VerlMethods):
     def load_from_disk(path: str | os.PathLike[str]) -> DataProto:
         """Read a file written by save_to_disk (tensors on CPU)."""
         return DataProto(**disk.read_dataproto_file(path))
-
-
-def _check_batch_dims(tensors: dict[str, Any], num_batch_dims: int, non_tensors: Any) -> None:
-    """from_dict's num_batch_dims: positive, the tensors agree on that many leading dims, and it is 1."""
-    _require_positive_int("num_batch_dims", num_batch_dims)
-    if num_batch_dims == 1:
-        return
-    leading = {k: tuple(v.shape[:num_batch_dims]) for k, v in tensors.items() if isinstance(v, torch.Tensor)}
-    if len(set(leading.values())) > 1:
-        raise ProtocolValueError(f"from_dict: tensors disagree on their first {num_batch_dims} dims: {leading}")
-    raise ProtocolValueError(
-        f"from_dict: num_batch_dims={num_batch_dims}, but a DataProto has exactly one batch dimension"
-        + (" (and non_tensors need it too)" if non_tensors else "")
-        + "; build it with num_batch_dims=1 (extra dims stay per-sample dims), or flatten the leading dims "
-        "first (see protocol.fold_batch_dim / unfold_batch_dim)"
-    )
 
 
 def _rebuild(
