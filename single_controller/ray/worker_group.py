@@ -2,56 +2,33 @@
 
 from __future__ import annotations
 
-import functools
-import time
 import uuid
-import weakref
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import ray
 from ray.experimental import internal_kv
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from single_controller.call_timing import record_async_call, record_driver_call
-from single_controller.decorator import Execute, MethodSpec, get_method_spec
-from single_controller.dispatch import DispatchEntry, resolve_dispatch
-from single_controller.dispatch_result import per_rank_arguments
-from single_controller.errors import WorkerGroupError
-from single_controller.mesh import MeshPlacement, complete_placements
-from single_controller.ray.actor_env import actor_runtime_env, check_user_env, rank_env
+from single_controller.mesh import MeshPlacement
+from single_controller.ray.actor_env import check_user_env
 from single_controller.ray.call_log import CallLog
 from single_controller.ray.class_with_args import RayClassWithInitArgs, plain_class
 from single_controller.ray.colocated import FUSED_EXECUTE_METHOD, ColocatedWorker, role_method_name
-from single_controller.ray.placement import describe_placement, preset_master_addr
+from single_controller.ray.group_calls import GroupCalls
+from single_controller.ray.placement import describe_placement
+from single_controller.ray.rank_actors import fetch_node_info, find_detached_actors, request_rank_actors, wait_for_rank0
 from single_controller.ray.resource_pool import RayResourcePool
-from single_controller.ray.shared_objects import SharedObjects
-from single_controller.ray.waiting import unfinished_ranks, wait_for_outputs
+from single_controller.ray.waiting import unfinished_ranks
 from single_controller.ray.worker_lifetime import WorkerLifetime
-from single_controller.shards import JoinablePart
-from single_controller.worker import (
-    ENV_MASTER_ADDR,
-    ENV_MASTER_RENDEZVOUS,
-    ENV_RESERVE_MASTER_PORT,
-    MASTER_WAIT_TIMEOUT_S,
-    RENDEZVOUS_NAMESPACE,
-    NodeInfo,
-    Worker,
-)
-
-DETACHED_NAMESPACE = "single_controller"
-INIT_TIMEOUT_S = MASTER_WAIT_TIMEOUT_S  # one bound on a rank's start, driver and worker side
+from single_controller.worker import RENDEZVOUS_NAMESPACE, NodeInfo, Worker
 
 
-def _actor_name(name_prefix: str, rank: int) -> str:
-    return f"{name_prefix}_{rank}"
-
-
-class RayWorkerGroup:
+class RayWorkerGroup(GroupCalls):
     """A group of `world_size` workers of one class, placed on a resource pool.
 
     Every method of the worker class decorated with `@register` becomes a method of the group: calling it
     splits the arguments with the method's dispatch mode, runs it on the ranks its execute mode names, and
     collects the outputs (or returns a `DataProtoFuture` when registered with `blocking=False`).
+    Calling is the `GroupCalls` mixin's (group_calls.py); the actors are made by rank_actors.py.
     """
 
     def __init__(
@@ -94,7 +71,9 @@ class RayWorkerGroup:
         self._workers: list[Any] = []
         self._node_info: list[NodeInfo] = []
         try:
-            self._create_workers(resource_pool, ray_cls_with_init, user_env, self._rendezvous)
+            request_rank_actors(
+                self._workers, self.name, resource_pool, ray_cls_with_init, user_env, self._rendezvous, detached
+            )
         except BaseException:
             self._abandon_start()
             raise
@@ -109,8 +88,8 @@ class RayWorkerGroup:
         if self._rendezvous is None:
             return self
         try:
-            self._wait_for_rank0(self._workers[0])
-            self._node_info = self._fetch_node_info()
+            wait_for_rank0(self.name, self._workers[0])
+            self._node_info = fetch_node_info(self.name, self._workers)
         except BaseException:
             self._abandon_start()
             raise
@@ -149,7 +128,7 @@ class RayWorkerGroup:
         group._lifetime = lifetime if lifetime is not None else WorkerLifetime(group._workers, None, False)
         group._rendezvous = None  # started already
         group._call_log = call_log if call_log is not None else CallLog(len(group._workers))
-        group._node_info = node_info if node_info is not None else group._fetch_node_info()
+        group._node_info = node_info if node_info is not None else fetch_node_info(name, group._workers)
         group._bind_registered_methods(worker_cls)
         return group
 
@@ -159,103 +138,12 @@ class RayWorkerGroup:
     ) -> "RayWorkerGroup":
         """Attach to a detached group created (by any driver) with `detached=True, name_prefix=...`."""
         worker_cls = plain_class(worker_cls.cls if isinstance(worker_cls, RayClassWithInitArgs) else worker_cls)
-        try:
-            rank0 = ray.get_actor(_actor_name(name_prefix, 0), namespace=DETACHED_NAMESPACE)
-        except ValueError:
-            raise LookupError(
-                f"no detached worker group named {name_prefix!r} is alive (looked for actor "
-                f"{_actor_name(name_prefix, 0)!r} in namespace {DETACHED_NAMESPACE!r})"
-            ) from None
-        world_size = ray.get(rank0.sc_world_size.remote())
-        workers = [rank0] + [
-            ray.get_actor(_actor_name(name_prefix, r), namespace=DETACHED_NAMESPACE) for r in range(1, world_size)
-        ]
+        workers = find_detached_actors(name_prefix)
         group = cls._from_handles(name_prefix, workers, worker_cls, call_timeout_s=call_timeout_s)
         group.detached = True
         return group
 
-    def _create_workers(
-        self, pool: RayResourcePool, cia: RayClassWithInitArgs, user_env: dict[str, str], rendezvous: str
-    ) -> None:
-        """Requests every rank at once into `self._workers` (their imports overlap; after a failure part-way
-        the ranks already requested are there to kill); rank 0 publishes its master address under
-        `rendezvous` and the other ranks read it before their `__init__` (see `Worker.__new__`)."""
-        remote_cls = ray.remote(cia.cls)
-        slots = pool.rank_slots()
-        world_size = len(slots)
-        master_host = preset_master_addr([slot.node_id for slot in slots])
-        user_runtime_env = dict(cia.actor_options.get("runtime_env") or {})
-        check_user_env(
-            user_runtime_env.get("env_vars"), "runtime_env['env_vars'] of RayClassWithInitArgs.update_options"
-        )
-        for rank, slot in enumerate(slots):
-            env = rank_env(rank, world_size, slot, self.name)
-            env[ENV_MASTER_RENDEZVOUS] = rendezvous
-            if rank == 0:
-                env[ENV_RESERVE_MASTER_PORT] = "1"
-                if master_host is not None:
-                    env[ENV_MASTER_ADDR] = master_host
-            options: dict[str, Any] = {**pool.actor_resources(), **cia.actor_options}
-            options.update(
-                runtime_env=actor_runtime_env(user_runtime_env, user_env, env),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(slot.placement_group, slot.bundle_index),
-            )
-            if self.detached:
-                options.update(
-                    name=_actor_name(self.name, rank), namespace=DETACHED_NAMESPACE, lifetime="detached"
-                )
-            self._workers.append(remote_cls.options(**options).remote(*cia.args, **cia.kwargs))
-
-    def _wait_for_rank0(self, rank0: Any) -> None:
-        """Returns once rank 0 has finished __init__; raises an error naming rank 0 if it failed or hung."""
-        try:
-            ray.get(rank0.sc_master_address.remote(), timeout=INIT_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            raise WorkerGroupError(
-                self.name, "__init__", [0],
-                f"rank 0 did not finish __init__ within {INIT_TIMEOUT_S:.0f}s",
-            ) from None
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
-            raise WorkerGroupError(self.name, "__init__", [0], f"rank 0 failed to start:\n{error}") from None
-
-    def _fetch_node_info(self) -> list[NodeInfo]:
-        refs = [w.sc_node_info.remote() for w in self._workers]
-        return wait_for_outputs(
-            refs, list(range(len(refs))), self.name, "__init__", lambda r: f"rank {r}", INIT_TIMEOUT_S
-        )
-
-    def _bind_registered_methods(self, worker_cls: type) -> None:
-        for attr in dir(worker_cls):
-            spec = get_method_spec(getattr(worker_cls, attr, None))
-            if spec is None:
-                continue
-            if hasattr(type(self), attr):
-                raise ValueError(
-                    f"registered method {worker_cls.__name__}.{attr} has the name of a RayWorkerGroup attribute; "
-                    "rename the method"
-                )
-            setattr(self, attr, self._make_driver_method(attr, spec))
-
-    def _make_driver_method(self, method: str, spec: MethodSpec) -> Callable[..., Any]:
-        entry = resolve_dispatch(spec.dispatch_mode)
-        # Stored on the group, a method holding the group itself would make a reference cycle: a dropped group (and
-        # its actors, GPUs and placement) would then live on until Python's cyclic collector happened to run.
-        group_ref = weakref.ref(self)
-        group_name = self.name
-
-        def driver_method(*args: Any, **kwargs: Any) -> Any:
-            group = group_ref()
-            if group is None:
-                raise ReferenceError(
-                    f"{group_name}.{method} was called after its RayWorkerGroup was dropped (no reference to the "
-                    "group was left, so Ray ended its workers); keep the group, not only its method"
-                )
-            return group._call(method, entry, spec.execute_mode, spec.blocking, args, kwargs)
-
-        driver_method.__name__ = method
-        return driver_method
-
-    # ---- calling ---------------------------------------------------------------------------------------
+    # ---- state -----------------------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
         return len(self._workers)
@@ -280,127 +168,6 @@ class RayWorkerGroup:
         info = self._node_info[rank] if rank < len(self._node_info) else None
         where = f" (node {info.node_id[:12]} {info.ip}, pid {info.pid})" if info else ""
         return f"rank {rank}{where}"
-
-    def _record(self, rank: int, method: str) -> None:
-        self._call_log.record(rank, f"{self.name}.{method}")
-
-    def mesh_placements(self, mesh_name: str) -> list[MeshPlacement]:
-        """Each rank's place in the mesh it declared at run time (queried once, then cached)."""
-        if mesh_name not in self._mesh_cache:
-            refs = [getattr(w, self._method_prefix + "sc_mesh_placement").remote(mesh_name) for w in self._workers]
-            placements = self._wait(refs, list(range(self.world_size)), "sc_mesh_placement")
-            self._mesh_cache[mesh_name] = complete_placements(placements, mesh_name)
-        return self._mesh_cache[mesh_name]
-
-    def _wait(
-        self, refs: list[ray.ObjectRef], ranks: list[int], method: str, on_ready: Callable[[], None] | None = None
-    ) -> list[Any]:
-        return wait_for_outputs(
-            refs, ranks, self.name, method, self.describe_rank, self.call_timeout_s, recent_calls=self._call_log.recent,
-            on_ready=on_ready, node_info=self._node_info,
-        )
-
-    def _call(
-        self, method: str, entry: DispatchEntry, execute: Execute, blocking: bool, args: tuple, kwargs: dict
-    ) -> Any:
-        from protocol import DataProtoFuture
-
-        started = time.perf_counter()
-        per_rank_args, per_rank_kwargs = per_rank_arguments(
-            entry.dispatch_fn(self, *args, **kwargs),
-            self.world_size,
-            f"{self.name}.{method}",
-            entry.dispatch_fn,
-            args,
-            kwargs,
-        )
-        ranks = list(range(self.world_size)) if execute == Execute.ALL else [0]
-        refs = self._submit(method, ranks, per_rank_args, per_rank_kwargs)
-
-        def collect(outputs: list[Any]) -> Any:
-            if not entry.joins_parts:
-                outputs = [o.value if isinstance(o, JoinablePart) else o for o in outputs]
-            return entry.collect_fn(self, outputs)
-
-        chunk_refs = entry.chunk_refs(self, refs) if entry.chunk_refs is not None and execute == Execute.ALL else None
-        fetch: Callable[[list[ray.ObjectRef]], Any] = functools.partial(self._wait, ranks=ranks, method=method)
-        if not blocking:
-            fetch, collect = self._timed_async_get(method, ranks, time.perf_counter() - started, collect)
-        future = DataProtoFuture(
-            refs, collect_fn=collect, fetch_fn=fetch, chunk_refs=chunk_refs, description=f"{self.name}.{method}"
-        )
-        if not blocking:
-            return future
-        output = future.get()
-        record_driver_call(self.name, method, ranks, started)
-        return output
-
-    def _timed_async_get(
-        self, method: str, ranks: list[int], submit_s: float, collect: Callable[[list[Any]], Any]
-    ) -> tuple[Callable[[list[ray.ObjectRef]], Any], Callable[[Any], Any]]:
-        """Fetch and collect functions of a non-blocking call that record it (see `record_async_call`) when
-        its result is fetched: the time until every rank finished counts as waiting for the workers, the
-        rest (submission, transfer, collect) as the call's own cost."""
-
-        def fetch(refs: list[ray.ObjectRef]) -> tuple[list[Any], float, float]:
-            started = time.perf_counter()
-            ready = [started]
-            outputs = self._wait(refs, ranks, method, on_ready=lambda: ready.__setitem__(0, time.perf_counter()))
-            return outputs, started, ready[0]
-
-        def timed_collect(fetched: tuple[list[Any], float, float]) -> Any:
-            outputs, started, ready = fetched
-            result = collect(outputs)
-            record_async_call(self.name, method, ranks, submit_s + time.perf_counter() - started, ready - started)
-            return result
-
-        return fetch, timed_collect
-
-    def _submit(self, method: str, ranks: list[int], args: tuple, kwargs: dict) -> list[ray.ObjectRef]:
-        shared = SharedObjects()
-        refs = []
-        for rank in ranks:
-            rank_args = [shared.place(a[rank], a) for a in args]
-            rank_kwargs = {k: shared.place(v[rank], v) for k, v in kwargs.items()}
-            self._record(rank, method)
-            refs.append(getattr(self._workers[rank], self._method_prefix + method).remote(*rank_args, **rank_kwargs))
-        return refs
-
-    # ---- generic execution (verl-style helpers) ---------------------------------------------------------
-    def _per_rank_call(self, method: str, ranks: list[int], args: tuple, kwargs: dict) -> list[ray.ObjectRef]:
-        """Call `method` on `ranks`. If every argument is a list of world_size entries, rank r gets entry r
-        of each; otherwise every rank gets the arguments as they are."""
-        n = self.world_size
-        values = [*args, *kwargs.values()]
-        split = bool(values) and all(isinstance(v, list) and len(v) == n for v in values)
-        refs = []
-        for rank in ranks:
-            self._record(rank, method)
-            rank_args = [a[rank] for a in args] if split else args
-            rank_kwargs = {k: v[rank] for k, v in kwargs.items()} if split else kwargs
-            refs.append(getattr(self._workers[rank], self._method_prefix + method).remote(*rank_args, **rank_kwargs))
-        return refs
-
-    def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
-        """Call `method` on every rank and return the ObjectRefs (see _per_rank_call for list arguments)."""
-        return self._per_rank_call(method, list(range(self.world_size)), args, kwargs)
-
-    def execute_all_sync(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call `method` on every rank and wait: one result per rank (errors name the failing ranks)."""
-        return self._wait(self.execute_all_async(method, *args, **kwargs), list(range(self.world_size)), method)
-
-    execute_all = execute_all_sync  # waits and returns the results (not ObjectRefs)
-
-    def execute_rank_zero_async(self, method: str, *args: Any, **kwargs: Any) -> ray.ObjectRef:
-        """Call `method` on rank 0 only and return its ObjectRef."""
-        self._record(0, method)
-        return getattr(self._workers[0], self._method_prefix + method).remote(*args, **kwargs)
-
-    def execute_rank_zero_sync(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call `method` on rank 0 only and wait for its result."""
-        return self._wait([self.execute_rank_zero_async(method, *args, **kwargs)], [0], method)[0]
-
-    execute_rank_zero = execute_rank_zero_sync  # waits and returns the result (not an ObjectRef)
 
     # The actor method that calls any method of one role of a fused actor: "<role>_fwmn_<method>".
     fused_worker_execute_fn_name = FUSED_EXECUTE_METHOD
