@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.verl_keys import NO_EFFECT_KEYS, VERL_VALUES, find_verl_key
+from trainer.verl_keys import NO_EFFECT_KEYS, VERL_EQUIVALENTS, VERL_VALUES, find_verl_key, normalized
 
 _MISSING = object()
 
@@ -107,6 +107,11 @@ def review_keys(
                 review.kept.append(f"{key}={value}")  # verl's `+key` adds to an open dict; here the key exists
             else:
                 review.kept.append(text)
+            continue
+        same = VERL_EQUIVALENTS.get((key, normalized(value or "")))
+        if same is not None:
+            review.notes.append(f"{shown}{suffix} is {same} here (taken)")
+            review.kept.append(same)
             continue
         verl = find_verl_key(key)
         if verl is not None:

@@ -52,6 +52,10 @@ _CHUNKED_LOGITS = (
     "log-probs and entropy come from the LM head in chunks of model.logits_chunk_tokens here, without the full logits"
 )
 _FSDP_WRAP = "FSDP2 shards each decoder layer here"
+_MEGATRON_RECOMPUTE = (
+    "Megatron's layers are recomputed here (all of them, one at a time: verl's recompute_granularity=full, "
+    "recompute_method=uniform, recompute_num_layers=1) when the model's gradient checkpointing is on"
+)
 # megatron-core's fused kernels and token dispatchers, which verl's Megatron scripts switch on: they change speed only.
 MEGATRON_KERNEL_KEYS = (
     "apply_rope_fusion", "masked_softmax_fusion", "bias_activation_fusion", "bias_dropout_fusion",
@@ -225,8 +229,14 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("*megatron.use_dist_checkpointing", "Megatron workers load the Hugging Face weights here", hint=("false",)),
     VerlKey("*megatron.dist_checkpointing_path", "Megatron workers load the Hugging Face weights here",
             hint=("null", "none")),
-    VerlKey("*megatron.override_transformer_config.recompute_*", "Megatron's layers are recomputed (all of them, one "
-            "at a time) when the model's gradient checkpointing is on",
+    # recompute_granularity=full is model.enable_gradient_checkpointing=true here (VERL_EQUIVALENTS).
+    VerlKey("*megatron.override_transformer_config.recompute_method", _MEGATRON_RECOMPUTE,
+            nearest="actor_rollout_ref.model.enable_gradient_checkpointing", hint=("uniform", "null", "none")),
+    VerlKey("*megatron.override_transformer_config.recompute_num_layers", _MEGATRON_RECOMPUTE,
+            nearest="actor_rollout_ref.model.enable_gradient_checkpointing", hint=("1", "null", "none")),
+    VerlKey("*megatron.override_transformer_config.recompute_modules", "only whole layers are recomputed here",
+            nearest="actor_rollout_ref.model.enable_gradient_checkpointing", hint=True),
+    VerlKey("*megatron.override_transformer_config.recompute_*", _MEGATRON_RECOMPUTE,
             nearest="actor_rollout_ref.model.enable_gradient_checkpointing"),
     *(VerlKey(f"*megatron.override_transformer_config.{name}", _MEGATRON_KERNELS, hint=True)
       for name in MEGATRON_KERNEL_KEYS),
@@ -373,6 +383,15 @@ NO_EFFECT_KEYS: dict[str, str] = {
     "actor_rollout_ref.rollout.mode": "verl's sync | async picks nothing here: vLLM always batches continuously (a "
     "call's whole batch at once; multi-turn: each turn joins the running batch when its conversation is ready), HF "
     "generate takes whole batches; fully asynchronous training is rollout.async_training=true",
+}
+
+
+# verl keys at values that mean one of this project's settings: the command gets that setting (and a note saying so).
+VERL_EQUIVALENTS: dict[tuple[str, str], str] = {
+    ("actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity", "full"):
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+    ("critic.megatron.override_transformer_config.recompute_granularity", "full"):
+        "critic.model.enable_gradient_checkpointing=true",
 }
 
 

@@ -177,18 +177,19 @@ def test_the_reference_megatron_layout_must_be_the_actors():
 
 def test_verls_megatron_transformer_config_keys():
     # verl's Megatron MoE scripts (examples/router_replay, the Qwen3-MoE scripts) set recompute, the routers and the
-    # kernels through the transformer config overrides: here the model's checkpointing switch recomputes, the routers'
-    # keys are taken, the kernel switches are hints, and other megatron-core fields are refused.
+    # kernels through the transformer config overrides: here full recompute of every layer is the model's checkpointing
+    # switch, the routers' keys are taken, the kernel switches are hints, and other megatron-core fields are refused.
     with pytest.raises(ConfigError) as error:
         load_config([
-            "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",
+            "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=selective",
             "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype=fp32",
             "+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=4",
             "+actor_rollout_ref.ref.megatron.override_transformer_config.moe_router_dtype=fp32",
         ])
     lines = str(error.value).splitlines()[1:]
     assert len(lines) == 3
-    assert lines[0].startswith("  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full:")
+    assert lines[0].startswith("  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity="
+                               "selective:")
     assert lines[0].endswith("; use actor_rollout_ref.model.enable_gradient_checkpointing")
     assert "num_layers_in_first_pipeline_stage=4: Megatron's transformer config comes from the Hugging Face" in lines[1]
     assert lines[2].endswith("moe_router_dtype=fp32: the reference runs with the actor's transformer config; use "
@@ -199,6 +200,7 @@ def test_verls_megatron_transformer_config_keys():
         f"{verl_router}.moe_aux_loss_coeff=0.01", f"{verl_router}.moe_grouped_gemm=True",
         f"{verl_router}.moe_token_dispatcher_type=flex",
     ])
+    assert not cfg.actor_rollout_ref.model.enable_gradient_checkpointing
     taken = actor_rollout_ref_config(actor_worker_config(cfg), "actor_rollout_ref")["actor"]["megatron"]
     assert taken["override_transformer_config"] == {
         "moe_aux_loss_coeff": 0.01, "moe_z_loss_coeff": None, "moe_router_load_balancing_type": None,
@@ -220,3 +222,22 @@ def test_verls_expert_tp_size_is_taken():
     assert taken["actor"]["megatron"]["expert_tensor_parallel_size"] == 1
     assert taken["ref"]["megatron"]["expert_tensor_parallel_size"] == 1  # the reference takes the actor's layout
     assert worker_config(megatron)["actor"]["megatron"]["expert_tensor_parallel_size"] is None
+
+
+def test_verls_full_recompute_is_the_checkpointing_switch(capsys):
+    """verl's `recompute_granularity=full` (with `recompute_method=uniform`, `recompute_num_layers=1`: each layer
+    recomputed on its own) is what model.enable_gradient_checkpointing=true does to Megatron's layers here."""
+    keys = "+{}.megatron.override_transformer_config.recompute_{}"
+    cfg = load_config([
+        "actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron", "algorithm.adv_estimator=gae",
+        keys.format("actor_rollout_ref.actor", "granularity=full"), keys.format("actor_rollout_ref.actor", "method=uniform"),
+        keys.format("actor_rollout_ref.actor", "num_layers=1"), keys.format("critic", "granularity=full"),
+    ])
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing and cfg.critic.model.enable_gradient_checkpointing
+    assert "recompute_granularity=full is actor_rollout_ref.model.enable_gradient_checkpointing=true here" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(ConfigError, match=r"recompute_num_layers=4: Megatron's layers are recomputed here \(all of "
+                       r"them, one at a time"):
+        load_config([keys.format("actor_rollout_ref.actor", "granularity=full"),
+                     keys.format("actor_rollout_ref.actor", "num_layers=4")])

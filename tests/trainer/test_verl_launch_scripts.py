@@ -22,7 +22,7 @@ QWEN3_30B_A3B = dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048
                      num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144,
                      moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
                      tie_word_embeddings=False, max_position_embeddings=40960)
-MOE_SCRIPTS = ("megatron_moe_96gb",)
+MOE_SCRIPTS = ("megatron_moe_96gb", "megatron_moe_router_replay")
 MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path")
 DATA_KEYS = {"data.train_files": "train", "data.val_files": "val"}
 
