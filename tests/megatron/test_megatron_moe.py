@@ -25,7 +25,8 @@ pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 
 
 # Router losses (workers/megatron/router_training.py): actor.router_aux_loss_coef's (averaged over the layers) with a
-# z-loss, and megatron-core's own per-layer coefficient (verl's moe_aux_loss_coeff) under sequence parallelism.
+# z-loss, and megatron-core's own per-layer coefficient (verl's moe_aux_loss_coeff) under sequence parallelism (at PP 2
+# the second stage's routers get this TP rank's part of the padding mask from the backend, not from megatron-core).
 AVERAGED_WITH_Z = {"aux_loss_coeff": 0.5, "averaged_over_layers": True, "z_loss_coeff": 0.02}
 PER_LAYER = {"aux_loss_coeff": 0.2}
 
@@ -66,9 +67,9 @@ class HFRouterLosses:
     # tp2-etp1: whole experts on both TP ranks, their gradients summed over the expert-data-parallel pair.
     [(1, 1, 1, 1, True, True, None, None), (1, 1, 2, 2, False, False, None, None), (2, 1, 1, 1, True, False, None, None),
      (1, 2, 2, 2, True, True, None, AVERAGED_WITH_Z), (2, 1, 2, 2, True, False, None, PER_LAYER),
-     (2, 1, 2, 1, True, False, 1, None), (2, 1, 1, 1, True, True, 1, None)],
+     (2, 1, 2, 1, True, False, 1, None), (2, 1, 1, 1, True, True, 1, None), (2, 2, 1, 1, True, False, None, PER_LAYER)],
     ids=["ep1", "ep2-unnormalised-topk", "tp2", "pp2-ep2-router-losses", "tp2-ep2-router-loss", "tp2-etp1-ep2",
-         "tp2-etp1"],
+         "tp2-etp1", "tp2-pp2-router-loss"],
 )
 def test_moe_engine_matches_the_hf_model(megatron_probes, tmp_path, tp, pp, ep, dp, norm_topk_prob, tied, etp, router):
     model = qwen3_moe(tmp_path, norm_topk_prob=norm_topk_prob, tied=tied)
