@@ -44,10 +44,8 @@ REPLAY_MISMATCH = ("router_replay/mismatch_log_prob", "router_replay/mismatch_up
 # (0.28% on the tiny model in bf16); a table mapped to the wrong tokens disagrees on most routings.
 ENGINE_ROUTERS_AGREE = (("router_replay/mismatch_log_prob", 0.05),)
 # verl's megatron-core router keys (its Qwen3-MoE scripts' values) and the metrics they add.
-VERL_ROUTER = tuple(
-    f"+actor_rollout_ref.actor.megatron.override_transformer_config.{setting}"
-    for setting in ("moe_aux_loss_coeff=0.01", "moe_z_loss_coeff=0.001", "moe_router_dtype=fp32")
-)
+VERL_ROUTER = tuple(f"+actor_rollout_ref.actor.megatron.override_transformer_config.{setting}" for setting in (
+    "moe_aux_loss_coeff=0.01", "moe_z_loss_coeff=0.001", "moe_router_dtype=fp32"))
 ROUTER_LOSSES = ("actor/router_aux_loss", "actor/router_z_loss")
 PPO_FINITE = ("actor/pg_loss", "critic/vf_loss")
 MEGATRON_OFFLOAD = tuple(
