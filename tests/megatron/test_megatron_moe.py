@@ -13,13 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.megatron.moe_models import per_expert_state, qwen3_moe
+from tests.megatron.moe_models import HFRouterLosses, per_expert_state, qwen3_moe
 from tests.megatron.test_megatron_backend import LR, _batch, _hf_reference
 from trainer.memory_plan.residency import role_memory
 from trainer.memory_plan.setup import ModelRole
 from trainer.memory_plan.shape import ModelShape
 from trainer.memory_plan.terms import Trainability
-from workers.moe_router_loss import load_balance_loss, router_source
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 
@@ -29,35 +28,6 @@ pytest.importorskip("megatron.core", reason="install the [megatron] extra")
 # the second stage's routers get this TP rank's part of the padding mask from the backend, not from megatron-core).
 AVERAGED_WITH_Z = {"aux_loss_coeff": 0.5, "averaged_over_layers": True, "z_loss_coeff": 0.02}
 PER_LAYER = {"aux_loss_coeff": 0.2}
-
-
-class HFRouterLosses:
-    """The HF model's side of the router losses: each training forward's router logits (hooks), turned into the
-    load-balancing loss of the FSDP workers (workers/moe_router_loss.py) and megatron-core's z-loss, over real tokens."""
-
-    def __init__(self, model, settings: dict) -> None:
-        router_class, self.index = router_source(model)
-        self.settings, self.top_k, self.logits = settings, model.config.num_experts_per_tok, []
-        self.aux: list[float] = []  # per micro-batch: the load-balancing loss averaged over layers
-        self.z: list[float] = []  # and the z-loss likewise
-        for module in model.modules():
-            if isinstance(module, router_class):
-                module.register_forward_hook(self._keep)
-
-    def _keep(self, module, args, output) -> None:
-        if torch.is_grad_enabled():
-            self.logits.append(output[self.index])
-
-    def __call__(self, attention_mask: torch.Tensor) -> torch.Tensor:
-        layers, self.logits = self.logits, []
-        real = attention_mask.reshape(-1).float()
-        balance = torch.stack([load_balance_loss([logits], self.top_k, real) for logits in layers])
-        z = torch.stack([(torch.logsumexp(logits.float(), -1).square() * real).sum() / real.sum() for logits in layers])
-        self.aux.append(float(balance.detach().mean()))
-        self.z.append(float(z.detach().mean()))
-        scale = 1 / len(layers) if self.settings.get("averaged_over_layers") else 1.0
-        loss = self.settings["aux_loss_coeff"] * scale * balance.sum()
-        return loss + self.settings.get("z_loss_coeff", 0.0) * z.sum()
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,14 @@
 """The Megatron strategy on a real 2-rank Ray group (TP 2 + sequence parallel, megatron-core on CPU over
 gloo): one step equals the same step of the HF model (a dense Qwen2, and a Qwen3 mixture of experts with its experts
-laid out apart from TP: expert TP 1 x EP 2); checkpoint round trip; verified engine update."""
+laid out apart from TP: expert TP 1 x EP 2, its routers trained by megatron-core's load-balancing and z-losses);
+checkpoint round trip; verified engine update."""
 
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.megatron.moe_models import per_expert_state, qwen3_moe
+from tests.megatron.moe_models import HFRouterLosses, per_expert_state, qwen3_moe
 from tests.strategy.workers import LR, MegatronStrategyProbe
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
@@ -17,13 +18,13 @@ CONFIG = {"backend": "megatron", "optimizer_offload": True,
           "megatron": {"tensor_model_parallel_size": 2, "sequence_parallel": True}}
 
 
-def _hf_step(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+def _hf_step(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, router_losses=None) -> dict:
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, :-1]
     log_probs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
     weights = (mask[:, 1:] * mask[:, :-1]).float()  # a real token after real context
     loss = -(log_probs * weights).sum() / weights.sum()
-    loss.backward()
+    (loss + (router_losses(mask) if router_losses else 0.0)).backward()
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
     torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0).step()
     weights = per_expert_state(model) if model.config.model_type == "qwen3_moe" else model.state_dict()
@@ -63,23 +64,28 @@ def test_megatron_strategy_step_checkpoint_and_engine_update(ray_cluster, tmp_pa
 
 def test_megatron_strategy_steps_a_mixture_of_experts_with_experts_apart_from_tp(ray_cluster, tmp_path):
     """megatron.expert_model_parallel_size / expert_tensor_parallel_size: attention over TP 2, whole experts over EP 2
-    on the same two ranks; one step equals the HF model's."""
+    on the same two ranks; megatron.moe_aux_loss_coeff / moe_z_loss_coeff: the routers' losses join the user's
+    backward. One step equals the HF model's with those losses added; `router_losses` reports the HF model's values."""
     folder = str(tmp_path / "moe")
     model = qwen3_moe(folder, layers=2)
     torch.manual_seed(1)
     ids = torch.randint(1, 100, (3, 10))
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
-    expected = _hf_step(model, ids, mask)
+    router_losses = HFRouterLosses(model, {"aux_loss_coeff": 0.2, "z_loss_coeff": 0.02}, sequence_shards=2)
+    expected = _hf_step(model, ids, mask, router_losses)
     folded = {"backend": "megatron", "megatron": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
-                                                  "expert_model_parallel_size": 2, "expert_tensor_parallel_size": 1}}
+                                                  "expert_model_parallel_size": 2, "expert_tensor_parallel_size": 1,
+                                                  "moe_aux_loss_coeff": 0.2, "moe_z_loss_coeff": 0.02}}
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)
     group = RayWorkerGroup(pool, RayClassWithInitArgs(MegatronStrategyProbe))
     try:
         group.setup(folder, folded)
-        for out in group.step(ids, mask):
+        for out in group.step(ids, mask, router_losses=True):
             assert out["loss"] == pytest.approx(expected["loss"], rel=1e-5)
             assert out["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+            assert out["router"] == pytest.approx({"router_aux_loss": router_losses.aux[0],
+                                                   "router_z_loss": router_losses.z[0]}, rel=1e-5)
             assert out["weights"].keys() == expected["weights"].keys()
             for name, tensor in out["weights"].items():
                 torch.testing.assert_close(tensor, expected["weights"][name], atol=2e-4, rtol=0, msg=name)

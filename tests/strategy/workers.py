@@ -241,15 +241,22 @@ class MegatronStrategyProbe(Worker):
         return {name: t.clone() for name, t in engine.hf_weights(torch.float32)}
 
     @register(Dispatch.ONE_TO_ALL)
-    def step(self, ids: torch.Tensor, mask: torch.Tensor) -> dict:
-        """One step on the batch (every TP rank sees the whole batch); offload / load round trip first."""
+    def step(self, ids: torch.Tensor, mask: torch.Tensor, router_losses: bool = False) -> dict:
+        """One step on the batch (every TP rank sees the whole batch); offload / load round trip first. With
+        `router_losses`, the routers' losses of the step's forward too (a no-grad forward before it adds none)."""
         self.strategy.maybe_offload_optimizer(self.optimizer)
         self.strategy.maybe_load_optimizer(self.optimizer)
+        if router_losses:
+            with torch.no_grad():
+                self._loss(ids, mask)
         loss = self._loss(ids, mask)
         self.strategy.backward(loss, self.model, self.optimizer)
         grad_norm = self.strategy.optimizer_step(self.optimizer, self.model, self.scheduler, name="actor")
-        return {"loss": loss.item(), "grad_norm": grad_norm, "weights": self._weights(),
-                "lr": self.scheduler.get_last_lr()[0], "sum": self.strategy.all_reduce(self.rank + 1, op="sum")}
+        out = {"loss": loss.item(), "grad_norm": grad_norm, "weights": self._weights(),
+               "lr": self.scheduler.get_last_lr()[0], "sum": self.strategy.all_reduce(self.rank + 1, op="sum")}
+        if router_losses:
+            out["router"] = self.strategy.router_losses(self.model)
+        return out
 
     @register(Dispatch.ONE_TO_ALL)
     def checkpoint_and_engine(self, root: str, model_path: str, ids: torch.Tensor, mask: torch.Tensor) -> dict:

@@ -90,6 +90,15 @@ def clear_router_losses() -> None:
     _tracked_values()
 
 
+def set_router_loss_scale(scale: float, device: torch.device) -> None:
+    """The factor megatron-core puts on the router losses' gradient (its pipeline schedules set 1 / micro-batches;
+    the value stays for later forwards)."""
+    import torch
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale, device=device))
+
+
 def router_loss_metrics(
     router: RouterTraining, micro_batches: int, num_layers: int, device: torch.device
 ) -> dict[str, float]:

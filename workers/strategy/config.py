@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from workers.config_fields import is_number
 from workers.dtypes import DTYPE_NAMES
+from workers.megatron.router_training import ROUTER_DTYPES
 from workers.rl_math.names import DEFAULT_LOGITS_CHUNK_TOKENS
 
 BACKENDS = ("fsdp2", "megatron")
@@ -76,6 +77,11 @@ class MegatronSettings:
     use_distributed_optimizer: bool = False
     expert_model_parallel_size: int = 1  # mixture of experts: each layer's experts split over this many ranks
     expert_tensor_parallel_size: int | None = None  # mixture of experts: each expert's TP size (None: the TP size)
+    # A mixture of experts' router training, megatron-core's (and verl's override_transformer_config) names: the
+    # load-balancing loss's per-layer coefficient, the z-loss's, and the gating's dtype (None: the compute dtype).
+    moe_aux_loss_coeff: float = 0.0
+    moe_z_loss_coeff: float | None = None
+    moe_router_dtype: str | None = None
 
     def __post_init__(self) -> None:
         _require(
@@ -89,6 +95,19 @@ class MegatronSettings:
         _require(
             self.expert_tensor_parallel_size is None or self.expert_tensor_parallel_size >= 1,
             f"megatron.expert_tensor_parallel_size must be None or >= 1, got {self.expert_tensor_parallel_size}",
+        )
+        _require(
+            is_number(self.moe_aux_loss_coeff) and self.moe_aux_loss_coeff >= 0,
+            f"megatron.moe_aux_loss_coeff must be a number >= 0, got {self.moe_aux_loss_coeff!r}",
+        )
+        _require(
+            self.moe_z_loss_coeff is None or (is_number(self.moe_z_loss_coeff) and self.moe_z_loss_coeff > 0),
+            f"megatron.moe_z_loss_coeff must be None (no z-loss) or a number > 0, got {self.moe_z_loss_coeff!r}",
+        )
+        _require(
+            self.moe_router_dtype in (None, *ROUTER_DTYPES),
+            f"megatron.moe_router_dtype {self.moe_router_dtype!r} is not valid; valid: None, "
+            f"{', '.join(ROUTER_DTYPES)}",
         )
         # The strategy runs the user's forward and backward directly; pipeline stages need Megatron's schedules.
         _require(

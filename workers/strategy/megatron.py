@@ -4,6 +4,11 @@ TP, optional sequence parallelism and distributed optimizer), trained by the use
 `prepare` returns Megatron's DDP-wrapped model, its optimizer and an LR schedule object; call the model
 through `sequence_log_probs` (the logits are split over the TP ranks' vocabulary). On a machine without
 a GPU the model runs on CPU over gloo through `workers/megatron/cpu_host.py`.
+
+A mixture of experts' routers train with megatron-core's own losses when `megatron.moe_aux_loss_coeff` /
+`moe_z_loss_coeff` are set: each training forward of `sequence_log_probs` attaches them to the routers' outputs, so
+the user's `backward` carries their gradient (each forward's at its full coefficient: a loop that averages its loss
+over k micro-batches divides the coefficients by k for the same mean); `router_losses` reads their values.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from workers.megatron.router_training import RouterTraining, router_loss_metrics, set_router_loss_scale
 from workers.rollout.in_process_sync import WeightSource
 from workers.strategy.base import Strategy
 from workers.strategy.config import optimizer_settings, scheduler_settings
@@ -39,6 +45,7 @@ class MegatronStrategy(Strategy):
         from workers.megatron.parallel import init_megatron_groups
 
         super().__init__(config)
+        self._router_forwards: dict[int, int] = {}  # per prepared model (by id): training forwards with router losses
         layout = config.megatron
         init_megatron_groups(
             self.world_size, layout.tensor_model_parallel_size, 1, layout.expert_model_parallel_size,
@@ -61,8 +68,15 @@ class MegatronStrategy(Strategy):
         optim_cfg = None
         if optimizer is not None:
             optim_cfg = {**optimizer_settings(optimizer), **scheduler_settings(scheduler or {})}
-        settings = ParallelSettings.from_config(dataclasses.asdict(self.config.megatron))
-        engine = MegatronBackend({"path": path, "dtype": self.config.dtype}, settings, optim_cfg, seed=self.config.seed)
+        layout = self.config.megatron
+        settings = ParallelSettings.from_config(dataclasses.asdict(layout))
+        router = RouterTraining(
+            aux_loss_coeff=layout.moe_aux_loss_coeff, z_loss_coeff=layout.moe_z_loss_coeff,
+            router_dtype=layout.moe_router_dtype,
+        )
+        engine = MegatronBackend(
+            {"path": path, "dtype": self.config.dtype}, settings, optim_cfg, seed=self.config.seed, router=router
+        )
         self._engines[id(engine.model)] = engine
         if optim_cfg is None:
             return engine.model
@@ -76,9 +90,27 @@ class MegatronStrategy(Strategy):
 
         engine = self._engine(model, "sequence_log_probs")
         ids, length = input_ids.to(self.device), input_ids.shape[1]
-        logits = sequence_forward(model, ids, attention_mask, engine.settings, self.device)[:, :length]
+        tracks = engine.router.tracks_losses
+        if tracks and model.training and torch.is_grad_enabled():  # megatron-core adds the router losses
+            self._router_forwards[id(model)] = self._router_forwards.get(id(model), 0) + 1
+            set_router_loss_scale(1.0, self.device)  # each forward's at its coefficient, whatever ran before
+        logits = sequence_forward(model, ids, attention_mask, engine.settings, self.device, tracks)[:, :length]
         log_probs, _ = log_probs_and_entropy(logits[:, :-1], ids[:, 1:], engine.layout.vocab_size, with_entropy=False)
         return log_probs
+
+    def router_losses(self, model: nn.Module) -> dict[str, float]:
+        """The router losses of the training forwards since the last call, as the workers log them:
+        `router_aux_loss` (load balancing, per layer; 1 for an even load) and `router_z_loss`, each averaged over the
+        layers and those forwards; only the losses that are on. Collective: call on every rank."""
+        engine = self._engine(model, "router_losses")
+        if not engine.router.tracks_losses:
+            raise ValueError(
+                "router_losses: no router loss is on; set megatron.moe_aux_loss_coeff and/or megatron.moe_z_loss_coeff"
+            )
+        forwards = self._router_forwards.pop(id(model), 0)
+        if forwards == 0:
+            raise ValueError("router_losses: no training forward ran since the last call (model.train(), with grad)")
+        return router_loss_metrics(engine.router, forwards, engine.layout.num_layers, self.device)
 
     def _step(self, engine: Any, model: nn.Module, optimizer: Any) -> float:
         from megatron.core.distributed import finalize_model_grads
