@@ -3,7 +3,7 @@ commands a user types and what its run must show. Part `one` wants one GPU, part
 
 from __future__ import annotations
 
-from benchmarks.suite_runner import Case, ExampleCheck, RunCheck
+from benchmarks.suite_runner import Case, ExampleCheck, HistoryCheck, RunCheck
 
 MAIN = ("-m", "trainer.main")
 # Every training case except the README's own job: no validation, a logger that needs nothing, the run's folder
@@ -262,6 +262,19 @@ def one_gpu_cases() -> list[Case]:
             (("-m", "benchmarks.engine_examples", "--workdir", ".", "--out", "examples.json"),),
             ExampleCheck(("quickstart (colocated)", "lora (colocated)", "vlm")),
             alone=True,
+        ),
+        *(
+            Case(
+                f"strategy_ppo_{backend}",
+                "one",
+                f"the strategy API's PPO example (a user's own worker and loop) on {backend}, its in-process vLLM "
+                "engine measuring its share of the GPU, every engine update verified",
+                (("-m", "examples.strategy_ppo", "--engine", "vllm", "--backend", backend, "--steps", "12",
+                  "--model", "tiny_model", "--history-json", "history.json"),),
+                HistoryCheck(12, reward_rises_by=0.3),
+                alone=True,
+            )
+            for backend in ("fsdp2", "megatron")
         ),
     ]
 

@@ -229,6 +229,51 @@ class ExampleCheck:
 
 
 @dataclass(frozen=True)
+class HistoryCheck:
+    """examples/strategy_ppo.py's history JSON (a list of steps from 0): the steps it ran, its loss finite at each,
+    the reward rising (mean of the last 3 steps minus the first 3), every step's engine update verified."""
+
+    steps: int
+    reward_rises_by: float
+    result_file: str = "history.json"
+
+    def describe(self) -> str:
+        rise = self.reward_rises_by
+        return f"runs {self.steps} steps; actor/loss finite; reward rises by >= {rise}; every update verified"
+
+    def _rows(self, folder: Path) -> list[dict[str, Any]]:
+        path = folder / self.result_file
+        return json.loads(path.read_text()) if path.is_file() else []
+
+    def judge(self, folder: Path, runs: list[CommandRun]) -> list[str]:
+        rows = self._rows(folder)
+        if not rows:
+            return [f"no {self.result_file} written"]
+        problems = [] if len(rows) == self.steps else [f"ran {len(rows)} steps, expected {self.steps}"]
+        bad = [r["step"] for r in rows if not math.isfinite(r.get("actor/loss", math.nan))]
+        if bad:
+            problems.append(f"actor/loss missing or not finite at steps {bad[:5]}")
+        rewards = [r["reward"] for r in rows]
+        rise = statistics.mean(rewards[-3:]) - statistics.mean(rewards[:3])
+        if not rise >= self.reward_rises_by:
+            problems.append(
+                f"reward rose by {rise:.3f} ({rewards[0]:.3f} -> {rewards[-1]:.3f}), wanted {self.reward_rises_by}"
+            )
+        unverified = [r["step"] for r in rows if SYNC_GAP not in r]
+        if unverified:
+            problems.append(f"no verified engine update at steps {unverified[:5]}")
+        return problems
+
+    def detail(self, runs: list[CommandRun]) -> str:
+        rows = self._rows(runs[-1].log.parent) if runs else []
+        if not rows:
+            return ""
+        gaps = [r[SYNC_GAP] for r in rows if SYNC_GAP in r]
+        gap = max(gaps, default=math.nan)
+        return f"reward {rows[0]['reward']:.2f}->{rows[-1]['reward']:.2f}; sync gap max {gap:.3f} ({len(gaps)} syncs)"
+
+
+@dataclass(frozen=True)
 class Case:
     """One GPU path: the commands that run it (the arguments of `python`), the check, a time limit."""
 

@@ -91,7 +91,7 @@ def run(model_path: str, steps: int = 25, engine_type: str = "hf", world_size: i
 
 
 def main() -> None:
-    from single_controller.ray.local_cluster import init_local_ray
+    from single_controller.ray.local_cluster import init_local_ray, prepend_pythonpath
     from trainer.tiny_model import build_tiny_model
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -106,7 +106,8 @@ def main() -> None:
         build_tiny_model(Path(args.model))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     world_size = args.world_size or (torch.cuda.device_count() or 2)
-    init_local_ray(num_cpus=max(4, world_size), runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    # The workers import this folder's code and whatever the user's PYTHONPATH names (packages installed with --target).
+    init_local_ray(num_cpus=max(4, world_size), runtime_env={"env_vars": {"PYTHONPATH": prepend_pythonpath(os.getcwd())}})
     history = run(args.model, steps=args.steps, engine_type=args.engine, world_size=world_size,
                   backend=args.backend)["history"]
     first, last = history[0]["reward"], sum(h["reward"] for h in history[-3:]) / 3

@@ -14,17 +14,20 @@ suite_env() {
   export VLLM_USE_FLASHINFER_SAMPLER=0 RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
     PYTHONPATH=$PWD SUITE_COMMIT=${SUITE_COMMIT:-unknown} CUDA_VISIBLE_DEVICES=0
 }
-# Part one split in two halves of equal count: the cases that run the tiny mixture of experts (they need vLLM's
-# fused-MoE kernels, staged in the second call) with the first dense ones, and the other dense cases.
+# Part one split in two calls of about equal length: the cases that run the tiny mixture of experts (they need vLLM's
+# fused-MoE kernels, staged in the second call) with the first dense ones and the cases that run alone after the
+# first; the other dense cases with the first case that runs alone (the engine examples, the longest).
 part_one_cases() {
   python3 - "$1" <<'PY'
 import sys
 from benchmarks.gpu_cases import cases
 part_one = cases("one")
 moe = [c.name for c in part_one if "tiny_moe" in " ".join(c.command_lines())]
-dense = [c.name for c in part_one if c.name not in moe]
+alone = [c.name for c in part_one if c.alone and c.name not in moe]
+dense = [c.name for c in part_one if c.name not in moe and c.name not in alone]
 first_dense = max(0, (len(dense) - len(moe)) // 2)
-print(" ".join(moe + dense[:first_dense] if sys.argv[1] == "moe" else dense[first_dense:]))
+second = moe + dense[:first_dense] + alone[1:]
+print(" ".join(second if sys.argv[1] == "moe" else dense[first_dense:] + alone[:1]))
 PY
 }
 suite() {  # suite <tag> <jobs> <limit_s> <case> ...
@@ -60,7 +63,7 @@ W) python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --targe
 MO) unxz_to .vllmmoe/moe.so.xz $site/vllm/_moe_C_stable_libtorch.abi3.so || exit 1
    suite_env
    # shellcheck disable=SC2046
-   suite mo "${JOBS:-5}" "${LIMIT:-570}" $(part_one_cases moe) ;;
+   suite mo "${JOBS:-6}" "${LIMIT:-570}" $(part_one_cases moe) ;;
 R) suite r "${JOBS:-4}" "${LIMIT:-560}" "$@" ;;
 *) echo "mode: V1, V2, W, MO or R (got '$mode')"; exit 2 ;;
 esac

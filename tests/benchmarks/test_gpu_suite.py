@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gpu_suite import cases, main
-from benchmarks.suite_runner import Case, CommandRun, ExampleCheck, RunCheck, error_line, run_case
+from benchmarks.suite_runner import Case, CommandRun, ExampleCheck, HistoryCheck, RunCheck, error_line, run_case
 from tests.conftest import REPO_ROOT
 from trainer.config_loader import load_config
 
@@ -40,6 +40,8 @@ REQUIRED = {
         "megatron_moe_routing_replay",
         "megatron_agent",
         "megatron_offload",
+        "strategy_ppo_fsdp2",
+        "strategy_ppo_megatron",
     },
     "two": {"fsdp_two_gpus", "hybrid_sharding_two", "hybrid_tp2", "lora_shared_tp2", "ulysses_two", "separate_async_nccl", "megatron_tp2", "megatron_moe_ep2",
             "megatron_moe_folded",
@@ -275,6 +277,31 @@ def test_example_check_details_each_examples_wall_time(tmp_path):
     assert check.detail([run]) == "quickstart (colocated) 41 s, vlm 119 s"
     assert check.detail([]) == ""
     assert check.detail([CommandRun([], 1, 1.0, [], tmp_path / "gone" / "command_0.log")]) == ""
+
+
+def test_history_check_reads_the_strategy_examples_history(tmp_path):
+    check = HistoryCheck(6, reward_rises_by=0.3)
+    synced = {"actor/loss": 0.1, "rollout/sync_logprob_max_diff": 0.02}
+
+    def write(rewards):
+        rows = [{"step": step, "reward": reward, **synced} for step, reward in enumerate(rewards)]
+        (tmp_path / "history.json").write_text(json.dumps(rows))
+        return rows
+
+    write((0.1, 0.1, 0.1, 0.9, 0.9, 0.9))
+    assert check.judge(tmp_path, []) == []
+    run = CommandRun(["-m", "examples.strategy_ppo"], 0, 60.0, [], tmp_path / "command_0.log")
+    assert check.detail([run]) == "reward 0.10->0.90; sync gap max 0.020 (6 syncs)"
+    rows = write((0.1, 0.1, 0.1, 0.2, 0.2, 0.2))
+    rows[5] = {"step": 5, "reward": 0.2, "actor/loss": float("nan")}  # no sync, a lost loss
+    (tmp_path / "history.json").write_text(json.dumps(rows))
+    assert check.judge(tmp_path, []) == [
+        "actor/loss missing or not finite at steps [5]",
+        "reward rose by 0.100 (0.100 -> 0.200), wanted 0.3",
+        "no verified engine update at steps [5]",
+    ]
+    assert HistoryCheck(7, 0.3).judge(tmp_path, [])[0] == "ran 6 steps, expected 7"
+    assert check.judge(tmp_path / "missing", []) == ["no history.json written"]
 
 
 def test_a_part_refuses_a_machine_of_another_size(capsys):
