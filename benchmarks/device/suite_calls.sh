@@ -6,6 +6,7 @@
 #   3. carry [".devwhl"]   SUITE_COMMIT=<commit> benchmarks/device/suite_calls.sh W     (half the dense cases)
 #   4. carry [".vllmmoe"]  SUITE_COMMIT=<commit> benchmarks/device/suite_calls.sh MO    (the mixture-of-experts cases, the other half)
 #   later, on the same machine:  benchmarks/device/suite_calls.sh R <case> ...     (JOBS, LIMIT from the environment)
+# For other runs after V1 and V2: D (carry .devwhl) installs the wheels, M (carry .vllmmoe) the fused-MoE kernels.
 # Each suite call writes its JSON, its log and a tar of the failed commands' logs and every case's metrics to $OUT.
 set -uo pipefail
 mode=$1; shift
@@ -54,6 +55,8 @@ V2) python3 -c "import tarfile; tarfile.open('.vllm2/vllm_rest.tar.xz').extracta
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $site .vllm2/*.whl &&
     unxz_to .vllm2/fa3.so.xz $site/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so &&
     echo $site > "$(python3 -c 'import site; print(site.getsitepackages()[0])')/zz_site.pth" && du -sh $site ;;
+D) python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $site .devwhl/*.whl ;;
+M) unxz_to .vllmmoe/moe.so.xz $site/vllm/_moe_C_stable_libtorch.abi3.so ;;
 W) python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $site .devwhl/*.whl || exit 1
    suite_env
    python3 -c "import vllm, ray, megatron.core, liger_kernel; print('vllm', vllm.__version__, 'ray', ray.__version__)" || exit 1
@@ -65,5 +68,5 @@ MO) unxz_to .vllmmoe/moe.so.xz $site/vllm/_moe_C_stable_libtorch.abi3.so || exit
    # shellcheck disable=SC2046
    suite mo "${JOBS:-6}" "${LIMIT:-570}" $(part_one_cases moe) ;;
 R) suite r "${JOBS:-4}" "${LIMIT:-560}" "$@" ;;
-*) echo "mode: V1, V2, W, MO or R (got '$mode')"; exit 2 ;;
+*) echo "mode: V1, V2, W, MO, R, D or M (got '$mode')"; exit 2 ;;
 esac
