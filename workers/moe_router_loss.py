@@ -56,12 +56,12 @@ def load_balance_loss(layer_logits: list[torch.Tensor], top_k: int, token_mask: 
 class RouterLogits:
     """Keeps each MoE layer's router logits during `capturing()`; `balance_loss` turns them into the loss."""
 
-    def __init__(self, model: nn.Module, top_k: int) -> None:
+    def __init__(self, model: nn.Module, top_k: int, setting: str = "actor.router_aux_loss_coef") -> None:
         source = router_source(model)
         if source is None:
             raise ValueError(
-                f"actor.router_aux_loss_coef is set, but {type(model).__name__} declares no mixture-of-experts router "
-                "(a dense model); leave actor.router_aux_loss_coef null"
+                f"{setting} is set, but {type(model).__name__} declares no mixture-of-experts router "
+                f"(a dense model); leave {setting} unset"
             )
         router_class, self.index = source
         self.top_k = top_k
@@ -93,3 +93,23 @@ class RouterLogits:
         if attention_mask is not None and attention_mask.numel() == logits[0].shape[0]:
             mask = attention_mask.reshape(-1).to(logits[0].device)
         return load_balance_loss(logits, self.top_k, mask)
+
+
+class _LossInBackward(torch.autograd.Function):
+    """The identity on `output`; its backward also gives `loss` the gradient 1, so whatever backward passes through
+    `output` minimises `loss` too (megatron-core attaches its routers' losses to their outputs the same way)."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(loss)
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        (loss,) = ctx.saved_tensors
+        return grad_output, torch.ones_like(loss)
+
+
+def with_loss_in_backward(output: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+    """`output`, carrying `loss` into any backward through it (the strategy API's router loss)."""
+    return _LossInBackward.apply(output, loss)

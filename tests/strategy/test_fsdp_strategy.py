@@ -1,10 +1,13 @@
-"""The FSDP strategy on a real 2-rank Ray worker group (gloo): one group shared by every method test."""
+"""The FSDP strategy on a real 2-rank Ray worker group (gloo): one group shared by every method test; a mixture of
+experts with its routers' load-balancing loss in a group of its own."""
 
 import pytest
 import torch
 
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.strategy.workers import StrategyProbe
+from tests.megatron.moe_models import HFRouterLosses, qwen3_moe
+from tests.strategy.hf_reference import hf_step
+from tests.strategy.workers import MegatronStrategyProbe, StrategyProbe
 
 # logits_chunk_tokens 5: sequence_log_probs (11 positions a row) scores the LM head in several chunks.
 CONFIG = {"backend": "fsdp2", "grad_clip": 1.0, "optimizer_offload": True, "logits_chunk_tokens": 5}
@@ -86,3 +89,30 @@ def test_hf_engine_shared_by_two_ranks_gathers_and_scatters_in_order(probe, tiny
     for out in outs:
         assert out["before"] <= 1e-3 and out["after"] <= 1e-3
         assert out["sync"]["rollout/sync_logprob_max_diff"] <= 1e-3
+
+
+def test_a_mixture_of_experts_trains_its_routers_with_the_load_balancing_loss(ray_cluster, tmp_path):
+    """router_aux_loss_coef: each training forward of sequence_log_probs carries the routers' loss (averaged over the
+    layers, padding left out) into the user's backward; one step equals the HF model's with that loss added, and
+    router_losses reports the HF model's value. Both ranks see the same rows (the gradients FSDP averages are equal)."""
+    folder = str(tmp_path / "moe")
+    model = qwen3_moe(folder, layers=2)
+    torch.manual_seed(1)
+    ids = torch.randint(1, 100, (3, 10))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    router_losses = HFRouterLosses(model, {"aux_loss_coeff": 0.3, "averaged_over_layers": True})
+    expected = hf_step(model, ids, mask, router_losses, per_expert=False)
+    pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(MegatronStrategyProbe))
+    try:
+        group.setup(folder, {"backend": "fsdp2", "router_aux_loss_coef": 0.3})
+        for out in group.step(ids, mask, router_losses=True):
+            assert out["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+            assert out["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+            assert out["router"] == pytest.approx({"router_aux_loss": router_losses.aux[0]}, rel=1e-5)
+            for name, tensor in out["weights"].items():
+                torch.testing.assert_close(tensor, expected["weights"][name], atol=2e-4, rtol=0, msg=name)
+    finally:
+        group.kill()
+        pool.release()

@@ -8,7 +8,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.megatron.moe_models import HFRouterLosses, per_expert_state, qwen3_moe
+from tests.megatron.moe_models import HFRouterLosses, qwen3_moe
+from tests.strategy.hf_reference import hf_step
 from tests.strategy.workers import LR, MegatronStrategyProbe
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
@@ -16,19 +17,6 @@ pytestmark = pytest.mark.slow
 
 CONFIG = {"backend": "megatron", "optimizer_offload": True,
           "megatron": {"tensor_model_parallel_size": 2, "sequence_parallel": True}}
-
-
-def _hf_step(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, router_losses=None) -> dict:
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, :-1]
-    log_probs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
-    weights = (mask[:, 1:] * mask[:, :-1]).float()  # a real token after real context
-    loss = -(log_probs * weights).sum() / weights.sum()
-    (loss + (router_losses(mask) if router_losses else 0.0)).backward()
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
-    torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0).step()
-    weights = per_expert_state(model) if model.config.model_type == "qwen3_moe" else model.state_dict()
-    return {"loss": loss.item(), "grad_norm": grad_norm, "weights": weights}
 
 
 def test_megatron_strategy_step_checkpoint_and_engine_update(ray_cluster, tmp_path):
@@ -41,7 +29,7 @@ def test_megatron_strategy_step_checkpoint_and_engine_update(ray_cluster, tmp_pa
     ids = torch.randint(1, 100, (3, 10))
     mask = torch.ones_like(ids)
     mask[0, :3] = 0  # a left-padded row
-    expected = _hf_step(model, ids, mask)
+    expected = hf_step(model, ids, mask)
 
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)
     group = RayWorkerGroup(pool, RayClassWithInitArgs(MegatronStrategyProbe))
@@ -64,19 +52,21 @@ def test_megatron_strategy_step_checkpoint_and_engine_update(ray_cluster, tmp_pa
 
 def test_megatron_strategy_steps_a_mixture_of_experts_with_experts_apart_from_tp(ray_cluster, tmp_path):
     """megatron.expert_model_parallel_size / expert_tensor_parallel_size: attention over TP 2, whole experts over EP 2
-    on the same two ranks; megatron.moe_aux_loss_coeff / moe_z_loss_coeff: the routers' losses join the user's
-    backward. One step equals the HF model's with those losses added; `router_losses` reports the HF model's values."""
+    on the same two ranks; router_aux_loss_coef (averaged over the layers: megatron-core's per-layer coefficient over
+    the layers) and megatron.moe_z_loss_coeff: the routers' losses join the user's backward. One step equals the HF
+    model's with those losses added; `router_losses` reports the HF model's values."""
     folder = str(tmp_path / "moe")
     model = qwen3_moe(folder, layers=2)
     torch.manual_seed(1)
     ids = torch.randint(1, 100, (3, 10))
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
-    router_losses = HFRouterLosses(model, {"aux_loss_coeff": 0.2, "z_loss_coeff": 0.02}, sequence_shards=2)
-    expected = _hf_step(model, ids, mask, router_losses)
-    folded = {"backend": "megatron", "megatron": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
-                                                  "expert_model_parallel_size": 2, "expert_tensor_parallel_size": 1,
-                                                  "moe_aux_loss_coeff": 0.2, "moe_z_loss_coeff": 0.02}}
+    router_losses = HFRouterLosses(model, {"aux_loss_coeff": 0.4, "averaged_over_layers": True, "z_loss_coeff": 0.02},
+                                   sequence_shards=2)
+    expected = hf_step(model, ids, mask, router_losses)
+    folded = {"backend": "megatron", "router_aux_loss_coef": 0.4,
+              "megatron": {"tensor_model_parallel_size": 2, "sequence_parallel": True, "expert_model_parallel_size": 2,
+                           "expert_tensor_parallel_size": 1, "moe_z_loss_coeff": 0.02}}
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)
     group = RayWorkerGroup(pool, RayClassWithInitArgs(MegatronStrategyProbe))
     try:

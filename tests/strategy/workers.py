@@ -224,7 +224,8 @@ class StrategyProbe(Worker):
 
 
 class MegatronStrategyProbe(Worker):
-    """The Megatron strategy (TP 2 + sequence parallel on CPU through the megatron CPU shim)."""
+    """A strategy given a model folder and settings dicts: the Megatron strategy (TP 2 + sequence parallel on CPU
+    through the megatron CPU shim), or the FSDP strategy the same way."""
 
     @register(Dispatch.ONE_TO_ALL)
     def setup(self, model_path: str, config: dict) -> None:
@@ -237,6 +238,8 @@ class MegatronStrategyProbe(Worker):
         return -(log_probs * weights).sum() / weights.sum()
 
     def _weights(self) -> dict[str, torch.Tensor]:
+        if self.strategy.backend == "fsdp2":
+            return _full_params(self.model)
         engine = self.strategy._engine(self.model, "test")
         return {name: t.clone() for name, t in engine.hf_weights(torch.float32)}
 

@@ -62,8 +62,10 @@ def test_a_dense_model_is_refused_by_name():
     dense = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1))
     assert not has_router(dense) and has_router(tiny_moe())
-    with pytest.raises(ValueError, match="declares no mixture-of-experts router"):
+    with pytest.raises(ValueError, match="declares no mixture-of-experts router.*leave actor.router_aux_loss_coef"):
         RouterLogits(dense, 2)
+    with pytest.raises(ValueError, match=r"^strategy router_aux_loss_coef is set, .*leave strategy router_aux_loss_coef"):
+        RouterLogits(dense, 2, "strategy router_aux_loss_coef")
 
 
 def test_router_settings_are_checked_against_the_backend():

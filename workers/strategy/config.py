@@ -127,6 +127,9 @@ class StrategyConfig:
     gradient_checkpointing: bool = False
     # sequence_log_probs (fsdp2): the LM head's log-softmax this many tokens at a time; 0: full logits.
     logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS
+    # A mixture of experts: the routers' load-balancing loss averaged over the layers, the trainer's
+    # actor.router_aux_loss_coef (both backends; megatron.moe_aux_loss_coeff is megatron-core's per-layer one).
+    router_aux_loss_coef: float | None = None
     megatron: MegatronSettings = field(default_factory=MegatronSettings)
 
     def __post_init__(self) -> None:
@@ -140,7 +143,25 @@ class StrategyConfig:
             isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 0,
             f"strategy logits_chunk_tokens must be an int >= 0 (0: full logits), got {chunk!r}",
         )
+        coef = self.router_aux_loss_coef
+        _require(
+            coef is None or (is_number(coef) and coef >= 0),
+            f"strategy router_aux_loss_coef must be None (off) or a number >= 0, got {coef!r}",
+        )
         object.__setattr__(self, "megatron", _from_mapping(MegatronSettings, self.megatron, "strategy megatron"))
+        megatron = self.megatron
+        router_keys = [key for key in ("moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_dtype")
+                       if getattr(megatron, key) != getattr(MegatronSettings, key)]
+        _require(
+            self.backend == "megatron" or not router_keys,
+            f"strategy megatron.{', megatron.'.join(router_keys)} act on megatron-core's routers (backend megatron); "
+            "with backend fsdp2 set router_aux_loss_coef (the load-balancing loss averaged over the layers)",
+        )
+        _require(
+            coef is None or megatron.moe_aux_loss_coeff == 0,
+            f"strategy router_aux_loss_coef={coef} and megatron.moe_aux_loss_coeff={megatron.moe_aux_loss_coeff} "
+            "are two coefficients of one loss (averaged over the layers, or per layer); set one",
+        )
 
     @classmethod
     def parse(cls, values: Any) -> "StrategyConfig":

@@ -1,8 +1,13 @@
 """`FSDPStrategy`: the user's HF model sharded with FSDP2 (fp32 master weights, compute in the strategy's
-dtype), the user's optimizer re-pointed at the shards, clipping over all shards, DCP checkpoints."""
+dtype), the user's optimizer re-pointed at the shards, clipping over all shards, DCP checkpoints.
+
+With `router_aux_loss_coef` a mixture of experts' training forwards of `sequence_log_probs` carry the routers'
+load-balancing loss (averaged over the layers, padding left out, as the trainer's FSDP workers) into the backward of
+their log-probs, as the Megatron strategy's do; `router_losses` reads it."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +20,7 @@ from workers.fsdp.model_loading import enable_gradient_checkpointing
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clipped_step
 from workers.fsdp.wrap import shard_in_units, units_by_class
 from workers.head_log_probs import set_logits_chunk_tokens, token_log_probs_and_entropy
+from workers.moe_router_loss import RouterLogits, with_loss_in_backward
 from workers.rollout.hybrid import FSDPWeightSource
 from workers.rollout.in_process_sync import WeightSource
 from workers.strategy.base import Strategy
@@ -40,6 +46,11 @@ class PreparedModel:
 
 class FSDPStrategy(Strategy):
     backend = "fsdp2"
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self._routers: dict[int, RouterLogits] = {}  # per trainable model (by id), with router_aux_loss_coef
+        self._router_values: dict[int, list[torch.Tensor]] = {}  # its training forwards' losses since router_losses
 
     # ---- models ---------------------------------------------------------------------------------------
     def prepare(self, model: nn.Module | str, optimizer: Any = None, scheduler: Any = None) -> Any:
@@ -69,6 +80,10 @@ class FSDPStrategy(Strategy):
         self._engines[id(model)] = PreparedModel(model, path, self.device, self.dtype)
         if not trainable:
             return model
+        if self.config.router_aux_loss_coef is not None:
+            config = getattr(model.config, "text_config", None) or model.config
+            top_k = int(getattr(config, "num_experts_per_tok", 0))
+            self._routers[id(model)] = RouterLogits(model, top_k, "strategy router_aux_loss_coef")
         if isinstance(optimizer, dict):
             optimizer = build_optimizer(model, optimizer_settings(optimizer))
         elif isinstance(optimizer, torch.optim.Optimizer):
@@ -105,8 +120,25 @@ class FSDPStrategy(Strategy):
         inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "use_cache": False}
         # Every position but the last predicts the next token; the LM head scores them a chunk at a time.
         predictors = torch.arange(ids.shape[1] - 1, device=self.device)
-        log_probs, _ = token_log_probs_and_entropy(model, inputs, predictors, ids[:, 1:], 1.0, with_entropy=False)
-        return log_probs
+        router = self._routers.get(id(model))
+        capture = router is not None and model.training and torch.is_grad_enabled()
+        with router.capturing() if capture else contextlib.nullcontext():
+            log_probs, _ = token_log_probs_and_entropy(model, inputs, predictors, ids[:, 1:], 1.0, with_entropy=False)
+        loss = router.balance_loss(mask) if capture else None
+        if loss is None:
+            return log_probs
+        self._router_values.setdefault(id(model), []).append(loss.detach())
+        return with_loss_in_backward(log_probs, self.config.router_aux_loss_coef * loss)
+
+    def router_losses(self, model: nn.Module) -> dict[str, float]:
+        """`router_aux_loss`: the load-balancing loss of the training forwards since the last call (averaged over the
+        layers, the forwards and the ranks; 1.0 is an even load). Collective: call on every rank."""
+        if id(model) not in self._routers:
+            raise ValueError("router_losses: no router loss is on; set the strategy's router_aux_loss_coef")
+        values = self._router_values.pop(id(model), [])
+        if not values:
+            raise ValueError("router_losses: no training forward ran since the last call (model.train(), with grad)")
+        return {"router_aux_loss": float(self.all_reduce(torch.stack(values).mean(), op="mean"))}
 
     def _step(self, engine: PreparedModel, model: nn.Module, optimizer: Any) -> float:
         return clipped_step(model, optimizer, self.config.grad_clip)

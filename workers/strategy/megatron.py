@@ -5,10 +5,11 @@ TP, optional sequence parallelism and distributed optimizer), trained by the use
 through `sequence_log_probs` (the logits are split over the TP ranks' vocabulary). On a machine without
 a GPU the model runs on CPU over gloo through `workers/megatron/cpu_host.py`.
 
-A mixture of experts' routers train with megatron-core's own losses when `megatron.moe_aux_loss_coeff` /
-`moe_z_loss_coeff` are set: each training forward of `sequence_log_probs` attaches them to the routers' outputs, so
-the user's `backward` carries their gradient (each forward's at its full coefficient: a loop that averages its loss
-over k micro-batches divides the coefficients by k for the same mean); `router_losses` reads their values.
+A mixture of experts' routers train with megatron-core's own losses when `router_aux_loss_coef` (averaged over the
+layers) or `megatron.moe_aux_loss_coeff` (per layer) / `moe_z_loss_coeff` are set: each training forward of
+`sequence_log_probs` attaches them to the routers' outputs, so the user's `backward` carries their gradient (each
+forward's at its full coefficient: a loop that averages its loss over k micro-batches divides the coefficients by k
+for the same mean); `router_losses` reads their values.
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ class MegatronStrategy(Strategy):
             optim_cfg = {**optimizer_settings(optimizer), **scheduler_settings(scheduler or {})}
         layout = self.config.megatron
         settings = ParallelSettings.from_config(dataclasses.asdict(layout))
+        averaged = self.config.router_aux_loss_coef  # the trainer's meaning: RouterTraining divides by the layers
         router = RouterTraining(
-            aux_loss_coeff=layout.moe_aux_loss_coeff, z_loss_coeff=layout.moe_z_loss_coeff,
+            aux_loss_coeff=layout.moe_aux_loss_coeff if averaged is None else averaged,
+            averaged_over_layers=averaged is not None, z_loss_coeff=layout.moe_z_loss_coeff,
             router_dtype=layout.moe_router_dtype,
         )
         engine = MegatronBackend(
@@ -105,7 +108,8 @@ class MegatronStrategy(Strategy):
         engine = self._engine(model, "router_losses")
         if not engine.router.tracks_losses:
             raise ValueError(
-                "router_losses: no router loss is on; set megatron.moe_aux_loss_coeff and/or megatron.moe_z_loss_coeff"
+                "router_losses: no router loss is on; set router_aux_loss_coef (or megatron.moe_aux_loss_coeff) "
+                "and/or megatron.moe_z_loss_coeff"
             )
         forwards = self._router_forwards.pop(id(model), 0)
         if forwards == 0:
