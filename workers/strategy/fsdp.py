@@ -50,7 +50,8 @@ class FSDPStrategy(Strategy):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         self._routers: dict[int, RouterLogits] = {}  # per trainable model (by id), with router_aux_loss_coef
-        self._router_values: dict[int, list[torch.Tensor]] = {}  # its training forwards' losses since router_losses
+        # Per model: the sum of its training forwards' losses since router_losses, and their count.
+        self._router_sums: dict[int, tuple[torch.Tensor, int]] = {}
 
     # ---- models ---------------------------------------------------------------------------------------
     def prepare(self, model: nn.Module | str, optimizer: Any = None, scheduler: Any = None) -> Any:
@@ -127,7 +128,8 @@ class FSDPStrategy(Strategy):
         loss = router.balance_loss(mask) if capture else None
         if loss is None:
             return log_probs
-        self._router_values.setdefault(id(model), []).append(loss.detach())
+        total, count = self._router_sums.get(id(model), (0.0, 0))
+        self._router_sums[id(model)] = (loss.detach() + total, count + 1)
         return with_loss_in_backward(log_probs, self.config.router_aux_loss_coef * loss)
 
     def router_losses(self, model: nn.Module) -> dict[str, float]:
@@ -135,10 +137,10 @@ class FSDPStrategy(Strategy):
         layers, the forwards and the ranks; 1.0 is an even load). Collective: call on every rank."""
         if id(model) not in self._routers:
             raise ValueError("router_losses: no router loss is on; set the strategy's router_aux_loss_coef")
-        values = self._router_values.pop(id(model), [])
-        if not values:
+        total, count = self._router_sums.pop(id(model), (0.0, 0))
+        if count == 0:
             raise ValueError("router_losses: no training forward ran since the last call (model.train(), with grad)")
-        return {"router_aux_loss": float(self.all_reduce(torch.stack(values).mean(), op="mean"))}
+        return {"router_aux_loss": float(self.all_reduce(total / count, op="mean"))}
 
     def _step(self, engine: PreparedModel, model: nn.Module, optimizer: Any) -> float:
         return clipped_step(model, optimizer, self.config.grad_clip)

@@ -104,7 +104,8 @@ class MegatronStrategy(Strategy):
     def router_losses(self, model: nn.Module) -> dict[str, float]:
         """The router losses of the training forwards since the last call, as the workers log them:
         `router_aux_loss` (load balancing, per layer; 1 for an even load) and `router_z_loss`, each averaged over the
-        layers and those forwards; only the losses that are on. Collective: call on every rank."""
+        layers, those forwards and the data-parallel ranks; only the losses that are on. Collective: call on every
+        rank."""
         engine = self._engine(model, "router_losses")
         if not engine.router.tracks_losses:
             raise ValueError(
@@ -114,7 +115,8 @@ class MegatronStrategy(Strategy):
         forwards = self._router_forwards.pop(id(model), 0)
         if forwards == 0:
             raise ValueError("router_losses: no training forward ran since the last call (model.train(), with grad)")
-        return router_loss_metrics(engine.router, forwards, engine.layout.num_layers, self.device)
+        # Equal over a model-parallel group already: the mean over all ranks is the mean over data parallelism.
+        return self.all_reduce(router_loss_metrics(engine.router, forwards, engine.layout.num_layers, self.device))
 
     def _step(self, engine: Any, model: nn.Module, optimizer: Any) -> float:
         from megatron.core.distributed import finalize_model_grads
