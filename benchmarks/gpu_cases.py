@@ -276,6 +276,16 @@ def one_gpu_cases() -> list[Case]:
             )
             for backend in ("fsdp2", "megatron")
         ),
+        Case(
+            "strategy_ppo_moe",
+            "one",
+            "the strategy API's PPO example on the tiny mixture of experts (FSDP2), its routers' load-balancing loss "
+            "in the user's backward, the vLLM engine's fused-MoE kernels, every engine update verified",
+            (("-m", "examples.strategy_ppo", "--engine", "vllm", "--moe", "--model", "tiny_moe",
+              "--router-aux-loss-coef", "0.001", "--steps", "16", "--history-json", "history.json"),),
+            HistoryCheck(16, reward_rises_by=0.3, finite=("actor/loss", "actor/router_aux_loss")),
+            alone=True,
+        ),
     ]
 
 

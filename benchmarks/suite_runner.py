@@ -235,11 +235,13 @@ class HistoryCheck:
 
     steps: int
     reward_rises_by: float
+    finite: tuple[str, ...] = ("actor/loss",)
     result_file: str = "history.json"
 
     def describe(self) -> str:
         rise = self.reward_rises_by
-        return f"runs {self.steps} steps; actor/loss finite; reward rises by >= {rise}; every update verified"
+        finite = " and ".join(self.finite)
+        return f"runs {self.steps} steps; {finite} finite; reward rises by >= {rise}; every update verified"
 
     def _rows(self, folder: Path) -> list[dict[str, Any]]:
         path = folder / self.result_file
@@ -250,9 +252,10 @@ class HistoryCheck:
         if not rows:
             return [f"no {self.result_file} written"]
         problems = [] if len(rows) == self.steps else [f"ran {len(rows)} steps, expected {self.steps}"]
-        bad = [r["step"] for r in rows if not math.isfinite(r.get("actor/loss", math.nan))]
-        if bad:
-            problems.append(f"actor/loss missing or not finite at steps {bad[:5]}")
+        for key in self.finite:
+            bad = [r["step"] for r in rows if not math.isfinite(r.get(key, math.nan))]
+            if bad:
+                problems.append(f"{key} missing or not finite at steps {bad[:5]}")
         rewards = [r["reward"] for r in rows]
         rise = statistics.mean(rewards[-3:]) - statistics.mean(rewards[:3])
         if not rise >= self.reward_rises_by:

@@ -2,6 +2,7 @@
 plain loop: sample, score, group-normalize the rewards, train.
 
     python -m examples.strategy_ppo [--engine hf|vllm] [--backend fsdp2|megatron] [--world-size N] [--steps N] [--model DIR] [--history-json F]
+        [--moe [--router-aux-loss-coef C]]     # the tiny mixture of experts, its routers' load-balancing loss
 
 The task: "write 8 digits." in a few phrasings; the reward is the fraction of the first 8 response
 characters that are digits (the tiny model's tokenizer has one token per character). A random tiny model
@@ -50,7 +51,7 @@ def memory_note(metrics: dict[str, float]) -> str:
 
 
 def run(model_path: str, steps: int = 25, engine_type: str = "hf", world_size: int = 2, use_gpu: bool | None = None,
-        backend: str = "fsdp2",
+        backend: str = "fsdp2", router_aux_loss_coef: float | None = None,
         prompts_per_step: int = 8, samples_per_prompt: int = 8, lr: float = 5e-3, seed: int = 0) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
@@ -58,7 +59,8 @@ def run(model_path: str, steps: int = 25, engine_type: str = "hf", world_size: i
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     config = {
         "model_path": model_path, "engine_type": engine_type, "lr": lr, "clip_ratio": 0.2, "micro_batch_size": 16,
-        "strategy": {"backend": backend, "grad_clip": 1.0, "optimizer_offload": True, "seed": seed},
+        "strategy": {"backend": backend, "grad_clip": 1.0, "optimizer_offload": True, "seed": seed,
+                     "router_aux_loss_coef": router_aux_loss_coef},
         "inference": {"group_size": 1, "cpu_kv_cache_mb": 64, "max_model_len": 128},
     }
     pool = RayResourcePool([world_size], use_gpu=use_gpu, name_prefix="strategy_ppo_")
@@ -93,23 +95,28 @@ def run(model_path: str, steps: int = 25, engine_type: str = "hf", world_size: i
 def main() -> None:
     from single_controller.ray.local_cluster import init_local_ray, prepend_pythonpath
     from trainer.tiny_model import build_tiny_model
+    from trainer.tiny_moe import build_tiny_moe
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="outputs/tiny_model")
+    parser.add_argument("--model", default=None, help="default: outputs/tiny_model (with --moe: outputs/tiny_moe)")
+    parser.add_argument("--moe", action="store_true", help="the tiny mixture of experts, built if the folder is missing")
+    parser.add_argument("--router-aux-loss-coef", type=float, default=None, help="a mixture of experts' routers' "
+                        "load-balancing loss, averaged over the layers (the strategy's router_aux_loss_coef)")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     parser.add_argument("--backend", choices=("fsdp2", "megatron"), default="fsdp2")
     parser.add_argument("--world-size", type=int, default=None, help="default: the GPU count, or 2 on CPU")
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--history-json", default=None, help="also write the per-step metrics here")
     args = parser.parse_args()
-    if not Path(args.model).is_dir():
-        build_tiny_model(Path(args.model))
+    model = args.model or ("outputs/tiny_moe" if args.moe else "outputs/tiny_model")
+    if not Path(model).is_dir():
+        build_tiny_moe(model) if args.moe else build_tiny_model(Path(model))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     world_size = args.world_size or (torch.cuda.device_count() or 2)
     # The workers import this folder's code and whatever the user's PYTHONPATH names (packages installed with --target).
     init_local_ray(num_cpus=max(4, world_size), runtime_env={"env_vars": {"PYTHONPATH": prepend_pythonpath(os.getcwd())}})
-    history = run(args.model, steps=args.steps, engine_type=args.engine, world_size=world_size,
-                  backend=args.backend)["history"]
+    history = run(model, steps=args.steps, engine_type=args.engine, world_size=world_size, backend=args.backend,
+                  router_aux_loss_coef=args.router_aux_loss_coef)["history"]
     first, last = history[0]["reward"], sum(h["reward"] for h in history[-3:]) / 3
     print(f"reward: first step {first:.3f}, mean of the last 3 steps {last:.3f}")
     if args.history_json:

@@ -90,6 +90,8 @@ class StrategyPPOWorker(Worker):
         strategy.wakeup_inference_engine()
         sync = strategy.update_engine_weights(self.actor)
         self.memory.record("engine_updated")
+        # A mixture of experts with router_aux_loss_coef: the routers' load-balancing loss rode along in the backward.
+        routers = strategy.router_losses(self.actor) if cfg["strategy"].get("router_aux_loss_coef") is not None else {}
         metrics = strategy.all_reduce({"actor/loss": sum(losses) / len(losses), "actor/grad_norm": sum(norms) / len(norms),
-                                       **sync, **self.memory.pop()})
+                                       **{f"actor/{k}": v for k, v in routers.items()}, **sync, **self.memory.pop()})
         return [metrics] if self.rank == 0 else []  # joined in rank order: one entry

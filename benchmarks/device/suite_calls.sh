@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The GPU suite's part one on a one-GPU machine in four device calls made back to back (the machine is given back
+# The GPU suite's part one on a one-GPU machine in five device calls made back to back (the machine is given back
 # 30 s after a call, /tmp with it), after benchmarks/device/stage.sh:
 #   1. carry [".vllm1"]    benchmarks/device/suite_calls.sh V1
 #   2. carry [".vllm2"]    benchmarks/device/suite_calls.sh V2
 #   3. carry [".devwhl"]   SUITE_COMMIT=<commit> benchmarks/device/suite_calls.sh W     (half the dense cases)
 #   4. carry [".vllmmoe"]  SUITE_COMMIT=<commit> benchmarks/device/suite_calls.sh MO    (the mixture-of-experts cases, the other half)
+#   5.                     SUITE_COMMIT=<commit> benchmarks/device/suite_calls.sh A     (the other cases that run alone)
 #   later, on the same machine:  benchmarks/device/suite_calls.sh R <case> ...     (JOBS, LIMIT from the environment)
 # For other runs after V1 and V2: D (carry .devwhl) installs the wheels, M (carry .vllmmoe) the fused-MoE kernels.
 # Each suite call writes its JSON, its log and a tar of the failed commands' logs and every case's metrics to $OUT.
@@ -15,20 +16,21 @@ suite_env() {
   export VLLM_USE_FLASHINFER_SAMPLER=0 RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
     PYTHONPATH=$PWD SUITE_COMMIT=${SUITE_COMMIT:-unknown} CUDA_VISIBLE_DEVICES=0
 }
-# Part one split in two calls of about equal length: the cases that run the tiny mixture of experts (they need vLLM's
-# fused-MoE kernels, staged in the second call) with the first dense ones and the cases that run alone after the
-# first; the other dense cases with the first case that runs alone (the engine examples, the longest).
+# Part one in three calls of at most ~9 minutes: W the second half of the dense cases and the first that runs alone
+# (the engine examples, the longest); MO the cases on the tiny mixture of experts (they need vLLM's fused-MoE kernels,
+# staged in that call) with the first half of the dense ones; A the other cases that run alone, one after another.
 part_one_cases() {
   python3 - "$1" <<'PY'
 import sys
 from benchmarks.gpu_cases import cases
 part_one = cases("one")
-moe = [c.name for c in part_one if "tiny_moe" in " ".join(c.command_lines())]
-alone = [c.name for c in part_one if c.alone and c.name not in moe]
-dense = [c.name for c in part_one if c.name not in moe and c.name not in alone]
-first_dense = max(0, (len(dense) - len(moe)) // 2)
-second = moe + dense[:first_dense] + alone[1:]
-print(" ".join(second if sys.argv[1] == "moe" else dense[first_dense:] + alone[:1]))
+moe = {c.name for c in part_one if "tiny_moe" in " ".join(c.command_lines())}
+alone = [c.name for c in part_one if c.alone]
+dense = [c.name for c in part_one if c.name not in moe and not c.alone]
+shared = [c.name for c in part_one if c.name in moe and not c.alone]
+first_dense = max(0, (len(dense) - len(shared)) // 2)
+calls = {"W": dense[first_dense:] + alone[:1], "MO": shared + dense[:first_dense], "A": alone[1:]}
+print(" ".join(calls[sys.argv[1]]))
 PY
 }
 suite() {  # suite <tag> <jobs> <limit_s> <case> ...
@@ -44,7 +46,7 @@ with tarfile.open(sys.argv[1], "w:xz") as tar:
         for log in case.glob("command_*.log"):
             if "Traceback" in log.read_text(errors="replace"):
                 tar.add(log, arcname=f"{case.name}/{log.name}")
-        for metrics in case.rglob("metrics.jsonl"):
+        for metrics in [*case.rglob("metrics.jsonl"), *case.glob("history.json")]:
             tar.add(metrics, arcname=f"{case.name}/{metrics.relative_to(case)}")
 PY
 }
@@ -62,11 +64,13 @@ W) python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --targe
    python3 -c "import vllm, ray, megatron.core, liger_kernel; print('vllm', vllm.__version__, 'ray', ray.__version__)" || exit 1
    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
    # shellcheck disable=SC2046
-   suite w "${JOBS:-6}" "${LIMIT:-560}" $(part_one_cases dense) ;;
+   suite w "${JOBS:-6}" "${LIMIT:-560}" $(part_one_cases W) ;;
 MO) unxz_to .vllmmoe/moe.so.xz $site/vllm/_moe_C_stable_libtorch.abi3.so || exit 1
    suite_env
    # shellcheck disable=SC2046
-   suite mo "${JOBS:-6}" "${LIMIT:-570}" $(part_one_cases moe) ;;
+   suite mo "${JOBS:-6}" "${LIMIT:-570}" $(part_one_cases MO) ;;
+A) # shellcheck disable=SC2046
+   suite_env; suite a 1 "${LIMIT:-570}" $(part_one_cases A) ;;
 R) suite r "${JOBS:-4}" "${LIMIT:-560}" "$@" ;;
-*) echo "mode: V1, V2, W, MO, R, D or M (got '$mode')"; exit 2 ;;
+*) echo "mode: V1, V2, W, MO, A, R, D or M (got '$mode')"; exit 2 ;;
 esac

@@ -42,6 +42,7 @@ REQUIRED = {
         "megatron_offload",
         "strategy_ppo_fsdp2",
         "strategy_ppo_megatron",
+        "strategy_ppo_moe",
     },
     "two": {"fsdp_two_gpus", "hybrid_sharding_two", "hybrid_tp2", "lora_shared_tp2", "ulysses_two", "separate_async_nccl", "megatron_tp2", "megatron_moe_ep2",
             "megatron_moe_folded",
@@ -301,6 +302,8 @@ def test_history_check_reads_the_strategy_examples_history(tmp_path):
         "no verified engine update at steps [5]",
     ]
     assert HistoryCheck(7, 0.3).judge(tmp_path, [])[0] == "ran 6 steps, expected 7"
+    routers = HistoryCheck(6, 0.0, finite=("actor/router_aux_loss",))
+    assert routers.judge(tmp_path, [])[0] == "actor/router_aux_loss missing or not finite at steps [0, 1, 2, 3, 4]"
     assert check.judge(tmp_path / "missing", []) == ["no history.json written"]
 
 
