@@ -2,7 +2,7 @@
 
 import torch
 
-from tests.megatron.moe_models import per_expert_state
+from tests.megatron.moe_models import per_expert_state, qwen3_moe
 from tests.strategy.workers import LR
 
 
@@ -18,3 +18,13 @@ def hf_step(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, route
     moe = model.config.model_type == "qwen3_moe"
     weights = per_expert_state(model) if moe and per_expert else model.state_dict()
     return {"loss": loss.item(), "grad_norm": grad_norm, "weights": weights}
+
+
+def moe_and_rows(folder: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """A 2-layer Qwen3 mixture of experts saved to `folder`, and three rows of 10 tokens, the first left-padded by 3."""
+    model = qwen3_moe(folder, layers=2)
+    torch.manual_seed(1)
+    ids = torch.randint(1, 100, (3, 10))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    return model, ids, mask

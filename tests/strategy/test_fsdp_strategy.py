@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.megatron.moe_models import HFRouterLosses, qwen3_moe
-from tests.strategy.hf_reference import hf_step
+from tests.megatron.moe_models import HFRouterLosses
+from tests.strategy.hf_reference import hf_step, moe_and_rows
 from tests.strategy.workers import MegatronStrategyProbe, StrategyProbe
 
 # logits_chunk_tokens 5: sequence_log_probs (11 positions a row) scores the LM head in several chunks.
@@ -96,11 +96,7 @@ def test_a_mixture_of_experts_trains_its_routers_with_the_load_balancing_loss(ra
     layers, padding left out) into the user's backward; one step equals the HF model's with that loss added, and
     router_losses reports the HF model's value. Both ranks see the same rows (the gradients FSDP averages are equal)."""
     folder = str(tmp_path / "moe")
-    model = qwen3_moe(folder, layers=2)
-    torch.manual_seed(1)
-    ids = torch.randint(1, 100, (3, 10))
-    mask = torch.ones_like(ids)
-    mask[0, :3] = 0
+    model, ids, mask = moe_and_rows(folder)
     router_losses = HFRouterLosses(model, {"aux_loss_coeff": 0.3, "averaged_over_layers": True})
     expected = hf_step(model, ids, mask, router_losses, per_expert=False)
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)

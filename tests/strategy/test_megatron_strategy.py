@@ -8,8 +8,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.megatron.moe_models import HFRouterLosses, qwen3_moe
-from tests.strategy.hf_reference import hf_step
+from tests.megatron.moe_models import HFRouterLosses
+from tests.strategy.hf_reference import hf_step, moe_and_rows
 from tests.strategy.workers import LR, MegatronStrategyProbe
 
 pytest.importorskip("megatron.core", reason="install the [megatron] extra")
@@ -56,11 +56,7 @@ def test_megatron_strategy_steps_a_mixture_of_experts_with_experts_apart_from_tp
     the layers) and megatron.moe_z_loss_coeff: the routers' losses join the user's backward. One step equals the HF
     model's with those losses added; `router_losses` reports the HF model's values."""
     folder = str(tmp_path / "moe")
-    model = qwen3_moe(folder, layers=2)
-    torch.manual_seed(1)
-    ids = torch.randint(1, 100, (3, 10))
-    mask = torch.ones_like(ids)
-    mask[0, :3] = 0
+    model, ids, mask = moe_and_rows(folder)
     router_losses = HFRouterLosses(model, {"aux_loss_coeff": 0.4, "averaged_over_layers": True, "z_loss_coeff": 0.02},
                                    sequence_shards=2)
     expected = hf_step(model, ids, mask, router_losses)
