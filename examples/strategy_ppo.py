@@ -109,16 +109,19 @@ def main() -> None:
     parser.add_argument("--history-json", default=None, help="also write the per-step metrics here")
     args = parser.parse_args()
     model = args.model or ("outputs/tiny_moe" if args.moe else "outputs/tiny_model")
-    if not Path(model).is_dir():
-        build_tiny_moe(model) if args.moe else build_tiny_model(Path(model))
+    if not Path(model).is_dir() and args.moe:
+        build_tiny_moe(model)
+    elif not Path(model).is_dir():
+        build_tiny_model(Path(model))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     world_size = args.world_size or (torch.cuda.device_count() or 2)
     # The workers import this folder's code and whatever the user's PYTHONPATH names (packages installed with --target).
     init_local_ray(num_cpus=max(4, world_size), runtime_env={"env_vars": {"PYTHONPATH": prepend_pythonpath(os.getcwd())}})
     history = run(model, steps=args.steps, engine_type=args.engine, world_size=world_size, backend=args.backend,
                   router_aux_loss_coef=args.router_aux_loss_coef)["history"]
-    first, last = history[0]["reward"], sum(h["reward"] for h in history[-3:]) / 3
-    print(f"reward: first step {first:.3f}, mean of the last 3 steps {last:.3f}")
+    last = history[-3:]  # fewer with fewer steps
+    first, last_mean = history[0]["reward"], sum(h["reward"] for h in last) / len(last)
+    print(f"reward: first step {first:.3f}, mean of the last {len(last)} steps {last_mean:.3f}")
     if args.history_json:
         Path(args.history_json).write_text(json.dumps(history, indent=1))
 
