@@ -273,3 +273,12 @@ class MegatronStrategyProbe(Worker):
         self.strategy.setup_inference_engine({"model_path": model_path}, engine_type="hf")
         sync = self.strategy.update_engine_weights(self.model)
         return {"client_state": state, "changed": changed, "restored_diff": restored, "sync": sync}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def engine_sync_bound(self, model_path: str) -> dict:
+        """The bound the strategy's weight sync checks an HF engine in bf16 against (its tolerance and the share of
+        probe tokens allowed over it), after one verified update."""
+        self.strategy.setup_inference_engine({"model_path": model_path, "dtype": "bfloat16"}, engine_type="hf")
+        sync = self.strategy.update_engine_weights(self.model)
+        bound = self.strategy.inference.sync.bound
+        return {"tolerance": bound.tolerance, "outliers": bound.outlier_fraction, "sync": sync}

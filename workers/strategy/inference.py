@@ -102,7 +102,7 @@ class GroupedInferenceEngine:
             self.sync = InProcessSync(
                 self.engine, source.sync_layouts(self.dtype, self.cfg.bucket_mb << 20), self.dtype, self.cfg.verify,
                 self.cfg.verify_tolerance, "update_engine_weights", group=self.group, every_rank=True,
-                tolerance_setting="the inference config's verify_tolerance",
+                tolerance_setting="the inference config's verify_tolerance", experts=source.experts,
             )
         metrics = self.sync.load(source, compare=not self.needs_weights)
         self.needs_weights = False
