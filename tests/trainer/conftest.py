@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.trainer.test_memory_plan import QWEN_3B, QWEN_7B
+from tests.trainer.memory_plan_cases import QWEN_3B, QWEN_7B
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.trainer.test_memory_plan import QWEN_3B, plan_of, scale_config
+from tests.trainer.memory_plan_cases import QWEN_3B, plan_of, scale_config
 from trainer.memory_plan import misfit_message
 from trainer.memory_plan.checks import gib
 from trainer.memory_plan.offload_residency import critic_residency

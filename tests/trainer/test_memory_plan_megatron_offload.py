@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.test_memory_plan import part, plan_of, scale_config
+from tests.trainer.memory_plan_cases import part, plan_of, scale_config
 from trainer.memory_plan import misfit_message
 from trainer.memory_plan.gpu import GIB
 from trainer.memory_plan.residency import role_memory

@@ -13,7 +13,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, Qwen2MoeConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from benchmarks.model_shapes import QWEN3_30B_A3B
-from tests.trainer.test_memory_plan import GIB, plan_of
+from tests.trainer.memory_plan_cases import GIB, plan_of
 from tests.trainer.test_memory_plan_terms import _peak_without_params, _per_token_saved
 from trainer.config_loader import load_config
 from trainer.flops import ModelFlops

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.trainer.test_memory_plan import GIB, QWEN_7B, part, plan_of, scale_config
+from tests.trainer.memory_plan_cases import GIB, QWEN_7B, part, plan_of, scale_config
 from trainer.memory_plan.shape import ModelShape
 
 CHECKED = "actor_rollout_ref.rollout.verify_sync=true"
